@@ -1,0 +1,3 @@
+from regen.cli import main
+
+raise SystemExit(main())

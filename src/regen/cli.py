@@ -1,0 +1,126 @@
+"""The command line: parse arguments, call the modules, map errors to one line and an exit code.
+
+Exit codes: 0 done, 1 user or config error, 2 usage error, 3 finished with failed items,
+130 interrupted (resumable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from regen import __version__
+from regen.errors import RegenError
+
+EXIT_OK, EXIT_USER, EXIT_USAGE, EXIT_FAILED_ITEMS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="regen", description=__doc__.splitlines()[0] if __doc__ else ""
+    )
+    p.add_argument("--version", action="version", version=f"regen {__version__}")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="regenerate a job's datasets (resumes where it stopped)")
+    run.add_argument("job", type=Path, help="job file (TOML)")
+    run.add_argument("--out", type=Path, help="output directory (overrides [job].output_dir)")
+
+    sim = sub.add_parser("sim", help="serve the simulated OpenRouter API on 127.0.0.1")
+    sim.add_argument("--port", type=int, default=8787)
+    sim.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    sim.add_argument("--config", type=Path, help="sim config (TOML)")
+
+    demo = sub.add_parser("demo", help="run the bundled demo job against an in-process simulator")
+    demo.add_argument("--out", type=Path, default=Path("demo-out"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    console = Console()
+    if not console.is_terminal:
+        # Piped to a file or over a non-interactive SSH: do not squeeze tables into 80 columns.
+        console = Console(width=160)
+    try:
+        if args.command == "run":
+            return _run(args, console)
+        if args.command == "sim":
+            return _sim(args, console)
+        if args.command == "demo":
+            return _demo(args, console)
+    except RegenError as exc:
+        if args.debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    raise AssertionError(f"unhandled command {args.command}")
+
+
+def _run(args: argparse.Namespace, console: Console) -> int:
+    from regen.config import load_job
+    from regen.runner import run_job
+
+    overrides = {"job.output_dir": str(args.out.resolve())} if args.out else {}
+    job = load_job(args.job, **overrides)
+    report = run_job(job, console=console)
+    return _finish(report, console)
+
+
+def _finish(report: object, console: Console) -> int:
+    from regen.progress import summary_table
+    from regen.runner import RunReport
+
+    assert isinstance(report, RunReport)
+    console.print(summary_table(report.datasets, report.errors, report.exports))
+    console.print(f"output: {report.out_dir}  (state.db, run.log, export/*.jsonl)")
+    if report.interrupted:
+        console.print("stopped: interrupted; run the same command again to resume")
+        return EXIT_INTERRUPTED
+    if report.stop_reason:
+        print(f"error: run stopped: {report.stop_reason}", file=sys.stderr)
+        return EXIT_USER
+    return EXIT_FAILED_ITEMS if report.failed else EXIT_OK
+
+
+def _sim(args: argparse.Namespace, console: Console) -> int:
+    from regen.sim import load_sim_config, start_sim
+
+    config = load_sim_config(args.config)
+
+    async def serve() -> None:
+        running, runner = await start_sim(config, args.host, args.port)
+        console.print(f"regen sim listening on {running.base_url}", markup=False)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve())
+    return EXIT_OK
+
+
+def _demo(args: argparse.Namespace, console: Console) -> int:
+    from regen.demo import DEMO_KEY, demo_job
+    from regen.runner import run_job
+    from regen.sim import SimConfig, sim_in_thread
+
+    # time_scale 0.1: simulated latencies run ten times faster than the real provider's.
+    with sim_in_thread(SimConfig(seed=7, time_scale=0.1)) as sim:
+        console.print(f"simulator on {sim.base_url}", markup=False)
+        try:
+            job = demo_job(args.out.resolve(), sim.base_url)
+        except FileExistsError as exc:
+            print(f"error: {exc}; pass --out DIR", file=sys.stderr)
+            return EXIT_USER
+        report = run_job(job, console=console, api_key=DEMO_KEY)
+    return _finish(report, console)

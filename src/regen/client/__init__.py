@@ -1,0 +1,15 @@
+"""HTTP client: request bodies per dialect, the aiohttp session, response parsing, errors."""
+
+from regen.client.body import chat_body
+from regen.client.errors import FAILURE_CLASSES, RETRYABLE, STOPS_RUN
+from regen.client.http import ChatClient
+from regen.client.response import parse_chat_body
+
+__all__ = [
+    "FAILURE_CLASSES",
+    "RETRYABLE",
+    "STOPS_RUN",
+    "ChatClient",
+    "chat_body",
+    "parse_chat_body",
+]

@@ -1,0 +1,37 @@
+"""Request bodies per dialect."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from regen.config import EndpointConfig, GenerationConfig
+from regen.conversation import Message, Request
+
+
+def history_message(m: Message, dialect: str) -> dict[str, Any]:
+    """A history message as the dialect wants it sent back (reasoning under its own name)."""
+    d = m.to_openai()
+    if m.role == "assistant" and m.reasoning:
+        d["reasoning_content" if dialect == "sglang" else "reasoning"] = m.reasoning
+    return d
+
+
+def chat_body(req: Request, gen: GenerationConfig, endpoint: EndpointConfig) -> dict[str, Any]:
+    """The JSON body of one chat completion request. `max_tokens` is always explicit."""
+    body: dict[str, Any] = {
+        "model": gen.model,
+        "messages": [history_message(m, endpoint.dialect) for m in req.messages],
+        "max_tokens": gen.max_tokens,
+    }
+    if req.tools:
+        body["tools"] = list(req.tools)
+    for key in ("temperature", "top_p", "seed"):
+        value = getattr(gen, key)
+        if value is not None:
+            body[key] = value
+    if gen.reasoning is not None:
+        body["reasoning"] = gen.reasoning
+    if endpoint.dialect == "openrouter" and endpoint.provider is not None:
+        body["provider"] = endpoint.provider
+    body.update(endpoint.extra_body)
+    return body

@@ -1,0 +1,100 @@
+"""Parse an OpenAI-compatible chat completion body into a Result, or raise its EndpointError."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from regen.client.errors import error_from_body
+from regen.conversation import Message, Result, ToolCall, Usage
+from regen.errors import EndpointError
+
+
+def parse_chat_body(item_id: str, raw: bytes, *, status: int, latency_s: float) -> Result:
+    """The Result of a 200 response body.
+
+    OpenRouter pads non-streaming bodies with leading whitespace and reports late errors as
+    HTTP 200 with an `error` object, so both are handled here rather than trusted to the status.
+    """
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise EndpointError("invalid_response", f"body is not JSON: {exc}", status=status) from exc
+    if not isinstance(body, dict):
+        raise EndpointError("invalid_response", "body is not a JSON object", status=status)
+    if body.get("error") is not None:
+        raise error_from_body(body["error"], status=status)
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise EndpointError("invalid_response", "no choices in response", status=status)
+    choice = choices[0]
+    if choice.get("error") is not None:
+        raise error_from_body(choice["error"], status=status)
+    finish_reason = choice.get("finish_reason")
+    if finish_reason == "error":
+        raise EndpointError("server", "generation ended with finish_reason 'error'", status=status)
+    msg = choice.get("message")
+    if not isinstance(msg, dict):
+        raise EndpointError("invalid_response", "choice has no message", status=status)
+    message = _message(msg, status)
+    usage = _usage(body.get("usage"))
+    if not message.content and not message.tool_calls and not message.reasoning:
+        # Cold starts answer with nothing; OpenRouter's advice is to retry.
+        raise EndpointError("invalid_response", "empty response", status=status)
+    return Result(
+        item_id=item_id,
+        message=message,
+        finish_reason=finish_reason if isinstance(finish_reason, str) else None,
+        usage=usage,
+        provider=_str_or_none(body.get("provider")),
+        model=_str_or_none(body.get("model")),
+        generation_id=_str_or_none(body.get("id")),
+        latency_s=latency_s,
+    )
+
+
+def _message(msg: dict[str, Any], status: int) -> Message:
+    content = msg.get("content")
+    # vLLM and OpenRouter say `reasoning`; SGLang and older vLLM `reasoning_content`.
+    reasoning = msg.get("reasoning")
+    if reasoning is None:
+        reasoning = msg.get("reasoning_content")
+    raw_calls = msg.get("tool_calls") or []
+    if not isinstance(raw_calls, list) or not all(isinstance(c, dict) for c in raw_calls):
+        raise EndpointError(
+            "invalid_response", "tool_calls is not a list of objects", status=status
+        )
+    if content is not None and not isinstance(content, str):
+        raise EndpointError("invalid_response", "content is not a string", status=status)
+    if reasoning is not None and not isinstance(reasoning, str):
+        raise EndpointError("invalid_response", "reasoning is not a string", status=status)
+    return Message(
+        role="assistant",
+        content=content or "",
+        reasoning=reasoning or None,
+        tool_calls=tuple(ToolCall.from_openai(c) for c in raw_calls),
+    )
+
+
+def _usage(u: Any) -> Usage:
+    if not isinstance(u, dict):
+        return Usage()
+    details = u.get("completion_tokens_details")
+    reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else None
+    if reasoning is None:
+        reasoning = u.get("reasoning_tokens")  # SGLang puts it at the top level
+    cost = u.get("cost")
+    return Usage(
+        prompt_tokens=_int(u.get("prompt_tokens")),
+        completion_tokens=_int(u.get("completion_tokens")),
+        reasoning_tokens=_int(reasoning),
+        cost_usd=float(cost) if isinstance(cost, int | float) else None,
+    )
+
+
+def _int(v: Any) -> int:
+    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0
+
+
+def _str_or_none(v: Any) -> str | None:
+    return v if isinstance(v, str) else None

@@ -1,0 +1,199 @@
+"""The job schema: pydantic models, defaults stated once, errors that name the file and field."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from regen.conversation import canonical_json, stable_hash
+from regen.errors import ConfigError
+
+Dialect = Literal["openrouter", "openai", "vllm", "sglang"]
+SourceFormat = Literal["openai", "sharegpt", "alpaca"]
+ReaderKind = Literal["auto", "jsonl", "json"]
+RegenMode = Literal["last_turn"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class JobInfo(_Model):
+    """`[job]`: the job's name and where its state and exports live."""
+
+    name: str = "regen-job"
+    output_dir: str = "out"
+    """Relative paths are taken from the job file's folder."""
+
+
+class EndpointConfig(_Model):
+    """`[endpoint]`: where requests go. The API key itself is only ever read from the env."""
+
+    base_url: str = "https://openrouter.ai/api/v1"
+    dialect: Dialect = "openrouter"
+    api_key_env: str = "OPENROUTER_API_KEY"
+    headers: dict[str, str] = Field(default_factory=dict)
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    provider: dict[str, Any] | None = None
+    """OpenRouter's `provider` routing object, sent as written."""
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return v.rstrip("/")
+
+
+class GenerationConfig(_Model):
+    """`[generation]`: the target model and its sampling settings (all data-affecting)."""
+
+    model: str
+    max_tokens: int = Field(default=4096, gt=0)
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    seed: int | None = None
+    reasoning: dict[str, Any] | None = None
+
+
+class RunConfig(_Model):
+    """`[run]`: how hard to push; none of this changes the data."""
+
+    concurrency: int = Field(default=256, ge=1, le=100_000)
+    max_attempts: int = Field(default=4, ge=1, le=100)
+    timeout_s: float = Field(default=600.0, gt=0)
+    connect_timeout_s: float = Field(default=30.0, gt=0)
+    progress_interval_s: float = Field(default=10.0, gt=0)
+    shuffle_seed: int = 0
+
+
+class DatasetConfig(_Model):
+    """`[[datasets]]`: one prompt source, regenerated in the order the file lists them."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
+    path: str
+    format: SourceFormat = "openai"
+    reader: ReaderKind = "auto"
+    mode: RegenMode = "last_turn"
+    limit: int | None = Field(default=None, ge=0)
+
+
+class Job(_Model):
+    """A whole job file."""
+
+    job: JobInfo = Field(default_factory=JobInfo)
+    endpoint: EndpointConfig = Field(default_factory=EndpointConfig)
+    generation: GenerationConfig
+    run: RunConfig = Field(default_factory=RunConfig)
+    datasets: list[DatasetConfig] = Field(min_length=1)
+    base_dir: str = Field(default=".", exclude=True)
+    """The job file's folder; set by load_job, not by the file."""
+
+    @field_validator("datasets")
+    @classmethod
+    def _unique_names(cls, v: list[DatasetConfig]) -> list[DatasetConfig]:
+        names = [d.name for d in v]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"dataset names must be unique, repeated: {', '.join(dupes)}")
+        return v
+
+    def resolve(self, path: str) -> Path:
+        p = Path(path).expanduser()
+        return p if p.is_absolute() else Path(self.base_dir) / p
+
+    @property
+    def output_path(self) -> Path:
+        return self.resolve(self.job.output_dir)
+
+    def fingerprint_fields(self) -> dict[str, Any]:
+        """The data-affecting settings: what a resumed run must not change."""
+        return {
+            "model": self.generation.model,
+            "generation": self.generation.model_dump(),
+            "dialect": self.endpoint.dialect,
+            "provider": self.endpoint.provider,
+            "extra_body": self.endpoint.extra_body,
+            "datasets": [
+                {"name": d.name, "format": d.format, "mode": d.mode} for d in self.datasets
+            ],
+        }
+
+    def fingerprint(self) -> str:
+        return stable_hash(canonical_json(self.fingerprint_fields()))
+
+
+def load_job(path: str | Path, **overrides: Any) -> Job:
+    """Read and validate a job file; every problem becomes a one-line ConfigError."""
+    p = Path(path)
+    try:
+        raw = tomllib.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{p}: no such job file") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: cannot read: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: invalid TOML: {exc}") from exc
+    if "base_dir" in raw:
+        raise ConfigError(f"{p}: unknown field 'base_dir'")
+    for dotted, value in overrides.items():
+        _set_dotted(raw, dotted, value)
+    raw["base_dir"] = str(p.resolve().parent)
+    try:
+        return Job.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{p}: {describe_validation_error(exc, Job)}") from exc
+
+
+def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = raw
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+
+
+def describe_validation_error(exc: ValidationError, root: type[BaseModel]) -> str:
+    """One line naming each bad field, with the allowed names for unknown ones."""
+    parts = []
+    for err in exc.errors():
+        loc = _format_loc(err["loc"])
+        if err["type"] == "extra_forbidden":
+            allowed = _allowed_fields(root, err["loc"][:-1])
+            hint = f" (allowed: {', '.join(allowed)})" if allowed else ""
+            parts.append(f"unknown field '{loc}'{hint}")
+        elif err["type"] == "missing":
+            parts.append(f"missing field '{loc}'")
+        else:
+            where = f"field '{loc}': " if loc else ""
+            parts.append(f"{where}{err['msg']}")
+    return "; ".join(parts)
+
+
+def _format_loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _allowed_fields(root: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    model: Any = root
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            return []
+        ann = field.annotation
+        args = getattr(ann, "__args__", None)
+        model = args[0] if args else ann
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return []
+    return [name for name, f in model.model_fields.items() if not f.exclude]

@@ -1,0 +1,199 @@
+"""The vocabulary of the whole program: plain frozen dataclasses, no imports from regen."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One function call made by an assistant turn; `arguments` is kept verbatim as produced."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def to_openai(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+    @classmethod
+    def from_openai(cls, d: dict[str, Any]) -> ToolCall:
+        fn = d.get("function") or {}
+        args = fn.get("arguments", "")
+        if not isinstance(args, str):
+            args = json.dumps(args, ensure_ascii=False)
+        return cls(id=str(d.get("id") or ""), name=str(fn.get("name") or ""), arguments=args)
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One turn of a conversation in OpenAI roles."""
+
+    role: str
+    content: str = ""
+    reasoning: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def to_openai(self) -> dict[str, Any]:
+        """The message as an OpenAI-compatible request sends it."""
+        d: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            d["tool_calls"] = [tc.to_openai() for tc in self.tool_calls]
+        if self.tool_call_id is not None:
+            d["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            d["name"] = self.name
+        return d
+
+    def to_dict(self) -> dict[str, Any]:
+        """Lossless form for storage."""
+        d = self.to_openai()
+        if self.reasoning is not None:
+            d["reasoning"] = self.reasoning
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Message:
+        return cls(
+            role=d["role"],
+            content=d.get("content") or "",
+            reasoning=d.get("reasoning"),
+            tool_calls=tuple(ToolCall.from_openai(tc) for tc in d.get("tool_calls") or ()),
+            tool_call_id=d.get("tool_call_id"),
+            name=d.get("name"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """A normalized source row: messages, the tools it declares, and where it came from."""
+
+    dataset: str
+    row_index: int
+    messages: tuple[Message, ...]
+    tools: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def id(self) -> str:
+        """Stable id: a hash of the dataset name and the normalized row content."""
+        return stable_hash(self.dataset, self.content_json())
+
+    def content_json(self) -> str:
+        return canonical_json(
+            {"messages": [m.to_dict() for m in self.messages], "tools": list(self.tools)}
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"messages": [m.to_dict() for m in self.messages], "tools": list(self.tools)}
+
+    @classmethod
+    def from_dict(cls, dataset: str, row_index: int, d: dict[str, Any]) -> Conversation:
+        return cls(
+            dataset=dataset,
+            row_index=row_index,
+            messages=tuple(Message.from_dict(m) for m in d["messages"]),
+            tools=tuple(d.get("tools") or ()),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One assistant turn to regenerate: the history before it, and the turn's index."""
+
+    item_id: str
+    dataset: str
+    conversation_id: str
+    turn_index: int
+    messages: tuple[Message, ...]
+    tools: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts and cost as the provider billed them."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost_usd: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """A successful response, parsed into the turn it regenerates."""
+
+    item_id: str
+    message: Message
+    finish_reason: str | None
+    usage: Usage
+    provider: str | None = None
+    model: str | None = None
+    generation_id: str | None = None
+    latency_s: float = 0.0
+    attempts: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def canonical_json(obj: Any) -> str:
+    """JSON with sorted keys and no whitespace: the form that ids and fingerprints hash."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def stable_hash(*parts: str | int) -> str:
+    """A short, stable hex id of the parts (blake2b, 16 bytes)."""
+    h = hashlib.blake2b(digest_size=16)
+    for p in parts:
+        b = str(p).encode()
+        h.update(len(b).to_bytes(8, "little"))
+        h.update(b)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class BadRow:
+    """A source row that could not become a conversation: counted and reported, never fatal."""
+
+    dataset: str
+    row_index: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One HTTP attempt for an item: what happened and how long it took."""
+
+    number: int
+    started_at: float
+    latency_s: float
+    status: int | None
+    failure_class: str | None = None
+    message: str | None = None
+    provider: str | None = None
+    generation_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The terminal state of one item in this run: a result, or a failure with its class."""
+
+    item_id: str
+    dataset: str
+    attempts: tuple[Attempt, ...]
+    result: Result | None = None
+    failure_class: str | None = None
+    failure_message: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.result is not None

@@ -1,0 +1,39 @@
+"""Errors in the user's terms. The CLI maps every RegenError to one line in one place."""
+
+from __future__ import annotations
+
+
+class RegenError(Exception):
+    """Root of every error regen reports to the user (exit code 1)."""
+
+    exit_code = 1
+
+
+class ConfigError(RegenError):
+    """A job or sim config is invalid: names the file and the field."""
+
+
+class SourceError(RegenError):
+    """A dataset cannot be read at all (a bad row is reported, never raised)."""
+
+
+class StateError(RegenError):
+    """The output directory or state.db cannot be used."""
+
+
+class EndpointError(RegenError):
+    """A request failed; `failure_class` is one of regen.client.errors.FAILURE_CLASSES."""
+
+    def __init__(
+        self,
+        failure_class: str,
+        message: str,
+        *,
+        status: int | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(f"{failure_class}: {message}")
+        self.failure_class = failure_class
+        self.message = message
+        self.status = status
+        self.retry_after_s = retry_after_s

@@ -1,0 +1,173 @@
+"""What a person watching a run sees: a live table on a TTY, plain greppable lines otherwise."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TextIO
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from regen.scheduler import RunStats
+from regen.store import DatasetProgress
+
+
+def _fmt_tokens(n: int) -> str:
+    if n >= 1_000_000:
+        return f"{n / 1e6:.2f}M"
+    if n >= 10_000:
+        return f"{n / 1e3:.1f}k"
+    return str(n)
+
+
+def _errors(counter: dict[str, int]) -> str:
+    return ",".join(f"{k}:{v}" for k, v in sorted(counter.items())) or "0"
+
+
+def progress_line(stats: RunStats, now: float | None = None) -> str:
+    """One stable `key=value` line for logs and `tail -f` over SSH."""
+    now = time.monotonic() if now is None else now
+    elapsed = max(now - stats.started_at, 1e-9)
+    ds = stats.datasets.values()
+    items = sum(d.items for d in ds)
+    done = sum(d.done_before + d.done for d in ds)
+    sent_done = sum(d.done for d in ds)
+    failed = sum(d.failed for d in ds)
+    tokens = sum(d.completion_tokens for d in ds)
+    cost = sum(d.cost_usd for d in ds)
+    errors: dict[str, int] = {}
+    for d in ds:
+        for k, v in d.errors.items():
+            errors[k] = errors.get(k, 0) + v
+    per_ds = " ".join(
+        f"{name}={d.done_before + d.done}/{d.items}" for name, d in stats.datasets.items()
+    )
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return (
+        f"{stamp} progress done={done}/{items} failed={failed} in_flight={stats.in_flight} "
+        f"req_s={sent_done / elapsed:.2f} out_tok_s={tokens / elapsed:.0f} "
+        f"completion_tokens={tokens} cost_usd={cost:.4f} errors={_errors(errors)} "
+        f"elapsed_s={elapsed:.0f} {per_ds}"
+    )
+
+
+def progress_table(stats: RunStats, now: float | None = None) -> Table:
+    now = time.monotonic() if now is None else now
+    elapsed = max(now - stats.started_at, 1e-9)
+    table = Table(title=f"regen  {elapsed:,.0f}s", title_justify="left", expand=False)
+    for col in ("dataset", "done/total", "failed", "in flight", "req/s", "tokens", "$", "errors"):
+        table.add_column(col, justify="left" if col in ("dataset", "errors") else "right")
+    for name, d in stats.datasets.items():
+        table.add_row(
+            name,
+            f"{d.done_before + d.done}/{d.items}",
+            str(d.failed),
+            str(d.in_flight),
+            f"{d.done / elapsed:.1f}",
+            _fmt_tokens(d.completion_tokens),
+            f"{d.cost_usd:.4f}",
+            _errors(d.errors),
+        )
+    return table
+
+
+class ProgressReporter:
+    """Shows progress until cancelled: live on a TTY, a line every `interval_s` otherwise.
+
+    Every line also goes to `log_path` (run.log), whatever stdout is.
+    """
+
+    def __init__(
+        self, stats: RunStats, console: Console, interval_s: float, log_path: Path | None
+    ) -> None:
+        self._stats = stats
+        self._console = console
+        self._interval_s = interval_s
+        self._log_path = log_path
+
+    def _log(self, log: TextIO | None, line: str) -> None:
+        if log is not None:
+            log.write(line + "\n")
+            log.flush()
+
+    async def run(self) -> None:
+        log = self._log_path.open("a", encoding="utf-8") if self._log_path else None
+        live: Live | None = None
+        try:
+            if self._console.is_terminal:
+                live = Live(
+                    progress_table(self._stats),
+                    console=self._console,
+                    refresh_per_second=4,
+                    transient=False,
+                )
+                live.start()
+            last_line = 0.0
+            while True:
+                now = time.monotonic()
+                if live is not None:
+                    live.update(progress_table(self._stats, now))
+                if now - last_line >= self._interval_s:
+                    line = progress_line(self._stats, now)
+                    self._log(log, line)
+                    if live is None:
+                        self._console.print(line, markup=False, highlight=False, soft_wrap=True)
+                    last_line = now
+                await asyncio.sleep(0.25 if live is not None else min(self._interval_s, 1.0))
+        finally:
+            final = progress_line(self._stats)
+            self._log(log, final)
+            if live is not None:
+                live.update(progress_table(self._stats))
+                live.stop()
+            else:
+                self._console.print(final, markup=False, highlight=False, soft_wrap=True)
+            if log is not None:
+                log.close()
+
+
+def summary_table(
+    datasets: list[DatasetProgress], errors: dict[tuple[str, str], int], exports: dict[str, int]
+) -> Table:
+    """The end-of-run table: per dataset, what is done and what it cost (from state.db)."""
+    table = Table(title="summary", title_justify="left")
+    cols = (
+        "dataset",
+        "rows",
+        "bad",
+        "dupes",
+        "items",
+        "done",
+        "failed",
+        "prompt tok",
+        "completion tok",
+        "cost $",
+        "$/Mtok",
+        "errors",
+        "exported",
+    )
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("dataset", "errors") else "right")
+    for d in datasets:
+        errs = {c: n for (ds, c), n in errors.items() if ds == d.name}
+        per_mtok = d.cost_usd / d.completion_tokens * 1e6 if d.completion_tokens else 0.0
+        table.add_row(
+            d.name,
+            str(d.rows_read),
+            str(d.bad_rows),
+            str(d.duplicates),
+            str(d.items),
+            str(d.done),
+            str(d.failed),
+            _fmt_tokens(d.prompt_tokens),
+            _fmt_tokens(d.completion_tokens),
+            f"{d.cost_usd:.4f}",
+            f"{per_mtok:.2f}",
+            _errors(errs),
+            str(exports.get(d.name, 0)),
+        )
+    return table

@@ -1,0 +1,481 @@
+"""state.db: the schema, its migrations, and every read and write of a job's state.
+
+Nobody else opens state.db. Writes that belong together (a result, its attempts and its ledger
+charge) happen in one transaction, so a crash at any moment leaves either all of them or none.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from regen.conversation import BadRow, Conversation, Outcome
+from regen.errors import StateError
+
+STATE_FILE = "state.db"
+
+
+def _script(db: sqlite3.Connection, sql: str) -> None:
+    # executescript() would COMMIT the migration's transaction half-way: run statements one by one.
+    for statement in sql.split(";"):
+        if statement.strip():
+            db.execute(statement)
+
+
+def m001_initial(db: sqlite3.Connection) -> None:
+    _script(
+        db,
+        """
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        CREATE TABLE datasets (
+            name TEXT PRIMARY KEY,
+            position INTEGER NOT NULL,
+            source TEXT NOT NULL,
+            rows_read INTEGER NOT NULL DEFAULT 0,
+            bad_rows INTEGER NOT NULL DEFAULT 0,
+            turns_read INTEGER NOT NULL DEFAULT 0
+        );
+        CREATE TABLE bad_rows (
+            dataset TEXT NOT NULL,
+            row_index INTEGER NOT NULL,
+            reason TEXT NOT NULL,
+            PRIMARY KEY (dataset, row_index)
+        );
+        CREATE TABLE conversations (
+            id TEXT PRIMARY KEY,
+            dataset TEXT NOT NULL,
+            row_index INTEGER NOT NULL,
+            data TEXT NOT NULL
+        );
+        CREATE TABLE items (
+            id TEXT PRIMARY KEY,
+            dataset TEXT NOT NULL,
+            conversation_id TEXT NOT NULL REFERENCES conversations(id),
+            turn_index INTEGER NOT NULL,
+            prompt_hash TEXT NOT NULL,
+            order_key INTEGER NOT NULL,
+            status TEXT NOT NULL DEFAULT 'pending'
+                CHECK (status IN ('pending', 'done', 'failed')),
+            attempts INTEGER NOT NULL DEFAULT 0,
+            failure_class TEXT,
+            failure_message TEXT,
+            updated_at REAL
+        );
+        CREATE INDEX items_dispatch ON items (dataset, status, order_key);
+        -- Identical prompts within a dataset are sent once: the first row that has it wins.
+        CREATE UNIQUE INDEX items_prompt ON items (dataset, prompt_hash);
+        CREATE TABLE results (
+            item_id TEXT PRIMARY KEY REFERENCES items(id),
+            dataset TEXT NOT NULL,
+            content TEXT NOT NULL,
+            reasoning TEXT,
+            tool_calls TEXT,
+            finish_reason TEXT,
+            prompt_tokens INTEGER NOT NULL,
+            completion_tokens INTEGER NOT NULL,
+            reasoning_tokens INTEGER NOT NULL,
+            cost_usd REAL,
+            provider TEXT,
+            model TEXT,
+            generation_id TEXT,
+            latency_s REAL NOT NULL,
+            created_at REAL NOT NULL
+        );
+        CREATE INDEX results_dataset ON results (dataset);
+        CREATE TABLE attempts (
+            id INTEGER PRIMARY KEY,
+            item_id TEXT NOT NULL REFERENCES items(id),
+            number INTEGER NOT NULL,
+            started_at REAL NOT NULL,
+            latency_s REAL NOT NULL,
+            status INTEGER,
+            failure_class TEXT,
+            message TEXT,
+            provider TEXT,
+            generation_id TEXT
+        );
+        CREATE INDEX attempts_item ON attempts (item_id);
+        CREATE TABLE ledger (
+            id INTEGER PRIMARY KEY,
+            item_id TEXT NOT NULL REFERENCES items(id),
+            dataset TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            prompt_tokens INTEGER NOT NULL,
+            completion_tokens INTEGER NOT NULL,
+            cost_usd REAL,
+            created_at REAL NOT NULL
+        );
+        CREATE INDEX ledger_dataset ON ledger (dataset);
+        """,
+    )
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [m001_initial]
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetProgress:
+    """Counts and totals for one dataset, all read from state.db."""
+
+    name: str
+    position: int
+    rows_read: int
+    bad_rows: int
+    turns_read: int
+    items: int
+    done: int
+    failed: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+
+    @property
+    def pending(self) -> int:
+        return self.items - self.done - self.failed
+
+    @property
+    def duplicates(self) -> int:
+        """Turns of the last read whose prompt an earlier row already had."""
+        return max(0, self.turns_read - self.items)
+
+
+@dataclass(frozen=True, slots=True)
+class NewItem:
+    """An item to insert: its id, turn, prompt hash (for dedup) and dispatch position."""
+
+    id: str
+    turn_index: int
+    prompt_hash: str
+    order_key: int
+
+
+@dataclass(frozen=True, slots=True)
+class PendingItem:
+    """An item to send, with the conversation it comes from."""
+
+    id: str
+    dataset: str
+    turn_index: int
+    order_key: int
+    conversation: dict[str, Any]
+    row_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class ExportRow:
+    """A done item with its conversation, as export needs it."""
+
+    item_id: str
+    turn_index: int
+    conversation: dict[str, Any]
+    content: str
+    reasoning: str | None
+    tool_calls: list[dict[str, Any]]
+    finish_reason: str | None
+
+
+class Store:
+    """A job's state.db. Open with Store.open(out_dir)."""
+
+    def __init__(self, db: sqlite3.Connection, path: Path) -> None:
+        self._db = db
+        self.path = path
+
+    @classmethod
+    def open(cls, out_dir: Path) -> Store:
+        """Open (creating if needed) `<out_dir>/state.db` and apply pending migrations."""
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StateError(f"{out_dir}: cannot create output directory: {exc}") from exc
+        path = out_dir / STATE_FILE
+        try:
+            db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("PRAGMA foreign_keys=ON")
+            db.execute("PRAGMA busy_timeout=10000")
+            store = cls(db, path)
+            store._migrate()
+        except sqlite3.Error as exc:
+            raise StateError(f"{path}: cannot open state database: {exc}") from exc
+        return store
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise StateError(f"{self.path}: write failed: {exc}") from exc
+
+    def _migrate(self) -> None:
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations "
+            "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
+        )
+        done = {v for (v,) in self._db.execute("SELECT version FROM schema_migrations")}
+        for version, migration in enumerate(MIGRATIONS, start=1):
+            if version in done:
+                continue
+            with self._tx() as db:
+                migration(db)
+                db.execute(
+                    "INSERT INTO schema_migrations VALUES (?, ?, ?)",
+                    (version, migration.__name__, time.time()),
+                )
+
+    def schema_version(self) -> int:
+        (v,) = self._db.execute(
+            "SELECT COALESCE(MAX(version), 0) FROM schema_migrations"
+        ).fetchone()
+        return int(v)
+
+    # meta
+
+    def get_meta(self, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    # ingest
+
+    def register_dataset(self, name: str, position: int, source: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO datasets (name, position, source) VALUES (?, ?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET position = excluded.position, "
+                "source = excluded.source",
+                (name, position, source),
+            )
+
+    def add_conversations(self, batch: Iterable[tuple[Conversation, list[NewItem]]]) -> int:
+        """Insert conversations and their items; return how many items are new.
+
+        Existing ids and already-seen prompts are left as they are, so re-reading a source only
+        adds what is new.
+        """
+        with self._tx() as db:
+            conv_rows: list[tuple[Any, ...]] = []
+            item_rows: list[tuple[Any, ...]] = []
+            for conv, items in batch:
+                cid = conv.id
+                conv_rows.append((cid, conv.dataset, conv.row_index, json.dumps(conv.to_dict())))
+                item_rows.extend(
+                    (it.id, conv.dataset, cid, it.turn_index, it.prompt_hash, it.order_key)
+                    for it in items
+                )
+            db.executemany("INSERT OR IGNORE INTO conversations VALUES (?, ?, ?, ?)", conv_rows)
+            mid = db.total_changes
+            db.executemany(
+                "INSERT OR IGNORE INTO items (id, dataset, conversation_id, turn_index, "
+                "prompt_hash, order_key) VALUES (?, ?, ?, ?, ?, ?)",
+                item_rows,
+            )
+            return db.total_changes - mid
+
+    def record_source_stats(
+        self, dataset: str, rows_read: int, turns_read: int, bad: list[BadRow]
+    ) -> None:
+        """Replace the dataset's bad-row report with this read's."""
+        with self._tx() as db:
+            db.execute("DELETE FROM bad_rows WHERE dataset = ?", (dataset,))
+            db.executemany(
+                "INSERT OR REPLACE INTO bad_rows VALUES (?, ?, ?)",
+                [(b.dataset, b.row_index, b.reason) for b in bad],
+            )
+            db.execute(
+                "UPDATE datasets SET rows_read = ?, turns_read = ?, bad_rows = ? WHERE name = ?",
+                (rows_read, turns_read, len(bad), dataset),
+            )
+
+    def bad_rows(self, dataset: str, limit: int = 20) -> list[BadRow]:
+        rows = self._db.execute(
+            "SELECT dataset, row_index, reason FROM bad_rows WHERE dataset = ? "
+            "ORDER BY row_index LIMIT ?",
+            (dataset, limit),
+        ).fetchall()
+        return [BadRow(*r) for r in rows]
+
+    # dispatch
+
+    def requeue_retryable_failures(self, retryable: Iterable[str]) -> int:
+        """Give items that failed for a transient reason in an earlier run another chance."""
+        classes = sorted(retryable)
+        marks = ",".join("?" * len(classes))
+        with self._tx() as db:
+            cur = db.execute(
+                "UPDATE items SET status = 'pending', failure_class = NULL, failure_message = NULL"
+                f" WHERE status = 'failed' AND failure_class IN ({marks})",
+                classes,
+            )
+            return cur.rowcount
+
+    def claim_batch(self, dataset: str, after_key: int, limit: int) -> list[PendingItem]:
+        """The next pending items of a dataset in dispatch order (keyset on order_key)."""
+        rows = self._db.execute(
+            "SELECT i.id, i.dataset, i.turn_index, i.order_key, c.data, c.row_index "
+            "FROM items i JOIN conversations c ON c.id = i.conversation_id "
+            "WHERE i.dataset = ? AND i.status = 'pending' AND i.order_key > ? "
+            "ORDER BY i.order_key LIMIT ?",
+            (dataset, after_key, limit),
+        ).fetchall()
+        return [PendingItem(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5]) for r in rows]
+
+    def commit_outcomes(self, outcomes: Iterable[Outcome]) -> None:
+        """Commit finished items: each one's result (or failure), attempts and ledger charge."""
+        now = time.time()
+        rows: dict[str, list[tuple[Any, ...]]] = {
+            k: [] for k in ("results", "failures", "attempts", "ledger", "done")
+        }
+        results, failures, attempts = rows["results"], rows["failures"], rows["attempts"]
+        ledger, done = rows["ledger"], rows["done"]
+        for o in outcomes:
+            attempts.extend(
+                (
+                    o.item_id,
+                    a.number,
+                    a.started_at,
+                    a.latency_s,
+                    a.status,
+                    a.failure_class,
+                    a.message,
+                    a.provider,
+                    a.generation_id,
+                )
+                for a in o.attempts
+            )
+            r = o.result
+            if r is not None:
+                m, u = r.message, r.usage
+                calls = (
+                    json.dumps([tc.to_openai() for tc in m.tool_calls]) if m.tool_calls else None
+                )
+                results.append(
+                    (
+                        r.item_id,
+                        o.dataset,
+                        m.content,
+                        m.reasoning,
+                        calls,
+                        r.finish_reason,
+                        u.prompt_tokens,
+                        u.completion_tokens,
+                        u.reasoning_tokens,
+                        u.cost_usd,
+                        r.provider,
+                        r.model,
+                        r.generation_id,
+                        r.latency_s,
+                        now,
+                    )
+                )
+                ledger.append(
+                    (
+                        r.item_id,
+                        o.dataset,
+                        "completion",
+                        u.prompt_tokens,
+                        u.completion_tokens,
+                        u.cost_usd,
+                        now,
+                    )
+                )
+                done.append((len(o.attempts), now, o.item_id))
+            else:
+                failures.append(
+                    (len(o.attempts), o.failure_class, o.failure_message, now, o.item_id)
+                )
+        with self._tx() as db:
+            db.executemany(
+                "INSERT INTO attempts (item_id, number, started_at, latency_s, status, "
+                "failure_class, message, provider, generation_id) VALUES (?,?,?,?,?,?,?,?,?)",
+                attempts,
+            )
+            db.executemany("INSERT INTO results VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", results)
+            db.executemany(
+                "INSERT INTO ledger (item_id, dataset, kind, prompt_tokens, completion_tokens, "
+                "cost_usd, created_at) VALUES (?,?,?,?,?,?,?)",
+                ledger,
+            )
+            db.executemany(
+                "UPDATE items SET status = 'done', attempts = attempts + ?, updated_at = ? "
+                "WHERE id = ?",
+                done,
+            )
+            db.executemany(
+                "UPDATE items SET status = 'failed', attempts = attempts + ?, failure_class = ?, "
+                "failure_message = ?, updated_at = ? WHERE id = ?",
+                failures,
+            )
+
+    # reads
+
+    def dataset_progress(self) -> list[DatasetProgress]:
+        """Per-dataset counts and ledger totals, in the job's dataset order."""
+        rows = self._db.execute(
+            """
+            SELECT d.name, d.position, d.rows_read, d.bad_rows, d.turns_read,
+                   COALESCE(i.items, 0), COALESCE(i.done, 0), COALESCE(i.failed, 0),
+                   COALESCE(l.pt, 0), COALESCE(l.ct, 0), COALESCE(l.cost, 0.0)
+            FROM datasets d
+            LEFT JOIN (
+                SELECT dataset, COUNT(*) AS items,
+                       SUM(status = 'done') AS done, SUM(status = 'failed') AS failed
+                FROM items GROUP BY dataset
+            ) i ON i.dataset = d.name
+            LEFT JOIN (
+                SELECT dataset, SUM(prompt_tokens) AS pt, SUM(completion_tokens) AS ct,
+                       SUM(COALESCE(cost_usd, 0)) AS cost
+                FROM ledger GROUP BY dataset
+            ) l ON l.dataset = d.name
+            ORDER BY d.position
+            """
+        ).fetchall()
+        return [DatasetProgress(*r) for r in rows]
+
+    def failure_counts(self) -> dict[tuple[str, str], int]:
+        """Failed attempts by (dataset, class), from the attempt log."""
+        rows = self._db.execute(
+            "SELECT i.dataset, a.failure_class, COUNT(*) FROM attempts a "
+            "JOIN items i ON i.id = a.item_id WHERE a.failure_class IS NOT NULL "
+            "GROUP BY i.dataset, a.failure_class"
+        ).fetchall()
+        return {(d, c): n for d, c, n in rows}
+
+    def export_rows(self, dataset: str) -> Iterator[ExportRow]:
+        """Done items of a dataset, in source row order, each exactly once."""
+        cur = self._db.execute(
+            "SELECT r.item_id, i.turn_index, c.data, r.content, r.reasoning, r.tool_calls, "
+            "r.finish_reason FROM results r JOIN items i ON i.id = r.item_id "
+            "JOIN conversations c ON c.id = i.conversation_id "
+            "WHERE r.dataset = ? ORDER BY c.row_index, i.turn_index",
+            (dataset,),
+        )
+        for r in cur:
+            yield ExportRow(
+                item_id=r[0],
+                turn_index=r[1],
+                conversation=json.loads(r[2]),
+                content=r[3],
+                reasoning=r[4],
+                tool_calls=json.loads(r[5]) if r[5] else [],
+                finish_reason=r[6],
+            )
