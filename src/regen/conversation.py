@@ -27,7 +27,9 @@ class ToolCall:
 
     @classmethod
     def from_openai(cls, d: dict[str, Any]) -> ToolCall:
-        fn = d.get("function") or {}
+        fn = d.get("function")
+        if not isinstance(fn, dict):
+            fn = {}
         args = fn.get("arguments", "")
         if not isinstance(args, str):
             args = json.dumps(args, ensure_ascii=False)

@@ -342,11 +342,12 @@ class Store:
     def commit_outcomes(self, outcomes: Iterable[Outcome]) -> None:
         """Commit finished items: each one's result (or failure), attempts and ledger charge."""
         now = time.time()
-        rows: dict[str, list[tuple[Any, ...]]] = {
-            k: [] for k in ("results", "failures", "attempts", "ledger", "done")
-        }
-        results, failures, attempts = rows["results"], rows["failures"], rows["attempts"]
-        ledger, done = rows["ledger"], rows["done"]
+        Rows = list[tuple[Any, ...]]
+        results: Rows = []
+        failures: Rows = []
+        attempts: Rows = []
+        ledger: Rows = []
+        done: Rows = []
         for o in outcomes:
             attempts.extend(
                 (

@@ -60,10 +60,8 @@ def _message(msg: dict[str, Any], status: int) -> Message:
     if reasoning is None:
         reasoning = msg.get("reasoning_content")
     raw_calls = msg.get("tool_calls") or []
-    if not isinstance(raw_calls, list) or not all(isinstance(c, dict) for c in raw_calls):
-        raise EndpointError(
-            "invalid_response", "tool_calls is not a list of objects", status=status
-        )
+    if not isinstance(raw_calls, list) or not all(_is_call(c) for c in raw_calls):
+        raise EndpointError("invalid_response", "malformed tool_calls", status=status)
     if content is not None and not isinstance(content, str):
         raise EndpointError("invalid_response", "content is not a string", status=status)
     if reasoning is not None and not isinstance(reasoning, str):
@@ -74,6 +72,11 @@ def _message(msg: dict[str, Any], status: int) -> Message:
         reasoning=reasoning or None,
         tool_calls=tuple(ToolCall.from_openai(c) for c in raw_calls),
     )
+
+
+def _is_call(c: Any) -> bool:
+    fn = c.get("function") if isinstance(c, dict) else None
+    return isinstance(fn, dict) and isinstance(fn.get("name"), str) and bool(fn["name"])
 
 
 def _usage(u: Any) -> Usage:

@@ -1,0 +1,97 @@
+"""Shared fixtures: a real simulator on 127.0.0.1, job files in tmp dirs, the CLI as a process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from regen.sim import RunningSim, SimConfig, sim_in_thread
+
+SECRET_KEY = "sk-or-v1-test-SECRET-7f3a9c"
+
+
+@pytest.fixture
+def sim() -> Iterator[RunningSim]:
+    """A simulator that answers at once (time_scale 0), seeded."""
+    with sim_in_thread(SimConfig(seed=1, time_scale=0.0)) as running:
+        yield running
+
+
+def write_rows(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def chat_rows(n: int, prefix: str = "Question") -> list[dict[str, Any]]:
+    return [
+        {
+            "messages": [
+                {"role": "user", "content": f"{prefix} number {i}: explain step {i}."},
+                {"role": "assistant", "content": f"original answer {i}"},
+            ]
+        }
+        for i in range(n)
+    ]
+
+
+def write_job(
+    tmp: Path,
+    base_url: str,
+    *,
+    datasets: list[tuple[str, str, str]] | None = None,
+    extra: str = "",
+    concurrency: int = 16,
+) -> Path:
+    """A job file in `tmp` whose output goes to `tmp/out`; datasets are (name, path, format)."""
+    if datasets is None:
+        write_rows(tmp / "chat.jsonl", chat_rows(20))
+        datasets = [("chat", "chat.jsonl", "openai")]
+    blocks = "".join(
+        f'\n[[datasets]]\nname = "{n}"\npath = "{p}"\nformat = "{f}"\n' for n, p, f in datasets
+    )
+    job = tmp / "job.toml"
+    job.write_text(
+        f"""
+[job]
+name = "test"
+output_dir = "out"
+
+[endpoint]
+base_url = "{base_url}"
+api_key_env = "REGEN_TEST_KEY"
+
+[generation]
+model = "moonshotai/kimi-k2.5"
+max_tokens = 512
+temperature = 0.7
+
+[run]
+concurrency = {concurrency}
+progress_interval_s = 0.5
+{extra}
+{blocks}
+"""
+    )
+    return job
+
+
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """`regen ARGS` as a real subprocess, with the test key in the environment."""
+    full_env = {**os.environ, "REGEN_TEST_KEY": SECRET_KEY, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "regen", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        check=False,
+    )

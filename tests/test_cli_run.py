@@ -1,0 +1,128 @@
+"""`regen run` end to end: a real subprocess against a real simulator on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+from regen.sim import RunningSim
+from tests.conftest import SECRET_KEY, chat_rows, run_cli, write_job, write_rows
+
+
+def three_datasets(tmp: Path) -> list[tuple[str, str, str]]:
+    rows = chat_rows(30)
+    rows.append(rows[3])  # an exact duplicate: sent once
+    write_rows(tmp / "chat.jsonl", rows)
+    (tmp / "chat.jsonl").write_text((tmp / "chat.jsonl").read_text() + "{not json\n")
+    sharegpt = [
+        {"conversations": [{"from": "human", "value": f"hi {i}"}, {"from": "gpt", "value": "x"}]}
+        for i in range(15)
+    ]
+    (tmp / "sg.json").write_text(json.dumps(sharegpt))
+    write_rows(
+        tmp / "code.jsonl", [{"instruction": f"write code {i}", "output": "o"} for i in range(10)]
+    )
+    return [
+        ("chat", "chat.jsonl", "openai"),
+        ("sg", "sg.json", "sharegpt"),
+        ("code", "code.jsonl", "alpaca"),
+    ]
+
+
+def test_run_regenerates_stores_and_exports_every_dataset(tmp_path: Path, sim: RunningSim) -> None:
+    job = write_job(tmp_path, sim.base_url, datasets=three_datasets(tmp_path))
+    proc = run_cli("run", str(job))
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "out"
+
+    # Every request carried the key as a Bearer header.
+    chats = [e for e in sim.simulator.log if e.path.endswith("/chat/completions")]
+    assert len(chats) == 30 + 15 + 10
+    assert {e.authorization for e in chats} == {f"Bearer {SECRET_KEY}"}
+
+    # state.db holds each result with its usage, cost, provider and latency.
+    db = sqlite3.connect(out / "state.db")
+    results = db.execute(
+        "SELECT dataset, COUNT(*), SUM(completion_tokens), SUM(cost_usd), "
+        "COUNT(provider), MIN(latency_s) >= 0 FROM results GROUP BY dataset ORDER BY dataset"
+    ).fetchall()
+    assert [(r[0], r[1]) for r in results] == [("chat", 30), ("code", 10), ("sg", 15)]
+    assert all(r[4] == r[1] and r[5] for r in results)
+    total_cost = db.execute("SELECT SUM(cost_usd) FROM ledger").fetchone()[0]
+    assert abs(total_cost - sim.simulator.billed_usd()) < 1e-9
+    bad = db.execute("SELECT dataset, row_index, reason FROM bad_rows").fetchall()
+    assert len(bad) == 1 and bad[0][:2] == ("chat", 31) and "invalid JSON" in bad[0][2]
+
+    # The export has each item once, in SpecForge form, with the regenerated turn in place.
+    lines = (out / "export" / "chat.jsonl").read_text().splitlines()
+    assert len(lines) == 30
+    recs = [json.loads(line) for line in lines]
+    assert len({r["id"] for r in recs}) == 30
+    first = recs[0]
+    assert [m["role"] for m in first["conversations"]] == ["user", "assistant"]
+    regenerated = first["conversations"][-1]
+    assert regenerated["content"] != "original answer 0"
+    assert regenerated["reasoning_content"]
+    stored = db.execute("SELECT content FROM results WHERE item_id = ?", (first["id"],)).fetchone()[
+        0
+    ]
+    assert regenerated["content"] == stored
+    assert len((out / "export" / "sg.jsonl").read_text().splitlines()) == 15
+
+    # The summary names every dataset and the output folder.
+    assert "output:" in proc.stdout and str(out) in proc.stdout.replace("\n", "")
+    for name in ("chat", "sg", "code"):
+        assert name in proc.stdout
+    # Non-TTY progress: plain key=value lines, also in run.log.
+    assert "progress done=55/55" in proc.stdout
+    assert "progress done=55/55" in (out / "run.log").read_text()
+
+    # The key is in no file under the output directory.
+    for path in out.rglob("*"):
+        if path.is_file():
+            assert SECRET_KEY.encode() not in path.read_bytes(), path
+
+
+def test_rerun_sends_nothing_and_an_added_row_sends_one(tmp_path: Path, sim: RunningSim) -> None:
+    job = write_job(tmp_path, sim.base_url)
+    assert run_cli("run", str(job)).returncode == 0
+    sent = len(sim.simulator.log)
+    proc = run_cli("run", str(job))
+    assert proc.returncode == 0, proc.stderr
+    assert len(sim.simulator.log) == sent
+    assert "progress done=20/20" in proc.stdout
+
+    rows = chat_rows(21)
+    write_rows(tmp_path / "chat.jsonl", rows)
+    assert run_cli("run", str(job)).returncode == 0
+    assert len(sim.simulator.log) == sent + 1
+    export = (tmp_path / "out" / "export" / "chat.jsonl").read_text().splitlines()
+    assert len(export) == 21
+
+
+def test_run_with_failed_items_exits_3_and_keeps_them_out_of_the_export(
+    tmp_path: Path, sim: RunningSim
+) -> None:
+    job = write_job(tmp_path, sim.base_url)
+    text = job.read_text().replace('model = "moonshotai/kimi-k2.5"', 'model = "no/such-model"')
+    job.write_text(text)
+    proc = run_cli("run", str(job))
+    assert proc.returncode == 3, proc.stderr
+    assert "bad_request:20" in proc.stdout
+    assert (tmp_path / "out" / "export" / "chat.jsonl").read_text() == ""
+
+
+def test_wrong_key_stops_the_run_with_a_clear_message(tmp_path: Path) -> None:
+    from regen.sim import SimConfig, sim_in_thread
+
+    with sim_in_thread(SimConfig(time_scale=0, api_keys=["sk-right"])) as sim:
+        job = write_job(tmp_path, sim.base_url)
+        proc = run_cli("run", str(job), env={"REGEN_TEST_KEY": "sk-wrong"})
+        assert proc.returncode == 1
+        assert "error: run stopped: auth: User not found." in proc.stderr
+        assert len(sim.simulator.log) <= 16  # the concurrency: nothing after the stop
+        proc = run_cli("run", str(job), env={"REGEN_TEST_KEY": "sk-right"})
+        assert proc.returncode == 0, proc.stderr
+    export = (tmp_path / "out" / "export" / "chat.jsonl").read_text().splitlines()
+    assert len(export) == 20

@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from regen.config import load_job
+from regen.errors import ConfigError
+from tests.conftest import run_cli, write_job
+
+MINIMAL = """
+[generation]
+model = "moonshotai/kimi-k2.5"
+
+[[datasets]]
+name = "chat"
+path = "chat.jsonl"
+"""
+
+
+def test_minimal_job_gets_the_documented_defaults(tmp_path: Path) -> None:
+    (tmp_path / "job.toml").write_text(MINIMAL)
+    job = load_job(tmp_path / "job.toml")
+    assert job.run.concurrency == 256
+    assert job.endpoint.api_key_env == "OPENROUTER_API_KEY"
+    assert job.endpoint.base_url == "https://openrouter.ai/api/v1"
+    assert job.generation.max_tokens == 4096
+    assert job.output_path == tmp_path / "out"
+    assert job.resolve("chat.jsonl") == tmp_path / "chat.jsonl"
+
+
+def _error_for(tmp_path: Path, text: str) -> str:
+    (tmp_path / "job.toml").write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_job(tmp_path / "job.toml")
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(str(tmp_path / "job.toml"))
+    return message
+
+
+def test_misspelled_nested_field_is_named_with_the_allowed_ones(tmp_path: Path) -> None:
+    msg = _error_for(tmp_path, MINIMAL.replace('path = "chat.jsonl"', 'pth = "chat.jsonl"'))
+    assert "unknown field 'datasets[0].pth'" in msg
+    assert "allowed: name, path, format" in msg
+    assert "missing field 'datasets[0].path'" in msg
+
+
+def test_misspelled_section_is_named(tmp_path: Path) -> None:
+    msg = _error_for(tmp_path, MINIMAL + "\n[rnu]\nconcurrency = 3\n")
+    assert "unknown field 'rnu'" in msg
+    assert "run" in msg
+
+
+def test_wrong_type_and_range_are_named(tmp_path: Path) -> None:
+    msg = _error_for(tmp_path, MINIMAL + '\n[run]\nconcurrency = "many"\n')
+    assert "field 'run.concurrency'" in msg
+    msg = _error_for(tmp_path, MINIMAL + "\n[run]\nconcurrency = 0\n")
+    assert "field 'run.concurrency'" in msg and "greater than or equal to 1" in msg
+
+
+def test_unknown_format_lists_the_allowed_values(tmp_path: Path) -> None:
+    msg = _error_for(tmp_path, MINIMAL + 'format = "parquetish"\n')
+    assert "field 'datasets[0].format'" in msg and "'sharegpt'" in msg
+
+
+def test_invalid_toml_and_missing_file_are_one_line(tmp_path: Path) -> None:
+    assert "invalid TOML" in _error_for(tmp_path, "[generation\nmodel = 1")
+    with pytest.raises(ConfigError, match="no such job file"):
+        load_job(tmp_path / "absent.toml")
+
+
+def test_duplicate_dataset_names_are_refused(tmp_path: Path) -> None:
+    msg = _error_for(tmp_path, MINIMAL + '\n[[datasets]]\nname = "chat"\npath = "b.jsonl"\n')
+    assert "repeated: chat" in msg
+
+
+def test_base_dir_cannot_be_set_from_the_file(tmp_path: Path) -> None:
+    assert "unknown field 'base_dir'" in _error_for(tmp_path, 'base_dir = "/"\n' + MINIMAL)
+
+
+def test_fingerprint_changes_with_sampling_but_not_concurrency(tmp_path: Path) -> None:
+    (tmp_path / "job.toml").write_text(MINIMAL)
+    base = load_job(tmp_path / "job.toml").fingerprint()
+    (tmp_path / "job.toml").write_text(MINIMAL + "\n[run]\nconcurrency = 7\n")
+    assert load_job(tmp_path / "job.toml").fingerprint() == base
+    text = MINIMAL.replace('kimi-k2.5"', 'kimi-k2.5"\ntemperature = 0.2')
+    (tmp_path / "job.toml").write_text(text)
+    assert load_job(tmp_path / "job.toml").fingerprint() != base
+
+
+def test_cli_run_with_misspelled_field_exits_nonzero_with_one_line(tmp_path: Path) -> None:
+    job = write_job(tmp_path, "http://127.0.0.1:9/api/v1", extra="concurrrency = 4")
+    proc = run_cli("run", str(job))
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ") and "unknown field 'run.concurrrency'" in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_run_without_the_key_names_the_variable(tmp_path: Path) -> None:
+    job = write_job(tmp_path, "http://127.0.0.1:9/api/v1")
+    proc = run_cli("run", str(job), env={"REGEN_TEST_KEY": ""})
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (
+        "error: set REGEN_TEST_KEY or name another variable in [endpoint].api_key_env"
+    )

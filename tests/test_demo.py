@@ -1,0 +1,41 @@
+"""`regen demo` from the command line, as `make demo` runs it."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from tests.conftest import run_cli
+
+
+def test_demo_prints_a_summary_that_matches_its_exports(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    proc = run_cli("demo", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "summary" in proc.stdout and "output:" in proc.stdout
+    exported = {}
+    for name in ("chat", "sharegpt", "code"):
+        lines = (out / "export" / f"{name}.jsonl").read_text().splitlines()
+        for line in lines:
+            rec = json.loads(line)
+            assert rec["id"] and rec["conversations"][-1]["role"] == "assistant"
+        exported[name] = len(lines)
+        row = re.search(rf"│ {name}\s+│(.*)", proc.stdout)
+        assert row, proc.stdout
+        cells = [c.strip() for c in row.group(1).split("│") if c.strip()]
+        # rows, bad, dupes, items, done, failed, ..., exported (last)
+        assert int(cells[4]) == len(lines) == int(cells[-1])
+        assert int(cells[5]) == 0
+    assert sum(exported.values()) >= 250
+    # A second demo starts fresh in the same folder.
+    again = run_cli("demo", "--out", str(out))
+    assert again.returncode == 0, again.stderr
+
+
+def test_demo_refuses_a_folder_it_did_not_make(tmp_path: Path) -> None:
+    (tmp_path / "precious.txt").write_text("keep me")
+    proc = run_cli("demo", "--out", str(tmp_path))
+    assert proc.returncode == 1
+    assert "is not a regen demo folder" in proc.stderr
+    assert (tmp_path / "precious.txt").read_text() == "keep me"

@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from regen.conversation import Attempt, Conversation, Message, Outcome, Result, Usage
+from regen.errors import StateError
+from regen.modes import item_id, prompt_hash
+from regen.store import MIGRATIONS, NewItem, Store
+
+
+def conv(text: str, row: int = 0, answer: str = "a") -> Conversation:
+    return Conversation("ds", row, (Message("user", text), Message("assistant", answer)))
+
+
+def add(store: Store, c: Conversation, key: int) -> int:
+    store.register_dataset("ds", 0, "src")
+    return store.add_conversations([(c, [NewItem(item_id(c.id, 1), 1, prompt_hash(c, 1), key)])])
+
+
+def test_migrations_are_recorded_once(tmp_path: Path) -> None:
+    Store.open(tmp_path).close()
+    store = Store.open(tmp_path)
+    assert store.schema_version() == len(MIGRATIONS)
+    db = sqlite3.connect(tmp_path / "state.db")
+    assert db.execute("SELECT version, name FROM schema_migrations").fetchall() == [
+        (1, "m001_initial")
+    ]
+    assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def test_identical_prompts_are_one_item_and_rereads_add_nothing(tmp_path: Path) -> None:
+    store = Store.open(tmp_path)
+    assert add(store, conv("q", 0, "first answer"), 5) == 1
+    assert add(store, conv("q", 1, "other answer"), 6) == 0  # same prompt, other row
+    assert add(store, conv("q", 0, "first answer"), 5) == 0  # the same row read again
+    assert add(store, conv("q2", 2), 7) == 1
+    assert [p.items for p in store.dataset_progress()] == [2]
+
+
+def test_claim_batch_walks_dispatch_order(tmp_path: Path) -> None:
+    store = Store.open(tmp_path)
+    for i, key in enumerate([30, 10, 20]):
+        add(store, conv(f"q{i}", i), key)
+    first = store.claim_batch("ds", -1, 2)
+    assert [p.order_key for p in first] == [10, 20]
+    assert [p.order_key for p in store.claim_batch("ds", 20, 2)] == [30]
+
+
+def test_outcomes_commit_result_attempts_and_ledger_together(tmp_path: Path) -> None:
+    store = Store.open(tmp_path)
+    c1, c2 = conv("q1", 0), conv("q2", 1)
+    add(store, c1, 1)
+    add(store, c2, 2)
+    i1, i2 = item_id(c1.id, 1), item_id(c2.id, 1)
+    ok = Outcome(
+        i1,
+        "ds",
+        (Attempt(1, 0.0, 0.1, 503, "overloaded", "busy"), Attempt(2, 0.0, 0.2, 200)),
+        result=Result(i1, Message("assistant", "new"), "stop", Usage(10, 20, 5, 0.5)),
+    )
+    bad = Outcome(
+        i2,
+        "ds",
+        (Attempt(1, 0.0, 0.1, 400, "bad_request", "no"),),
+        failure_class="bad_request",
+        failure_message="no",
+    )
+    store.commit_outcomes([ok, bad])
+    (p,) = store.dataset_progress()
+    assert (p.done, p.failed, p.prompt_tokens, p.completion_tokens, p.cost_usd) == (
+        1,
+        1,
+        10,
+        20,
+        0.5,
+    )
+    assert store.failure_counts() == {("ds", "overloaded"): 1, ("ds", "bad_request"): 1}
+    (row,) = store.export_rows("ds")
+    assert (row.item_id, row.content) == (i1, "new")
+    with pytest.raises(StateError):  # a second commit of the same result is refused whole
+        store.commit_outcomes([ok])
+    assert store.dataset_progress()[0].done == 1
+    assert len(store.failure_counts()) == 2
+
+
+def test_unwritable_output_dir_is_a_state_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(StateError, match="cannot create output directory"):
+        Store.open(blocker / "out")
