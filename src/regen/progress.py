@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from regen.scheduler import RunStats
+from regen.scheduler import DatasetStats, RunStats
 from regen.store import DatasetProgress
 
 
@@ -55,23 +55,39 @@ def progress_line(stats: RunStats, now: float | None = None) -> str:
     )
 
 
+def _table_cells(name: str, d: DatasetStats, elapsed: float) -> tuple[str, ...]:
+    return (
+        name,
+        f"{d.done_before + d.done}/{d.items}",
+        str(d.failed),
+        str(d.in_flight),
+        f"{d.done / elapsed:.1f}",
+        _fmt_tokens(d.completion_tokens),
+        f"{d.cost_usd:.4f}",
+        _errors(d.errors),
+    )
+
+
 def progress_table(stats: RunStats, now: float | None = None) -> Table:
     now = time.monotonic() if now is None else now
     elapsed = max(now - stats.started_at, 1e-9)
     table = Table(title=f"regen  {elapsed:,.0f}s", title_justify="left", expand=False)
     for col in ("dataset", "done/total", "failed", "in flight", "req/s", "tokens", "$", "errors"):
         table.add_column(col, justify="left" if col in ("dataset", "errors") else "right")
+    total = DatasetStats()
     for name, d in stats.datasets.items():
-        table.add_row(
-            name,
-            f"{d.done_before + d.done}/{d.items}",
-            str(d.failed),
-            str(d.in_flight),
-            f"{d.done / elapsed:.1f}",
-            _fmt_tokens(d.completion_tokens),
-            f"{d.cost_usd:.4f}",
-            _errors(d.errors),
-        )
+        table.add_row(*_table_cells(name, d, elapsed))
+        total.items += d.items
+        total.done_before += d.done_before
+        total.done += d.done
+        total.failed += d.failed
+        total.in_flight += d.in_flight
+        total.completion_tokens += d.completion_tokens
+        total.cost_usd += d.cost_usd
+        total.errors.update(d.errors)
+    if len(stats.datasets) > 1:
+        table.add_section()
+        table.add_row(*_table_cells("total", total, elapsed), style="bold")
     return table
 
 
