@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -144,7 +144,6 @@ class Result:
     generation_id: str | None = None
     latency_s: float = 0.0
     attempts: int = 1
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def canonical_json(obj: Any) -> str:

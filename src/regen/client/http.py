@@ -87,16 +87,9 @@ def _http_error(status: int, raw: bytes, retry_after: float | None) -> EndpointE
     except (json.JSONDecodeError, UnicodeDecodeError):
         body = None
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        err = error_from_body(body["error"], status=status, retry_after_s=retry_after)
-        # The HTTP status wins over a body code that disagrees with it.
-        if err.status != status:
-            err = EndpointError(
-                class_of_status(status, err.message),
-                err.message,
-                status=status,
-                retry_after_s=err.retry_after_s,
-            )
-        return err
+        # The HTTP status wins over a `code` in the body that disagrees with it.
+        error = {**body["error"], "code": status}
+        return error_from_body(error, status=status, retry_after_s=retry_after)
     text = raw[:200].decode("utf-8", "replace").strip() or "no body"
     return EndpointError(
         class_of_status(status, text),
