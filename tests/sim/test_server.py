@@ -1,97 +1,92 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
-import aiohttp
+import pytest
 
 from regen.sim import RunningSim, SimConfig, sim_in_thread
-
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-            },
-        },
-    }
-]
-
-
-async def post(sim: RunningSim, body: dict[str, Any], key: str | None = "k") -> tuple[int, Any]:
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    async with (
-        aiohttp.ClientSession() as s,
-        s.post(f"{sim.base_url}/chat/completions", json=body, headers=headers) as r,
-    ):
-        return r.status, await r.json()
-
-
-def body(text: str = "hello", **kw: Any) -> dict[str, Any]:
-    return {
-        "model": "moonshotai/kimi-k2.5",
-        "max_tokens": 4096,
-        "messages": [{"role": "user", "content": text}],
-        **kw,
-    }
+from tests.sim.helpers import TOOLS, body, get, post
 
 
 async def test_response_has_openrouter_shape_and_priced_usage(sim: RunningSim) -> None:
-    status, data = await post(sim, body())
+    status, data, hdrs = await post(sim, body())
     assert status == 200
     assert data["id"].startswith("gen-") and data["object"] == "chat.completion"
+    assert hdrs["X-Generation-Id"] == data["id"]
     choice = data["choices"][0]
     assert choice["finish_reason"] == "stop" and choice["message"]["role"] == "assistant"
-    assert choice["message"]["reasoning"] and choice["message"]["content"]
+    msg = choice["message"]
+    assert msg["reasoning"] and msg["content"]
+    assert msg["reasoning_details"][0] == {
+        "type": "reasoning.text",
+        "text": msg["reasoning"],
+        "format": "unknown",
+        "index": 0,
+    }
     u = data["usage"]
     assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
     assert 0 < u["completion_tokens_details"]["reasoning_tokens"] < u["completion_tokens"]
+    entry = sim.simulator.chat_log()[-1]
     model = sim.simulator.config.model("moonshotai/kimi-k2.5")
     assert model is not None
-    ep = next(e for e in model.endpoints if e.provider_name == data["provider"])
+    ep = next(e for e in model.endpoints if e.tag == entry.endpoint_tag)
+    assert data["provider"] == ep.provider_name
     expected = u["prompt_tokens"] * ep.prompt_price + u["completion_tokens"] * ep.completion_price
-    assert abs(u["cost"] - expected) < 1e-9
+    assert u["cost"] == pytest.approx(expected, abs=1e-11)
+    assert sim.simulator.billed_usd() == pytest.approx(expected)
 
 
 async def test_same_seed_and_request_give_the_same_response(sim: RunningSim) -> None:
-    _, a = await post(sim, body("same"))
-    _, b = await post(sim, body("same"))
-    _, c = await post(sim, body("different"))
-    assert a["choices"] == b["choices"] and a["usage"] == b["usage"] and a["id"] == b["id"]
+    _, a, _ = await post(sim, body("same"))
+    _, b, _ = await post(sim, body("same"))
+    _, c, _ = await post(sim, body("different"))
+    assert a["choices"] == b["choices"] and a["usage"] == b["usage"]
+    assert a["id"] != b["id"]  # every request is its own generation
     assert a["choices"] != c["choices"]
+    with sim_in_thread(SimConfig(seed=1, time_scale=0)) as again:
+        _, d, _ = await post(again, body("same"))
+    assert d["choices"] == a["choices"] and d["id"] == a["id"]
     with sim_in_thread(SimConfig(seed=2, time_scale=0)) as other:
-        _, d = await post(other, body("same"))
-    assert d["choices"] != a["choices"]
+        _, e, _ = await post(other, body("same"))
+    assert e["choices"] != a["choices"]
 
 
 async def test_tools_give_calls_to_declared_functions_with_json_arguments(sim: RunningSim) -> None:
     calls = []
     for i in range(20):
-        _, data = await post(sim, body(f"weather please {i}", tools=TOOLS))
+        _, data, _ = await post(sim, body(f"weather please {i}", tools=TOOLS))
         choice = data["choices"][0]
         if choice["finish_reason"] == "tool_calls":
             calls.extend(choice["message"]["tool_calls"])
     assert calls
     for call in calls:
-        assert call["function"]["name"] == "get_weather" and call["id"].startswith("call_")
+        assert call["function"]["name"] == "get_weather"
+        assert call["id"] == "functions.get_weather:0"  # Kimi's own call ids
         assert set(json.loads(call["function"]["arguments"])) == {"city", "days"}
 
 
 async def test_max_tokens_truncates_with_finish_reason_length(sim: RunningSim) -> None:
-    status, data = await post(sim, body("explain step by step", max_tokens=5))
+    status, data, _ = await post(sim, body("explain step by step", max_tokens=5))
     assert status == 200
     assert data["choices"][0]["finish_reason"] == "length"
     assert data["usage"]["completion_tokens"] == 5
+    assert data["choices"][0]["message"]["content"] == ""  # still reasoning when cut
+
+
+async def test_reasoning_off_and_excluded(sim: RunningSim) -> None:
+    _, off, _ = await post(sim, body("q", reasoning={"enabled": False}))
+    assert off["choices"][0]["message"]["reasoning"] is None
+    assert off["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0
+    _, hidden, _ = await post(sim, body("q", reasoning={"exclude": True}))
+    assert hidden["choices"][0]["message"]["reasoning"] is None
+    assert hidden["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0  # still billed
 
 
 async def test_lengths_depend_on_the_prompt(sim: RunningSim) -> None:
     async def mean(text: str) -> float:
         total = 0
         for i in range(30):
-            _, d = await post(sim, body(f"{text} {i}"))
+            _, d, _ = await post(sim, body(f"{text} {i}"))
             total += d["usage"]["completion_tokens"]
         return total / 30
 
@@ -101,18 +96,34 @@ async def test_lengths_depend_on_the_prompt(sim: RunningSim) -> None:
 
 
 async def test_auth_model_and_body_errors_use_the_error_shape(sim: RunningSim) -> None:
-    status, data = await post(sim, body(), key=None)
-    assert (status, data["error"]["code"]) == (401, 401)
-    status, data = await post(sim, {**body(), "model": "nope/x"})
+    status, data, _ = await post(sim, body(), key=None)
+    assert (status, data["error"]["code"], data["error"]["message"]) == (
+        401,
+        401,
+        "No auth credentials found",
+    )
+    status, data, _ = await post(sim, {**body(), "model": "nope/x"})
     assert status == 400 and "not a valid model ID" in data["error"]["message"]
-    status, data = await post(sim, {**body(), "messages": []})
+    assert data["error"]["availability"]["code"] == "model_not_found"
+    status, data, _ = await post(sim, {**body(), "messages": []})
     assert status == 400
-    assert [e.status for e in sim.simulator.log] == [401, 400, 400]
+    status, data, _ = await post(sim, body(), fault="gremlins")
+    assert status == 400 and "unknown X-Sim-Fault" in data["error"]["message"]
+    assert [e.status for e in sim.simulator.chat_log()] == [401, 400, 400, 400]
+    assert sim.simulator.billed_usd() == 0
 
 
-async def test_models_lists_prices_as_strings(sim: RunningSim) -> None:
-    async with aiohttp.ClientSession() as s, s.get(f"{sim.base_url}/models") as r:
-        data = (await r.json())["data"]
-    kimi = next(m for m in data if m["id"] == "moonshotai/kimi-k2.5")
-    assert isinstance(kimi["pricing"]["completion"], str)
-    assert float(kimi["pricing"]["completion"]) > 0
+async def test_only_listed_keys_are_accepted_when_configured() -> None:
+    with sim_in_thread(SimConfig(time_scale=0, api_keys=["sk-good"])) as sim:
+        status, data, _ = await post(sim, body(), key="sk-bad")
+        assert (status, data["error"]["message"]) == (401, "User not found.")
+        status, _, _ = await post(sim, body(), key="sk-good")
+        assert status == 200
+
+
+async def test_models_list_prices_as_usd_per_token_strings(sim: RunningSim) -> None:
+    status, data = await get(sim, "/models", key=None)
+    assert status == 200
+    kimi = next(m for m in data["data"] if m["id"] == "moonshotai/kimi-k2.5")
+    assert kimi["pricing"]["completion"] == "0.0000015"  # the cheapest endpoint
+    assert kimi["top_provider"]["max_completion_tokens"] == 65536

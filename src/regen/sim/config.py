@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -13,6 +14,66 @@ from regen.errors import ConfigError
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+DEFAULT_PARAMETERS = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "tools",
+    "tool_choice",
+    "reasoning",
+    "include_reasoning",
+    "response_format",
+    "frequency_penalty",
+    "presence_penalty",
+)
+
+FAULT_KINDS = (
+    "500",
+    "502",
+    "503",
+    "524",
+    "529",
+    "408",
+    "429",
+    "reset",
+    "stall",
+    "error_200",
+    "midstream_error",
+    "padding",
+    "keepalive",
+    "cold_start",
+)
+
+
+class SimFaults(_Model):
+    """Fault rates (0 to 1) per request. A request can also force faults with the header
+    `X-Sim-Fault: kind[,kind]` (kinds: FAULT_KINDS)."""
+
+    http_5xx: float = Field(default=0.0, ge=0, le=1)
+    http_5xx_codes: list[int] = Field(default_factory=lambda: [500, 502, 503, 524, 529])
+    http_408: float = Field(default=0.0, ge=0, le=1)
+    reset: float = Field(default=0.0, ge=0, le=1)
+    """The connection is cut part-way through the body (billed: the provider finished)."""
+    stall: float = Field(default=0.0, ge=0, le=1)
+    stall_s: float = Field(default=30.0, ge=0)
+    """No bytes for this long, part-way through (real seconds, not scaled)."""
+    error_200: float = Field(default=0.0, ge=0, le=1)
+    """HTTP 200 whose body is an `error` object."""
+    midstream_error: float = Field(default=0.0, ge=0, le=1)
+    """A chunk with `finish_reason: "error"` (streaming) or `choices[0].error` (not)."""
+    cold_start: float = Field(default=0.0, ge=0, le=1)
+    """Empty content and zero completion tokens (not billed)."""
+    padding: float = Field(default=0.1, ge=0, le=1)
+    """Leading whitespace lines before a non-streaming body, as OpenRouter sends."""
+    keepalive: float = Field(default=0.5, ge=0, le=1)
+    """`: OPENROUTER PROCESSING` comment lines in a stream."""
+    usage_chunk: Literal["empty_choices", "empty_choice", "random"] = "random"
+    """The shape of the usage chunk that follows the finish chunk."""
 
 
 class SimEndpoint(_Model):
@@ -30,10 +91,23 @@ class SimEndpoint(_Model):
     ttft_s: float = Field(default=0.2, ge=0)
     tokens_per_s: float = Field(default=200.0, gt=0)
     max_completion_tokens: int = Field(default=65536, gt=0)
+    context_length: int = Field(default=262144, gt=0)
+    capacity: int = Field(default=0, ge=0)
+    """Requests this endpoint serves at once; above it, 429 with Retry-After. 0: no limit."""
+    zdr: bool = False
+    trains_on_data: bool = False
+    supported_parameters: list[str] = Field(default_factory=lambda: list(DEFAULT_PARAMETERS))
+
+    @property
+    def slug(self) -> str:
+        """The provider's base slug: the tag without its `/suffix`."""
+        return self.tag.split("/", 1)[0]
 
 
 class SimModel(_Model):
     id: str
+    family: Literal["kimi-k2.5", "qwen3"] = "kimi-k2.5"
+    """The completion grammar (and so the token layout) of the model's answers."""
     context_length: int = 262144
     reasoning: bool = True
     """Whether the model reasons by default (reasoning text comes before the answer)."""
@@ -42,12 +116,13 @@ class SimModel(_Model):
 
 
 def _default_models() -> list[SimModel]:
-    m = 1e-6
+    m = 1e-6  # prices below are USD per million tokens
+    e = SimEndpoint
     return [
         SimModel(
             id="moonshotai/kimi-k2.5",
             endpoints=[
-                SimEndpoint(
+                e(
                     provider_name="Moonshot AI",
                     tag="moonshotai",
                     quantization="int4",
@@ -55,8 +130,9 @@ def _default_models() -> list[SimModel]:
                     completion_price=2.5 * m,
                     ttft_s=0.4,
                     tokens_per_s=60,
+                    capacity=400,
                 ),
-                SimEndpoint(
+                e(
                     provider_name="Fireworks",
                     tag="fireworks/fp4",
                     quantization="fp4",
@@ -64,8 +140,9 @@ def _default_models() -> list[SimModel]:
                     completion_price=2.0 * m,
                     ttft_s=0.2,
                     tokens_per_s=120,
+                    capacity=300,
                 ),
-                SimEndpoint(
+                e(
                     provider_name="DeepInfra",
                     tag="deepinfra/fp8",
                     quantization="fp8",
@@ -73,14 +150,26 @@ def _default_models() -> list[SimModel]:
                     completion_price=2.2 * m,
                     ttft_s=0.3,
                     tokens_per_s=80,
+                    capacity=300,
+                ),
+                e(
+                    provider_name="DeepInfra",
+                    tag="deepinfra/nvfp4",
+                    quantization="nvfp4",
+                    prompt_price=0.3 * m,
+                    completion_price=1.5 * m,
+                    ttft_s=0.25,
+                    tokens_per_s=110,
+                    capacity=300,
                 ),
             ],
         ),
         SimModel(
             id="qwen/qwen3-8b",
+            family="qwen3",
             mean_completion_tokens=200.0,
             endpoints=[
-                SimEndpoint(
+                e(
                     provider_name="Novita",
                     tag="novita/fp8",
                     quantization="fp8",
@@ -88,6 +177,9 @@ def _default_models() -> list[SimModel]:
                     completion_price=0.138 * m,
                     ttft_s=0.15,
                     tokens_per_s=150,
+                    capacity=500,
+                    max_completion_tokens=32768,
+                    context_length=40960,
                 ),
             ],
         ),
@@ -102,6 +194,18 @@ class SimConfig(_Model):
     """Multiplies every simulated delay: 0 answers at once, 0.1 is ten times faster."""
     api_keys: list[str] = Field(default_factory=list)
     """If set, only these Bearer keys are accepted; otherwise any non-empty key is."""
+    management_keys: list[str] = Field(default_factory=list)
+    """Keys that may read /credits; others get 403, as OpenRouter's current docs say."""
+    credits_usd: float | None = None
+    """The account's credit; requests it cannot cover get 402. None: unlimited."""
+    global_rps: float | None = Field(default=None, gt=0)
+    """A platform request-rate limit (429 with X-RateLimit-* headers). None: none."""
+    retry_after_s: float = Field(default=1.0, ge=0)
+    """Retry-After sent with capacity 429s."""
+    generation_delay_s: float = Field(default=1.0, ge=0)
+    """/generation answers 404 for this long after a request completes (real seconds)."""
+    stream_chunk_tokens: int = Field(default=4, ge=1)
+    faults: SimFaults = Field(default_factory=SimFaults)
     models: list[SimModel] = Field(default_factory=_default_models)
 
     def model(self, model_id: str) -> SimModel | None:

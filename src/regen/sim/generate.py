@@ -1,7 +1,10 @@
 """Deterministic completions: the same seed and request always give the same response.
 
-Lengths depend on the prompt (longer and 'harder' prompts draw longer answers), so a job's
-datasets differ in cost and duration the way real ones do.
+A completion is made as token ids of the simulator's tokenizer, in the model family's grammar
+(reasoning, think close, content, tool-call section, end-of-turn token), cut at max_tokens,
+and then parsed back into reasoning, content and tool calls as a real server would.
+`completion_tokens` is the number of those ids. Lengths depend on the prompt (longer and
+'harder' prompts draw longer answers), so a job's datasets differ in cost and duration.
 """
 
 from __future__ import annotations
@@ -13,80 +16,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-_WORDS = (
-    "the",
-    "model",
-    "reads",
-    "each",
-    "step",
-    "and",
-    "then",
-    "checks",
-    "whether",
-    "the",
-    "answer",
-    "holds",
-    "for",
-    "every",
-    "case",
-    "so",
-    "we",
-    "compute",
-    "a",
-    "value",
-    "from",
-    "input",
-    "data",
-    "result",
-    "function",
-    "list",
-    "index",
-    "loop",
-    "sum",
-    "check",
-    "test",
-    "first",
-    "next",
-    "last",
-    "because",
-    "therefore",
-    "however",
-    "note",
-    "that",
-    "this",
-    "gives",
-    "us",
-    "a",
-    "simple",
-    "way",
-    "to",
-    "solve",
-    "problem",
-    "carefully",
-    "consider",
-    "edge",
-    "cases",
-    "return",
-    "output",
-    "string",
-    "number",
-    "array",
-    "table",
-    "user",
-    "asks",
-    "about",
-    "weather",
-    "code",
-    "math",
-    "proof",
-    "query",
-    "file",
-    "line",
-    "error",
-    "fix",
-    "update",
-    "plan",
-)
+from regen.sim.grammar import Call, grammar
+from regen.sim.words import WORDS
 
 _LONG_HINTS = ("code", "function", "prove", "step", "explain", "write", "implement", "derive")
 
@@ -99,30 +30,31 @@ class Completion:
     reasoning_tokens: int
     completion_tokens: int
     finish_reason: str
+    ids: list[int]
 
 
-def request_rng(seed: int, body: dict[str, Any]) -> random.Random:
-    """An rng keyed by the seed and the request's content (not by how it is streamed)."""
+def request_digest(seed: int, body: dict[str, Any]) -> bytes:
+    """What identifies a request's content (not how it is streamed)."""
     key = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
-    digest = hashlib.blake2b(
+    return hashlib.blake2b(
         json.dumps([seed, key], sort_keys=True, default=str).encode(), digest_size=16
     ).digest()
-    return random.Random(int.from_bytes(digest, "little"))
 
 
-def count_prompt_tokens(messages: list[Any]) -> int:
-    """A rough token count: words plus a few tokens of chat framing per message."""
-    n = 0
-    for m in messages:
-        if isinstance(m, dict):
-            content = m.get("content")
-            text = content if isinstance(content, str) else json.dumps(content, default=str)
-            n += 4 + len(text.split())
-    return n + 2
+def rng_for(digest: bytes, *salt: int) -> random.Random:
+    h = hashlib.blake2b(digest + b"".join(s.to_bytes(8, "little") for s in salt), digest_size=16)
+    return random.Random(int.from_bytes(h.digest(), "little"))
+
+
+def count_prompt_tokens(family: str, messages: list[Any], tools: list[Any], thinking: bool) -> int:
+    """Prompt tokens as the family's template renders them, counted by the sim tokenizer."""
+    g = grammar(family)
+    text = g.render_prompt(messages, tools, thinking)
+    return len(g.tok.encode(text, add_special_tokens=False).ids)  # type: ignore[attr-defined]
 
 
 def _words(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(_WORDS) for _ in range(n))
+    return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
 def _prompt_text(messages: list[Any]) -> str:
@@ -143,59 +75,68 @@ def draw_length(rng: random.Random, mean_tokens: float, messages: list[Any]) -> 
 
 def _arguments(rng: random.Random, tool: dict[str, Any]) -> str:
     params = (tool.get("function") or {}).get("parameters") or {}
-    props = params.get("properties") or {}
+    props = params.get("properties") if isinstance(params, dict) else None
     args: dict[str, Any] = {}
-    for name, spec in props.items():
+    for name, spec in (props if isinstance(props, dict) else {}).items():
         kind = spec.get("type") if isinstance(spec, dict) else None
-        if kind == "integer":
+        if isinstance(spec, dict) and isinstance(spec.get("enum"), list) and spec["enum"]:
+            args[name] = rng.choice(spec["enum"])
+        elif kind == "integer":
             args[name] = rng.randint(1, 100)
         elif kind == "number":
             args[name] = round(rng.uniform(0, 100), 2)
         elif kind == "boolean":
             args[name] = rng.random() < 0.5
-        elif isinstance(spec, dict) and spec.get("enum"):
-            args[name] = rng.choice(spec["enum"])
         else:
-            args[name] = rng.choice(_WORDS)
+            args[name] = rng.choice(WORDS)
     return json.dumps(args)
 
 
 def generate(
     rng: random.Random,
     *,
+    family: str,
     messages: list[Any],
     tools: list[Any] | None,
     max_tokens: int,
     mean_tokens: float,
-    reasoning: bool,
+    thinking: bool,
 ) -> Completion:
-    """Reasoning, then content or a tool call; cut at max_tokens with finish_reason 'length'."""
+    g = grammar(family)
     budget = draw_length(rng, mean_tokens, messages)
-    n_reason = int(budget * rng.uniform(0.3, 0.7)) if reasoning else 0
+    n_reason = max(1, int(budget * rng.uniform(0.3, 0.7))) if thinking else 0
     n_content = max(1, budget - n_reason)
-    callable_tools = [t for t in tools or [] if isinstance(t, dict) and t.get("function")]
-    last_role = messages[-1].get("role") if messages and isinstance(messages[-1], dict) else None
-    wants_call = bool(callable_tools) and last_role == "user" and rng.random() < 0.6
-    if n_reason >= max_tokens:
-        return Completion(_words(rng, max_tokens), "", [], max_tokens, max_tokens, "length")
-    room = max_tokens - n_reason
-    reasoning_text = _words(rng, n_reason)
-    if wants_call:
+    callable_tools = [
+        t
+        for t in tools or []
+        if isinstance(t, dict)
+        and isinstance(t.get("function"), dict)
+        and isinstance(t["function"].get("name"), str)
+    ]
+    last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
+    calls: list[Call] = []
+    if callable_tools and last.get("role") == "user" and rng.random() < 0.6:
         tool = rng.choice(callable_tools)
-        args = _arguments(rng, tool)
-        call_tokens = 4 + len(args.split())
-        if call_tokens <= room:
-            call = {
-                "id": f"call_{rng.getrandbits(64):016x}",
-                "type": "function",
-                "index": 0,
-                "function": {"name": tool["function"]["name"], "arguments": args},
-            }
-            return Completion(
-                reasoning_text, "", [call], n_reason, n_reason + call_tokens, "tool_calls"
-            )
-    if n_content > room:
-        return Completion(reasoning_text, _words(rng, room), [], n_reason, max_tokens, "length")
+        calls = [Call(tool["function"]["name"], _arguments(rng, tool))]
+        n_content = rng.choice((0, 0, min(n_content, 12)))  # a short preamble, sometimes
+    reasoning = _words(rng, n_reason)
+    content = _words(rng, n_content)
+    ids = g.completion_ids(reasoning, content, calls, thinking)
+    cut = len(ids) > max_tokens
+    ids = ids[:max_tokens]
+    parsed = g.parse(ids, thinking)
+    finish = "length" if cut or not parsed.complete else ("tool_calls" if parsed.calls else "stop")
+    tool_calls = [
+        {
+            "id": f"functions.{c.name}:{i}"
+            if family.startswith("kimi")
+            else f"call_{rng.getrandbits(64):016x}",
+            "type": "function",
+            "index": i,
+            "function": {"name": c.name, "arguments": c.arguments},
+        }
+        for i, c in enumerate(parsed.calls)
+    ]
     return Completion(
-        reasoning_text, _words(rng, n_content), [], n_reason, n_reason + n_content, "stop"
+        parsed.reasoning, parsed.content, tool_calls, parsed.reasoning_tokens, len(ids), finish, ids
     )

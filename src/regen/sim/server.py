@@ -1,5 +1,10 @@
 """The simulated OpenRouter-compatible server (aiohttp.web), for the demo, tests and benchmarks.
 
+It follows OpenRouter's documented behaviour, quirks included: provider routing and its 404,
+402 for credit that cannot cover `max_tokens`, 429 with Retry-After above an endpoint's
+capacity, errors inside HTTP 200 bodies, whitespace padding, SSE keep-alive comments, a usage
+chunk after the finish chunk, and /generation that lags behind completion.
+
 Never imported by the runtime path: only the CLI (`regen sim`, `regen demo`), tests and
 benchmarks use it.
 """
@@ -8,10 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import string
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -19,15 +24,42 @@ from typing import Any
 
 from aiohttp import web
 
-from regen.sim.config import SimConfig, SimEndpoint
-from regen.sim.generate import count_prompt_tokens, generate, request_rng
+from regen.sim.account import Account
+from regen.sim.auth import denied, key_of
+from regen.sim.catalogue import Catalogue
+from regen.sim.config import SimConfig, SimEndpoint, SimModel
+from regen.sim.faults import draw_faults, forced_faults
+from regen.sim.generate import (
+    Completion,
+    count_prompt_tokens,
+    generate,
+    request_digest,
+    rng_for,
+)
+from regen.sim.respond import error_response, respond_json, respond_stream
+from regen.sim.routing import route
 
 _ALNUM = string.ascii_letters + string.digits
-
-
-def _error(status: int, message: str, **extra: Any) -> web.Response:
-    body = {"error": {"code": status, "message": message, **extra}}
-    return web.json_response(body, status=status)
+# Request fields that count as parameters for `provider.require_parameters`.
+_PARAMS = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "tools",
+    "tool_choice",
+    "reasoning",
+    "response_format",
+    "frequency_penalty",
+    "presence_penalty",
+    "logprobs",
+    "top_logprobs",
+    "min_p",
+    "repetition_penalty",
+    "logit_bias",
+)
 
 
 @dataclass
@@ -40,197 +72,341 @@ class LoggedRequest:
     authorization: str | None
     model: str | None = None
     provider: str | None = None
+    endpoint_tag: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float = 0.0
+    """What the account was charged (0 when not billed)."""
+    billed: bool = False
+    stream: bool = False
+    faults: tuple[str, ...] = ()
+    generation_id: str | None = None
     body: dict[str, Any] = field(default_factory=dict)
 
 
 class Simulator:
-    """State shared by the handlers: the config, and a log of every request."""
+    """State shared by the handlers: config, account, in-flight counts and the request log."""
 
     def __init__(self, config: SimConfig) -> None:
         self.config = config
+        self.account = Account(config.credits_usd)
         self.log: list[LoggedRequest] = []
-        self._lock = threading.Lock()
+        self.in_flight: Counter[str] = Counter()
+        self.max_in_flight: Counter[str] = Counter()
+        self._seen: Counter[bytes] = Counter()
+        self._bucket = (float(config.global_rps or 0), time.monotonic())
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         for prefix in ("/api/v1", "/v1"):
             app.router.add_post(f"{prefix}/chat/completions", self.chat_completions)
-            app.router.add_get(f"{prefix}/models", self.models)
+        Catalogue(self.config, self.account).add_routes(app)
         return app
 
-    def _record(self, entry: LoggedRequest) -> None:
-        with self._lock:
-            self.log.append(entry)
-
     def billed_usd(self) -> float:
-        with self._lock:
-            return sum(e.cost_usd for e in self.log)
+        return self.account.used_usd
 
-    def _check_auth(self, request: web.Request) -> web.Response | None:
-        header = request.headers.get("Authorization")
-        if not header or not header.startswith("Bearer ") or not header[7:].strip():
-            return _error(401, "No auth credentials found")
-        if self.config.api_keys and header[7:] not in self.config.api_keys:
-            return _error(401, "User not found.")
-        return None
+    def chat_log(self) -> list[LoggedRequest]:
+        return [e for e in self.log if e.path.endswith("/chat/completions")]
 
-    async def models(self, request: web.Request) -> web.Response:
-        data = []
-        for m in self.config.models:
-            cheapest = min(m.endpoints, key=lambda e: e.completion_price)
-            data.append(
-                {
-                    "id": m.id,
-                    "canonical_slug": m.id,
-                    "name": m.id,
-                    "context_length": m.context_length,
-                    "pricing": {
-                        "prompt": f"{cheapest.prompt_price:.10f}".rstrip("0").rstrip(".") or "0",
-                        "completion": f"{cheapest.completion_price:.10f}".rstrip("0").rstrip(".")
-                        or "0",
-                        "request": "0",
-                        "image": "0",
-                    },
-                    "top_provider": {
-                        "context_length": m.context_length,
-                        "max_completion_tokens": max(e.max_completion_tokens for e in m.endpoints),
-                        "is_moderated": False,
-                    },
-                    "supported_parameters": [
-                        "max_tokens",
-                        "temperature",
-                        "top_p",
-                        "seed",
-                        "tools",
-                        "tool_choice",
-                        "reasoning",
-                    ],
-                }
-            )
-        return web.json_response({"data": data})
+    # account and catalogue
 
-    async def chat_completions(self, request: web.Request) -> web.Response:
-        auth = request.headers.get("Authorization")
-        denied = self._check_auth(request)
-        if denied is not None:
-            self._record(LoggedRequest(time.time(), request.path, denied.status, auth))
-            return denied
+    def _take_rps_token(self) -> bool:
+        rps = self.config.global_rps
+        if rps is None:
+            return True
+        tokens, last = self._bucket
+        now = time.monotonic()
+        tokens = min(max(1.0, rps), tokens + (now - last) * rps)
+        if tokens < 1.0:
+            self._bucket = (tokens, now)
+            return False
+        self._bucket = (tokens - 1.0, now)
+        return True
+
+    async def _sleep(self, seconds: float) -> None:
+        scaled = seconds * self.config.time_scale
+        if scaled > 0:
+            await asyncio.sleep(scaled)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        entry = LoggedRequest(time.time(), request.path, 0, request.headers.get("Authorization"))
+        self.log.append(entry)
+        response = await self._chat(request, entry)
+        entry.status = response.status
+        return response
+
+    def _reject(self, status: int, message: str, **extra: Any) -> web.Response:
+        return error_response(status, message, **extra)
+
+    async def _chat(self, request: web.Request, entry: LoggedRequest) -> web.StreamResponse:
+        if key_of(self.config, request) is None:
+            return denied(request)
         try:
             body = json.loads(await request.read())
         except (json.JSONDecodeError, UnicodeDecodeError):
-            return self._reject(request, 400, "Invalid JSON body")
+            return self._reject(400, "Invalid JSON body")
         if not isinstance(body, dict):
-            return self._reject(request, 400, "Body must be a JSON object")
+            return self._reject(400, "Body must be a JSON object")
+        entry.body, entry.stream = body, bool(body.get("stream"))
         model = self.config.model(str(body.get("model")))
         if model is None:
-            return self._reject(request, 400, f"{body.get('model')} is not a valid model ID")
+            return self._reject(
+                400,
+                f"{body.get('model')} is not a valid model ID",
+                availability={"code": "model_not_found", "retryable": False},
+            )
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
-            return self._reject(request, 400, "messages must be a non-empty list")
-        if body.get("stream"):
-            return self._reject(request, 400, "stream is not supported by this simulator yet")
-        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 4096
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            return self._reject(request, 400, "max_tokens must be a positive integer")
+            return self._reject(400, "messages must be a non-empty list")
+        max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
+        if max_tokens is None:
+            max_tokens = max(e.max_completion_tokens for e in model.endpoints)
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            return self._reject(400, "max_tokens must be a positive integer")
+        forced = forced_faults(request.headers.get("X-Sim-Fault"))
+        if isinstance(forced, str):
+            return self._reject(400, forced)
+        if not self._take_rps_token():
+            reset = str(int((time.time() + 1) * 1000))
+            return error_response(
+                429,
+                "Rate limit exceeded: too many requests per second",
+                headers={
+                    "X-RateLimit-Limit": str(self.config.global_rps),
+                    "X-RateLimit-Remaining": "0",
+                    "X-RateLimit-Reset": reset,
+                },
+                metadata={"error_type": "rate_limit_exceeded"},
+            )
 
-        rng = request_rng(self.config.seed, body)
-        endpoint = self._route(rng, model.endpoints)
-        reasoning_cfg = body.get("reasoning")
-        reasoning = model.reasoning and not (
-            isinstance(reasoning_cfg, dict)
-            and (reasoning_cfg.get("enabled") is False or reasoning_cfg.get("effort") == "none")
+        digest = request_digest(self.config.seed, body)
+        occurrence = self._seen[digest]
+        self._seen[digest] += 1
+        fault_rng = rng_for(digest, occurrence, 1)
+        faults = (
+            forced
+            if request.headers.get("X-Sim-Fault")
+            else draw_faults(self.config.faults, fault_rng)
         )
+        entry.faults = tuple(sorted(faults))
+
+        raw_reasoning = body.get("reasoning")
+        reasoning_cfg: dict[str, Any] = raw_reasoning if isinstance(raw_reasoning, dict) else {}
+        thinking = model.reasoning and not (
+            reasoning_cfg.get("enabled") is False or reasoning_cfg.get("effort") == "none"
+        )
+        raw_tools = body.get("tools")
+        tools: list[Any] = raw_tools if isinstance(raw_tools, list) else []
+        prompt_tokens = count_prompt_tokens(model.family, messages, tools, thinking)
+        entry.prompt_tokens = prompt_tokens
+        params = {p for p in _PARAMS if p in body}
+        candidates = route(
+            model.endpoints,
+            body.get("provider"),
+            max_tokens=max_tokens,
+            params=params,
+            rng=rng_for(digest, occurrence, 2),
+        )
+        if not candidates.endpoints:
+            return self._reject(
+                404,
+                "No endpoints found matching your data policy and routing requirements",
+                availability={
+                    "code": "constraint_filtered",
+                    "retryable": False,
+                    "requested_models": [model.id],
+                    "excluded_by": candidates.excluded_by,
+                    "constraint": candidates.constraint,
+                },
+            )
+
+        first = candidates.endpoints[0]
+        affordable = self.account.affordable_tokens(
+            prompt_tokens * first.prompt_price, first.completion_price
+        )
+        remaining = self.account.remaining_usd
+        if remaining is not None and (remaining <= 0 or (affordable or 0) < max_tokens):
+            return self._reject(
+                402,
+                f"This request requires more credits, or fewer max_tokens. You requested up to "
+                f"{max_tokens} tokens, but can only afford {affordable or 0}. To increase, visit "
+                "https://openrouter.ai/settings/credits and add more credits",
+                metadata={"provider_name": None},
+            )
+
+        endpoint = next(
+            (
+                e
+                for e in candidates.endpoints
+                if e.capacity == 0 or self.in_flight[e.tag] < e.capacity
+            ),
+            None,
+        )
+        if endpoint is None or "429" in faults:
+            busy = endpoint or first
+            return error_response(
+                429,
+                "Provider returned error",
+                headers={"Retry-After": f"{self.config.retry_after_s:g}"},
+                metadata={
+                    "raw": f"{model.id} is temporarily rate-limited upstream. "
+                    "Please retry shortly.",
+                    "provider_name": busy.provider_name,
+                    "error_type": "capacity_exhausted",
+                },
+            )
+        self.in_flight[endpoint.tag] += 1
+        self.max_in_flight[endpoint.tag] = max(
+            self.max_in_flight[endpoint.tag], self.in_flight[endpoint.tag]
+        )
+        try:
+            return await self._serve(
+                request,
+                entry,
+                body,
+                model,
+                endpoint,
+                messages,
+                tools,
+                max_tokens,
+                thinking,
+                faults,
+                digest,
+                occurrence,
+                reasoning_cfg,
+            )
+        finally:
+            self.in_flight[endpoint.tag] -= 1
+
+    async def _serve(
+        self,
+        request: web.Request,
+        entry: LoggedRequest,
+        body: dict[str, Any],
+        model: SimModel,
+        endpoint: SimEndpoint,
+        messages: list[Any],
+        tools: list[Any],
+        max_tokens: int,
+        thinking: bool,
+        faults: set[str],
+        digest: bytes,
+        occurrence: int,
+        reasoning_cfg: dict[str, Any],
+    ) -> web.StreamResponse:
+        entry.model, entry.provider, entry.endpoint_tag = (
+            model.id,
+            endpoint.provider_name,
+            endpoint.tag,
+        )
+        for code in ("500", "502", "503", "524", "529", "408"):
+            if code in faults:
+                await self._sleep(endpoint.ttft_s)
+                return error_response(
+                    int(code),
+                    {
+                        "408": "Request timed out",
+                        "500": "Internal Server Error",
+                        "524": "Provider timed out",
+                    }.get(code, "Provider returned error"),
+                    metadata={"provider_name": endpoint.provider_name},
+                )
+
         comp = generate(
-            rng,
+            rng_for(digest),
+            family=model.family,
             messages=messages,
-            tools=body.get("tools") if isinstance(body.get("tools"), list) else None,
+            tools=tools,
             max_tokens=min(max_tokens, endpoint.max_completion_tokens),
             mean_tokens=model.mean_completion_tokens,
-            reasoning=reasoning,
+            thinking=thinking,
         )
-        delay = endpoint.ttft_s + comp.completion_tokens / endpoint.tokens_per_s
-        if self.config.time_scale > 0:
-            await asyncio.sleep(delay * self.config.time_scale)
-
-        prompt_tokens = count_prompt_tokens(messages)
-        cost = (
-            prompt_tokens * endpoint.prompt_price
-            + comp.completion_tokens * endpoint.completion_price
-        )
-        excluded = isinstance(reasoning_cfg, dict) and reasoning_cfg.get("exclude") is True
+        if "cold_start" in faults:
+            comp = Completion("", "", [], 0, 0, "stop", [])
         created = int(time.time())
-        gen_id = f"gen-{created}-{''.join(rng.choice(_ALNUM) for _ in range(20))}"
-        message: dict[str, Any] = {
-            "role": "assistant",
-            "content": comp.content,
-            "refusal": None,
-            "reasoning": None if excluded or not comp.reasoning else comp.reasoning,
-        }
-        if message["reasoning"]:
-            message["reasoning_details"] = [
-                {"type": "reasoning.text", "text": comp.reasoning, "format": "unknown", "index": 0}
-            ]
-        if comp.tool_calls:
-            message["tool_calls"] = comp.tool_calls
-        response = {
-            "id": gen_id,
-            "object": "chat.completion",
-            "created": created,
-            "model": model.id,
-            "provider": endpoint.provider_name,
-            "system_fingerprint": None,
-            "choices": [
-                {
-                    "index": 0,
-                    "logprobs": None,
-                    "finish_reason": comp.finish_reason,
-                    "native_finish_reason": comp.finish_reason,
-                    "message": message,
-                }
-            ],
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": comp.completion_tokens,
-                "total_tokens": prompt_tokens + comp.completion_tokens,
-                "cost": round(cost, 12),
-                "is_byok": False,
-                "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
-                "completion_tokens_details": {
-                    "reasoning_tokens": comp.reasoning_tokens,
-                    "image_tokens": 0,
-                },
+        id_rng = rng_for(digest, occurrence, 3)
+        gen_id = f"gen-{created}-{''.join(id_rng.choice(_ALNUM) for _ in range(20))}"
+        entry.generation_id = gen_id
+        prompt_cost = entry.prompt_tokens * endpoint.prompt_price
+        cost = prompt_cost + comp.completion_tokens * endpoint.completion_price
+        # Zero-completion insurance: nothing generated, or an error finish, is not billed.
+        billed = (
+            comp.completion_tokens > 0
+            and "error_200" not in faults
+            and "midstream_error" not in faults
+        )
+        usage = {
+            "prompt_tokens": entry.prompt_tokens,
+            "completion_tokens": comp.completion_tokens,
+            "total_tokens": entry.prompt_tokens + comp.completion_tokens,
+            "cost": round(cost, 12) if billed else 0,
+            "is_byok": False,
+            "prompt_tokens_details": {
+                "cached_tokens": 0,
+                "cache_write_tokens": 0,
+                "audio_tokens": 0,
+                "video_tokens": 0,
+            },
+            "cost_details": {
+                "upstream_inference_cost": None,
+                "upstream_inference_prompt_cost": round(prompt_cost, 12),
+                "upstream_inference_completions_cost": round(cost - prompt_cost, 12),
+            },
+            "completion_tokens_details": {
+                "reasoning_tokens": comp.reasoning_tokens,
+                "image_tokens": 0,
+                "audio_tokens": 0,
             },
         }
-        self._record(
-            LoggedRequest(
-                time.time(),
-                request.path,
-                200,
-                auth,
-                model.id,
-                endpoint.provider_name,
-                prompt_tokens,
-                comp.completion_tokens,
-                cost,
-                body,
+        meta = {
+            "id": gen_id,
+            "provider": endpoint.provider_name,
+            "model": model.id,
+            "created": created,
+            "system_fingerprint": None,
+        }
+        shown = not reasoning_cfg.get("exclude")
+        if billed:
+            self.account.charge(cost)
+            entry.billed, entry.cost_usd = True, cost
+        entry.completion_tokens = comp.completion_tokens
+        self.account.record(
+            gen_id,
+            {
+                "id": gen_id,
+                "model": model.id,
+                "provider_name": endpoint.provider_name,
+                "streamed": entry.stream,
+                "cancelled": False,
+                "finish_reason": comp.finish_reason,
+                "native_finish_reason": comp.finish_reason,
+                "created_at": created,
+                "latency": endpoint.ttft_s * 1000,
+                "generation_time": comp.completion_tokens / endpoint.tokens_per_s * 1000,
+                "tokens_prompt": entry.prompt_tokens,
+                "tokens_completion": comp.completion_tokens,
+                "native_tokens_prompt": entry.prompt_tokens,
+                "native_tokens_completion": comp.completion_tokens,
+                "native_tokens_reasoning": comp.reasoning_tokens,
+                "total_cost": cost if billed else 0,
+                "usage": cost if billed else 0,
+                "is_byok": False,
+                "provider_responses": [
+                    {
+                        "provider_name": endpoint.provider_name,
+                        "status": 200,
+                        "endpoint_id": endpoint.tag,
+                    }
+                ],
+            },
+        )
+        if entry.stream:
+            return await respond_stream(
+                self.config, self._sleep, request, meta, comp, usage, faults, endpoint, shown
             )
-        )
-        return web.json_response(response, headers={"X-Generation-Id": gen_id})
-
-    def _reject(self, request: web.Request, status: int, message: str) -> web.Response:
-        self._record(
-            LoggedRequest(time.time(), request.path, status, request.headers.get("Authorization"))
-        )
-        return _error(status, message)
-
-    @staticmethod
-    def _route(rng: random.Random, endpoints: list[SimEndpoint]) -> SimEndpoint:
-        # OpenRouter's default: load-balance by inverse-square price.
-        weights = [1.0 / max(e.completion_price + e.prompt_price, 1e-12) ** 2 for e in endpoints]
-        return rng.choices(endpoints, weights=weights, k=1)[0]
+        await self._sleep(endpoint.ttft_s + comp.completion_tokens / endpoint.tokens_per_s)
+        return await respond_json(self.config, request, meta, comp, usage, faults, shown)
 
 
 @dataclass

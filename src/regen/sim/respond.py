@@ -1,0 +1,201 @@
+"""How a simulated answer goes on the wire: a JSON body (with padding, a mid-body reset or a
+stall when a fault says so), or an SSE stream in OpenRouter's chunk shape."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from regen.sim.config import SimConfig, SimEndpoint
+from regen.sim.generate import Completion
+from regen.sim.stream import chunk, deltas
+
+PADDING = b"\n         \n" * 8
+KEEPALIVE = b": OPENROUTER PROCESSING\n\n"
+
+
+def error_response(
+    status: int, message: str, headers: dict[str, str] | None = None, **extra: Any
+) -> web.Response:
+    body = {"error": {"code": status, "message": message, **extra}, "user_id": None}
+    return web.json_response(body, status=status, headers=headers)
+
+
+def abort(request: web.Request) -> None:
+    """Cut the connection mid-body, as a crashed proxy would."""
+    if request.transport is not None:
+        request.transport.abort()
+
+
+def message_of(comp: Completion, shown: bool) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": comp.content,
+        "refusal": None,
+        "reasoning": comp.reasoning if shown and comp.reasoning else None,
+    }
+    if message["reasoning"]:
+        message["reasoning_details"] = [
+            {"type": "reasoning.text", "text": comp.reasoning, "format": "unknown", "index": 0}
+        ]
+    if comp.tool_calls:
+        message["tool_calls"] = comp.tool_calls
+    return message
+
+
+async def respond_json(
+    config: SimConfig,
+    request: web.Request,
+    meta: dict[str, Any],
+    comp: Completion,
+    usage: dict[str, Any],
+    faults: set[str],
+    shown: bool,
+) -> web.StreamResponse:
+    finish = comp.finish_reason if comp.completion_tokens else None
+    choice: dict[str, Any] = {
+        "index": 0,
+        "logprobs": None,
+        "finish_reason": finish,
+        "native_finish_reason": finish,
+        "message": message_of(comp, shown),
+    }
+    if "midstream_error" in faults:
+        partial = comp.content[: len(comp.content) // 2]
+        choice.update(
+            finish_reason="error",
+            native_finish_reason="error",
+            error={
+                "code": 502,
+                "message": "Provider disconnected mid-generation",
+                "metadata": {"provider_name": meta["provider"]},
+            },
+        )
+        choice["message"] = {"role": "assistant", "content": partial}
+    doc: dict[str, Any] = {
+        **meta,
+        "object": "chat.completion",
+        "choices": [choice],
+        "usage": usage,
+    }
+    if "error_200" in faults:
+        doc = {
+            "error": {
+                "code": 502,
+                "message": "Provider returned error",
+                "metadata": {
+                    "provider_name": meta["provider"],
+                    "raw": "upstream connection closed",
+                },
+            },
+            "user_id": None,
+        }
+    payload = json.dumps(doc).encode()
+    if "padding" in faults or "error_200" in faults:
+        payload = PADDING + payload
+    if not ({"reset", "stall"} & faults):
+        return web.Response(
+            body=payload,
+            content_type="application/json",
+            headers={"X-Generation-Id": meta["id"]},
+        )
+    resp = web.StreamResponse(
+        headers={"Content-Type": "application/json", "X-Generation-Id": meta["id"]}
+    )
+    resp.content_length = len(payload)
+    await resp.prepare(request)
+    half = len(payload) // 2
+    await resp.write(payload[:half])
+    if "stall" in faults:
+        await asyncio.sleep(config.faults.stall_s)
+    if "reset" in faults:
+        abort(request)
+        return resp
+    await resp.write(payload[half:])
+    await resp.write_eof()
+    return resp
+
+
+async def respond_stream(
+    config: SimConfig,
+    sleep: Callable[[float], Awaitable[None]],
+    request: web.Request,
+    meta: dict[str, Any],
+    comp: Completion,
+    usage: dict[str, Any],
+    faults: set[str],
+    endpoint: SimEndpoint,
+    shown: bool,
+) -> web.StreamResponse:
+    resp = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "X-Generation-Id": meta["id"],
+        }
+    )
+    await resp.prepare(request)
+    keepalive = "keepalive" in faults
+
+    async def send(obj: dict[str, Any]) -> None:
+        await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+
+    if keepalive:
+        await resp.write(KEEPALIVE)
+    await sleep(endpoint.ttft_s)
+    k = config.stream_chunk_tokens
+    parts = deltas(comp, k, shown)
+    cut = len(parts) // 2
+    per_chunk_s = k / endpoint.tokens_per_s
+    for i, delta in enumerate(parts):
+        if i == cut:
+            if "stall" in faults:
+                await asyncio.sleep(config.faults.stall_s)
+            if "reset" in faults:
+                abort(request)
+                return resp
+            if "midstream_error" in faults:
+                err = {
+                    **meta,
+                    "object": "chat.completion.chunk",
+                    "error": {
+                        "code": 502 if i % 2 else "server_error",
+                        "message": "Provider disconnected mid-generation",
+                        "metadata": {"error_type": "provider_error"},
+                    },
+                    "choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}],
+                }
+                await send(err)
+                await resp.write_eof()
+                return resp
+        if keepalive and i and i % 16 == 0:
+            await resp.write(KEEPALIVE)
+        await send(chunk(meta, delta))
+        await sleep(per_chunk_s)
+    finish = comp.finish_reason if comp.completion_tokens else None
+    await send(chunk(meta, {"role": "assistant", "content": ""}, finish))
+    style = config.faults.usage_chunk
+    if style == "random":
+        style = "empty_choices" if int(meta["id"][-1], 36) % 2 else "empty_choice"
+    usage_chunk: dict[str, Any] = {**meta, "object": "chat.completion.chunk", "usage": usage}
+    usage_chunk["choices"] = (
+        []
+        if style == "empty_choices"
+        else [
+            {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "finish_reason": None,
+                "native_finish_reason": None,
+                "logprobs": None,
+            }
+        ]
+    )
+    await send(usage_chunk)
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
