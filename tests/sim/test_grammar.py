@@ -138,3 +138,16 @@ def test_generated_completions_respect_max_tokens_and_count_their_ids(
     assert (comp.finish_reason == "length") == (not parsed.complete)
     if comp.finish_reason == "tool_calls":
         assert comp.tool_calls and comp.tool_calls[0]["function"]["name"] == "lookup"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    text=st.lists(st.sampled_from([*WORDS, "Zürich", "x", "", " ", '{"a": 1}']), max_size=12).map(
+        " ".join
+    )
+)
+def test_fast_word_encoding_equals_the_tokenizer(text: str) -> None:
+    from regen.sim.grammar import _encode
+
+    tok = sim_tokenizer()
+    assert _encode(tok, text) == (tok.encode(text, add_special_tokens=False).ids if text else [])

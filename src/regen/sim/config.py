@@ -205,6 +205,8 @@ class SimConfig(_Model):
     generation_delay_s: float = Field(default=1.0, ge=0)
     """/generation answers 404 for this long after a request completes (real seconds)."""
     stream_chunk_tokens: int = Field(default=4, ge=1)
+    log_bodies: bool = False
+    """Keep every request body in the in-memory request log (tests; costs memory)."""
     faults: SimFaults = Field(default_factory=SimFaults)
     models: list[SimModel] = Field(default_factory=_default_models)
 

@@ -54,7 +54,7 @@ def count_prompt_tokens(family: str, messages: list[Any], tools: list[Any], thin
 
 
 def _words(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n))
+    return " ".join(rng.choices(WORDS, k=n))
 
 
 def _prompt_text(messages: list[Any]) -> str:

@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -81,7 +81,10 @@ class LoggedRequest:
     stream: bool = False
     faults: tuple[str, ...] = ()
     generation_id: str | None = None
-    body: dict[str, Any] = field(default_factory=dict)
+    digest: str | None = None
+    """Hex digest of the request's content: equal for a retry of the same request."""
+    body: dict[str, Any] | None = None
+    """The request body, kept only with `log_bodies = true`."""
 
 
 class Simulator:
@@ -148,7 +151,9 @@ class Simulator:
             return self._reject(400, "Invalid JSON body")
         if not isinstance(body, dict):
             return self._reject(400, "Body must be a JSON object")
-        entry.body, entry.stream = body, bool(body.get("stream"))
+        entry.stream = bool(body.get("stream"))
+        if self.config.log_bodies:
+            entry.body = body
         model = self.config.model(str(body.get("model")))
         if model is None:
             return self._reject(
@@ -181,6 +186,7 @@ class Simulator:
             )
 
         digest = request_digest(self.config.seed, body)
+        entry.digest = digest.hex()
         occurrence = self._seen[digest]
         self._seen[digest] += 1
         fault_rng = rng_for(digest, occurrence, 1)
@@ -403,7 +409,7 @@ class Simulator:
         )
         if entry.stream:
             return await respond_stream(
-                self.config, self._sleep, request, meta, comp, usage, faults, endpoint, shown
+                self.config, request, meta, comp, usage, faults, endpoint, shown
             )
         await self._sleep(endpoint.ttft_s + comp.completion_tokens / endpoint.tokens_per_s)
         return await respond_json(self.config, request, meta, comp, usage, faults, shown)

@@ -1,0 +1,76 @@
+"""`regen sim` as a process: prints its address, binds loopback, reads a TOML config."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+SIM_TOML = """
+seed = 3
+time_scale = 0
+credits_usd = 1.5
+
+[[models]]
+id = "acme/tiny"
+family = "qwen3"
+
+[[models.endpoints]]
+provider_name = "Acme"
+tag = "acme/bf16"
+quantization = "bf16"
+completion_price = 1e-6
+"""
+
+
+def test_sim_serves_its_config_on_loopback(tmp_path: Path) -> None:
+    cfg = tmp_path / "sim.toml"
+    cfg.write_text(SIM_TOML)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "regen", "sim", "--port", "0", "--config", str(cfg)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("regen sim listening on http://127.0.0.1:")
+        base = line.rsplit(" ", 1)[1].strip()
+        req = urllib.request.Request(
+            f"{base}/chat/completions",
+            data=json.dumps(
+                {
+                    "model": "acme/tiny",
+                    "max_tokens": 64,
+                    "messages": [{"role": "user", "content": "hi"}],
+                }
+            ).encode(),
+            headers={"Authorization": "Bearer k", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as r:
+            data = json.loads(r.read())
+        assert data["provider"] == "Acme" and data["model"] == "acme/tiny"
+        key = urllib.request.Request(f"{base}/key", headers={"Authorization": "Bearer k"})
+        with urllib.request.urlopen(key, timeout=10) as r:
+            assert json.loads(r.read())["data"]["limit"] == 1.5
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)  # also closes the pipes
+
+
+def test_bad_sim_config_is_one_line(tmp_path: Path) -> None:
+    cfg = tmp_path / "sim.toml"
+    cfg.write_text("seed = 1\n[faults]\nresets = 0.5\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "regen", "sim", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.strip().startswith("error: ")
+    assert "unknown field 'faults.resets'" in proc.stderr and "\n" not in proc.stderr.strip()
