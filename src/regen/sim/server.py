@@ -87,6 +87,22 @@ class LoggedRequest:
     """The request body, kept only with `log_bodies = true`."""
 
 
+@dataclass(frozen=True)
+class _Chat:
+    """A validated chat request, with its faults and its place among repeats of itself."""
+
+    entry: LoggedRequest
+    model: SimModel
+    messages: list[Any]
+    tools: list[Any]
+    max_tokens: int
+    thinking: bool
+    faults: set[str]
+    digest: bytes
+    occurrence: int
+    reasoning_shown: bool
+
+
 class Simulator:
     """State shared by the handlers: config, account, in-flight counts and the request log."""
 
@@ -111,8 +127,6 @@ class Simulator:
 
     def chat_log(self) -> list[LoggedRequest]:
         return [e for e in self.log if e.path.endswith("/chat/completions")]
-
-    # account and catalogue
 
     def _take_rps_token(self) -> bool:
         rps = self.config.global_rps
@@ -139,39 +153,36 @@ class Simulator:
         entry.status = response.status
         return response
 
-    def _reject(self, status: int, message: str, **extra: Any) -> web.Response:
-        return error_response(status, message, **extra)
-
     async def _chat(self, request: web.Request, entry: LoggedRequest) -> web.StreamResponse:
         if key_of(self.config, request) is None:
             return denied(request)
         try:
             body = json.loads(await request.read())
         except (json.JSONDecodeError, UnicodeDecodeError):
-            return self._reject(400, "Invalid JSON body")
+            return error_response(400, "Invalid JSON body")
         if not isinstance(body, dict):
-            return self._reject(400, "Body must be a JSON object")
+            return error_response(400, "Body must be a JSON object")
         entry.stream = bool(body.get("stream"))
         if self.config.log_bodies:
             entry.body = body
         model = self.config.model(str(body.get("model")))
         if model is None:
-            return self._reject(
+            return error_response(
                 400,
                 f"{body.get('model')} is not a valid model ID",
                 availability={"code": "model_not_found", "retryable": False},
             )
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
-            return self._reject(400, "messages must be a non-empty list")
+            return error_response(400, "messages must be a non-empty list")
         max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
         if max_tokens is None:
             max_tokens = max(e.max_completion_tokens for e in model.endpoints)
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            return self._reject(400, "max_tokens must be a positive integer")
+            return error_response(400, "max_tokens must be a positive integer")
         forced = forced_faults(request.headers.get("X-Sim-Fault"))
         if isinstance(forced, str):
-            return self._reject(400, forced)
+            return error_response(400, forced)
         if not self._take_rps_token():
             reset = str(int((time.time() + 1) * 1000))
             return error_response(
@@ -215,7 +226,7 @@ class Simulator:
             rng=rng_for(digest, occurrence, 2),
         )
         if not candidates.endpoints:
-            return self._reject(
+            return error_response(
                 404,
                 "No endpoints found matching your data policy and routing requirements",
                 availability={
@@ -233,7 +244,7 @@ class Simulator:
         )
         remaining = self.account.remaining_usd
         if remaining is not None and (remaining <= 0 or (affordable or 0) < max_tokens):
-            return self._reject(
+            return error_response(
                 402,
                 f"This request requires more credits, or fewer max_tokens. You requested up to "
                 f"{max_tokens} tokens, but can only afford {affordable or 0}. To increase, visit "
@@ -266,41 +277,28 @@ class Simulator:
         self.max_in_flight[endpoint.tag] = max(
             self.max_in_flight[endpoint.tag], self.in_flight[endpoint.tag]
         )
+        chat = _Chat(
+            entry,
+            model,
+            messages,
+            tools,
+            max_tokens,
+            thinking,
+            faults,
+            digest,
+            occurrence,
+            not reasoning_cfg.get("exclude"),
+        )
         try:
-            return await self._serve(
-                request,
-                entry,
-                body,
-                model,
-                endpoint,
-                messages,
-                tools,
-                max_tokens,
-                thinking,
-                faults,
-                digest,
-                occurrence,
-                reasoning_cfg,
-            )
+            return await self._serve(request, chat, endpoint)
         finally:
             self.in_flight[endpoint.tag] -= 1
 
     async def _serve(
-        self,
-        request: web.Request,
-        entry: LoggedRequest,
-        body: dict[str, Any],
-        model: SimModel,
-        endpoint: SimEndpoint,
-        messages: list[Any],
-        tools: list[Any],
-        max_tokens: int,
-        thinking: bool,
-        faults: set[str],
-        digest: bytes,
-        occurrence: int,
-        reasoning_cfg: dict[str, Any],
+        self, request: web.Request, chat: _Chat, endpoint: SimEndpoint
     ) -> web.StreamResponse:
+        entry, model, faults = chat.entry, chat.model, chat.faults
+        digest, occurrence = chat.digest, chat.occurrence
         entry.model, entry.provider, entry.endpoint_tag = (
             model.id,
             endpoint.provider_name,
@@ -322,11 +320,11 @@ class Simulator:
         comp = generate(
             rng_for(digest),
             family=model.family,
-            messages=messages,
-            tools=tools,
-            max_tokens=min(max_tokens, endpoint.max_completion_tokens),
+            messages=chat.messages,
+            tools=chat.tools,
+            max_tokens=min(chat.max_tokens, endpoint.max_completion_tokens),
             mean_tokens=model.mean_completion_tokens,
-            thinking=thinking,
+            thinking=chat.thinking,
         )
         if "cold_start" in faults:
             comp = Completion("", "", [], 0, 0, "stop", [])
@@ -372,7 +370,7 @@ class Simulator:
             "created": created,
             "system_fingerprint": None,
         }
-        shown = not reasoning_cfg.get("exclude")
+        shown = chat.reasoning_shown
         if billed:
             self.account.charge(cost)
             entry.billed, entry.cost_usd = True, cost
