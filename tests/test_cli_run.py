@@ -104,13 +104,27 @@ def test_rerun_sends_nothing_and_an_added_row_sends_one(tmp_path: Path, sim: Run
 def test_run_with_failed_items_exits_3_and_keeps_them_out_of_the_export(
     tmp_path: Path, sim: RunningSim
 ) -> None:
-    job = write_job(tmp_path, sim.base_url)
+    job = write_job(tmp_path, sim.base_url, extra="stop_error_rate = 1.0")
     text = job.read_text().replace('model = "moonshotai/kimi-k2.5"', 'model = "no/such-model"')
     job.write_text(text)
     proc = run_cli("run", str(job))
     assert proc.returncode == 3, proc.stderr
     assert "bad_request:20" in proc.stdout
     assert (tmp_path / "out" / "export" / "chat.jsonl").read_text() == ""
+
+
+def test_a_high_error_rate_stops_the_run(tmp_path: Path, sim: RunningSim) -> None:
+    from tests.conftest import write_rows
+
+    write_rows(tmp_path / "chat.jsonl", chat_rows(300))
+    job = write_job(
+        tmp_path, sim.base_url, datasets=[("chat", "chat.jsonl", "openai")], concurrency=4
+    )
+    job.write_text(job.read_text().replace('"moonshotai/kimi-k2.5"', '"no/such-model"'))
+    proc = run_cli("run", str(job))
+    assert proc.returncode == 1
+    assert "error: run stopped: error rate 100% over the last 20 attempts" in proc.stderr
+    assert len(sim.simulator.chat_log()) < 30  # not all 300
 
 
 def test_wrong_key_stops_the_run_with_a_clear_message(tmp_path: Path) -> None:

@@ -22,8 +22,11 @@ def test_minimal_job_gets_the_documented_defaults(tmp_path: Path) -> None:
     (tmp_path / "job.toml").write_text(MINIMAL)
     job = load_job(tmp_path / "job.toml")
     assert job.run.concurrency == 256
-    assert job.endpoint.api_key_env == "OPENROUTER_API_KEY"
-    assert job.endpoint.base_url == "https://openrouter.ai/api/v1"
+    (endpoint,) = job.endpoint_pool
+    assert endpoint.api_key_env == "OPENROUTER_API_KEY"
+    assert endpoint.base_url == "https://openrouter.ai/api/v1"
+    (lane,) = job.lane_list
+    assert (lane.name, lane.concurrency, job.lane_max_tokens(lane)) == ("default", 256, 4096)
     assert job.generation.max_tokens == 4096
     assert job.output_path == tmp_path / "out"
     assert job.resolve("chat.jsonl") == tmp_path / "chat.jsonl"
@@ -106,3 +109,48 @@ def test_cli_run_without_the_key_names_the_variable(tmp_path: Path) -> None:
     assert proc.stderr.strip() == (
         "error: set REGEN_TEST_KEY or name another variable in [endpoint].api_key_env"
     )
+
+
+LANES = (
+    MINIMAL
+    + """
+[[datasets]]
+name = "agent"
+path = "agent.jsonl"
+
+[[lanes]]
+name = "short"
+concurrency = 2000
+max_tokens = 10240
+datasets = ["chat"]
+escalate_to = "long"
+
+[[lanes]]
+name = "long"
+concurrency = 100
+max_tokens = 65536
+stream = true
+"""
+)
+
+
+def test_lanes_and_their_references_are_checked(tmp_path: Path) -> None:
+    (tmp_path / "job.toml").write_text(LANES)
+    job = load_job(tmp_path / "job.toml")
+    assert [lane.name for lane in job.lane_list] == ["short", "long"]
+    assert job.lane_max_tokens(job.lane_list[1]) == 65536
+    msg = _error_for(tmp_path, LANES.replace('datasets = ["chat"]', 'datasets = ["chta"]'))
+    assert "lanes[0].datasets names unknown dataset 'chta'" in msg
+    msg = _error_for(tmp_path, LANES.replace("max_tokens = 65536", "max_tokens = 100"))
+    assert "must have a larger max_tokens" in msg
+    msg = _error_for(tmp_path, LANES.replace('escalate_to = "long"', 'escalate_to = "short"'))
+    assert "escalate_to must name another lane" in msg
+    two = LANES + '\n[endpoint]\nbase_url = "http://a"\n[[endpoints]]\nname = "b"\n'
+    assert "not both" in _error_for(tmp_path, two)
+
+
+def test_lane_limits_are_not_part_of_the_fingerprint(tmp_path: Path) -> None:
+    (tmp_path / "job.toml").write_text(LANES)
+    base = load_job(tmp_path / "job.toml").fingerprint()
+    (tmp_path / "job.toml").write_text(LANES.replace("concurrency = 2000", "concurrency = 5"))
+    assert load_job(tmp_path / "job.toml").fingerprint() == base

@@ -1,50 +1,60 @@
 from __future__ import annotations
 
+import asyncio
 import random
 import sqlite3
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from regen.client import ChatClient, chat_body
+from regen.client import ChatClient
 from regen.config import Job, load_job
-from regen.runner import ingest
-from regen.scheduler import DatasetStats, RunStats, Scheduler, backoff_s
+from regen.runner import build_lanes, ingest, lane_rules
+from regen.scheduler import DatasetStats, RunStats, Scheduler, Sender, backoff_s
 from regen.store import Store
 from tests.conftest import chat_rows, write_job, write_rows
-from tests.scripted_server import Reply, scripted_server
+from tests.scripted_server import Reply, Scripted, scripted_server
 
 
-def make_job(tmp: Path, n: int, **kw: Any) -> tuple[Job, Store]:
+def make_job(tmp: Path, n: int, extra: str = "", **kw: Any) -> tuple[Job, Store]:
     write_rows(tmp / "chat.jsonl", chat_rows(n))
     datasets = [("chat", "chat.jsonl", "openai")]
-    job = load_job(write_job(tmp, "http://127.0.0.1:9/v1", datasets=datasets, **kw))
+    job = load_job(write_job(tmp, "http://127.0.0.1:9/v1", datasets=datasets, extra=extra, **kw))
     store = Store.open(job.output_path)
     ingest(store, job)
+    store.assign_lanes(lane_rules(job))
     return job, store
 
 
-async def run(job: Job, store: Store, url: str, sleeps: list[float] | None = None) -> RunStats:
+async def run_with(
+    job: Job,
+    store: Store,
+    senders: Mapping[str, Sender],
+    sleeps: list[float] | None = None,
+    until: Callable[[Scheduler], bool] | None = None,
+) -> tuple[RunStats, Scheduler]:
     stats = RunStats({p.name: DatasetStats(items=p.items) for p in store.dataset_progress()})
 
     async def fake_sleep(s: float) -> None:
         if sleeps is not None:
             sleeps.append(s)
 
-    async with ChatClient(
-        url, "k", concurrency=job.run.concurrency, timeout_s=5, connect_timeout_s=2
-    ) as c:
-        sched = Scheduler(
-            store,
-            c,
-            lambda r: chat_body(r, job.generation, job.endpoint),
-            ["chat"],
-            job.run,
-            stats,
-            sleep=fake_sleep,
-            rng=random.Random(0),
-            commit_interval_s=0.01,
-        )
-        await sched.run()
+    sched = Scheduler(
+        store,
+        build_lanes(job, senders),
+        job.run,
+        stats,
+        sleep=fake_sleep,
+        rng=random.Random(0),
+        commit_interval_s=0.01,
+    )
+    await sched.run()
+    return stats, sched
+
+
+async def run(job: Job, store: Store, url: str, sleeps: list[float] | None = None) -> RunStats:
+    async with ChatClient(url, "k", concurrency=64) as c:
+        stats, _ = await run_with(job, store, {e.name: c for e in job.endpoint_pool}, sleeps)
     return stats
 
 
@@ -78,7 +88,7 @@ async def test_transient_failures_are_retried_until_done(tmp_path: Path) -> None
 
 
 async def test_permanent_failures_are_stored_with_their_class(tmp_path: Path) -> None:
-    job, store = make_job(tmp_path, 3)
+    job, store = make_job(tmp_path, 3, extra="stop_error_rate = 1.0")
     async with scripted_server(
         lambda n, _: Reply(400, {"error": {"code": 400, "message": "context too long"}})
     ) as srv:
@@ -111,7 +121,6 @@ async def test_auth_failure_stops_dispatch(tmp_path: Path) -> None:
     assert len(srv.requests) <= 4  # at most what was in flight when the first 401 came back
     pending = rows(store, "SELECT COUNT(*) FROM items WHERE status = 'pending'")[0][0]
     assert pending >= 196
-    # A rerun with a good key gets the auth-failed items back.
     assert store.requeue_retryable_failures({"auth"}) == 200 - pending
 
 
@@ -122,6 +131,171 @@ async def test_in_flight_never_exceeds_concurrency_and_all_finish(tmp_path: Path
     assert srv.max_in_flight == 7
     assert stats.datasets["chat"].done == 60 and len(srv.requests) == 60
     assert rows(store, "SELECT COUNT(DISTINCT item_id) FROM results") == [(60,)]
+
+
+async def test_the_limit_backs_off_on_429_and_the_run_completes(tmp_path: Path) -> None:
+    # A provider that takes 5 at once and answers 429 above that; the lane allows 50.
+    job, store = make_job(tmp_path, 150, concurrency=50, extra="initial_limit = 50")
+    state: dict[str, Scripted] = {}
+
+    def script(n: int, _: dict[str, Any]) -> Reply:
+        if state["srv"].in_flight > 5:
+            return Reply(429, {"error": {"code": 429, "message": "full"}})
+        return Reply(delay_s=0.01)
+
+    async with scripted_server(script) as srv:
+        state["srv"] = srv
+        stats = await run(job, store, srv.url)
+    assert stats.datasets["chat"].done == 150
+    (limit,) = stats.lanes["default"].limits
+    assert limit.overloads > 0 and limit.current < 50
+    assert stats.datasets["chat"].errors["rate_limited"] == limit.overloads
+
+
+async def test_stop_error_rate_ignores_rate_limits(tmp_path: Path) -> None:
+    job, store = make_job(tmp_path, 40, concurrency=1)
+    async with scripted_server(
+        lambda n, _: Reply(429, {"error": {"code": 429, "message": "x"}}) if n % 2 else Reply()
+    ) as srv:
+        stats = await run(job, store, srv.url)
+    assert stats.stop_reason is None and stats.datasets["chat"].done == 40
+
+
+async def test_escalation_resends_a_truncated_answer_on_the_long_lane(tmp_path: Path) -> None:
+    lanes = """
+[[lanes]]
+name = "short"
+concurrency = 4
+max_tokens = 100
+escalate_to = "long"
+
+[[lanes]]
+name = "long"
+concurrency = 2
+max_tokens = 1000
+"""
+    write_rows(tmp_path / "chat.jsonl", chat_rows(10))
+    job_file = write_job(
+        tmp_path, "http://127.0.0.1:9/v1", datasets=[("chat", "chat.jsonl", "openai")]
+    )
+    job_file.write_text(job_file.read_text().replace("[[datasets]]", lanes + "\n[[datasets]]", 1))
+    job = load_job(job_file)
+    store = Store.open(job.output_path)
+    ingest(store, job)
+    store.assign_lanes(lane_rules(job))
+
+    def script(n: int, body: dict[str, Any]) -> Reply:
+        if body["max_tokens"] == 100 and "number 3:" in body["messages"][0]["content"]:
+            truncated = {
+                "choices": [{"finish_reason": "length", "message": {"content": "cut"}}],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 100, "cost": 0.01},
+            }
+            return Reply(body=truncated)
+        return Reply()
+
+    async with scripted_server(script) as srv, ChatClient(srv.url, "k", concurrency=8) as c:
+        stats, _ = await run_with(job, store, {"default": c})
+    assert stats.datasets["chat"].done == 10
+    assert stats.lanes["short"].escalated == 1 and stats.lanes["long"].done == 1
+    assert sorted(b["max_tokens"] for b in srv.requests) == [100] * 10 + [1000]
+    assert rows(store, "SELECT kind, cost_usd FROM ledger WHERE kind = 'escalated'") == [
+        ("escalated", 0.01)
+    ]
+    ((n, total),) = rows(store, "SELECT COUNT(*), SUM(cost_usd) FROM ledger")
+    assert n == 11 and abs(total - (0.01 + 10 * 0.001)) < 1e-12
+
+
+class Flaky:
+    """A sender that always fails with a connection error, counting its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def chat(self, item_id: str, body: dict[str, Any], **kw: Any) -> Any:
+        from regen.errors import EndpointError
+
+        self.calls += 1
+        raise EndpointError("connection", "refused")
+
+
+async def test_an_unhealthy_endpoint_is_cooled_down(tmp_path: Path) -> None:
+    endpoints = """
+[[endpoints]]
+name = "bad"
+base_url = "http://127.0.0.1:9/v1"
+api_key_env = "X"
+
+[[endpoints]]
+name = "good"
+base_url = "http://127.0.0.1:9/v1"
+api_key_env = "X"
+"""
+    write_rows(tmp_path / "chat.jsonl", chat_rows(100))
+    job_file = write_job(
+        tmp_path, "http://x", datasets=[("chat", "chat.jsonl", "openai")], concurrency=1
+    )
+    text = job_file.read_text()
+    text = text[: text.index("[endpoint]")] + endpoints + text[text.index("[generation]") :]
+    job_file.write_text(text)
+    job = load_job(job_file)
+    store = Store.open(job.output_path)
+    ingest(store, job)
+    store.assign_lanes(lane_rules(job))
+    bad = Flaky()
+    async with (
+        scripted_server(lambda n, _: Reply()) as srv,
+        ChatClient(srv.url, "k", concurrency=2) as good,
+    ):
+        stats, _ = await run_with(job, store, {"bad": bad, "good": good})
+    assert stats.datasets["chat"].done == 100
+    assert 3 <= bad.calls <= 6  # three in a row cool it down for the rest of this short run
+
+
+class Slow:
+    """A sender that answers after `delay_s`."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+        self.started = 0
+
+    async def chat(self, item_id: str, body: dict[str, Any], **kw: Any) -> Any:
+        from regen.conversation import Message, Result, Usage
+
+        self.started += 1
+        await asyncio.sleep(self.delay_s)
+        return Result(item_id, Message("assistant", "ok"), "stop", Usage(1, 1, 0, 0.0))
+
+
+async def test_stop_lets_in_flight_finish_and_sends_nothing_after(tmp_path: Path) -> None:
+    job, store = make_job(tmp_path, 100, concurrency=5)
+    slow = Slow(0.2)
+    stats = RunStats({p.name: DatasetStats(items=p.items) for p in store.dataset_progress()})
+    sched = Scheduler(
+        store, build_lanes(job, {"default": slow}), job.run, stats, commit_interval_s=0.01
+    )
+    task = asyncio.create_task(sched.run())
+    await asyncio.sleep(0.3)
+    sched.stop("interrupted")
+    started_at_stop = slow.started
+    await task
+    assert slow.started == started_at_stop  # nothing sent after the stop
+    done = rows(store, "SELECT COUNT(*) FROM results")[0][0]
+    assert done == started_at_stop  # every request in flight finished and was committed
+    assert rows(store, "SELECT COUNT(*) FROM items WHERE status = 'pending'") == [(100 - done,)]
+
+
+async def test_stop_grace_abandons_requests_that_take_too_long(tmp_path: Path) -> None:
+    job, store = make_job(tmp_path, 10, concurrency=3, extra="stop_grace_s = 0.1")
+    slow = Slow(30)
+    stats = RunStats({p.name: DatasetStats(items=p.items) for p in store.dataset_progress()})
+    sched = Scheduler(
+        store, build_lanes(job, {"default": slow}), job.run, stats, commit_interval_s=0.01
+    )
+    task = asyncio.create_task(sched.run())
+    await asyncio.sleep(0.1)
+    sched.stop("interrupted")
+    await asyncio.wait_for(task, timeout=5)
+    assert rows(store, "SELECT COUNT(*) FROM items WHERE status = 'pending'") == [(10,)]
 
 
 def test_backoff_is_jittered_capped_and_floors_at_retry_after() -> None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
@@ -26,7 +27,8 @@ def test_migrations_are_recorded_once(tmp_path: Path) -> None:
     assert store.schema_version() == len(MIGRATIONS)
     db = sqlite3.connect(tmp_path / "state.db")
     assert db.execute("SELECT version, name FROM schema_migrations").fetchall() == [
-        (1, "m001_initial")
+        (1, "m001_initial"),
+        (2, "m002_lanes"),
     ]
     assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 
@@ -91,3 +93,58 @@ def test_unwritable_output_dir_is_a_state_error(tmp_path: Path) -> None:
     blocker.write_text("")
     with pytest.raises(StateError, match="cannot create output directory"):
         Store.open(blocker / "out")
+
+
+def test_m002_upgrades_a_database_made_by_m001(tmp_path: Path) -> None:
+    from regen import store as store_mod
+
+    old = store_mod.MIGRATIONS
+    store_mod.MIGRATIONS = old[:1]  # the schema as the first release made it
+    try:
+        s1 = Store.open(tmp_path)
+        c = conv("a question of forty characters, roughly!", 0)
+        s1.register_dataset("ds", 0, "src")
+        s1._db.execute(
+            "INSERT INTO conversations VALUES (?, 'ds', 0, ?)", (c.id, json.dumps(c.to_dict()))
+        )
+        s1._db.execute(
+            "INSERT INTO items (id, dataset, conversation_id, turn_index, prompt_hash, order_key)"
+            " VALUES ('i1', 'ds', ?, 1, 'h', 5)",
+            (c.id,),
+        )
+        s1.close()
+    finally:
+        store_mod.MIGRATIONS = old
+    s2 = Store.open(tmp_path)
+    assert s2.schema_version() == 2
+    row = s2._db.execute("SELECT lane, escalated, prompt_tokens_est FROM items").fetchone()
+    assert row == (None, 0, c.estimate_prompt_tokens(1)) and row[2] > 10
+
+
+def test_assign_lanes_takes_the_first_lane_that_selects(tmp_path: Path) -> None:
+    from regen.store import LaneRule
+
+    store = Store.open(tmp_path)
+    short, long_ = conv("q", 0), conv("q" * 4000, 1)
+    add(store, short, 1)
+    store.add_conversations(
+        [
+            (
+                long_,
+                [
+                    NewItem(
+                        item_id(long_.id, 1),
+                        1,
+                        prompt_hash(long_, 1),
+                        2,
+                        long_.estimate_prompt_tokens(1),
+                    )
+                ],
+            )
+        ]
+    )
+    counts = store.assign_lanes([LaneRule("small", max_prompt_tokens=100), LaneRule("big")])
+    assert counts == {("small", "ds"): 1, ("big", "ds"): 1}
+    assert [i.id for i in store.claim_batch("ds", -1, 10, lane="big")] == [item_id(long_.id, 1)]
+    counts = store.assign_lanes([LaneRule("only-other", datasets=["other"])])
+    assert counts == {(None, "ds"): 2}

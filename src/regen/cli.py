@@ -82,9 +82,20 @@ def _finish(report: object, console: Console) -> int:
     assert isinstance(report, RunReport)
     console.print(summary_table(report.datasets, report.errors, report.exports))
     console.print(f"output: {report.out_dir}  (state.db, run.log, export/*.jsonl)")
-    if report.interrupted:
-        console.print("stopped: interrupted; run the same command again to resume")
+    for ds, n in report.unassigned.items():
+        print(
+            f"warning: no lane selects {n} pending items of dataset '{ds}'; they were not sent",
+            file=sys.stderr,
+        )
+    if report.aborted:
+        console.print(
+            "aborted: requests in flight were cut short; run the same command again to resume"
+        )
         return EXIT_INTERRUPTED
+    if report.interrupted:
+        # A graceful stop is a normal end: everything that finished is kept.
+        console.print("stopped: interrupted; run the same command again to resume")
+        return EXIT_OK
     if report.stop_reason:
         print(f"error: run stopped: {report.stop_reason}", file=sys.stderr)
         return EXIT_USER

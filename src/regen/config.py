@@ -6,7 +6,14 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from regen.conversation import canonical_json, stable_hash
 from regen.errors import ConfigError
@@ -29,9 +36,16 @@ class JobInfo(_Model):
     """Relative paths are taken from the job file's folder."""
 
 
-class EndpointConfig(_Model):
-    """`[endpoint]`: where requests go. The API key itself is only ever read from the env."""
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
+
+class EndpointConfig(_Model):
+    """`[endpoint]` (or each of `[[endpoints]]`): where requests go. The API key itself is only
+    ever read from the environment."""
+
+    name: str = Field(default="default", pattern=NAME_PATTERN, max_length=100)
+    weight: float = Field(default=1.0, gt=0)
+    """Share of a lane's requests, among the lane's healthy endpoints."""
     base_url: str = "https://openrouter.ai/api/v1"
     dialect: Dialect = "openrouter"
     api_key_env: str = "OPENROUTER_API_KEY"
@@ -63,17 +77,59 @@ class RunConfig(_Model):
     """`[run]`: how hard to push; none of this changes the data."""
 
     concurrency: int = Field(default=256, ge=1, le=100_000)
+    """The default lane's concurrency (when no `[[lanes]]` are given)."""
     max_attempts: int = Field(default=4, ge=1, le=100)
+    """Attempts per item for failures other than rate limits."""
+    max_rate_limit_retries: int = Field(default=50, ge=0)
+    """Retries per item after 429s, which are flow control and do not use up max_attempts."""
     timeout_s: float = Field(default=600.0, gt=0)
+    """Total time for one attempt."""
     connect_timeout_s: float = Field(default=30.0, gt=0)
+    ttfb_timeout_s: float = Field(default=300.0, gt=0)
+    """Time to the response headers (streaming lanes)."""
+    idle_timeout_s: float = Field(default=60.0, gt=0)
+    """A stream that sends no bytes for this long is `stalled` (streaming lanes)."""
+    adaptive: bool = True
+    """Adapt each endpoint's concurrency (AIMD) between 1 and the lane's concurrency."""
+    initial_limit: int = Field(default=64, ge=1)
+    """Where the adaptive limit starts (it ramps up quickly until the first overload)."""
+    stop_error_rate: float = Field(default=0.5, gt=0, le=1)
+    """Stop when this share of recent attempts failed (rate limits aside) ..."""
+    stop_error_min_attempts: int = Field(default=20, ge=1)
+    """... once at least this many attempts were made."""
+    stop_grace_s: float = Field(default=60.0, ge=0)
+    """On a stop, how long requests in flight may take to finish."""
     progress_interval_s: float = Field(default=10.0, gt=0)
     shuffle_seed: int = 0
+
+
+class LaneConfig(_Model):
+    """`[[lanes]]`: a share of the items with its own concurrency, max_tokens and timeout.
+
+    An item goes to the first lane that selects it (by dataset and estimated prompt tokens).
+    """
+
+    name: str = Field(pattern=NAME_PATTERN, max_length=100)
+    concurrency: int = Field(default=256, ge=1, le=100_000)
+    max_tokens: int | None = Field(default=None, gt=0)
+    """Defaults to [generation].max_tokens."""
+    timeout_s: float | None = Field(default=None, gt=0)
+    """Defaults to [run].timeout_s."""
+    stream: bool = False
+    """Stream responses (SSE): needed to see a stalled long answer before its timeout."""
+    datasets: list[str] | None = None
+    min_prompt_tokens: int | None = Field(default=None, ge=0)
+    max_prompt_tokens: int | None = Field(default=None, ge=0)
+    endpoints: list[str] | None = None
+    """Names of [[endpoints]] this lane uses; all of them by default."""
+    escalate_to: str | None = None
+    """Re-send an answer truncated at this lane's max_tokens on that lane (both are paid)."""
 
 
 class DatasetConfig(_Model):
     """`[[datasets]]`: one prompt source, regenerated in the order the file lists them."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
+    name: str = Field(pattern=NAME_PATTERN, max_length=100)
     path: str
     format: SourceFormat = "openai"
     reader: ReaderKind = "auto"
@@ -85,9 +141,11 @@ class Job(_Model):
     """A whole job file."""
 
     job: JobInfo = Field(default_factory=JobInfo)
-    endpoint: EndpointConfig = Field(default_factory=EndpointConfig)
+    endpoint: EndpointConfig | None = None
+    endpoints: list[EndpointConfig] = Field(default_factory=list)
     generation: GenerationConfig
     run: RunConfig = Field(default_factory=RunConfig)
+    lanes: list[LaneConfig] = Field(default_factory=list)
     datasets: list[DatasetConfig] = Field(min_length=1)
     base_dir: str = Field(default=".", exclude=True)
     """The job file's folder; set by load_job, not by the file."""
@@ -95,11 +153,50 @@ class Job(_Model):
     @field_validator("datasets")
     @classmethod
     def _unique_names(cls, v: list[DatasetConfig]) -> list[DatasetConfig]:
-        names = [d.name for d in v]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"dataset names must be unique, repeated: {', '.join(dupes)}")
+        _unique("dataset", [d.name for d in v])
         return v
+
+    @model_validator(mode="after")
+    def _references(self) -> Job:
+        if self.endpoint is not None and self.endpoints:
+            raise ValueError("give either [endpoint] or [[endpoints]], not both")
+        _unique("endpoints", [e.name for e in self.endpoints])
+        _unique("lanes", [lane.name for lane in self.lanes])
+        datasets = {d.name for d in self.datasets}
+        endpoints = {e.name for e in self.endpoint_pool}
+        lanes = {lane.name: lane for lane in self.lanes}
+        for i, lane in enumerate(self.lanes):
+            for ds in lane.datasets or []:
+                if ds not in datasets:
+                    raise ValueError(f"lanes[{i}].datasets names unknown dataset '{ds}'")
+            for ep in lane.endpoints or []:
+                if ep not in endpoints:
+                    raise ValueError(f"lanes[{i}].endpoints names unknown endpoint '{ep}'")
+            target = lanes.get(lane.escalate_to or "")
+            if lane.escalate_to is not None:
+                if target is None or target.name == lane.name:
+                    raise ValueError(f"lanes[{i}].escalate_to must name another lane")
+                if self.lane_max_tokens(target) <= self.lane_max_tokens(lane):
+                    raise ValueError(
+                        f"lanes[{i}].escalate_to '{target.name}' must have a larger max_tokens"
+                    )
+        return self
+
+    @property
+    def endpoint_pool(self) -> list[EndpointConfig]:
+        """The endpoints requests may go to: `[[endpoints]]`, or the one `[endpoint]`."""
+        return self.endpoints or [self.endpoint or EndpointConfig()]
+
+    @property
+    def lane_list(self) -> list[LaneConfig]:
+        """The lanes, or one `default` lane with [run].concurrency for everything."""
+        return self.lanes or [LaneConfig(name="default", concurrency=self.run.concurrency)]
+
+    def lane_max_tokens(self, lane: LaneConfig) -> int:
+        return lane.max_tokens or self.generation.max_tokens
+
+    def lane_timeout_s(self, lane: LaneConfig) -> float:
+        return lane.timeout_s or self.run.timeout_s
 
     def resolve(self, path: str) -> Path:
         p = Path(path).expanduser()
@@ -114,9 +211,10 @@ class Job(_Model):
         return {
             "model": self.generation.model,
             "generation": self.generation.model_dump(),
-            "dialect": self.endpoint.dialect,
-            "provider": self.endpoint.provider,
-            "extra_body": self.endpoint.extra_body,
+            "endpoints": [
+                {"dialect": e.dialect, "provider": e.provider, "extra_body": e.extra_body}
+                for e in sorted(self.endpoint_pool, key=lambda e: e.name)
+            ],
             "datasets": [
                 {"name": d.name, "format": d.format, "mode": d.mode} for d in self.datasets
             ],
@@ -124,6 +222,12 @@ class Job(_Model):
 
     def fingerprint(self) -> str:
         return stable_hash(canonical_json(self.fingerprint_fields()))
+
+
+def _unique(what: str, names: list[str]) -> None:
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"{what} names must be unique, repeated: {', '.join(dupes)}")
 
 
 def load_job(path: str | Path, **overrides: Any) -> Job:

@@ -99,6 +99,11 @@ class Conversation:
     def to_dict(self) -> dict[str, Any]:
         return {"messages": [m.to_dict() for m in self.messages], "tools": list(self.tools)}
 
+    def estimate_prompt_tokens(self, turn_index: int) -> int:
+        """A tokenizer-free estimate of a turn's prompt tokens (about 4 characters a token),
+        good enough to choose a lane."""
+        return estimate_prompt_tokens(self.to_dict(), turn_index)
+
     @classmethod
     def from_dict(cls, dataset: str, row_index: int, d: dict[str, Any]) -> Conversation:
         return cls(
@@ -146,6 +151,17 @@ class Result:
     attempts: int = 1
 
 
+def estimate_prompt_tokens(conversation: dict[str, Any], turn_index: int) -> int:
+    """The estimate of Conversation.estimate_prompt_tokens, from the stored form."""
+    chars = len(json.dumps(conversation.get("tools") or [])) if conversation.get("tools") else 0
+    messages = conversation.get("messages") or []
+    for m in messages[:turn_index]:
+        chars += len(m.get("content") or "") + len(m.get("reasoning") or "")
+        for tc in m.get("tool_calls") or []:
+            chars += len(str((tc.get("function") or {}).get("arguments") or "")) + 16
+    return chars // 4 + 4 * min(turn_index, len(messages)) + 2
+
+
 def canonical_json(obj: Any) -> str:
     """JSON with sorted keys and no whitespace: the form that ids and fingerprints hash."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -186,7 +202,9 @@ class Attempt:
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """The terminal state of one item in this run: a result, or a failure with its class."""
+    """How one item ended in this run: a result; a failure with its class; a truncated result
+    to re-send on a lane with more room (`escalate_to`); or `abandoned` at a stop, to be sent
+    again by the next run."""
 
     item_id: str
     dataset: str
@@ -194,6 +212,8 @@ class Outcome:
     result: Result | None = None
     failure_class: str | None = None
     failure_message: str | None = None
+    escalate_to: str | None = None
+    abandoned: bool = False
 
     @property
     def ok(self) -> bool:

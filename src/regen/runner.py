@@ -7,22 +7,31 @@ import contextlib
 import hashlib
 import os
 import signal
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
 from regen import __version__
-from regen.client import RETRYABLE, STOPS_RUN, ChatClient, chat_body
-from regen.config import Job
+from regen.client import RETRYABLE, STOPS_RUN, ChatClient, Timeouts, chat_body
+from regen.config import EndpointConfig, Job
 from regen.conversation import BadRow, Conversation, Request
 from regen.errors import ConfigError
 from regen.export import export_specforge
 from regen.modes import item_id, prompt_hash, target_turns
 from regen.progress import ProgressReporter
-from regen.scheduler import DatasetStats, RunStats, Scheduler
+from regen.scheduler import (
+    DatasetStats,
+    EndpointRuntime,
+    LaneRuntime,
+    RunStats,
+    Scheduler,
+    Sender,
+)
 from regen.sources import read_conversations
-from regen.store import DatasetProgress, NewItem, Store
+from regen.store import DatasetProgress, LaneRule, NewItem, Store
 
 INGEST_BATCH = 1000
 SELF_HOSTED = ("vllm", "sglang")
@@ -47,17 +56,22 @@ class RunReport:
     ingest: list[IngestReport] = field(default_factory=list)
     stop_reason: str | None = None
     interrupted: bool = False
+    """Stopped by a signal: what finished is kept, the rest is sent by the next run."""
+    aborted: bool = False
+    """A second signal cut requests in flight short."""
+    unassigned: dict[str, int] = field(default_factory=dict)
+    """Pending items no lane selects, per dataset (they are not sent)."""
 
     @property
     def failed(self) -> int:
         return sum(d.failed for d in self.datasets)
 
 
-def api_key_from_env(job: Job) -> str | None:
-    """The key from the variable that the job names; self-hosted servers may need none."""
-    name = job.endpoint.api_key_env
+def api_key_from_env(endpoint: EndpointConfig) -> str | None:
+    """The key from the variable that the endpoint names; self-hosted servers may need none."""
+    name = endpoint.api_key_env
     key = os.environ.get(name, "").strip()
-    if not key and job.endpoint.dialect not in SELF_HOSTED:
+    if not key and endpoint.dialect not in SELF_HOSTED:
         raise ConfigError(f"set {name} or name another variable in [endpoint].api_key_env")
     return key or None
 
@@ -91,7 +105,13 @@ def ingest(store: Store, job: Job) -> list[IngestReport]:
             for t in turns:
                 iid = item_id(cid, t)
                 items.append(
-                    NewItem(iid, t, prompt_hash(conv, t), order_key(job.run.shuffle_seed, iid))
+                    NewItem(
+                        iid,
+                        t,
+                        prompt_hash(conv, t),
+                        order_key(job.run.shuffle_seed, iid),
+                        conv.estimate_prompt_tokens(t),
+                    )
                 )
             turns_read += len(items)
             batch.append((conv, items))
@@ -105,7 +125,50 @@ def ingest(store: Store, job: Job) -> list[IngestReport]:
     return reports
 
 
-async def dispatch(job: Job, store: Store, api_key: str | None, console: Console) -> RunStats:
+def lane_rules(job: Job) -> list[LaneRule]:
+    return [
+        LaneRule(lane.name, lane.datasets, lane.min_prompt_tokens, lane.max_prompt_tokens)
+        for lane in job.lane_list
+    ]
+
+
+def _make_body(job: Job, endpoint: EndpointConfig) -> Callable[[Request, int], dict[str, Any]]:
+    def make(req: Request, max_tokens: int) -> dict[str, Any]:
+        return chat_body(req, job.generation, endpoint, max_tokens)
+
+    return make
+
+
+def build_lanes(job: Job, senders: Mapping[str, Sender]) -> list[LaneRuntime]:
+    """The job's lanes, each with its endpoints (by name in `senders`) and settings."""
+    runtimes = {
+        e.name: EndpointRuntime(e.name, senders[e.name], _make_body(job, e), e.weight)
+        for e in job.endpoint_pool
+    }
+    order = [d.name for d in job.datasets]
+    return [
+        LaneRuntime(
+            name=lane.name,
+            concurrency=lane.concurrency,
+            max_tokens=job.lane_max_tokens(lane),
+            timeouts=Timeouts(
+                total_s=job.lane_timeout_s(lane),
+                connect_s=job.run.connect_timeout_s,
+                ttfb_s=job.run.ttfb_timeout_s,
+                idle_s=job.run.idle_timeout_s,
+            ),
+            endpoints=[runtimes[n] for n in lane.endpoints or list(runtimes)],
+            datasets=[d for d in order if lane.datasets is None or d in lane.datasets],
+            stream=lane.stream,
+            escalate_to=lane.escalate_to,
+        )
+        for lane in job.lane_list
+    ]
+
+
+async def dispatch(
+    job: Job, store: Store, keys: dict[str, str | None], console: Console
+) -> RunStats:
     """Send every pending item; returns the live stats, with the reason if the run stopped."""
     stats = RunStats(
         datasets={
@@ -113,21 +176,22 @@ async def dispatch(job: Job, store: Store, api_key: str | None, console: Console
             for p in store.dataset_progress()
         }
     )
-    names = [d.name for d in job.datasets]
-    client = ChatClient(
-        job.endpoint.base_url,
-        api_key,
-        concurrency=job.run.concurrency,
-        timeout_s=job.run.timeout_s,
-        connect_timeout_s=job.run.connect_timeout_s,
-        headers=job.endpoint.headers,
-    )
-
-    def make_body(req: Request) -> dict[str, object]:
-        return chat_body(req, job.generation, job.endpoint)
-
-    async with client:
-        scheduler = Scheduler(store, client, make_body, names, job.run, stats)
+    lanes_cfg = job.lane_list
+    pool_size: dict[str, int] = {}
+    for lane in lanes_cfg:
+        for name in lane.endpoints or [e.name for e in job.endpoint_pool]:
+            pool_size[name] = pool_size.get(name, 0) + lane.concurrency
+    clients = {
+        e.name: ChatClient(
+            e.base_url, keys[e.name], concurrency=pool_size.get(e.name, 1), headers=e.headers
+        )
+        for e in job.endpoint_pool
+    }
+    async with contextlib.AsyncExitStack() as stack:
+        for c in clients.values():
+            await stack.enter_async_context(c)
+        lanes = build_lanes(job, clients)
+        scheduler = Scheduler(store, lanes, job.run, stats)
         reporter = ProgressReporter(
             stats, console, job.run.progress_interval_s, job.output_path / "run.log"
         )
@@ -159,7 +223,9 @@ async def dispatch(job: Job, store: Store, api_key: str | None, console: Console
 
 def run_job(job: Job, *, console: Console, api_key: str | None = None) -> RunReport:
     """Ingest, dispatch, export and report. `api_key` defaults to the job's env variable."""
-    key = api_key if api_key is not None else api_key_from_env(job)
+    keys = {
+        e.name: api_key if api_key is not None else api_key_from_env(e) for e in job.endpoint_pool
+    }
     out = job.output_path
     store = Store.open(out)
     try:
@@ -168,12 +234,15 @@ def run_job(job: Job, *, console: Console, api_key: str | None = None) -> RunRep
             store.set_meta("regen_version", __version__)
         reports = ingest(store, job)
         store.requeue_retryable_failures(RETRYABLE | STOPS_RUN)
-        interrupted = False
+        unassigned = {
+            ds: n for (lane, ds), n in store.assign_lanes(lane_rules(job)).items() if lane is None
+        }
+        aborted = False
         try:
-            stats = asyncio.run(dispatch(job, store, key, console))
+            stats = asyncio.run(dispatch(job, store, keys, console))
             stop_reason = stats.stop_reason
         except (KeyboardInterrupt, asyncio.CancelledError):
-            interrupted, stop_reason = True, "interrupted"
+            aborted, stop_reason = True, "interrupted"
         names = [d.name for d in job.datasets]
         exports = export_specforge(store, names, out / "export")
         return RunReport(
@@ -183,7 +252,9 @@ def run_job(job: Job, *, console: Console, api_key: str | None = None) -> RunRep
             errors=store.failure_counts(),
             ingest=reports,
             stop_reason=stop_reason,
-            interrupted=interrupted or stop_reason == "interrupted",
+            interrupted=stop_reason == "interrupted",
+            aborted=aborted,
+            unassigned=unassigned,
         )
     finally:
         store.close()

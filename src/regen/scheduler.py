@@ -1,8 +1,9 @@
-"""Dispatch: pull pending items lazily, send them with bounded concurrency, retry by class,
-commit outcomes in groups, and stop gracefully.
+"""Dispatch: lanes of workers pull pending items lazily, send them through an adaptive limit per
+endpoint, retry by failure class, commit outcomes in groups, and stop gracefully.
 
-Only the in-flight items live in memory: a fixed pool of workers reads from a small queue that a
-feeder fills from the store in dispatch order. No task is created per item.
+Only the items in flight live in memory: each lane has a fixed pool of `concurrency` workers
+reading from a small queue that a feeder fills from the store in dispatch order. No task is
+created per item.
 """
 
 from __future__ import annotations
@@ -10,21 +11,62 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from regen.client.errors import RETRYABLE, STOPS_RUN
+from regen.client.http import Timeouts
 from regen.config import RunConfig
 from regen.conversation import Attempt, Conversation, Outcome, Request, Result
 from regen.errors import EndpointError, StateError
+from regen.limiter import AdaptiveLimit, EndpointHealth
 from regen.modes import build_request
 from regen.store import PendingItem, Store
 
+# Signals for the limiter: these say the endpoint is full, not that the request was bad.
+OVERLOAD = frozenset({"rate_limited", "overloaded"})
+# These say the endpoint itself is unwell: enough in a row cool it down.
+UNHEALTHY = frozenset({"server", "connection", "timeout", "stalled"})
+
 
 class Sender(Protocol):
-    async def chat(self, item_id: str, body: dict[str, Any]) -> Result: ...
+    async def chat(
+        self,
+        item_id: str,
+        body: dict[str, Any],
+        *,
+        stream: bool = False,
+        timeouts: Timeouts | None = None,
+    ) -> Result: ...
+
+
+@dataclass
+class EndpointRuntime:
+    """One endpoint as a lane uses it: how to reach it, its share, its health."""
+
+    name: str
+    sender: Sender
+    make_body: Callable[[Request, int], dict[str, Any]]
+    """The request body for a request, given the lane's max_tokens."""
+    weight: float = 1.0
+    health: EndpointHealth = field(default_factory=EndpointHealth)
+
+
+@dataclass
+class LaneRuntime:
+    """A lane in this run: its settings, endpoints and one adaptive limit per endpoint."""
+
+    name: str
+    concurrency: int
+    max_tokens: int
+    timeouts: Timeouts
+    endpoints: list[EndpointRuntime]
+    datasets: list[str]
+    stream: bool = False
+    escalate_to: str | None = None
+    limits: dict[str, AdaptiveLimit] = field(default_factory=dict)
 
 
 @dataclass
@@ -43,12 +85,29 @@ class DatasetStats:
 
 
 @dataclass
+class LaneStats:
+    """Live counters for one lane, and its limits (read, never changed, by progress)."""
+
+    concurrency: int
+    limits: list[AdaptiveLimit] = field(default_factory=list)
+    in_flight: int = 0
+    done: int = 0
+    escalated: int = 0
+
+    @property
+    def limit(self) -> int:
+        return min(self.concurrency, sum(lim.current for lim in self.limits))
+
+
+@dataclass
 class RunStats:
     """What progress shows while a run goes on."""
 
     datasets: dict[str, DatasetStats]
+    lanes: dict[str, LaneStats] = field(default_factory=dict)
     started_at: float = field(default_factory=time.monotonic)
     stop_reason: str | None = None
+    recent_failures: deque[int] = field(default_factory=lambda: deque(maxlen=200))
 
     @property
     def in_flight(self) -> int:
@@ -63,14 +122,12 @@ def backoff_s(attempt: int, retry_after_s: float | None, rng: random.Random) -> 
 
 
 class Scheduler:
-    """Runs every pending item of the given datasets through `sender`."""
+    """Runs every pending item of the lanes through their endpoints."""
 
     def __init__(
         self,
         store: Store,
-        sender: Sender,
-        make_body: Callable[[Request], dict[str, Any]],
-        datasets: list[str],
+        lanes: list[LaneRuntime],
         run: RunConfig,
         stats: RunStats,
         *,
@@ -79,9 +136,7 @@ class Scheduler:
         commit_interval_s: float = 0.2,
     ) -> None:
         self._store = store
-        self._sender = sender
-        self._make_body = make_body
-        self._datasets = datasets
+        self._lanes = {lane.name: lane for lane in lanes}
         self._run = run
         self.stats = stats
         self._sleep = sleep
@@ -90,41 +145,66 @@ class Scheduler:
         self._stopping = asyncio.Event()
         self._pending: list[Outcome] = []
         self._commit_error: StateError | None = None
+        self._lane_done = {lane.name: asyncio.Event() for lane in lanes}
+        self._escalated_sent: set[str] = set()
+        for lane in lanes:
+            for ep in lane.endpoints:
+                lane.limits[ep.name] = AdaptiveLimit(
+                    lane.concurrency, run.initial_limit, adaptive=run.adaptive
+                )
+            self.stats.lanes[lane.name] = LaneStats(lane.concurrency, list(lane.limits.values()))
 
     @property
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
     def stop(self, reason: str) -> None:
-        """Stop dispatching; requests in flight finish and are committed."""
+        """Stop dispatching; requests in flight may finish (up to [run].stop_grace_s)."""
         if not self._stopping.is_set():
             self.stats.stop_reason = reason
             self._stopping.set()
 
     async def run(self) -> None:
-        queue: asyncio.Queue[PendingItem | None] = asyncio.Queue(maxsize=self._run.concurrency)
-        n_workers = self._run.concurrency
-        feeder = asyncio.create_task(self._feed(queue, n_workers))
-        committer = asyncio.create_task(self._commit_loop())
-        workers = [asyncio.create_task(self._work(queue)) for _ in range(n_workers)]
+        tasks: list[asyncio.Task[None]] = []
+        workers: list[asyncio.Task[None]] = []
+        for lane in self._lanes.values():
+            queue: asyncio.Queue[PendingItem | None] = asyncio.Queue(maxsize=lane.concurrency)
+            tasks.append(asyncio.create_task(self._feed(lane, queue)))
+            lane_workers = [
+                asyncio.create_task(self._work(lane, queue)) for _ in range(lane.concurrency)
+            ]
+            workers += lane_workers
+            tasks.append(asyncio.create_task(self._mark_done(lane.name, lane_workers)))
+        tasks.append(asyncio.create_task(self._commit_loop()))
+        tasks.append(asyncio.create_task(self._deadline(workers)))
         try:
-            await asyncio.gather(*workers)
+            await asyncio.gather(*workers, return_exceptions=True)
         finally:
-            feeder.cancel()
-            for w in workers:
-                w.cancel()
-            committer.cancel()
-            await asyncio.gather(feeder, committer, *workers, return_exceptions=True)
+            for t in tasks + workers:
+                t.cancel()
+            await asyncio.gather(*tasks, *workers, return_exceptions=True)
             self._flush()
         if self._commit_error is not None:
             raise self._commit_error
 
-    async def _feed(self, queue: asyncio.Queue[PendingItem | None], n_workers: int) -> None:
-        batch_size = max(64, min(2 * self._run.concurrency, 4096))
-        for name in self._datasets:
+    async def _mark_done(self, lane: str, workers: list[asyncio.Task[None]]) -> None:
+        await asyncio.gather(*workers, return_exceptions=True)
+        self._lane_done[lane].set()
+
+    async def _deadline(self, workers: list[asyncio.Task[None]]) -> None:
+        # After a stop, requests in flight get stop_grace_s to finish; then they are abandoned
+        # (their items stay pending and are sent again by the next run).
+        await self._stopping.wait()
+        await asyncio.sleep(self._run.stop_grace_s)
+        for w in workers:
+            w.cancel()
+
+    async def _feed(self, lane: LaneRuntime, queue: asyncio.Queue[PendingItem | None]) -> None:
+        batch_size = max(64, min(2 * lane.concurrency, 4096))
+        for name in lane.datasets:
             after = -1
             while not self.stopping:
-                batch = self._store.claim_batch(name, after, batch_size)
+                batch = self._store.claim_batch(name, after, batch_size, lane=lane.name)
                 if not batch:
                     break
                 for item in batch:
@@ -132,58 +212,113 @@ class Scheduler:
                         break
                     await queue.put(item)
                 after = batch[-1].order_key
-        # One end marker per worker; on a stop, workers also return at their next item.
-        for _ in range(n_workers):
+        sources = [s for s in self._lanes.values() if s.escalate_to == lane.name]
+        while sources and not self.stopping:
+            # Items escalated to this lane arrive while the lanes that send them still run.
+            finished = all(self._lane_done[s.name].is_set() for s in sources)
+            self._flush()
+            batch = [
+                i
+                for i in self._store.claim_escalated(lane.name, batch_size)
+                if i.id not in self._escalated_sent
+            ]
+            for item in batch:
+                self._escalated_sent.add(item.id)
+                await queue.put(item)
+            if not batch:
+                if finished:
+                    break
+                await asyncio.sleep(0.2)
+        for _ in range(lane.concurrency):
             await queue.put(None)
 
-    async def _work(self, queue: asyncio.Queue[PendingItem | None]) -> None:
+    async def _work(self, lane: LaneRuntime, queue: asyncio.Queue[PendingItem | None]) -> None:
+        lane_stats = self.stats.lanes[lane.name]
         while True:
             item = await queue.get()
             if item is None or self.stopping:
                 return
             ds = self.stats.datasets[item.dataset]
             ds.in_flight += 1
+            lane_stats.in_flight += 1
             try:
-                outcome = await self._process(item)
+                outcome = await self._process(lane, item)
             finally:
                 ds.in_flight -= 1
-            self._record(outcome)
+                lane_stats.in_flight -= 1
+            self._record(lane, outcome)
 
-    async def _process(self, item: PendingItem) -> Outcome:
+    def _pick(self, lane: LaneRuntime) -> EndpointRuntime:
+        eps = lane.endpoints
+        if len(eps) == 1:
+            return eps[0]
+        healthy = [e for e in eps if e.health.healthy]
+        if not healthy:
+            return min(eps, key=lambda e: e.health.cool_until)
+        return self._rng.choices(healthy, weights=[e.weight for e in healthy], k=1)[0]
+
+    async def _process(self, lane: LaneRuntime, item: PendingItem) -> Outcome:
         conv = Conversation.from_dict(item.dataset, item.row_index, item.conversation)
         req = build_request(conv, item.turn_index)
-        body = self._make_body(req)
         attempts: list[Attempt] = []
         ds = self.stats.datasets[item.dataset]
-        for number in range(1, self._run.max_attempts + 1):
+
+        def ended(**kw: Any) -> Outcome:
+            return Outcome(item.id, item.dataset, tuple(attempts), **kw)
+
+        number = failures = rate_limited = 0
+        while True:
+            number += 1
+            ep = self._pick(lane)
+            limit = lane.limits[ep.name]
+            await limit.acquire()
+            if self.stopping:
+                limit.release("other")
+                return ended(abandoned=True)
             started, t0 = time.time(), time.monotonic()
+            signal, latency = "other", None
             try:
-                result = await self._sender.chat(item.id, body)
-            except EndpointError as exc:
-                attempts.append(
-                    Attempt(
-                        number,
-                        started,
-                        time.monotonic() - t0,
-                        exc.status,
-                        exc.failure_class,
-                        exc.message,
-                    )
+                result = await ep.sender.chat(
+                    item.id,
+                    ep.make_body(req, lane.max_tokens),
+                    stream=lane.stream,
+                    timeouts=lane.timeouts,
                 )
-                ds.errors[exc.failure_class] += 1
-                if exc.failure_class in STOPS_RUN:
-                    self.stop(f"{exc.failure_class}: {exc.message}")
-                last = number == self._run.max_attempts
-                if exc.failure_class not in RETRYABLE or last or self.stopping:
-                    return Outcome(
-                        item.id,
-                        item.dataset,
-                        tuple(attempts),
-                        failure_class=exc.failure_class,
-                        failure_message=exc.message,
-                    )
-                await self._sleep(backoff_s(number, exc.retry_after_s, self._rng))
+                signal, latency = "ok", result.latency_s
+            except EndpointError as exc:
+                cls = exc.failure_class
+                signal = "overload" if cls in OVERLOAD else "other"
+                attempts.append(
+                    Attempt(number, started, time.monotonic() - t0, exc.status, cls, exc.message)
+                )
+                ds.errors[cls] += 1
+                ep.health.record(cls not in UNHEALTHY)
+                self._count_attempt(failed=cls != "rate_limited", counted=cls != "rate_limited")
+                if cls in STOPS_RUN:
+                    self.stop(f"{cls}: {exc.message}")
+                if cls == "rate_limited":
+                    rate_limited += 1
+                    exhausted = rate_limited > self._run.max_rate_limit_retries
+                else:
+                    failures += 1
+                    exhausted = failures >= self._run.max_attempts
+                if cls not in RETRYABLE or exhausted:
+                    return ended(failure_class=cls, failure_message=exc.message)
+                if self.stopping:
+                    return ended(abandoned=True)
+                limit.release(signal, retry_after_s=exc.retry_after_s)
+                signal = "released"
+                await self._backoff(
+                    backoff_s(max(failures, rate_limited), exc.retry_after_s, self._rng)
+                )
+                if self.stopping:
+                    return ended(abandoned=True)
                 continue
+            finally:
+                if signal != "released":
+                    limit.release(signal, latency_s=latency)
+            ep.health.record(True)
+            self._count_attempt(failed=False, counted=True)
             attempts.append(
                 Attempt(
                     number,
@@ -196,20 +331,48 @@ class Scheduler:
                     result.generation_id,
                 )
             )
-            return Outcome(
-                item.id, item.dataset, tuple(attempts), result=replace(result, attempts=number)
-            )
-        raise AssertionError("unreachable: the last attempt always returns")
+            result = replace(result, attempts=number)
+            if result.finish_reason == "length" and lane.escalate_to is not None:
+                return ended(result=result, escalate_to=lane.escalate_to)
+            return ended(result=result)
 
-    def _record(self, outcome: Outcome) -> None:
+    async def _backoff(self, seconds: float) -> None:
+        """Sleep, but wake at once when the run stops."""
+        sleeper = asyncio.ensure_future(self._sleep(seconds))
+        stopper = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            stopper.cancel()
+
+    def _count_attempt(self, *, failed: bool, counted: bool) -> None:
+        # Rate limits are flow control, handled by the limiter; they do not count as errors.
+        if not counted:
+            return
+        recent = self.stats.recent_failures
+        recent.append(int(failed))
+        if len(recent) >= self._run.stop_error_min_attempts:
+            rate = sum(recent) / len(recent)
+            if rate > self._run.stop_error_rate:
+                self.stop(
+                    f"error rate {rate:.0%} over the last {len(recent)} attempts "
+                    f"(above [run].stop_error_rate = {self._run.stop_error_rate:g})"
+                )
+
+    def _record(self, lane: LaneRuntime, outcome: Outcome) -> None:
         ds = self.stats.datasets[outcome.dataset]
-        if outcome.result is not None:
+        r = outcome.result
+        if r is not None:
+            ds.prompt_tokens += r.usage.prompt_tokens
+            ds.completion_tokens += r.usage.completion_tokens
+            ds.cost_usd += r.usage.cost_usd or 0.0
+        if outcome.escalate_to is not None:
+            self.stats.lanes[lane.name].escalated += 1
+        elif r is not None:
             ds.done += 1
-            u = outcome.result.usage
-            ds.prompt_tokens += u.prompt_tokens
-            ds.completion_tokens += u.completion_tokens
-            ds.cost_usd += u.cost_usd or 0.0
-        else:
+            self.stats.lanes[lane.name].done += 1
+        elif not outcome.abandoned:
             ds.failed += 1
         self._pending.append(outcome)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from regen.conversation import BadRow, Conversation, Outcome
+from regen.conversation import BadRow, Conversation, Outcome, estimate_prompt_tokens
 from regen.errors import StateError
 
 STATE_FILE = "state.db"
@@ -116,7 +116,29 @@ def m001_initial(db: sqlite3.Connection) -> None:
     )
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [m001_initial]
+def m002_lanes(db: sqlite3.Connection) -> None:
+    """Lanes: each pending item is assigned to a lane at the start of a run; an estimate of its
+    prompt tokens lets lanes select by size; escalated items keep the lane they moved to."""
+    _script(
+        db,
+        """
+        ALTER TABLE items ADD COLUMN lane TEXT;
+        ALTER TABLE items ADD COLUMN prompt_tokens_est INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE items ADD COLUMN escalated INTEGER NOT NULL DEFAULT 0;
+        CREATE INDEX items_lane ON items (lane, dataset, status, escalated, order_key)
+        """,
+    )
+    rows = db.execute(
+        "SELECT i.id, i.turn_index, c.data FROM items i "
+        "JOIN conversations c ON c.id = i.conversation_id"
+    ).fetchall()
+    db.executemany(
+        "UPDATE items SET prompt_tokens_est = ? WHERE id = ?",
+        [(estimate_prompt_tokens(json.loads(data), turn), iid) for iid, turn, data in rows],
+    )
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [m001_initial, m002_lanes]
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +175,17 @@ class NewItem:
     turn_index: int
     prompt_hash: str
     order_key: int
+    prompt_tokens_est: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LaneRule:
+    """Which pending items a lane takes: by dataset and estimated prompt tokens."""
+
+    name: str
+    datasets: list[str] | None = None
+    min_prompt_tokens: int | None = None
+    max_prompt_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,14 +312,22 @@ class Store:
                 cid = conv.id
                 conv_rows.append((cid, conv.dataset, conv.row_index, json.dumps(conv.to_dict())))
                 item_rows.extend(
-                    (it.id, conv.dataset, cid, it.turn_index, it.prompt_hash, it.order_key)
+                    (
+                        it.id,
+                        conv.dataset,
+                        cid,
+                        it.turn_index,
+                        it.prompt_hash,
+                        it.order_key,
+                        it.prompt_tokens_est,
+                    )
                     for it in items
                 )
             db.executemany("INSERT OR IGNORE INTO conversations VALUES (?, ?, ?, ?)", conv_rows)
             mid = db.total_changes
             db.executemany(
                 "INSERT OR IGNORE INTO items (id, dataset, conversation_id, turn_index, "
-                "prompt_hash, order_key) VALUES (?, ?, ?, ?, ?, ?)",
+                "prompt_hash, order_key, prompt_tokens_est) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 item_rows,
             )
             return db.total_changes - mid
@@ -328,14 +369,64 @@ class Store:
             )
             return cur.rowcount
 
-    def claim_batch(self, dataset: str, after_key: int, limit: int) -> list[PendingItem]:
-        """The next pending items of a dataset in dispatch order (keyset on order_key)."""
+    def assign_lanes(self, rules: list[LaneRule]) -> dict[tuple[str | None, str], int]:
+        """Give every pending item the first lane whose rule selects it; items escalated to a
+        lane that still exists keep it. Returns pending items by (lane, dataset); a lane of
+        None means no lane selects them (they are not sent)."""
+        names = [r.name for r in rules]
+        marks = ",".join("?" * len(names))
+        with self._tx() as db:
+            db.execute(
+                "UPDATE items SET escalated = 0 WHERE status = 'pending' AND escalated = 1 "
+                f"AND lane NOT IN ({marks})",
+                names,
+            )
+            db.execute("UPDATE items SET lane = NULL WHERE status = 'pending' AND escalated = 0")
+            for rule in rules:
+                where: list[str] = ["lane IS NULL", "status = 'pending'"]
+                args: list[Any] = []
+                if rule.datasets is not None:
+                    where.append(f"dataset IN ({','.join('?' * len(rule.datasets))})")
+                    args.extend(rule.datasets)
+                if rule.min_prompt_tokens is not None:
+                    where.append("prompt_tokens_est >= ?")
+                    args.append(rule.min_prompt_tokens)
+                if rule.max_prompt_tokens is not None:
+                    where.append("prompt_tokens_est <= ?")
+                    args.append(rule.max_prompt_tokens)
+                db.execute(
+                    f"UPDATE items SET lane = ? WHERE {' AND '.join(where)}", [rule.name, *args]
+                )
+            rows = db.execute(
+                "SELECT lane, dataset, COUNT(*) FROM items WHERE status = 'pending' "
+                "GROUP BY lane, dataset"
+            ).fetchall()
+        return {(lane, ds): n for lane, ds, n in rows}
+
+    def claim_batch(
+        self, dataset: str, after_key: int, limit: int, lane: str | None = None
+    ) -> list[PendingItem]:
+        """The next pending items of a dataset (in a lane) in dispatch order (keyset on
+        order_key). Escalated items are claimed separately."""
+        lane_sql = "AND i.lane = ? AND i.escalated = 0 " if lane is not None else ""
+        args: tuple[Any, ...] = (dataset, after_key, *((lane,) if lane else ()), limit)
         rows = self._db.execute(
             "SELECT i.id, i.dataset, i.turn_index, i.order_key, c.data, c.row_index "
             "FROM items i JOIN conversations c ON c.id = i.conversation_id "
             "WHERE i.dataset = ? AND i.status = 'pending' AND i.order_key > ? "
+            f"{lane_sql}ORDER BY i.order_key LIMIT ?",
+            args,
+        ).fetchall()
+        return [PendingItem(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5]) for r in rows]
+
+    def claim_escalated(self, lane: str, limit: int) -> list[PendingItem]:
+        """Pending items escalated to a lane, in dispatch order."""
+        rows = self._db.execute(
+            "SELECT i.id, i.dataset, i.turn_index, i.order_key, c.data, c.row_index "
+            "FROM items i JOIN conversations c ON c.id = i.conversation_id "
+            "WHERE i.lane = ? AND i.escalated = 1 AND i.status = 'pending' "
             "ORDER BY i.order_key LIMIT ?",
-            (dataset, after_key, limit),
+            (lane, limit),
         ).fetchall()
         return [PendingItem(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5]) for r in rows]
 
@@ -348,6 +439,8 @@ class Store:
         attempts: Rows = []
         ledger: Rows = []
         done: Rows = []
+        moved: Rows = []
+        touched: Rows = []
         for o in outcomes:
             attempts.extend(
                 (
@@ -364,7 +457,24 @@ class Store:
                 for a in o.attempts
             )
             r = o.result
-            if r is not None:
+            if o.escalate_to is not None and r is not None:
+                # The truncated answer was paid for: charge it, and move the item on.
+                u = r.usage
+                ledger.append(
+                    (
+                        r.item_id,
+                        o.dataset,
+                        "escalated",
+                        u.prompt_tokens,
+                        u.completion_tokens,
+                        u.cost_usd,
+                        now,
+                    )
+                )
+                moved.append((len(o.attempts), o.escalate_to, now, o.item_id))
+            elif o.abandoned:
+                touched.append((len(o.attempts), now, o.item_id))
+            elif r is not None:
                 m, u = r.message, r.usage
                 calls = (
                     json.dumps([tc.to_openai() for tc in m.tool_calls]) if m.tool_calls else None
@@ -420,6 +530,14 @@ class Store:
                 "UPDATE items SET status = 'done', attempts = attempts + ?, updated_at = ? "
                 "WHERE id = ?",
                 done,
+            )
+            db.executemany(
+                "UPDATE items SET lane = ?2, escalated = 1, attempts = attempts + ?1, "
+                "updated_at = ?3 WHERE id = ?4",
+                moved,
+            )
+            db.executemany(
+                "UPDATE items SET attempts = attempts + ?, updated_at = ? WHERE id = ?", touched
             )
             db.executemany(
                 "UPDATE items SET status = 'failed', attempts = attempts + ?, failure_class = ?, "

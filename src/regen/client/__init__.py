@@ -2,7 +2,7 @@
 
 from regen.client.body import chat_body
 from regen.client.errors import FAILURE_CLASSES, RETRYABLE, STOPS_RUN
-from regen.client.http import ChatClient
+from regen.client.http import ChatClient, Timeouts
 from regen.client.response import parse_chat_body
 
 __all__ = [
@@ -10,6 +10,7 @@ __all__ = [
     "RETRYABLE",
     "STOPS_RUN",
     "ChatClient",
+    "Timeouts",
     "chat_body",
     "parse_chat_body",
 ]

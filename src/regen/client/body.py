@@ -16,12 +16,15 @@ def history_message(m: Message, dialect: str) -> dict[str, Any]:
     return d
 
 
-def chat_body(req: Request, gen: GenerationConfig, endpoint: EndpointConfig) -> dict[str, Any]:
-    """The JSON body of one chat completion request. `max_tokens` is always explicit."""
+def chat_body(
+    req: Request, gen: GenerationConfig, endpoint: EndpointConfig, max_tokens: int | None = None
+) -> dict[str, Any]:
+    """The JSON body of one chat completion request. `max_tokens` is always explicit: the lane's
+    if given, else [generation].max_tokens."""
     body: dict[str, Any] = {
         "model": gen.model,
         "messages": [history_message(m, endpoint.dialect) for m in req.messages],
-        "max_tokens": gen.max_tokens,
+        "max_tokens": max_tokens or gen.max_tokens,
     }
     if req.tools:
         body["tools"] = list(req.tools)

@@ -2,21 +2,36 @@
 
 from __future__ import annotations
 
-import json
+import asyncio
 import time
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import aiohttp
+import orjson
 
 from regen.client.errors import class_of_status, error_from_body, parse_retry_after
-from regen.client.response import parse_chat_body
+from regen.client.response import parse_chat_body, result_from_body
+from regen.client.sse import StreamAssembler
 from regen.conversation import Result
 from regen.errors import EndpointError
 
 
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """Limits for one attempt. `ttfb_s` and `idle_s` apply to streamed requests only: a
+    non-streamed answer may send nothing at all until it is complete."""
+
+    total_s: float = 600.0
+    connect_s: float = 30.0
+    ttfb_s: float = 300.0
+    idle_s: float = 60.0
+
+
 class ChatClient:
-    """One aiohttp session with a pool sized to the concurrency. Does not retry or schedule."""
+    """One aiohttp session for one endpoint, with a pool sized to the concurrency that uses it.
+    Does not retry or schedule: every failure comes back as an EndpointError with its class."""
 
     def __init__(
         self,
@@ -24,8 +39,8 @@ class ChatClient:
         api_key: str | None,
         *,
         concurrency: int,
-        timeout_s: float,
-        connect_timeout_s: float,
+        timeout_s: float = 600.0,
+        connect_timeout_s: float = 30.0,
         headers: dict[str, str] | None = None,
     ) -> None:
         self.url = f"{base_url.rstrip('/')}/chat/completions"
@@ -33,14 +48,18 @@ class ChatClient:
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._concurrency = concurrency
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s)
+        self.default_timeouts = Timeouts(total_s=timeout_s, connect_s=connect_timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        self.chunks_received = 0
 
     async def __aenter__(self) -> ChatClient:
         # aiohttp's default pool caps at 100 connections: size it to the concurrency instead.
         connector = aiohttp.TCPConnector(limit=self._concurrency, limit_per_host=0)
         self._session = aiohttp.ClientSession(
-            connector=connector, headers=self._headers, timeout=self._timeout
+            connector=connector,
+            headers=self._headers,
+            timeout=aiohttp.ClientTimeout(),
+            json_serialize=lambda o: orjson.dumps(o).decode(),
         )
         return self
 
@@ -54,26 +73,58 @@ class ChatClient:
             await self._session.close()
             self._session = None
 
-    async def chat(self, item_id: str, body: dict[str, Any]) -> Result:
+    async def chat(
+        self,
+        item_id: str,
+        body: dict[str, Any],
+        *,
+        stream: bool = False,
+        timeouts: Timeouts | None = None,
+    ) -> Result:
         """Send one request; return its Result or raise an EndpointError with its class."""
         assert self._session is not None, "use ChatClient as an async context manager"
-        data = json.dumps(body, ensure_ascii=False).encode()
+        t = timeouts or self.default_timeouts
+        if stream:
+            body = {**body, "stream": True}
+        data = orjson.dumps(body)
+        timeout = aiohttp.ClientTimeout(
+            total=t.total_s, sock_connect=t.connect_s, sock_read=t.idle_s if stream else None
+        )
         started = time.monotonic()
         try:
-            async with self._session.post(self.url, data=data) as resp:
-                raw = await resp.read()
+            request = self._session.post(self.url, data=data, timeout=timeout)
+            try:
+                async with asyncio.timeout(t.ttfb_s if stream else None):
+                    resp = await request
+            except TimeoutError as exc:
+                raise EndpointError("timeout", f"no response within {t.ttfb_s:g} s") from exc
+            async with resp:
                 status = resp.status
                 retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+                if status != 200:
+                    raise _http_error(status, await resp.read(), retry_after)
+                if not stream:
+                    raw = await resp.read()
+                    return parse_chat_body(
+                        item_id, raw, status=200, latency_s=time.monotonic() - started
+                    )
+                assembler = StreamAssembler()
+                async for piece in resp.content.iter_any():
+                    assembler.feed(piece)
+                self.chunks_received += assembler.chunks
+                return result_from_body(
+                    item_id, assembler.body(), status=200, latency_s=time.monotonic() - started
+                )
+        except EndpointError:
+            raise
+        except aiohttp.SocketTimeoutError as exc:
+            raise EndpointError("stalled", f"no bytes for {t.idle_s:g} s") from exc
+        except aiohttp.ConnectionTimeoutError as exc:
+            raise EndpointError("connection", f"connect timed out after {t.connect_s:g} s") from exc
         except TimeoutError as exc:
-            raise EndpointError("timeout", "request timed out") from exc
-        except aiohttp.ClientConnectionError as exc:
-            raise EndpointError("connection", type(exc).__name__ + _detail(exc)) from exc
+            raise EndpointError("timeout", f"request took over {t.total_s:g} s") from exc
         except aiohttp.ClientError as exc:
             raise EndpointError("connection", type(exc).__name__ + _detail(exc)) from exc
-        latency = time.monotonic() - started
-        if status != 200:
-            raise _http_error(status, raw, retry_after)
-        return parse_chat_body(item_id, raw, status=status, latency_s=latency)
 
 
 def _detail(exc: BaseException) -> str:
@@ -83,8 +134,8 @@ def _detail(exc: BaseException) -> str:
 
 def _http_error(status: int, raw: bytes, retry_after: float | None) -> EndpointError:
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
         body = None
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         # The HTTP status wins over a `code` in the body that disagrees with it.

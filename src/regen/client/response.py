@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+import orjson
 
 from regen.client.errors import error_from_body
 from regen.conversation import Message, Result, ToolCall, Usage
@@ -17,9 +18,14 @@ def parse_chat_body(item_id: str, raw: bytes, *, status: int, latency_s: float) 
     HTTP 200 with an `error` object, so both are handled here rather than trusted to the status.
     """
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        body = orjson.loads(raw.strip())
+    except orjson.JSONDecodeError as exc:
         raise EndpointError("invalid_response", f"body is not JSON: {exc}", status=status) from exc
+    return result_from_body(item_id, body, status=status, latency_s=latency_s)
+
+
+def result_from_body(item_id: str, body: Any, *, status: int, latency_s: float) -> Result:
+    """The Result of a parsed chat completion (also an assembled stream), or its error."""
     if not isinstance(body, dict):
         raise EndpointError("invalid_response", "body is not a JSON object", status=status)
     if body.get("error") is not None:

@@ -1,0 +1,138 @@
+"""Server-sent events of a streamed chat completion, assembled into the body a non-streamed
+request would have returned.
+
+OpenRouter's stream has quirks that this handles: `: OPENROUTER PROCESSING` comment lines,
+usage in a chunk after the finish chunk (with `choices: []` or one empty choice whose
+`finish_reason` is null and must not overwrite the real one), tool-call arguments in pieces per
+index, and a mid-stream error as a chunk with a top-level `error` and `finish_reason: "error"`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from regen.client.errors import error_from_body
+from regen.errors import EndpointError
+
+
+class StreamAssembler:
+    """Feed it the bytes of a stream as they come; `body()` is the assembled completion."""
+
+    __slots__ = (
+        "_buf",
+        "_content",
+        "_reasoning",
+        "_calls",
+        "finish_reason",
+        "usage",
+        "meta",
+        "done",
+        "chunks",
+    )
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+        self._calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+        self.usage: Any = None
+        self.meta: dict[str, Any] = {}
+        self.done = False
+        self.chunks = 0
+
+    def feed(self, data: bytes) -> None:
+        """Take the next bytes; raises EndpointError on a mid-stream error."""
+        buf = self._buf + data if self._buf else data
+        lines = buf.split(b"\n")
+        self._buf = lines.pop()
+        for line in lines:
+            if line.startswith(b"data:"):
+                self._event(line[5:].strip())
+            # Comments (": OPENROUTER PROCESSING"), blank separators and other fields: skip.
+
+    def _event(self, payload: bytes) -> None:
+        if payload == b"[DONE]":
+            self.done = True
+            return
+        if not payload:
+            return
+        try:
+            chunk = orjson.loads(payload)
+        except orjson.JSONDecodeError as exc:
+            raise EndpointError("invalid_response", f"bad SSE chunk: {exc}", status=200) from exc
+        if not isinstance(chunk, dict):
+            raise EndpointError("invalid_response", "SSE chunk is not an object", status=200)
+        self.chunks += 1
+        if not self.meta:
+            self.meta = {k: chunk.get(k) for k in ("id", "provider", "model")}
+        if chunk.get("error") is not None:
+            raise error_from_body(chunk["error"], status=200)
+        if chunk.get("usage") is not None:
+            self.usage = chunk["usage"]
+        choices = chunk.get("choices")
+        if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
+            return
+        choice = choices[0]
+        if choice.get("error") is not None:
+            raise error_from_body(choice["error"], status=200)
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            self._delta(delta)
+        finish = choice.get("finish_reason")
+        if finish is not None and self.finish_reason is None:
+            if finish == "error":
+                raise EndpointError("server", "stream ended with finish_reason 'error'", status=200)
+            self.finish_reason = finish
+
+    def _delta(self, delta: dict[str, Any]) -> None:
+        content = delta.get("content")
+        if isinstance(content, str) and content:
+            self._content.append(content)
+        reasoning = delta.get("reasoning")
+        if reasoning is None:
+            reasoning = delta.get("reasoning_content")
+        if isinstance(reasoning, str) and reasoning:
+            self._reasoning.append(reasoning)
+        for tc in delta.get("tool_calls") or ():
+            if not isinstance(tc, dict):
+                continue
+            idx = tc.get("index", 0)
+            call = self._calls.setdefault(idx, {"id": None, "name": None, "args": []})
+            if tc.get("id"):
+                call["id"] = tc["id"]
+            fn = tc.get("function")
+            if isinstance(fn, dict):
+                if fn.get("name"):
+                    call["name"] = fn["name"]
+                if isinstance(fn.get("arguments"), str):
+                    call["args"].append(fn["arguments"])
+
+    def body(self) -> dict[str, Any]:
+        """The completion in the non-streamed shape; a stream cut short is a connection error."""
+        if self._buf.strip().startswith(b"data:"):
+            self._event(self._buf.strip()[5:].strip())
+            self._buf = b""
+        if self.finish_reason is None and not self.done:
+            raise EndpointError("connection", "stream ended before its finish chunk", status=200)
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": "".join(self._content),
+            "reasoning": "".join(self._reasoning) or None,
+        }
+        if self._calls:
+            message["tool_calls"] = [
+                {
+                    "id": c["id"] or "",
+                    "type": "function",
+                    "function": {"name": c["name"] or "", "arguments": "".join(c["args"])},
+                }
+                for _, c in sorted(self._calls.items())
+            ]
+        return {
+            **self.meta,
+            "choices": [{"index": 0, "finish_reason": self.finish_reason, "message": message}],
+            "usage": self.usage,
+        }

@@ -1,0 +1,120 @@
+"""Admission: how many requests may be in flight to one endpoint, adapted to what it answers.
+
+AIMD with a slow start: the limit starts at `initial`, grows by one per success until the first
+overload (429 or 503/529), then by 1/limit per success (about one per round trip); an overload
+multiplies it by `decrease`, at most once per round trip, so a burst of 429s from one moment of
+overload counts once. The limit stays between 1 and the lane's concurrency.
+
+Waiters are handed their slot directly when one frees up, so the limit is never exceeded, and
+a waiter that is cancelled after being handed a slot gives it back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+
+
+class AdaptiveLimit:
+    """A concurrency limit that adapts to overload signals."""
+
+    def __init__(
+        self,
+        max_limit: int,
+        initial: int,
+        *,
+        adaptive: bool = True,
+        decrease: float = 0.85,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_limit = max_limit
+        self.adaptive = adaptive
+        self.limit = float(min(initial, max_limit) if adaptive else max_limit)
+        self.in_flight = 0
+        self.overloads = 0
+        self._decrease = decrease
+        self._clock = clock
+        self._slow_start = adaptive
+        self._last_decrease = float("-inf")
+        self._rtt_s: float | None = None
+        self._paused_until = 0.0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def current(self) -> int:
+        return max(1, int(self.limit))
+
+    async def acquire(self) -> None:
+        """Wait for a slot; the caller must call `release` exactly once afterwards."""
+        pause = self._paused_until - self._clock()
+        if pause > 0:
+            await asyncio.sleep(pause)
+        if self.in_flight < self.current and not self._waiters:
+            self.in_flight += 1
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self._free_slot()  # we were handed a slot we will not use
+            else:
+                self._waiters.remove(fut)
+            raise
+
+    def release(
+        self, outcome: str, *, latency_s: float | None = None, retry_after_s: float | None = None
+    ) -> None:
+        """Give the slot back, saying how it went: `ok`, `overload`, `paused` or `other`."""
+        if outcome == "ok" and self.adaptive:
+            if latency_s is not None:
+                rtt = self._rtt_s
+                self._rtt_s = latency_s if rtt is None else 0.8 * rtt + 0.2 * latency_s
+            step = 1.0 if self._slow_start else 1.0 / max(self.limit, 1.0)
+            self.limit = min(float(self.max_limit), self.limit + step)
+        elif outcome in ("overload", "paused"):
+            self.overloads += 1
+            now = self._clock()
+            # One decrease per round trip; 0.1 s until a round trip has been seen.
+            cooldown = 0.1 if self._rtt_s is None else self._rtt_s
+            if self.adaptive and now - self._last_decrease >= cooldown:
+                self.limit = max(1.0, self.limit * self._decrease)
+                self._slow_start = False
+                self._last_decrease = now
+            if outcome == "paused" and retry_after_s:
+                self._paused_until = max(self._paused_until, now + retry_after_s)
+        self._free_slot()
+
+    def _free_slot(self) -> None:
+        self.in_flight -= 1
+        while self._waiters and self.in_flight < self.current:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                self.in_flight += 1
+                fut.set_result(None)
+
+
+class EndpointHealth:
+    """Cools an endpoint down after consecutive failures that say it is unwell."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.consecutive_failures = 0
+        self.cool_until = 0.0
+
+    @property
+    def healthy(self) -> bool:
+        return self._clock() >= self.cool_until
+
+    def record(self, ok: bool) -> None:
+        if ok:
+            self.consecutive_failures = 0
+            return
+        self.consecutive_failures += 1
+        if self.consecutive_failures >= 3:
+            # 5 s after the third failure in a row, doubling, at most a minute.
+            cool = min(60.0, 5.0 * 2 ** (self.consecutive_failures - 3))
+            self.cool_until = self._clock() + cool

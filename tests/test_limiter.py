@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+import asyncio
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from regen.limiter import AdaptiveLimit, EndpointHealth
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_slow_start_then_one_decrease_per_round_trip() -> None:
+    clock = Clock()
+    lim = AdaptiveLimit(100, 10, clock=clock)
+    for _ in range(10):
+        lim.in_flight += 1
+        lim.release("ok", latency_s=0.5)
+    assert lim.current == 20  # +1 per success before the first overload
+    for _ in range(5):  # a burst of 429s at one moment counts once
+        lim.in_flight += 1
+        lim.release("overload")
+    assert lim.current == int(20 * 0.85)
+    clock.now += 1.0  # a round trip later, another overload counts again
+    lim.in_flight += 1
+    lim.release("overload")
+    assert lim.current == int(20 * 0.85 * 0.85)
+    before = lim.limit
+    for _ in range(14):
+        lim.in_flight += 1
+        lim.release("ok", latency_s=0.5)
+    assert 0.9 < lim.limit - before < 1.1  # additive: about one per window of successes
+
+
+def test_non_adaptive_limit_is_the_concurrency() -> None:
+    lim = AdaptiveLimit(300, 10, adaptive=False)
+    lim.in_flight += 1
+    lim.release("overload")
+    assert lim.current == 300
+
+
+def test_limit_stays_between_one_and_the_maximum() -> None:
+    clock = Clock()
+    lim = AdaptiveLimit(8, 4, clock=clock)
+    for _ in range(100):
+        clock.now += 10
+        lim.in_flight += 1
+        lim.release("overload")
+    assert lim.current == 1
+    for _ in range(1000):
+        lim.in_flight += 1
+        lim.release("ok", latency_s=0.01)
+    assert lim.current == 8
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    max_limit=st.integers(1, 20),
+    initial=st.integers(1, 20),
+    signals=st.lists(st.sampled_from(["ok", "overload", "other"]), min_size=1, max_size=60),
+    cancel_every=st.integers(2, 9),
+)
+def test_in_flight_never_exceeds_the_limit(
+    max_limit: int, initial: int, signals: list[str], cancel_every: int
+) -> None:
+    async def scenario() -> None:
+        lim = AdaptiveLimit(max_limit, initial)
+        peak = 0
+
+        async def user(i: int, signal: str) -> None:
+            nonlocal peak
+            await lim.acquire()
+            try:
+                peak = max(peak, lim.in_flight)
+                await asyncio.sleep(0)
+            finally:
+                lim.release(signal, latency_s=0.01)
+
+        tasks = [asyncio.create_task(user(i, s)) for i, s in enumerate(signals)]
+        await asyncio.sleep(0)
+        for t in tasks[::cancel_every]:
+            t.cancel()
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=10)
+        assert lim.in_flight == 0  # every slot came back, cancelled waiters included
+        assert peak <= max_limit
+
+    asyncio.run(scenario())
+
+
+def test_health_cools_down_after_three_failures_in_a_row() -> None:
+    clock = Clock()
+    h = EndpointHealth(clock)
+    h.record(False)
+    h.record(False)
+    h.record(True)
+    h.record(False)
+    h.record(False)
+    assert h.healthy
+    h.record(False)
+    assert not h.healthy
+    clock.now += 5.0
+    assert h.healthy
