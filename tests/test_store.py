@@ -9,16 +9,21 @@ import pytest
 from regen.conversation import Attempt, Conversation, Message, Outcome, Result, Usage
 from regen.errors import StateError
 from regen.modes import item_id, prompt_hash
-from regen.store import MIGRATIONS, NewItem, Store
+from regen.store import MIGRATIONS, NewConversation, NewItem, Store
 
 
 def conv(text: str, row: int = 0, answer: str = "a") -> Conversation:
     return Conversation("ds", row, (Message("user", text), Message("assistant", answer)))
 
 
+def new(c: Conversation, key: int, est: int = 0) -> NewConversation:
+    item = NewItem(item_id(c.id, 1), 1, prompt_hash(c, 1), key, est)
+    return NewConversation(c.id, c.dataset, c.row_index, json.dumps(c.to_dict()), [item])
+
+
 def add(store: Store, c: Conversation, key: int) -> int:
     store.register_dataset("ds", 0, "src")
-    return store.add_conversations([(c, [NewItem(item_id(c.id, 1), 1, prompt_hash(c, 1), key)])])
+    return store.add_conversations([new(c, key)])
 
 
 def test_migrations_are_recorded_once(tmp_path: Path) -> None:
@@ -127,22 +132,7 @@ def test_assign_lanes_takes_the_first_lane_that_selects(tmp_path: Path) -> None:
     store = Store.open(tmp_path)
     short, long_ = conv("q", 0), conv("q" * 4000, 1)
     add(store, short, 1)
-    store.add_conversations(
-        [
-            (
-                long_,
-                [
-                    NewItem(
-                        item_id(long_.id, 1),
-                        1,
-                        prompt_hash(long_, 1),
-                        2,
-                        long_.estimate_prompt_tokens(1),
-                    )
-                ],
-            )
-        ]
-    )
+    store.add_conversations([new(long_, 2, long_.estimate_prompt_tokens(1))])
     counts = store.assign_lanes([LaneRule("small", max_prompt_tokens=100), LaneRule("big")])
     assert counts == {("small", "ds"): 1, ("big", "ds"): 1}
     assert [i.id for i in store.claim_batch("ds", -1, 10, lane="big")] == [item_id(long_.id, 1)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from regen.conversation import Conversation, Request, canonical_json, stable_hash
 
 
@@ -42,5 +44,10 @@ def build_request(conv: Conversation, turn_index: int) -> Request:
 
 def prompt_hash(conv: Conversation, turn_index: int) -> str:
     """What the request for a turn sends (history and tools): equal hashes are sent once."""
-    history = [m.to_dict() for m in conv.messages[:turn_index]]
-    return stable_hash(canonical_json({"messages": history, "tools": list(conv.tools)}))
+    return prompt_hash_of(conv.to_dict(), turn_index)
+
+
+def prompt_hash_of(data: dict[str, Any], turn_index: int) -> str:
+    """prompt_hash from a conversation's stored form (Conversation.to_dict())."""
+    history = data["messages"][:turn_index]
+    return stable_hash(canonical_json({"messages": history, "tools": data["tools"]}))

@@ -46,13 +46,17 @@ def progress_line(stats: RunStats, now: float | None = None) -> str:
     per_ds = " ".join(
         f"{name}={d.done_before + d.done}/{d.items}" for name, d in stats.datasets.items()
     )
+    per_lane = " ".join(
+        f"lane_{name}={lane.in_flight}/{lane.limit}/{lane.concurrency}"
+        for name, lane in stats.lanes.items()
+    )
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return (
         f"{stamp} progress done={done}/{items} failed={failed} in_flight={stats.in_flight} "
         f"req_s={sent_done / elapsed:.2f} out_tok_s={tokens / elapsed:.0f} "
         f"completion_tokens={tokens} cost_usd={cost:.4f} errors={_errors(errors)} "
-        f"elapsed_s={elapsed:.0f} {per_ds}"
-    )
+        f"elapsed_s={elapsed:.0f} {per_ds} {per_lane}"
+    ).rstrip()
 
 
 def _table_cells(name: str, d: DatasetStats, elapsed: float) -> tuple[str, ...]:
@@ -88,6 +92,13 @@ def progress_table(stats: RunStats, now: float | None = None) -> Table:
     if len(stats.datasets) > 1:
         table.add_section()
         table.add_row(*_table_cells("total", total, elapsed), style="bold")
+    lanes = "   ".join(
+        f"lane {name}: {lane.in_flight} in flight, limit {lane.limit}/{lane.concurrency}"
+        + (f", {lane.escalated} escalated" if lane.escalated else "")
+        for name, lane in stats.lanes.items()
+    )
+    table.caption = lanes or None
+    table.caption_justify = "left"
     return table
 
 

@@ -17,10 +17,16 @@ from rich.console import Console
 from regen import __version__
 from regen.client import RETRYABLE, STOPS_RUN, ChatClient, Timeouts, chat_body
 from regen.config import EndpointConfig, Job
-from regen.conversation import BadRow, Conversation, Request
+from regen.conversation import (
+    BadRow,
+    Request,
+    canonical_json,
+    estimate_prompt_tokens,
+    stable_hash,
+)
 from regen.errors import ConfigError
 from regen.export import export_specforge
-from regen.modes import item_id, prompt_hash, target_turns
+from regen.modes import item_id, prompt_hash_of, target_turns
 from regen.progress import ProgressReporter
 from regen.scheduler import (
     DatasetStats,
@@ -31,7 +37,7 @@ from regen.scheduler import (
     Sender,
 )
 from regen.sources import read_conversations
-from regen.store import DatasetProgress, LaneRule, NewItem, Store
+from regen.store import DatasetProgress, LaneRule, NewConversation, NewItem, Store
 
 INGEST_BATCH = 1000
 SELF_HOSTED = ("vllm", "sglang")
@@ -90,7 +96,7 @@ def ingest(store: Store, job: Job) -> list[IngestReport]:
         store.register_dataset(ds.name, position, str(path))
         bad: list[BadRow] = []
         rows = new = turns_read = 0
-        batch: list[tuple[Conversation, list[NewItem]]] = []
+        batch: list[NewConversation] = []
         for conv in read_conversations(ds.name, path, ds.format, ds.reader, ds.limit):
             rows += 1
             if isinstance(conv, BadRow):
@@ -100,21 +106,22 @@ def ingest(store: Store, job: Job) -> list[IngestReport]:
             if isinstance(turns, str):
                 bad.append(BadRow(ds.name, conv.row_index, turns))
                 continue
-            cid = conv.id
-            items = []
-            for t in turns:
-                iid = item_id(cid, t)
-                items.append(
-                    NewItem(
-                        iid,
-                        t,
-                        prompt_hash(conv, t),
-                        order_key(job.run.shuffle_seed, iid),
-                        conv.estimate_prompt_tokens(t),
-                    )
+            # Serialize once: the id, prompt hashes and estimates all derive from it.
+            data = conv.to_dict()
+            text = canonical_json(data)
+            cid = stable_hash(conv.dataset, text)
+            items = [
+                NewItem(
+                    item_id(cid, t),
+                    t,
+                    prompt_hash_of(data, t),
+                    order_key(job.run.shuffle_seed, item_id(cid, t)),
+                    estimate_prompt_tokens(data, t),
                 )
+                for t in turns
+            ]
             turns_read += len(items)
-            batch.append((conv, items))
+            batch.append(NewConversation(cid, conv.dataset, conv.row_index, text, items))
             if len(batch) >= INGEST_BATCH:
                 new += store.add_conversations(batch)
                 batch = []

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from regen.conversation import BadRow, Conversation, Outcome, estimate_prompt_tokens
+from regen.conversation import BadRow, Outcome, estimate_prompt_tokens
 from regen.errors import StateError
 
 STATE_FILE = "state.db"
@@ -179,6 +179,17 @@ class NewItem:
 
 
 @dataclass(frozen=True, slots=True)
+class NewConversation:
+    """A source row to insert: its id, the normalized conversation as JSON, and its items."""
+
+    id: str
+    dataset: str
+    row_index: int
+    data: str
+    items: list[NewItem]
+
+
+@dataclass(frozen=True, slots=True)
 class LaneRule:
     """Which pending items a lane takes: by dataset and estimated prompt tokens."""
 
@@ -299,7 +310,7 @@ class Store:
                 (name, position, source),
             )
 
-    def add_conversations(self, batch: Iterable[tuple[Conversation, list[NewItem]]]) -> int:
+    def add_conversations(self, batch: Iterable[NewConversation]) -> int:
         """Insert conversations and their items; return how many items are new.
 
         Existing ids and already-seen prompts are left as they are, so re-reading a source only
@@ -308,9 +319,9 @@ class Store:
         with self._tx() as db:
             conv_rows: list[tuple[Any, ...]] = []
             item_rows: list[tuple[Any, ...]] = []
-            for conv, items in batch:
+            for conv in batch:
                 cid = conv.id
-                conv_rows.append((cid, conv.dataset, conv.row_index, json.dumps(conv.to_dict())))
+                conv_rows.append((cid, conv.dataset, conv.row_index, conv.data))
                 item_rows.extend(
                     (
                         it.id,
@@ -321,7 +332,7 @@ class Store:
                         it.order_key,
                         it.prompt_tokens_est,
                     )
-                    for it in items
+                    for it in conv.items
                 )
             db.executemany("INSERT OR IGNORE INTO conversations VALUES (?, ?, ?, ?)", conv_rows)
             mid = db.total_changes

@@ -50,6 +50,7 @@ class ChatClient:
         self._concurrency = concurrency
         self.default_timeouts = Timeouts(total_s=timeout_s, connect_s=connect_timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        self._timeouts: dict[tuple[Timeouts, bool], aiohttp.ClientTimeout] = {}
         self.chunks_received = 0
 
     async def __aenter__(self) -> ChatClient:
@@ -73,6 +74,16 @@ class ChatClient:
             await self._session.close()
             self._session = None
 
+    def _client_timeout(self, t: Timeouts, stream: bool) -> aiohttp.ClientTimeout:
+        key = (t, stream)
+        timeout = self._timeouts.get(key)
+        if timeout is None:
+            timeout = aiohttp.ClientTimeout(
+                total=t.total_s, sock_connect=t.connect_s, sock_read=t.idle_s if stream else None
+            )
+            self._timeouts[key] = timeout
+        return timeout
+
     async def chat(
         self,
         item_id: str,
@@ -87,21 +98,24 @@ class ChatClient:
         if stream:
             body = {**body, "stream": True}
         data = orjson.dumps(body)
-        timeout = aiohttp.ClientTimeout(
-            total=t.total_s, sock_connect=t.connect_s, sock_read=t.idle_s if stream else None
-        )
+        timeout = self._client_timeout(t, stream)
         started = time.monotonic()
         try:
             request = self._session.post(self.url, data=data, timeout=timeout)
-            try:
-                async with asyncio.timeout(t.ttfb_s if stream else None):
-                    resp = await request
-            except TimeoutError as exc:
-                raise EndpointError("timeout", f"no response within {t.ttfb_s:g} s") from exc
+            if stream:
+                # A stream's headers come at once; its first bytes only when generation
+                # starts. The time-to-first-byte limit covers both.
+                try:
+                    async with asyncio.timeout(t.ttfb_s):
+                        resp = await request
+                except TimeoutError as exc:
+                    raise EndpointError("timeout", f"no response within {t.ttfb_s:g} s") from exc
+            else:
+                resp = await request
             async with resp:
                 status = resp.status
-                retry_after = parse_retry_after(resp.headers.get("Retry-After"))
                 if status != 200:
+                    retry_after = parse_retry_after(resp.headers.get("Retry-After"))
                     raise _http_error(status, await resp.read(), retry_after)
                 if not stream:
                     raw = await resp.read()
@@ -109,8 +123,15 @@ class ChatClient:
                         item_id, raw, status=200, latency_s=time.monotonic() - started
                     )
                 assembler = StreamAssembler()
-                async for piece in resp.content.iter_any():
+                first_byte = asyncio.timeout(t.ttfb_s - (time.monotonic() - started))
+                try:
+                    async with first_byte:
+                        piece = await resp.content.readany()
+                except TimeoutError as exc:
+                    raise EndpointError("timeout", f"no bytes within {t.ttfb_s:g} s") from exc
+                while piece:
                     assembler.feed(piece)
+                    piece = await resp.content.readany()
                 self.chunks_received += assembler.chunks
                 return result_from_body(
                     item_id, assembler.body(), status=200, latency_s=time.monotonic() - started

@@ -1,0 +1,345 @@
+"""The request engine's benchmarks (issue 4), each runner in its own process, side by side.
+
+The simulator runs as `regen sim` pinned to core 0; every client runs pinned to core 1, and its
+CPU is the child's user + system time from wait4(). Results are medians over `--rounds`.
+
+    .venv/bin/python bench/engine.py all          # or: cpu | stream | inflight | capacity
+
+cpu       client CPU per non-streamed request at 2,000 in flight: `regen run` (marginal, from
+          two run sizes: ingest, dispatch, SQLite and export included), regen's HTTP client
+          alone, and the openai SDK AsyncOpenAI + asyncio.Semaphore with its pool sized to
+          the concurrency (the naive baseline).
+stream    client CPU per streamed SSE chunk (regen's client, 200 streams in flight).
+inflight  10,000 requests in flight at once through `regen run`: errors and peak RSS.
+capacity  a provider that serves 500 at once (429 above that) behind a lane of 2,000:
+          achieved throughput against the capacity-limited ideal, and the share of 429s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve()
+KEY = "sk-bench-not-a-secret"
+
+SIM = """
+seed = 1
+time_scale = {time_scale}
+
+[[models]]
+id = "bench/model"
+mean_completion_tokens = {mean}
+
+[[models.endpoints]]
+provider_name = "Bench"
+tag = "bench"
+prompt_price = 1e-7
+completion_price = 1e-6
+ttft_s = {ttft}
+tokens_per_s = {tps}
+capacity = {capacity}
+"""
+
+JOB = """
+[job]
+output_dir = "out"
+
+[endpoint]
+base_url = "{url}"
+api_key_env = "BENCH_KEY"
+
+[generation]
+model = "bench/model"
+max_tokens = 4096
+
+[run]
+initial_limit = {initial}
+progress_interval_s = 1
+stop_grace_s = 5
+timeout_s = 600
+
+[[lanes]]
+name = "main"
+concurrency = {concurrency}
+stream = {stream}
+
+[[datasets]]
+name = "d"
+path = "d.jsonl"
+"""
+
+
+# processes
+
+
+def start_sim(tmp: Path, **kw: Any) -> tuple[subprocess.Popen[str], str]:
+    params = {"time_scale": 0.0, "mean": 50, "ttft": 0.2, "tps": 200.0, "capacity": 0, **kw}
+    cfg = tmp / f"sim-{time.monotonic_ns()}.toml"
+    cfg.write_text(SIM.format(**params))
+    proc = subprocess.Popen(
+        ["taskset", "-c", "0", sys.executable, "-m", "regen", "sim", "--port", "0",
+         "--config", str(cfg)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    assert proc.stdout is not None
+    return proc, proc.stdout.readline().rsplit(" ", 1)[1].strip()
+
+
+def child_usage(args: list[str], cwd: Path | None = None) -> dict[str, Any]:
+    """Run a client pinned to core 1: wall time, exit code, stdout, and its own CPU seconds
+    and peak RSS (fork + wait4, so nothing else is counted)."""
+    env = {**os.environ, "BENCH_KEY": KEY}
+    r, w = os.pipe()
+    started = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        os.dup2(w, 1)
+        os.chdir(cwd or os.getcwd())
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.execvpe("taskset", ["taskset", "-c", "1", *args], env)
+    os.close(w)
+    with os.fdopen(r) as f:
+        out = f.read()
+    _, status, usage = os.wait4(pid, 0)
+    return {"wall_s": time.monotonic() - started, "stdout": out,
+            "rc": os.waitstatus_to_exitcode(status), "cpu_s": usage.ru_utime + usage.ru_stime,
+            "maxrss_mb": usage.ru_maxrss / 1024}
+
+
+def write_dataset(path: Path, n: int, salt: str = "") -> None:
+    with path.open("w") as f:
+        for i in range(n):
+            f.write(json.dumps({"messages": [
+                {"role": "user", "content": f"request {salt}{i}"},
+                {"role": "assistant", "content": "x"}]}) + "\n")
+
+
+def regen_run(tmp: Path, url: str, n: int, *, concurrency: int, initial: int,
+              stream: bool = False) -> dict[str, Any]:
+    d = tmp / f"job-{n}-{time.monotonic_ns()}"
+    d.mkdir()
+    write_dataset(d / "d.jsonl", n, salt=d.name)
+    (d / "job.toml").write_text(JOB.format(url=url, concurrency=concurrency, initial=initial,
+                                           stream=str(stream).lower()))
+    res = child_usage([sys.executable, "-m", "regen", "run", "job.toml"], cwd=d)
+    res["out"] = d / "out"
+    return res
+
+
+def db(out: Path, sql: str) -> list[tuple[Any, ...]]:
+    con = sqlite3.connect(out / "state.db")
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+# worker modes (run in the child process)
+
+
+async def _openai_worker(url: str, n: int, concurrency: int) -> dict[str, Any]:
+    import httpx2
+    import openai
+
+    http = openai.DefaultAsyncHttpxClient(
+        limits=httpx2.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    )
+    client = openai.AsyncOpenAI(base_url=url, api_key=KEY, http_client=http, max_retries=0)
+    sem = asyncio.Semaphore(concurrency)
+    ok = failed = 0
+
+    async def one(i: int) -> None:
+        nonlocal ok, failed
+        async with sem:
+            try:
+                await client.chat.completions.create(
+                    model="bench/model", max_tokens=4096,
+                    messages=[{"role": "user", "content": f"request {i}"}])
+                ok += 1
+            except openai.OpenAIError:
+                failed += 1
+
+    cpu0 = time.process_time()
+    await asyncio.gather(*(one(i) for i in range(n)))
+    return {"ok": ok, "failed": failed, "cpu_s": time.process_time() - cpu0}
+
+
+async def _regen_client_worker(url: str, n: int, concurrency: int, stream: bool) -> dict[str, Any]:
+    from regen.client import ChatClient
+    from regen.errors import EndpointError
+
+    sem = asyncio.Semaphore(concurrency)
+    ok = failed = 0
+    async with ChatClient(url, KEY, concurrency=concurrency) as client:
+
+        async def one(i: int) -> None:
+            nonlocal ok, failed
+            body = {"model": "bench/model", "max_tokens": 4096,
+                    "messages": [{"role": "user", "content": f"request {i}"}]}
+            async with sem:
+                try:
+                    await client.chat(str(i), body, stream=stream)
+                    ok += 1
+                except EndpointError:
+                    failed += 1
+
+        cpu0 = time.process_time()
+        await asyncio.gather(*(one(i) for i in range(n)))
+        cpu = time.process_time() - cpu0
+        chunks = client.chunks_received
+    return {"ok": ok, "failed": failed, "cpu_s": cpu, "chunks": chunks}
+
+
+def worker_main(argv: list[str]) -> None:
+    kind, url, n, conc = argv[0], argv[1], int(argv[2]), int(argv[3])
+    if kind == "openai":
+        res = asyncio.run(_openai_worker(url, n, conc))
+    else:
+        res = asyncio.run(_regen_client_worker(url, n, conc, stream=kind == "regen-stream"))
+    print(json.dumps(res))
+
+
+def worker(kind: str, url: str, n: int, concurrency: int) -> dict[str, Any]:
+    res = child_usage([sys.executable, str(HERE), "_worker", kind, url, str(n), str(concurrency)])
+    inner = json.loads(res["stdout"].strip().splitlines()[-1])
+    return {**res, **inner}
+
+
+# benchmarks
+
+
+def bench_cpu(tmp: Path, n: int, rounds: int) -> list[str]:
+    proc, url = start_sim(tmp, mean=50)
+    rows: dict[str, list[float]] = {"regen run": [], "regen client": [], "openai SDK": []}
+    fails: dict[str, int] = dict.fromkeys(rows, 0)
+    try:
+        small = max(200, n // 10)
+        for _ in range(rounds):
+            # Alternate the runners within each round so drift hits all of them alike.
+            big = regen_run(tmp, url, n, concurrency=2000, initial=2000)
+            little = regen_run(tmp, url, small, concurrency=2000, initial=2000)
+            rows["regen run"].append((big["cpu_s"] - little["cpu_s"]) / (n - small) * 1000)
+            fails["regen run"] += db(big["out"], "SELECT COUNT(*) FROM items "
+                                     "WHERE status != 'done'")[0][0]
+            for name, kind in (("regen client", "regen"), ("openai SDK", "openai")):
+                r = worker(kind, url, n, 2000)
+                rows[name].append(r["cpu_s"] / max(r["ok"], 1) * 1000)
+                fails[name] += r["failed"]
+    finally:
+        proc.terminate()
+        proc.wait()
+    base = statistics.median(rows["openai SDK"])
+    out = ["| runner | client CPU ms per request (median) | rounds | failed | "
+           "baseline / runner |", "|---|---|---|---|---|"]
+    for name, vals in rows.items():
+        med = statistics.median(vals)
+        out.append(f"| {name} | {med:.3f} | {', '.join(f'{v:.3f}' for v in vals)} | "
+                   f"{fails[name]} | {base / med:.1f}x |")
+    return out
+
+
+def bench_stream(tmp: Path, n: int, rounds: int) -> list[str]:
+    proc, url = start_sim(tmp, time_scale=1.0, mean=300, ttft=0.1, tps=400.0)
+    vals, chunk_counts, fails = [], [], 0
+    try:
+        for _ in range(rounds):
+            r = worker("regen-stream", url, n, 200)
+            vals.append(r["cpu_s"] / max(r["chunks"], 1) * 1e6)
+            chunk_counts.append(r["chunks"])
+            fails += r["failed"]
+    finally:
+        proc.terminate()
+        proc.wait()
+    return ["| streams | in flight | chunks (per round) | client CPU us per chunk (median) | "
+            "rounds | failed |", "|---|---|---|---|---|---|",
+            f"| {n} | 200 | {statistics.median(chunk_counts):.0f} | "
+            f"{statistics.median(vals):.2f} | {', '.join(f'{v:.2f}' for v in vals)} | {fails} |"]
+
+
+def bench_inflight(tmp: Path, n: int) -> list[str]:
+    # Every answer takes 8 s, so all n requests are in flight together.
+    proc, url = start_sim(tmp, time_scale=1.0, mean=20, ttft=8.0, tps=1e6)
+    try:
+        small = regen_run(tmp, url, 10, concurrency=10, initial=10)
+        big = regen_run(tmp, url, n, concurrency=n, initial=n)
+    finally:
+        proc.terminate()
+        proc.wait()
+    log = (big["out"] / "run.log").read_text()
+    peak = max(int(m) for m in re.findall(r"in_flight=(\d+)", log))
+    errors = db(big["out"], "SELECT COUNT(*) FROM attempts WHERE failure_class IS NOT NULL")[0][0]
+    done = db(big["out"], "SELECT COUNT(*) FROM results")[0][0]
+    per = (big["maxrss_mb"] - small["maxrss_mb"]) * 1024 / n
+    return ["| requests | peak in flight | done | failed attempts | peak RSS MB | "
+            "RSS of a 10-request run MB | RSS per in-flight request KB | wall s |",
+            "|---|---|---|---|---|---|---|---|",
+            f"| {n} | {peak} | {done} | {errors} | {big['maxrss_mb']:.0f} | "
+            f"{small['maxrss_mb']:.0f} | {per:.1f} | {big['wall_s']:.1f} |"]
+
+
+def bench_capacity(tmp: Path, n: int, rounds: int) -> list[str]:
+    out = ["| requests | provider capacity | lane concurrency | mean latency s | ideal req/s | "
+           "achieved req/s | achieved / ideal | answered 429 | failed |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for _ in range(rounds):
+        proc, url = start_sim(tmp, time_scale=1.0, mean=100, ttft=0.3, tps=200.0, capacity=500)
+        try:
+            res = regen_run(tmp, url, n, concurrency=2000, initial=64)
+        finally:
+            proc.terminate()
+            proc.wait()
+        o = res["out"]
+        (lat,) = db(o, "SELECT AVG(latency_s) FROM results")[0]
+        (t0, t1) = db(o, "SELECT MIN(started_at), MAX(started_at + latency_s) FROM attempts")[0]
+        (attempts, r429) = db(o, "SELECT COUNT(*), SUM(failure_class = 'rate_limited') "
+                                 "FROM attempts")[0]
+        (failed,) = db(o, "SELECT COUNT(*) FROM items WHERE status != 'done'")[0]
+        ideal = 500 / lat
+        achieved = n / (t1 - t0)
+        out.append(f"| {n} | 500 | 2000 | {lat:.3f} | {ideal:.0f} | {achieved:.0f} | "
+                   f"{achieved / ideal:.1%} | {r429 / attempts:.2%} ({r429} of {attempts}) | "
+                   f"{failed} |")
+    return out
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_worker":
+        worker_main(sys.argv[2:])
+        return
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("which", choices=["all", "cpu", "stream", "inflight", "capacity"])
+    ap.add_argument("--requests", type=int, default=20000)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
+          f"{platform.python_version()}, {platform.platform()}, "
+          f"{time.strftime('%Y-%m-%d')}")
+    with tempfile.TemporaryDirectory() as tmp_s:
+        tmp = Path(tmp_s)
+        if args.which in ("all", "cpu"):
+            print("\n## cpu\n" + "\n".join(bench_cpu(tmp, args.requests, args.rounds)))
+        if args.which in ("all", "stream"):
+            print("\n## stream\n" + "\n".join(bench_stream(tmp, 3000, args.rounds)))
+        if args.which in ("all", "inflight"):
+            print("\n## inflight\n" + "\n".join(bench_inflight(tmp, 10000)))
+        if args.which in ("all", "capacity"):
+            print("\n## capacity\n" + "\n".join(bench_capacity(tmp, 10000, args.rounds)))
+
+
+if __name__ == "__main__":
+    main()

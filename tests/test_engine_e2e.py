@@ -1,0 +1,139 @@
+"""`regen run` as a subprocess against a simulator with faults: retries, lanes, signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from regen.sim import SimConfig, sim_in_thread
+from regen.sim.config import SimFaults
+from tests.conftest import SECRET_KEY, chat_rows, run_cli, write_job, write_rows
+
+LANES = """
+[[lanes]]
+name = "short"
+concurrency = 16
+max_tokens = 2048
+datasets = ["chat"]
+
+[[lanes]]
+name = "long"
+concurrency = 8
+max_tokens = 4096
+stream = true
+"""
+
+
+def two_lane_job(tmp: Path, url: str, extra: str) -> Path:
+    write_rows(tmp / "chat.jsonl", chat_rows(60))
+    write_rows(tmp / "code.jsonl", chat_rows(40, prefix="Write code"))
+    job = write_job(
+        tmp,
+        url,
+        datasets=[("chat", "chat.jsonl", "openai"), ("code", "code.jsonl", "openai")],
+        extra=extra,
+    )
+    job.write_text(job.read_text().replace("[[datasets]]", LANES + "\n[[datasets]]", 1))
+    return job
+
+
+def query(out: Path, sql: str) -> list[tuple[object, ...]]:
+    db = sqlite3.connect(out / "state.db")
+    try:
+        return db.execute(sql).fetchall()
+    finally:
+        db.close()
+
+
+def test_transient_faults_at_high_rates_end_with_every_item_done(tmp_path: Path) -> None:
+    faults = SimFaults(
+        http_5xx=0.12,
+        http_408=0.03,
+        reset=0.05,
+        stall=0.03,
+        stall_s=1.0,
+        error_200=0.04,
+        midstream_error=0.05,
+        cold_start=0.04,
+    )
+    with sim_in_thread(SimConfig(seed=4, time_scale=0, faults=faults)) as sim:
+        job = two_lane_job(
+            tmp_path, sim.base_url, "max_attempts = 10\nidle_timeout_s = 0.3\nstop_error_rate = 0.9"
+        )
+        proc = run_cli("run", str(job))
+        log = sim.simulator.chat_log()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = tmp_path / "out"
+    assert query(out, "SELECT status, COUNT(*) FROM items GROUP BY status") == [("done", 100)]
+    classes = {c for (c,) in query(out, "SELECT DISTINCT failure_class FROM attempts")}
+    assert {"server", "connection", "invalid_response", "timeout", "stalled"} <= classes
+    assert query(out, "SELECT lane, COUNT(*) FROM items GROUP BY lane ORDER BY lane") == [
+        ("long", 40),
+        ("short", 60),
+    ]
+    streamed = [e for e in log if e.stream]
+    assert len(streamed) >= 40 and all(e.model for e in streamed if e.status == 200)
+    for name, n in (("chat", 60), ("code", 40)):
+        lines = (out / "export" / f"{name}.jsonl").read_text().splitlines()
+        assert len(lines) == n and len({json.loads(x)["id"] for x in lines}) == n
+
+
+def test_sigterm_stops_dispatch_commits_what_finished_and_exits_0(tmp_path: Path) -> None:
+    with sim_in_thread(SimConfig(seed=2, time_scale=0.3)) as sim:
+        write_rows(tmp_path / "chat.jsonl", chat_rows(400))
+        job = write_job(
+            tmp_path,
+            sim.base_url,
+            datasets=[("chat", "chat.jsonl", "openai")],
+            concurrency=20,
+            extra="stop_grace_s = 60",
+        )
+        env = {**os.environ, "REGEN_TEST_KEY": SECRET_KEY}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "regen", "run", str(job)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 60
+        while len(sim.simulator.chat_log()) < 60 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        sent_at_signal = len(sim.simulator.chat_log())
+        stdout, stderr = proc.communicate(timeout=90)
+        sent = len(sim.simulator.chat_log())
+    assert proc.returncode == 0, stderr
+    assert "stopped: interrupted" in stdout
+    # Nothing was sent after the signal (a request already on its way may have landed).
+    assert sent <= sent_at_signal + 1
+    out = tmp_path / "out"
+    (done,) = query(out, "SELECT COUNT(*) FROM results")[0]
+    assert done == sent  # every request that was sent finished and was committed
+    assert query(out, "SELECT COUNT(*) FROM items WHERE status = 'pending'") == [(400 - done,)]
+    assert len((out / "export" / "chat.jsonl").read_text().splitlines()) == done
+
+
+def test_insufficient_credits_stops_the_run_cleanly(tmp_path: Path) -> None:
+    with sim_in_thread(SimConfig(time_scale=0, credits_usd=0.01)) as sim:
+        write_rows(tmp_path / "chat.jsonl", chat_rows(200))
+        job = write_job(
+            tmp_path, sim.base_url, datasets=[("chat", "chat.jsonl", "openai")], concurrency=4
+        )
+        proc = run_cli("run", str(job))
+        billed = sim.simulator.billed_usd()
+    assert proc.returncode == 1
+    assert "error: run stopped: insufficient_credits: This request requires more credits" in (
+        proc.stderr
+    )
+    out = tmp_path / "out"
+    (done,) = query(out, "SELECT COUNT(*) FROM results")[0]
+    assert 0 < done < 200
+    (cost,) = query(out, "SELECT SUM(cost_usd) FROM ledger")[0]
+    assert abs(float(cost) - billed) < 1e-9  # type: ignore[arg-type]
