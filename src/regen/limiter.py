@@ -1,9 +1,11 @@
 """Admission: how many requests may be in flight to one endpoint, adapted to what it answers.
 
 AIMD with a slow start: the limit starts at `initial`, grows by one per success until the first
-overload (429 or 503/529), then by 1/limit per success (about one per round trip); an overload
-multiplies it by `decrease`, at most once per round trip, so a burst of 429s from one moment of
-overload counts once. The limit stays between 1 and the lane's concurrency.
+overload (429 or 503/529), then by `probe`/limit per success (about `probe` slots per round
+trip); an overload multiplies it by `decrease`, at most once per round trip, so a burst of 429s
+from one moment of overload counts once. The limit stays between 1 and the lane's concurrency.
+With decrease 0.9 and probe 4 the limit saws between 90% and 100% of what the endpoint takes,
+and finds the ceiling again within a few seconds (bench/engine.py capacity).
 
 Waiters are handed their slot directly when one frees up, so the limit is never exceeded, and
 a waiter that is cancelled after being handed a slot gives it back.
@@ -26,7 +28,8 @@ class AdaptiveLimit:
         initial: int,
         *,
         adaptive: bool = True,
-        decrease: float = 0.85,
+        decrease: float = 0.9,
+        probe: float = 4.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_limit = max_limit
@@ -35,6 +38,7 @@ class AdaptiveLimit:
         self.in_flight = 0
         self.overloads = 0
         self._decrease = decrease
+        self._probe = probe
         self._clock = clock
         self._slow_start = adaptive
         self._last_decrease = float("-inf")
@@ -73,7 +77,7 @@ class AdaptiveLimit:
             if latency_s is not None:
                 rtt = self._rtt_s
                 self._rtt_s = latency_s if rtt is None else 0.8 * rtt + 0.2 * latency_s
-            step = 1.0 if self._slow_start else 1.0 / max(self.limit, 1.0)
+            step = 1.0 if self._slow_start else self._probe / max(self.limit, 1.0)
             self.limit = min(float(self.max_limit), self.limit + step)
         elif outcome in ("overload", "paused"):
             self.overloads += 1

@@ -233,20 +233,11 @@ class Scheduler:
             await queue.put(None)
 
     async def _work(self, lane: LaneRuntime, queue: asyncio.Queue[PendingItem | None]) -> None:
-        lane_stats = self.stats.lanes[lane.name]
         while True:
             item = await queue.get()
             if item is None or self.stopping:
                 return
-            ds = self.stats.datasets[item.dataset]
-            ds.in_flight += 1
-            lane_stats.in_flight += 1
-            try:
-                outcome = await self._process(lane, item)
-            finally:
-                ds.in_flight -= 1
-                lane_stats.in_flight -= 1
-            self._record(lane, outcome)
+            self._record(lane, await self._process(lane, item))
 
     def _pick(self, lane: LaneRuntime) -> EndpointRuntime:
         eps = lane.endpoints
@@ -262,6 +253,7 @@ class Scheduler:
         req = build_request(conv, item.turn_index)
         attempts: list[Attempt] = []
         ds = self.stats.datasets[item.dataset]
+        lane_stats = self.stats.lanes[lane.name]
 
         def ended(**kw: Any) -> Outcome:
             return Outcome(item.id, item.dataset, tuple(attempts), **kw)
@@ -277,13 +269,20 @@ class Scheduler:
                 return ended(abandoned=True)
             started, t0 = time.time(), time.monotonic()
             signal, latency = "other", None
+            # "In flight" counts requests on the wire, not workers waiting for a slot.
+            ds.in_flight += 1
+            lane_stats.in_flight += 1
             try:
-                result = await ep.sender.chat(
-                    item.id,
-                    ep.make_body(req, lane.max_tokens),
-                    stream=lane.stream,
-                    timeouts=lane.timeouts,
-                )
+                try:
+                    result = await ep.sender.chat(
+                        item.id,
+                        ep.make_body(req, lane.max_tokens),
+                        stream=lane.stream,
+                        timeouts=lane.timeouts,
+                    )
+                finally:
+                    ds.in_flight -= 1
+                    lane_stats.in_flight -= 1
                 signal, latency = "ok", result.latency_s
             except EndpointError as exc:
                 cls = exc.failure_class
@@ -293,7 +292,8 @@ class Scheduler:
                 )
                 ds.errors[cls] += 1
                 ep.health.record(cls not in UNHEALTHY)
-                self._count_attempt(failed=cls != "rate_limited", counted=cls != "rate_limited")
+                if cls != "rate_limited":  # flow control, handled by the limit
+                    self._count_attempt(failed=True)
                 if cls in STOPS_RUN:
                     self.stop(f"{cls}: {exc.message}")
                 if cls == "rate_limited":
@@ -318,7 +318,7 @@ class Scheduler:
                 if signal != "released":
                     limit.release(signal, latency_s=latency)
             ep.health.record(True)
-            self._count_attempt(failed=False, counted=True)
+            self._count_attempt(failed=False)
             attempts.append(
                 Attempt(
                     number,
@@ -346,10 +346,8 @@ class Scheduler:
             sleeper.cancel()
             stopper.cancel()
 
-    def _count_attempt(self, *, failed: bool, counted: bool) -> None:
-        # Rate limits are flow control, handled by the limiter; they do not count as errors.
-        if not counted:
-            return
+    def _count_attempt(self, *, failed: bool) -> None:
+        """Track recent attempts and stop when too many of them failed."""
         recent = self.stats.recent_failures
         recent.append(int(failed))
         if len(recent) >= self._run.stop_error_min_attempts:
