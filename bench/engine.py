@@ -90,9 +90,21 @@ def start_sim(tmp: Path, **kw: Any) -> tuple[subprocess.Popen[str], str]:
     cfg = tmp / f"sim-{time.monotonic_ns()}.toml"
     cfg.write_text(SIM.format(**params))
     proc = subprocess.Popen(
-        ["taskset", "-c", "0", sys.executable, "-m", "regen", "sim", "--port", "0",
-         "--config", str(cfg)],
-        stdout=subprocess.PIPE, text=True,
+        [
+            "taskset",
+            "-c",
+            "0",
+            sys.executable,
+            "-m",
+            "regen",
+            "sim",
+            "--port",
+            "0",
+            "--config",
+            str(cfg),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdout is not None
     return proc, proc.stdout.readline().rsplit(" ", 1)[1].strip()
@@ -116,26 +128,40 @@ def child_usage(args: list[str], cwd: Path | None = None) -> dict[str, Any]:
     with os.fdopen(r) as f:
         out = f.read()
     _, status, usage = os.wait4(pid, 0)
-    return {"wall_s": time.monotonic() - started, "stdout": out,
-            "rc": os.waitstatus_to_exitcode(status), "cpu_s": usage.ru_utime + usage.ru_stime,
-            "maxrss_mb": usage.ru_maxrss / 1024}
+    return {
+        "wall_s": time.monotonic() - started,
+        "stdout": out,
+        "rc": os.waitstatus_to_exitcode(status),
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "maxrss_mb": usage.ru_maxrss / 1024,
+    }
 
 
 def write_dataset(path: Path, n: int, salt: str = "") -> None:
     with path.open("w") as f:
         for i in range(n):
-            f.write(json.dumps({"messages": [
-                {"role": "user", "content": f"request {salt}{i}"},
-                {"role": "assistant", "content": "x"}]}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "messages": [
+                            {"role": "user", "content": f"request {salt}{i}"},
+                            {"role": "assistant", "content": "x"},
+                        ]
+                    }
+                )
+                + "\n"
+            )
 
 
-def regen_run(tmp: Path, url: str, n: int, *, concurrency: int, initial: int,
-              stream: bool = False) -> dict[str, Any]:
+def regen_run(
+    tmp: Path, url: str, n: int, *, concurrency: int, initial: int, stream: bool = False
+) -> dict[str, Any]:
     d = tmp / f"job-{n}-{time.monotonic_ns()}"
     d.mkdir()
     write_dataset(d / "d.jsonl", n, salt=d.name)
-    (d / "job.toml").write_text(JOB.format(url=url, concurrency=concurrency, initial=initial,
-                                           stream=str(stream).lower()))
+    (d / "job.toml").write_text(
+        JOB.format(url=url, concurrency=concurrency, initial=initial, stream=str(stream).lower())
+    )
     res = child_usage([sys.executable, "-m", "regen", "run", "job.toml"], cwd=d)
     res["out"] = d / "out"
     return res
@@ -168,8 +194,10 @@ async def _openai_worker(url: str, n: int, concurrency: int) -> dict[str, Any]:
         async with sem:
             try:
                 await client.chat.completions.create(
-                    model="bench/model", max_tokens=4096,
-                    messages=[{"role": "user", "content": f"request {i}"}])
+                    model="bench/model",
+                    max_tokens=4096,
+                    messages=[{"role": "user", "content": f"request {i}"}],
+                )
                 ok += 1
             except openai.OpenAIError:
                 failed += 1
@@ -189,8 +217,11 @@ async def _regen_client_worker(url: str, n: int, concurrency: int, stream: bool)
 
         async def one(i: int) -> None:
             nonlocal ok, failed
-            body = {"model": "bench/model", "max_tokens": 4096,
-                    "messages": [{"role": "user", "content": f"request {i}"}]}
+            body = {
+                "model": "bench/model",
+                "max_tokens": 4096,
+                "messages": [{"role": "user", "content": f"request {i}"}],
+            }
             async with sem:
                 try:
                     await client.chat(str(i), body, stream=stream)
@@ -234,8 +265,9 @@ def bench_cpu(tmp: Path, n: int, rounds: int) -> list[str]:
             big = regen_run(tmp, url, n, concurrency=2000, initial=2000)
             little = regen_run(tmp, url, small, concurrency=2000, initial=2000)
             rows["regen run"].append((big["cpu_s"] - little["cpu_s"]) / (n - small) * 1000)
-            fails["regen run"] += db(big["out"], "SELECT COUNT(*) FROM items "
-                                     "WHERE status != 'done'")[0][0]
+            fails["regen run"] += db(
+                big["out"], "SELECT COUNT(*) FROM items WHERE status != 'done'"
+            )[0][0]
             for name, kind in (("regen client", "regen"), ("openai SDK", "openai")):
                 r = worker(kind, url, n, 2000)
                 rows[name].append(r["cpu_s"] / max(r["ok"], 1) * 1000)
@@ -244,12 +276,16 @@ def bench_cpu(tmp: Path, n: int, rounds: int) -> list[str]:
         proc.terminate()
         proc.wait()
     base = statistics.median(rows["openai SDK"])
-    out = ["| runner | client CPU ms per request (median) | rounds | failed | "
-           "baseline / runner |", "|---|---|---|---|---|"]
+    out = [
+        "| runner | client CPU ms per request (median) | rounds | failed | baseline / runner |",
+        "|---|---|---|---|---|",
+    ]
     for name, vals in rows.items():
         med = statistics.median(vals)
-        out.append(f"| {name} | {med:.3f} | {', '.join(f'{v:.3f}' for v in vals)} | "
-                   f"{fails[name]} | {base / med:.1f}x |")
+        out.append(
+            f"| {name} | {med:.3f} | {', '.join(f'{v:.3f}' for v in vals)} | "
+            f"{fails[name]} | {base / med:.1f}x |"
+        )
     return out
 
 
@@ -265,10 +301,32 @@ def bench_stream(tmp: Path, n: int, rounds: int) -> list[str]:
     finally:
         proc.terminate()
         proc.wait()
-    return ["| streams | in flight | chunks (per round) | client CPU us per chunk (median) | "
-            "rounds | failed |", "|---|---|---|---|---|---|",
-            f"| {n} | 200 | {statistics.median(chunk_counts):.0f} | "
-            f"{statistics.median(vals):.2f} | {', '.join(f'{v:.2f}' for v in vals)} | {fails} |"]
+    parse = assembler_us_per_chunk()
+    return [
+        "| streams | in flight | chunks (per round) | client CPU us per chunk (median) | "
+        "rounds | failed | SSE parsing alone, us per chunk |",
+        "|---|---|---|---|---|---|---|",
+        f"| {n} | 200 | {statistics.median(chunk_counts):.0f} | "
+        f"{statistics.median(vals):.2f} | {', '.join(f'{v:.2f}' for v in vals)} | {fails} | "
+        f"{parse:.2f} |",
+    ]
+
+
+def assembler_us_per_chunk(n: int = 200_000) -> float:
+    """CPU of regen's SSE assembler alone on a typical OpenRouter content chunk."""
+    from regen.client.sse import StreamAssembler
+
+    line = (
+        b'data: {"id":"gen-1-abc","provider":"Bench","model":"bench/model","created":1,'
+        b'"system_fingerprint":null,"object":"chat.completion.chunk","choices":[{"index":0,'
+        b'"delta":{"role":"assistant","content":" the model reads each"},'
+        b'"finish_reason":null,"native_finish_reason":null,"logprobs":null}]}\n\n'
+    )
+    a = StreamAssembler()
+    t = time.process_time()
+    for _ in range(n):
+        a.feed(line)
+    return (time.process_time() - t) / n * 1e6
 
 
 def bench_inflight(tmp: Path, n: int) -> list[str]:
@@ -285,19 +343,23 @@ def bench_inflight(tmp: Path, n: int) -> list[str]:
     errors = db(big["out"], "SELECT COUNT(*) FROM attempts WHERE failure_class IS NOT NULL")[0][0]
     done = db(big["out"], "SELECT COUNT(*) FROM results")[0][0]
     per = (big["maxrss_mb"] - small["maxrss_mb"]) * 1024 / n
-    return ["| requests | peak in flight | done | failed attempts | peak RSS MB | "
-            "RSS of a 10-request run MB | RSS per in-flight request KB | wall s |",
-            "|---|---|---|---|---|---|---|---|",
-            f"| {n} | {peak} | {done} | {errors} | {big['maxrss_mb']:.0f} | "
-            f"{small['maxrss_mb']:.0f} | {per:.1f} | {big['wall_s']:.1f} |"]
+    return [
+        "| requests | peak in flight | done | failed attempts | peak RSS MB | "
+        "RSS of a 10-request run MB | RSS per in-flight request KB | wall s |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| {n} | {peak} | {done} | {errors} | {big['maxrss_mb']:.0f} | "
+        f"{small['maxrss_mb']:.0f} | {per:.1f} | {big['wall_s']:.1f} |",
+    ]
 
 
 def bench_capacity(tmp: Path, n: int, rounds: int) -> list[str]:
     """`n` requests; the ideal is capacity / mean latency, over the whole run (ramp-up
     included) and in steady state."""
-    out = ["| requests | provider capacity | lane concurrency | mean latency s | ideal req/s | "
-           "achieved req/s | achieved / ideal | steady state / ideal | answered 429 | failed |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| requests | provider capacity | lane concurrency | mean latency s | ideal req/s | "
+        "achieved req/s | achieved / ideal | steady state / ideal | answered 429 | failed |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for _ in range(rounds):
         proc, url = start_sim(tmp, time_scale=1.0, mean=100, ttft=0.3, tps=200.0, capacity=500)
         try:
@@ -308,18 +370,24 @@ def bench_capacity(tmp: Path, n: int, rounds: int) -> list[str]:
         o = res["out"]
         (lat,) = db(o, "SELECT AVG(latency_s) FROM results")[0]
         (t0, t1) = db(o, "SELECT MIN(started_at), MAX(started_at + latency_s) FROM attempts")[0]
-        (attempts, r429) = db(o, "SELECT COUNT(*), SUM(failure_class = 'rate_limited') "
-                                 "FROM attempts")[0]
+        (attempts, r429) = db(
+            o, "SELECT COUNT(*), SUM(failure_class = 'rate_limited') FROM attempts"
+        )[0]
         (failed,) = db(o, "SELECT COUNT(*) FROM items WHERE status != 'done'")[0]
         ideal = 500 / lat
         achieved = n / (t1 - t0)
         # Steady state: answers that ended between 5 s in and 2 s before the end.
-        (steady,) = db(o, f"SELECT COUNT(*) FROM attempts WHERE failure_class IS NULL AND "
-                          f"started_at + latency_s BETWEEN {t0 + 5} AND {t1 - 2}")[0]
+        (steady,) = db(
+            o,
+            f"SELECT COUNT(*) FROM attempts WHERE failure_class IS NULL AND "
+            f"started_at + latency_s BETWEEN {t0 + 5} AND {t1 - 2}",
+        )[0]
         steady_rate = steady / (t1 - t0 - 7)
-        out.append(f"| {n} | 500 | 2000 | {lat:.3f} | {ideal:.0f} | {achieved:.0f} | "
-                   f"{achieved / ideal:.1%} | {steady_rate / ideal:.1%} | "
-                   f"{r429 / attempts:.2%} ({r429} of {attempts}) | {failed} |")
+        out.append(
+            f"| {n} | 500 | 2000 | {lat:.3f} | {ideal:.0f} | {achieved:.0f} | "
+            f"{achieved / ideal:.1%} | {steady_rate / ideal:.1%} | "
+            f"{r429 / attempts:.2%} ({r429} of {attempts}) | {failed} |"
+        )
     return out
 
 
@@ -333,9 +401,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--capacity-requests", type=int, default=30000)
     args = ap.parse_args()
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-          f"{platform.python_version()}, {platform.platform()}, "
-          f"{time.strftime('%Y-%m-%d')}")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}, {platform.platform()}, "
+        f"{time.strftime('%Y-%m-%d')}"
+    )
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
         if args.which in ("all", "cpu"):
@@ -345,8 +415,10 @@ def main() -> None:
         if args.which in ("all", "inflight"):
             print("\n## inflight\n" + "\n".join(bench_inflight(tmp, 10000)))
         if args.which in ("all", "capacity"):
-            print("\n## capacity\n" + "\n".join(bench_capacity(tmp, args.capacity_requests,
-                                                               args.rounds)))
+            print(
+                "\n## capacity\n"
+                + "\n".join(bench_capacity(tmp, args.capacity_requests, args.rounds))
+            )
 
 
 if __name__ == "__main__":
