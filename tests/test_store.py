@@ -53,6 +53,7 @@ def test_claim_batch_walks_dispatch_order(tmp_path: Path) -> None:
         add(store, conv(f"q{i}", i), key)
     first = store.claim_batch("ds", -1, 2)
     assert [p.order_key for p in first] == [10, 20]
+    assert first[0].conversation_id == conv("q1", 1).id  # the item with key 10
     assert [p.order_key for p in store.claim_batch("ds", 20, 2)] == [30]
 
 

@@ -29,9 +29,12 @@ def item_id(conversation_id: str, turn_index: int) -> str:
     return stable_hash(conversation_id, turn_index)
 
 
-def build_request(conv: Conversation, turn_index: int) -> Request:
-    """The request for one turn: the original history before it."""
-    cid = conv.id
+def build_request(
+    conv: Conversation, turn_index: int, conversation_id: str | None = None
+) -> Request:
+    """The request for one turn: the original history before it. Pass the conversation id
+    when it is known, to spare hashing the conversation again."""
+    cid = conversation_id or conv.id
     return Request(
         item_id=item_id(cid, turn_index),
         dataset=conv.dataset,

@@ -250,7 +250,7 @@ class Scheduler:
 
     async def _process(self, lane: LaneRuntime, item: PendingItem) -> Outcome:
         conv = Conversation.from_dict(item.dataset, item.row_index, item.conversation)
-        req = build_request(conv, item.turn_index)
+        req = build_request(conv, item.turn_index, item.conversation_id)
         attempts: list[Attempt] = []
         ds = self.stats.datasets[item.dataset]
         lane_stats = self.stats.lanes[lane.name]

@@ -209,6 +209,7 @@ class PendingItem:
     order_key: int
     conversation: dict[str, Any]
     row_index: int
+    conversation_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,24 +423,24 @@ class Store:
         lane_sql = "AND i.lane = ? AND i.escalated = 0 " if lane is not None else ""
         args: tuple[Any, ...] = (dataset, after_key, *((lane,) if lane else ()), limit)
         rows = self._db.execute(
-            "SELECT i.id, i.dataset, i.turn_index, i.order_key, c.data, c.row_index "
+            "SELECT i.id, i.dataset, i.turn_index, i.order_key, c.data, c.row_index, c.id "
             "FROM items i JOIN conversations c ON c.id = i.conversation_id "
             "WHERE i.dataset = ? AND i.status = 'pending' AND i.order_key > ? "
             f"{lane_sql}ORDER BY i.order_key LIMIT ?",
             args,
         ).fetchall()
-        return [PendingItem(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5]) for r in rows]
+        return [PendingItem(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6]) for r in rows]
 
     def claim_escalated(self, lane: str, limit: int) -> list[PendingItem]:
         """Pending items escalated to a lane, in dispatch order."""
         rows = self._db.execute(
-            "SELECT i.id, i.dataset, i.turn_index, i.order_key, c.data, c.row_index "
+            "SELECT i.id, i.dataset, i.turn_index, i.order_key, c.data, c.row_index, c.id "
             "FROM items i JOIN conversations c ON c.id = i.conversation_id "
             "WHERE i.lane = ? AND i.escalated = 1 AND i.status = 'pending' "
             "ORDER BY i.order_key LIMIT ?",
             (lane, limit),
         ).fetchall()
-        return [PendingItem(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5]) for r in rows]
+        return [PendingItem(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6]) for r in rows]
 
     def commit_outcomes(self, outcomes: Iterable[Outcome]) -> None:
         """Commit finished items: each one's result (or failure), attempts and ledger charge."""
