@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import simproc
+
 HERE = Path(__file__).resolve()
 KEY = "sk-bench-not-a-secret"
 
@@ -87,27 +89,7 @@ path = "d.jsonl"
 
 def start_sim(tmp: Path, **kw: Any) -> tuple[subprocess.Popen[str], str]:
     params = {"time_scale": 0.0, "mean": 50, "ttft": 0.2, "tps": 200.0, "capacity": 0, **kw}
-    cfg = tmp / f"sim-{time.monotonic_ns()}.toml"
-    cfg.write_text(SIM.format(**params))
-    proc = subprocess.Popen(
-        [
-            "taskset",
-            "-c",
-            "0",
-            sys.executable,
-            "-m",
-            "regen",
-            "sim",
-            "--port",
-            "0",
-            "--config",
-            str(cfg),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    return proc, proc.stdout.readline().rsplit(" ", 1)[1].strip()
+    return simproc.start_sim(SIM.format(**params), tmp)
 
 
 def child_usage(args: list[str], cwd: Path | None = None) -> dict[str, Any]:

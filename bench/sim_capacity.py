@@ -16,12 +16,12 @@ import json
 import os
 import platform
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
+import simproc
 
 SIM_TOML = """
 seed = 1
@@ -49,28 +49,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def start_sim(mean: int, tmp: Path) -> tuple[subprocess.Popen[str], str]:
-    cfg = tmp / f"sim-{mean}.toml"
-    cfg.write_text(SIM_TOML.format(mean=mean))
-    proc = subprocess.Popen(
-        [
-            "taskset",
-            "-c",
-            "0",
-            sys.executable,
-            "-m",
-            "regen",
-            "sim",
-            "--port",
-            "0",
-            "--config",
-            str(cfg),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    return proc, line.rsplit(" ", 1)[1].strip()
+    return simproc.start_sim(SIM_TOML.format(mean=mean), tmp)
 
 
 async def load(url: str, n: int, concurrency: int, stream: bool) -> tuple[float, int, int]:

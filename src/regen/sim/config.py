@@ -16,7 +16,7 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-DEFAULT_PARAMETERS = (
+REQUEST_PARAMETERS = (
     "max_tokens",
     "temperature",
     "top_p",
@@ -30,7 +30,19 @@ DEFAULT_PARAMETERS = (
     "response_format",
     "frequency_penalty",
     "presence_penalty",
+    "logprobs",
+    "top_logprobs",
+    "min_p",
+    "repetition_penalty",
+    "logit_bias",
 )
+"""Request fields that count as parameters for `provider.require_parameters`."""
+DEFAULT_PARAMETERS = tuple(
+    p
+    for p in REQUEST_PARAMETERS
+    if p not in ("logprobs", "top_logprobs", "min_p", "repetition_penalty", "logit_bias")
+)
+"""What an endpoint supports unless its config says otherwise."""
 
 FAULT_KINDS = (
     "500",

@@ -27,7 +27,7 @@ from aiohttp import web
 from regen.sim.account import Account
 from regen.sim.auth import denied, key_of
 from regen.sim.catalogue import Catalogue
-from regen.sim.config import SimConfig, SimEndpoint, SimModel
+from regen.sim.config import REQUEST_PARAMETERS, SimConfig, SimEndpoint, SimModel
 from regen.sim.faults import draw_faults, forced_faults
 from regen.sim.generate import (
     Completion,
@@ -40,26 +40,6 @@ from regen.sim.respond import error_response, respond_json, respond_stream
 from regen.sim.routing import route
 
 _ALNUM = string.ascii_letters + string.digits
-# Request fields that count as parameters for `provider.require_parameters`.
-_PARAMS = (
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "seed",
-    "stop",
-    "tools",
-    "tool_choice",
-    "reasoning",
-    "response_format",
-    "frequency_penalty",
-    "presence_penalty",
-    "logprobs",
-    "top_logprobs",
-    "min_p",
-    "repetition_penalty",
-    "logit_bias",
-)
 
 
 @dataclass
@@ -217,7 +197,7 @@ class Simulator:
         tools: list[Any] = raw_tools if isinstance(raw_tools, list) else []
         prompt_tokens = count_prompt_tokens(model.family, messages, tools, thinking)
         entry.prompt_tokens = prompt_tokens
-        params = {p for p in _PARAMS if p in body}
+        params = {p for p in REQUEST_PARAMETERS if p in body}
         candidates = route(
             model.endpoints,
             body.get("provider"),
