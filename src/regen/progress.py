@@ -28,21 +28,27 @@ def _errors(counter: dict[str, int]) -> str:
     return ",".join(f"{k}:{v}" for k, v in sorted(counter.items())) or "0"
 
 
+def _totals(stats: RunStats) -> DatasetStats:
+    """The job as a whole: every dataset's counters added up."""
+    total = DatasetStats()
+    for d in stats.datasets.values():
+        total.items += d.items
+        total.done_before += d.done_before
+        total.done += d.done
+        total.failed += d.failed
+        total.in_flight += d.in_flight
+        total.prompt_tokens += d.prompt_tokens
+        total.completion_tokens += d.completion_tokens
+        total.cost_usd += d.cost_usd
+        total.errors.update(d.errors)
+    return total
+
+
 def progress_line(stats: RunStats, now: float | None = None) -> str:
     """One stable `key=value` line for logs and `tail -f` over SSH."""
     now = time.monotonic() if now is None else now
     elapsed = max(now - stats.started_at, 1e-9)
-    ds = stats.datasets.values()
-    items = sum(d.items for d in ds)
-    done = sum(d.done_before + d.done for d in ds)
-    sent_done = sum(d.done for d in ds)
-    failed = sum(d.failed for d in ds)
-    tokens = sum(d.completion_tokens for d in ds)
-    cost = sum(d.cost_usd for d in ds)
-    errors: dict[str, int] = {}
-    for d in ds:
-        for k, v in d.errors.items():
-            errors[k] = errors.get(k, 0) + v
+    t = _totals(stats)
     per_ds = " ".join(
         f"{name}={d.done_before + d.done}/{d.items}" for name, d in stats.datasets.items()
     )
@@ -52,9 +58,10 @@ def progress_line(stats: RunStats, now: float | None = None) -> str:
     )
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return (
-        f"{stamp} progress done={done}/{items} failed={failed} in_flight={stats.in_flight} "
-        f"req_s={sent_done / elapsed:.2f} out_tok_s={tokens / elapsed:.0f} "
-        f"completion_tokens={tokens} cost_usd={cost:.4f} errors={_errors(errors)} "
+        f"{stamp} progress done={t.done_before + t.done}/{t.items} failed={t.failed} "
+        f"in_flight={t.in_flight} req_s={t.done / elapsed:.2f} "
+        f"out_tok_s={t.completion_tokens / elapsed:.0f} completion_tokens={t.completion_tokens} "
+        f"cost_usd={t.cost_usd:.4f} errors={_errors(t.errors)} "
         f"elapsed_s={elapsed:.0f} {per_ds} {per_lane}"
     ).rstrip()
 
@@ -78,20 +85,11 @@ def progress_table(stats: RunStats, now: float | None = None) -> Table:
     table = Table(title=f"regen  {elapsed:,.0f}s", title_justify="left", expand=False)
     for col in ("dataset", "done/total", "failed", "in flight", "req/s", "tokens", "$", "errors"):
         table.add_column(col, justify="left" if col in ("dataset", "errors") else "right")
-    total = DatasetStats()
     for name, d in stats.datasets.items():
         table.add_row(*_table_cells(name, d, elapsed))
-        total.items += d.items
-        total.done_before += d.done_before
-        total.done += d.done
-        total.failed += d.failed
-        total.in_flight += d.in_flight
-        total.completion_tokens += d.completion_tokens
-        total.cost_usd += d.cost_usd
-        total.errors.update(d.errors)
     if len(stats.datasets) > 1:
         table.add_section()
-        table.add_row(*_table_cells("total", total, elapsed), style="bold")
+        table.add_row(*_table_cells("total", _totals(stats), elapsed), style="bold")
     lanes = "   ".join(
         f"lane {name}: {lane.in_flight} in flight, limit {lane.limit}/{lane.concurrency}"
         + (f", {lane.escalated} escalated" if lane.escalated else "")
