@@ -304,3 +304,16 @@ def test_backoff_is_jittered_capped_and_floors_at_retry_after() -> None:
     assert all(0 <= w <= 30 for w in waits)
     assert len(set(waits)) == len(waits)
     assert backoff_s(1, 12.0, rng) == 12.0
+
+
+def test_ingested_ids_are_the_vocabularys_ids(tmp_path: Path) -> None:
+    from regen.conversation import Conversation
+    from regen.modes import item_id, prompt_hash
+
+    job, store = make_job(tmp_path, 5)
+    for p in store.claim_batch("chat", -1, 10):
+        conv = Conversation.from_dict(p.dataset, p.row_index, p.conversation)
+        assert p.conversation_id == conv.id
+        assert p.id == item_id(conv.id, p.turn_index)
+        (ph,) = rows(store, f"SELECT prompt_hash FROM items WHERE id = '{p.id}'")[0]
+        assert ph == prompt_hash(conv, p.turn_index)

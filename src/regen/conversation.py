@@ -89,7 +89,7 @@ class Conversation:
     @property
     def id(self) -> str:
         """Stable id: a hash of the dataset name and the normalized row content."""
-        return stable_hash(self.dataset, self.content_json())
+        return conversation_id(self.dataset, self.content_json())
 
     def content_json(self) -> str:
         return canonical_json(
@@ -160,6 +160,11 @@ def estimate_prompt_tokens(conversation: dict[str, Any], turn_index: int) -> int
         for tc in m.get("tool_calls") or []:
             chars += len(str((tc.get("function") or {}).get("arguments") or "")) + 16
     return chars // 4 + 4 * min(turn_index, len(messages)) + 2
+
+
+def conversation_id(dataset: str, content_json: str) -> str:
+    """The id of a conversation from its dataset and canonical JSON (Conversation.id)."""
+    return stable_hash(dataset, content_json)
 
 
 def canonical_json(obj: Any) -> str:

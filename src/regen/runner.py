@@ -21,8 +21,8 @@ from regen.conversation import (
     BadRow,
     Request,
     canonical_json,
+    conversation_id,
     estimate_prompt_tokens,
-    stable_hash,
 )
 from regen.errors import ConfigError
 from regen.export import export_specforge
@@ -109,17 +109,19 @@ def ingest(store: Store, job: Job) -> list[IngestReport]:
             # Serialize once: the id, prompt hashes and estimates all derive from it.
             data = conv.to_dict()
             text = canonical_json(data)
-            cid = stable_hash(conv.dataset, text)
-            items = [
-                NewItem(
-                    item_id(cid, t),
-                    t,
-                    prompt_hash_of(data, t),
-                    order_key(job.run.shuffle_seed, item_id(cid, t)),
-                    estimate_prompt_tokens(data, t),
+            cid = conversation_id(conv.dataset, text)
+            items = []
+            for t in turns:
+                iid = item_id(cid, t)
+                items.append(
+                    NewItem(
+                        iid,
+                        t,
+                        prompt_hash_of(data, t),
+                        order_key(job.run.shuffle_seed, iid),
+                        estimate_prompt_tokens(data, t),
+                    )
                 )
-                for t in turns
-            ]
             turns_read += len(items)
             batch.append(NewConversation(cid, conv.dataset, conv.row_index, text, items))
             if len(batch) >= INGEST_BATCH:
