@@ -43,14 +43,6 @@ INGEST_BATCH = 1000
 SELF_HOSTED = ("vllm", "sglang")
 
 
-@dataclass(frozen=True)
-class IngestReport:
-    dataset: str
-    rows: int
-    bad: int
-    new_items: int
-
-
 @dataclass
 class RunReport:
     """What a finished (or stopped) run did; everything in it was read back from state.db."""
@@ -59,7 +51,6 @@ class RunReport:
     datasets: list[DatasetProgress]
     exports: dict[str, int]
     errors: dict[tuple[str, str], int]
-    ingest: list[IngestReport] = field(default_factory=list)
     stop_reason: str | None = None
     interrupted: bool = False
     """Stopped by a signal: what finished is kept, the rest is sent by the next run."""
@@ -88,14 +79,13 @@ def order_key(seed: int, iid: str) -> int:
     return int.from_bytes(digest, "little") >> 2
 
 
-def ingest(store: Store, job: Job) -> list[IngestReport]:
+def ingest(store: Store, job: Job) -> None:
     """Read every dataset into the store; new rows add items, known rows change nothing."""
-    reports = []
     for position, ds in enumerate(job.datasets):
         path = job.resolve(ds.path)
         store.register_dataset(ds.name, position, str(path))
         bad: list[BadRow] = []
-        rows = new = turns_read = 0
+        rows = turns_read = 0
         batch: list[NewConversation] = []
         for conv in read_conversations(ds.name, path, ds.format, ds.reader, ds.limit):
             rows += 1
@@ -125,13 +115,11 @@ def ingest(store: Store, job: Job) -> list[IngestReport]:
             turns_read += len(items)
             batch.append(NewConversation(cid, conv.dataset, conv.row_index, text, items))
             if len(batch) >= INGEST_BATCH:
-                new += store.add_conversations(batch)
+                store.add_conversations(batch)
                 batch = []
         if batch:
-            new += store.add_conversations(batch)
+            store.add_conversations(batch)
         store.record_source_stats(ds.name, rows, turns_read, bad)
-        reports.append(IngestReport(ds.name, rows, len(bad), new))
-    return reports
 
 
 def lane_rules(job: Job) -> list[LaneRule]:
@@ -241,7 +229,7 @@ def run_job(job: Job, *, console: Console, api_key: str | None = None) -> RunRep
         if store.get_meta("fingerprint") is None:
             store.set_meta("fingerprint", job.fingerprint())
             store.set_meta("regen_version", __version__)
-        reports = ingest(store, job)
+        ingest(store, job)
         store.requeue_retryable_failures(RETRYABLE | STOPS_RUN)
         unassigned = {
             ds: n for (lane, ds), n in store.assign_lanes(lane_rules(job)).items() if lane is None
@@ -259,7 +247,6 @@ def run_job(job: Job, *, console: Console, api_key: str | None = None) -> RunRep
             datasets=store.dataset_progress(),
             exports=exports,
             errors=store.failure_counts(),
-            ingest=reports,
             stop_reason=stop_reason,
             interrupted=stop_reason == "interrupted",
             aborted=aborted,

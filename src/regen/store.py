@@ -359,14 +359,6 @@ class Store:
                 (rows_read, turns_read, len(bad), dataset),
             )
 
-    def bad_rows(self, dataset: str, limit: int = 20) -> list[BadRow]:
-        rows = self._db.execute(
-            "SELECT dataset, row_index, reason FROM bad_rows WHERE dataset = ? "
-            "ORDER BY row_index LIMIT ?",
-            (dataset, limit),
-        ).fetchall()
-        return [BadRow(*r) for r in rows]
-
     # dispatch
 
     def requeue_retryable_failures(self, retryable: Iterable[str]) -> int:
