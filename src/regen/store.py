@@ -461,25 +461,27 @@ class Store:
                 for a in o.attempts
             )
             r = o.result
-            if o.escalate_to is not None and r is not None:
-                # The truncated answer was paid for: charge it, and move the item on.
+            if r is not None:
+                # Every answer is charged, a truncated one that moves on to another lane too.
                 u = r.usage
+                kind = "completion" if o.escalate_to is None else "escalated"
                 ledger.append(
                     (
                         r.item_id,
                         o.dataset,
-                        "escalated",
+                        kind,
                         u.prompt_tokens,
                         u.completion_tokens,
                         u.cost_usd,
                         now,
                     )
                 )
+            if o.escalate_to is not None and r is not None:
                 moved.append((len(o.attempts), o.escalate_to, now, o.item_id))
             elif o.abandoned:
                 touched.append((len(o.attempts), now, o.item_id))
             elif r is not None:
-                m, u = r.message, r.usage
+                m = r.message
                 calls = (
                     json.dumps([tc.to_openai() for tc in m.tool_calls]) if m.tool_calls else None
                 )
@@ -499,17 +501,6 @@ class Store:
                         r.model,
                         r.generation_id,
                         r.latency_s,
-                        now,
-                    )
-                )
-                ledger.append(
-                    (
-                        r.item_id,
-                        o.dataset,
-                        "completion",
-                        u.prompt_tokens,
-                        u.completion_tokens,
-                        u.cost_usd,
                         now,
                     )
                 )
