@@ -34,6 +34,7 @@ def test_migrations_are_recorded_once(tmp_path: Path) -> None:
     assert db.execute("SELECT version, name FROM schema_migrations").fetchall() == [
         (1, "m001_initial"),
         (2, "m002_lanes"),
+        (3, "m003_ledger_sources"),
     ]
     assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 
@@ -122,7 +123,7 @@ def test_m002_upgrades_a_database_made_by_m001(tmp_path: Path) -> None:
     finally:
         store_mod.MIGRATIONS = old
     s2 = Store.open(tmp_path)
-    assert s2.schema_version() == 2
+    assert s2.schema_version() == len(MIGRATIONS)
     row = s2._db.execute("SELECT lane, escalated, prompt_tokens_est FROM items").fetchone()
     assert row == (None, 0, c.estimate_prompt_tokens(1)) and row[2] > 10
 
@@ -139,3 +140,56 @@ def test_assign_lanes_takes_the_first_lane_that_selects(tmp_path: Path) -> None:
     assert [i.id for i in store.claim_batch("ds", -1, 10, lane="big")] == [item_id(long_.id, 1)]
     counts = store.assign_lanes([LaneRule("only-other", datasets=["other"])])
     assert counts == {(None, "ds"): 2}
+
+
+def test_m003_upgrades_a_database_made_by_m002_and_keeps_its_charges(tmp_path: Path) -> None:
+    from regen import store as store_mod
+
+    old = store_mod.MIGRATIONS
+    store_mod.MIGRATIONS = old[:2]  # the schema as m002 left it
+    try:
+        s1 = Store.open(tmp_path)
+        c = conv("q", 0)
+        add(s1, c, 1)
+        iid = item_id(c.id, 1)
+        s1._db.execute(
+            "INSERT INTO results VALUES (?, 'ds', 'a', NULL, NULL, 'stop', 3, 4, 0, 0.25, "
+            "'DeepInfra', 'm', 'gen-1', 0.1, 0)",
+            (iid,),
+        )
+        s1._db.execute(
+            "INSERT INTO ledger (item_id, dataset, kind, prompt_tokens, completion_tokens, "
+            "cost_usd, created_at) VALUES (?, 'ds', 'completion', 3, 4, 0.25, 0)",
+            (iid,),
+        )
+        s1.close()
+    finally:
+        store_mod.MIGRATIONS = old
+    s2 = Store.open(tmp_path)
+    assert s2.schema_version() == len(MIGRATIONS)
+    row = s2._db.execute("SELECT endpoint, provider, generation_id, cost_usd FROM ledger")
+    assert row.fetchall() == [(None, "DeepInfra", "gen-1", 0.25)]
+    assert s2.dataset_progress()[0].cost_usd == 0.25
+    # A charge made before endpoints were recorded belongs to no account.
+    assert s2.ledger_usd(["default"]) == 0.0
+
+
+def test_ledger_charges_name_their_endpoint_provider_and_generation(tmp_path: Path) -> None:
+    store = Store.open(tmp_path)
+    c = conv("q", 0)
+    add(store, c, 1)
+    iid = item_id(c.id, 1)
+    result = Result(
+        iid,
+        Message("assistant", "a"),
+        "stop",
+        Usage(1, 2, 0, 0.125),
+        provider="Fireworks",
+        generation_id="gen-9",
+        endpoint="local-1",
+    )
+    store.commit_outcomes([Outcome(iid, "ds", (Attempt(1, 0.0, 0.1, 200),), result=result)])
+    row = store._db.execute("SELECT endpoint, provider, generation_id FROM ledger").fetchone()
+    assert row == ("local-1", "Fireworks", "gen-9")
+    assert store.ledger_usd(["local-1", "other"]) == 0.125
+    assert store.ledger_usd(["other"]) == 0.0

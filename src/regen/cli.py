@@ -15,6 +15,7 @@ from pathlib import Path
 from rich.console import Console
 
 from regen import __version__
+from regen.budget import Reconciliation
 from regen.errors import RegenError
 
 EXIT_OK, EXIT_USER, EXIT_USAGE, EXIT_FAILED_ITEMS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -31,6 +32,11 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="regenerate a job's datasets (resumes where it stopped)")
     run.add_argument("job", type=Path, help="job file (TOML)")
     run.add_argument("--out", type=Path, help="output directory (overrides [job].output_dir)")
+    run.add_argument(
+        "--force",
+        action="store_true",
+        help="resume even though the job's data-affecting settings changed",
+    )
 
     sim = sub.add_parser("sim", help="serve the simulated OpenRouter API on 127.0.0.1")
     sim.add_argument("--port", type=int, default=8787)
@@ -71,7 +77,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
 
     overrides = {"job.output_dir": str(args.out.resolve())} if args.out else {}
     job = load_job(args.job, **overrides)
-    report = run_job(job, console=console)
+    report = run_job(job, console=console, force=args.force)
     return _finish(report, console)
 
 
@@ -82,6 +88,8 @@ def _finish(report: object, console: Console) -> int:
     assert isinstance(report, RunReport)
     console.print(summary_table(report.datasets, report.errors, report.exports))
     console.print(f"output: {report.out_dir}  (state.db, run.log, export/*.jsonl)")
+    for r in report.reconciliations:
+        console.print(_spend_line(r), markup=False, highlight=False, soft_wrap=True)
     for ds, n in report.unassigned.items():
         print(
             f"warning: no lane selects {n} pending items of dataset '{ds}'; they were not sent",
@@ -100,6 +108,21 @@ def _finish(report: object, console: Console) -> int:
         print(f"error: run stopped: {report.stop_reason}", file=sys.stderr)
         return EXIT_USER
     return EXIT_FAILED_ITEMS if report.failed else EXIT_OK
+
+
+def _spend_line(r: Reconciliation) -> str:
+    head = (
+        f"spend since the job started: ledger ${r.ledger_usd:.4f}, "
+        f"provider ${r.provider_usd:.4f} ({r.account.base_url}/key)"
+    )
+    if r.agrees():
+        return f"{head}: they agree"
+    if r.difference_usd > 0:
+        return (
+            f"{head}: ${r.difference_usd:.4f} billed but not in the ledger (answers lost when "
+            "a run was killed or cut short, or other use of the same key)"
+        )
+    return f"{head}: the ledger is ${-r.difference_usd:.4f} above the provider's usage"
 
 
 def _sim(args: argparse.Namespace, console: Console) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -207,21 +208,50 @@ class Job(_Model):
         return self.resolve(self.job.output_dir)
 
     def fingerprint_fields(self) -> dict[str, Any]:
-        """The data-affecting settings: what a resumed run must not change."""
+        """The data-affecting settings: what a resumed run must not change.
+
+        Left out, because they do not change what a response is made from: max_tokens (a
+        limit, like a lane's), concurrency, timeouts, display settings, dataset paths and
+        limits (items are identified by content), and an endpoint pool's size (a server added
+        with the same settings serves the same model the same way).
+        """
+        endpoints = {
+            canonical_json({"dialect": e.dialect, "provider": e.provider, "extra": e.extra_body})
+            for e in self.endpoint_pool
+        }
         return {
-            "model": self.generation.model,
-            "generation": self.generation.model_dump(),
-            "endpoints": [
-                {"dialect": e.dialect, "provider": e.provider, "extra_body": e.extra_body}
-                for e in sorted(self.endpoint_pool, key=lambda e: e.name)
-            ],
-            "datasets": [
-                {"name": d.name, "format": d.format, "mode": d.mode} for d in self.datasets
-            ],
+            "generation": self.generation.model_dump(exclude={"max_tokens"}),
+            "endpoints": [json.loads(e) for e in sorted(endpoints)],
+            "datasets": {d.name: {"format": d.format, "mode": d.mode} for d in self.datasets},
         }
 
     def fingerprint(self) -> str:
         return stable_hash(canonical_json(self.fingerprint_fields()))
+
+
+def fingerprint_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """What differs between two `fingerprint_fields()`, as `field: old -> new` lines.
+
+    A dataset added to the job or left out of it is not a change: only the settings of a
+    dataset present in both are compared.
+    """
+    changes: list[str] = []
+
+    def walk(a: Any, b: Any, path: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys = a.keys() & b.keys() if path == "datasets" else a.keys() | b.keys()
+            for key in sorted(keys):
+                walk(a.get(key), b.get(key), f"{path}.{key}" if path else key)
+        elif canonical_json(a) != canonical_json(b):
+            changes.append(f"{path}: {_show(a)} -> {_show(b)}")
+
+    walk(old, new, "")
+    return changes
+
+
+def _show(value: Any) -> str:
+    text = "unset" if value is None else canonical_json(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _unique(what: str, names: list[str]) -> None:

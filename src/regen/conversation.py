@@ -149,6 +149,8 @@ class Result:
     generation_id: str | None = None
     latency_s: float = 0.0
     attempts: int = 1
+    endpoint: str | None = None
+    """The name of the job's endpoint that answered (set by the scheduler)."""
 
 
 def estimate_prompt_tokens(conversation: dict[str, Any], turn_index: int) -> int:

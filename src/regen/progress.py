@@ -12,8 +12,46 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from regen.budget import Reconciliation
 from regen.scheduler import DatasetStats, RunStats
 from regen.store import DatasetProgress
+
+
+def log_stamp() -> str:
+    """The UTC time that starts every line of run.log."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def append_log(path: Path, lines: list[str]) -> None:
+    """Add time-stamped lines to run.log."""
+    if not lines:
+        return
+    stamp = log_stamp()
+    with path.open("a", encoding="utf-8") as f:
+        f.writelines(f"{stamp} {line}\n" for line in lines)
+
+
+def dataset_start_line(p: DatasetProgress) -> str:
+    """Where a dataset stands as a run starts: `complete`, `resuming from N of M` or `new`."""
+    finished = p.done + p.failed
+    if p.items == 0:
+        state = "nothing to send (no usable rows)"
+    elif p.pending == 0:
+        state = "complete" + (f" ({p.failed} failed)" if p.failed else "")
+    elif finished == 0:
+        state = f"new, {p.items} items"
+    else:
+        state = f"resuming from {finished} of {p.items}"
+    return f"dataset {p.name}: {state}"
+
+
+def reconciliation_line(r: Reconciliation) -> str:
+    """`reconcile` key=value line: provider-billed spend against the ledger's, since the job
+    started, for one account."""
+    return (
+        f"reconcile account={r.account.base_url} provider_usd={r.provider_usd:.6f} "
+        f"ledger_usd={r.ledger_usd:.6f} difference_usd={r.difference_usd:.6f}"
+    )
 
 
 def _fmt_tokens(n: int) -> str:
@@ -56,7 +94,7 @@ def progress_line(stats: RunStats, now: float | None = None) -> str:
         f"lane_{name}={lane.in_flight}/{lane.limit}/{lane.concurrency}"
         for name, lane in stats.lanes.items()
     )
-    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = log_stamp()
     return (
         f"{stamp} progress done={t.done_before + t.done}/{t.items} failed={t.failed} "
         f"in_flight={t.in_flight} req_s={t.done / elapsed:.2f} "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import os
 import signal
 from collections.abc import Callable, Mapping
@@ -15,8 +16,17 @@ from typing import Any
 from rich.console import Console
 
 from regen import __version__
+from regen.budget import (
+    Account,
+    Baseline,
+    Reconciliation,
+    billing_accounts,
+    load_baseline,
+    reconcile,
+    save_baseline,
+)
 from regen.client import RETRYABLE, STOPS_RUN, ChatClient, Timeouts, chat_body
-from regen.config import EndpointConfig, Job
+from regen.config import EndpointConfig, Job, fingerprint_changes
 from regen.conversation import (
     BadRow,
     Request,
@@ -26,8 +36,14 @@ from regen.conversation import (
 )
 from regen.errors import ConfigError
 from regen.export import export_specforge
+from regen.lock import RunLock
 from regen.modes import item_id, prompt_hash_of, target_turns
-from regen.progress import ProgressReporter
+from regen.progress import (
+    ProgressReporter,
+    append_log,
+    dataset_start_line,
+    reconciliation_line,
+)
 from regen.scheduler import (
     DatasetStats,
     EndpointRuntime,
@@ -58,6 +74,8 @@ class RunReport:
     """A second signal cut requests in flight short."""
     unassigned: dict[str, int] = field(default_factory=dict)
     """Pending items no lane selects, per dataset (they are not sent)."""
+    reconciliations: list[Reconciliation] = field(default_factory=list)
+    """Per billing account: spend since the job started, by the provider and by the ledger."""
 
     @property
     def failed(self) -> int:
@@ -165,8 +183,9 @@ def build_lanes(job: Job, senders: Mapping[str, Sender]) -> list[LaneRuntime]:
 
 async def dispatch(
     job: Job, store: Store, keys: dict[str, str | None], console: Console
-) -> RunStats:
-    """Send every pending item; returns the live stats, with the reason if the run stopped."""
+) -> tuple[RunStats, list[Reconciliation]]:
+    """Send every pending item; returns the live stats, with the reason if the run stopped,
+    and each billing account's spend as the provider and the ledger see it."""
     stats = RunStats(
         datasets={
             p.name: DatasetStats(items=p.items, done_before=p.done)
@@ -187,6 +206,8 @@ async def dispatch(
     async with contextlib.AsyncExitStack() as stack:
         for c in clients.values():
             await stack.enter_async_context(c)
+        accounts = billing_accounts(job)
+        baselines = await take_baselines(store, accounts, clients)
         lanes = build_lanes(job, clients)
         scheduler = Scheduler(store, lanes, job.run, stats)
         reporter = ProgressReporter(
@@ -215,42 +236,114 @@ async def dispatch(
             for sig in signals:
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.remove_signal_handler(sig)
-    return stats
+        reconciliations = []
+        for account in accounts:
+            baseline = baselines.get(account.key)
+            usage = await clients[account.endpoints[0]].key_usage()
+            if baseline is not None and usage is not None:
+                ledger = store.ledger_usd(account.endpoints)
+                reconciliations.append(reconcile(account, baseline, usage, ledger))
+    return stats, reconciliations
 
 
-def run_job(job: Job, *, console: Console, api_key: str | None = None) -> RunReport:
-    """Ingest, dispatch, export and report. `api_key` defaults to the job's env variable."""
+async def take_baselines(
+    store: Store, accounts: list[Account], clients: Mapping[str, ChatClient]
+) -> dict[str, Baseline]:
+    """Each account's baseline: stored by the job's first run, else read now, before any
+    request of this run is sent. An account whose usage cannot be read has none."""
+    out: dict[str, Baseline] = {}
+    for account in accounts:
+        baseline = load_baseline(store, account)
+        if baseline is None:
+            usage = await clients[account.endpoints[0]].key_usage()
+            if usage is None:
+                continue
+            baseline = Baseline(usage, store.ledger_usd(account.endpoints))
+            save_baseline(store, account, baseline)
+        out[account.key] = baseline
+    return out
+
+
+def check_fingerprint(store: Store, job: Job, *, force: bool) -> list[str]:
+    """Refuse to resume a job whose data-affecting settings changed (unless forced); record
+    them on the first run. Returns notes for the log."""
+    fields = job.fingerprint_fields()
+    stored = store.get_meta("fingerprint_fields")
+    notes: list[str] = []
+    if stored is not None:
+        changes = fingerprint_changes(json.loads(stored), fields)
+        if changes and not force:
+            raise ConfigError(
+                f"{store.path}: the job's data-affecting settings changed since it started "
+                f"({'; '.join(changes)}); resuming would mix answers made with both. Undo the "
+                "change, give another output directory (--out), or pass --force to resume anyway"
+            )
+        if not changes:
+            return notes
+        notes.append(f"resuming with changed settings (--force): {'; '.join(changes)}")
+    store.set_meta("fingerprint_fields", canonical_json(fields))
+    store.set_meta("fingerprint", job.fingerprint())
+    if store.get_meta("regen_version") is None:
+        store.set_meta("regen_version", __version__)
+    return notes
+
+
+def run_job(
+    job: Job, *, console: Console, api_key: str | None = None, force: bool = False
+) -> RunReport:
+    """Ingest, dispatch, export and report. `api_key` defaults to the job's env variable;
+    `force` resumes even if the job's data-affecting settings changed."""
     keys = {
         e.name: api_key if api_key is not None else api_key_from_env(e) for e in job.endpoint_pool
     }
     out = job.output_path
-    store = Store.open(out)
-    try:
-        if store.get_meta("fingerprint") is None:
-            store.set_meta("fingerprint", job.fingerprint())
-            store.set_meta("regen_version", __version__)
-        ingest(store, job)
-        store.requeue_retryable_failures(RETRYABLE | STOPS_RUN)
-        unassigned = {
-            ds: n for (lane, ds), n in store.assign_lanes(lane_rules(job)).items() if lane is None
-        }
-        aborted = False
+    with RunLock(out) as lock:
+        store = Store.open(out)
         try:
-            stats = asyncio.run(dispatch(job, store, keys, console))
-            stop_reason = stats.stop_reason
-        except (KeyboardInterrupt, asyncio.CancelledError):
-            aborted, stop_reason = True, "interrupted"
-        names = [d.name for d in job.datasets]
-        exports = export_specforge(store, names, out / "export")
-        return RunReport(
-            out_dir=out,
-            datasets=store.dataset_progress(),
-            exports=exports,
-            errors=store.failure_counts(),
-            stop_reason=stop_reason,
-            interrupted=stop_reason == "interrupted",
-            aborted=aborted,
-            unassigned=unassigned,
-        )
-    finally:
-        store.close()
+            return _run_locked(job, store, keys, console, force, lock.stale_pid)
+        finally:
+            store.close()
+
+
+def _run_locked(
+    job: Job,
+    store: Store,
+    keys: dict[str, str | None],
+    console: Console,
+    force: bool,
+    stale_pid: int | None,
+) -> RunReport:
+    out = job.output_path
+    notes = check_fingerprint(store, job, force=force)
+    if stale_pid is not None:
+        notes.insert(0, f"took over the lock of pid {stale_pid}, which ended without releasing it")
+    ingest(store, job)
+    store.requeue_retryable_failures(RETRYABLE | STOPS_RUN)
+    unassigned = {
+        ds: n for (lane, ds), n in store.assign_lanes(lane_rules(job)).items() if lane is None
+    }
+    lines = notes + [dataset_start_line(p) for p in store.dataset_progress()]
+    for line in lines:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    append_log(out / "run.log", lines)
+    aborted = False
+    reconciliations: list[Reconciliation] = []
+    try:
+        stats, reconciliations = asyncio.run(dispatch(job, store, keys, console))
+        stop_reason = stats.stop_reason
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        aborted, stop_reason = True, "interrupted"
+    append_log(out / "run.log", [reconciliation_line(r) for r in reconciliations])
+    names = [d.name for d in job.datasets]
+    exports = export_specforge(store, names, out / "export")
+    return RunReport(
+        out_dir=out,
+        datasets=store.dataset_progress(),
+        exports=exports,
+        errors=store.failure_counts(),
+        stop_reason=stop_reason,
+        interrupted=stop_reason == "interrupted",
+        aborted=aborted,
+        unassigned=unassigned,
+        reconciliations=reconciliations,
+    )

@@ -331,7 +331,7 @@ class Scheduler:
                     result.generation_id,
                 )
             )
-            result = replace(result, attempts=number)
+            result = replace(result, attempts=number, endpoint=ep.name)
             if result.finish_reason == "length" and lane.escalate_to is not None:
                 return ended(result=result, escalate_to=lane.escalate_to)
             return ended(result=result)

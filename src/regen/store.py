@@ -138,7 +138,29 @@ def m002_lanes(db: sqlite3.Connection) -> None:
     )
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [m001_initial, m002_lanes]
+def m003_ledger_sources(db: sqlite3.Connection) -> None:
+    """Each charge names the endpoint that made it, the provider that served it and its
+    generation id, so that the ledger can be reconciled with an account's usage. Charges made
+    before keep a null endpoint; their provider and generation id come from their results."""
+    _script(
+        db,
+        """
+        ALTER TABLE ledger ADD COLUMN endpoint TEXT;
+        ALTER TABLE ledger ADD COLUMN provider TEXT;
+        ALTER TABLE ledger ADD COLUMN generation_id TEXT;
+        UPDATE ledger SET
+            provider = (SELECT r.provider FROM results r WHERE r.item_id = ledger.item_id),
+            generation_id = (SELECT r.generation_id FROM results r WHERE r.item_id = ledger.item_id)
+        WHERE kind = 'completion'
+        """,
+    )
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
+    m001_initial,
+    m002_lanes,
+    m003_ledger_sources,
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,6 +321,16 @@ class Store:
     def set_meta(self, key: str, value: str) -> None:
         with self._tx() as db:
             db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    def ledger_usd(self, endpoints: Iterable[str]) -> float:
+        """What the ledger charged to these endpoints, in USD."""
+        names = list(endpoints)
+        (total,) = self._db.execute(
+            "SELECT COALESCE(SUM(cost_usd), 0.0) FROM ledger "
+            f"WHERE endpoint IN ({','.join('?' * len(names))})",
+            names,
+        ).fetchone()
+        return float(total)
 
     # ingest
 
@@ -474,6 +506,9 @@ class Store:
                         u.completion_tokens,
                         u.cost_usd,
                         now,
+                        r.endpoint,
+                        r.provider,
+                        r.generation_id,
                     )
                 )
             if o.escalate_to is not None and r is not None:
@@ -518,7 +553,8 @@ class Store:
             db.executemany("INSERT INTO results VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", results)
             db.executemany(
                 "INSERT INTO ledger (item_id, dataset, kind, prompt_tokens, completion_tokens, "
-                "cost_usd, created_at) VALUES (?,?,?,?,?,?,?)",
+                "cost_usd, created_at, endpoint, provider, generation_id) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?)",
                 ledger,
             )
             db.executemany(

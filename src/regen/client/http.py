@@ -43,7 +43,8 @@ class ChatClient:
         connect_timeout_s: float = 30.0,
         headers: dict[str, str] | None = None,
     ) -> None:
-        self.url = f"{base_url.rstrip('/')}/chat/completions"
+        self.base_url = base_url.rstrip("/")
+        self.url = f"{self.base_url}/chat/completions"
         self._headers = {"Content-Type": "application/json", **(headers or {})}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -146,6 +147,25 @@ class ChatClient:
             raise EndpointError("timeout", f"request took over {t.total_s:g} s") from exc
         except aiohttp.ClientError as exc:
             raise EndpointError("connection", type(exc).__name__ + _detail(exc)) from exc
+
+    async def key_usage(self) -> float | None:
+        """The key's total usage in USD from OpenRouter's `GET /key` (`data.usage`), or None
+        when the endpoint does not say (another dialect, an error, no network)."""
+        assert self._session is not None, "use ChatClient as an async context manager"
+        try:
+            async with self._session.get(
+                f"{self.base_url}/key", timeout=aiohttp.ClientTimeout(total=30)
+            ) as resp:
+                if resp.status != 200:
+                    return None
+                body = orjson.loads(await resp.read())
+        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
+            return None
+        data = body.get("data") if isinstance(body, dict) else None
+        usage = data.get("usage") if isinstance(data, dict) else None
+        if isinstance(usage, bool) or not isinstance(usage, int | float):
+            return None
+        return float(usage)
 
 
 def _detail(exc: BaseException) -> str:

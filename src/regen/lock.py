@@ -1,0 +1,83 @@
+"""One `regen run` per output directory.
+
+The lock is an flock on `<out>/run.lock`, which the kernel releases when the holder dies, however
+it dies (kill -9 included): a lock left by a dead process is simply taken over. The file holds
+the holder's pid, so a second run can say who holds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from pathlib import Path
+from types import TracebackType
+
+from regen.errors import StateError
+
+LOCK_FILE = "run.lock"
+
+
+class RunLock:
+    """Exclusive use of an output directory by one process. Use as a context manager."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.path = out_dir / LOCK_FILE
+        self._fd: int | None = None
+        self.stale_pid: int | None = None
+        """The pid of an earlier holder that died without releasing the lock, if any."""
+
+    def acquire(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StateError(f"{self.path.parent}: cannot use output directory: {exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_pid(fd)
+            os.close(fd)
+            who = f"pid {holder}" if holder else "another process"
+            raise StateError(
+                f"{self.path.parent}: another regen run ({who}) is using this output directory;"
+                " wait for it to finish, stop it, or pass another --out"
+            ) from None
+        # A pid left in the file is a holder that never released the lock: it died.
+        self.stale_pid = _read_pid(fd)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:
+            os.close(fd)
+            raise StateError(f"{self.path}: cannot write lock file: {exc}") from exc
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        # An empty file says "released cleanly"; the kernel drops the lock on close anyway.
+        with contextlib.suppress(OSError):
+            os.ftruncate(self._fd, 0)
+        os.close(self._fd)
+        self._fd = None
+
+    def __enter__(self) -> RunLock:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
