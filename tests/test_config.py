@@ -154,3 +154,23 @@ def test_lane_limits_are_not_part_of_the_fingerprint(tmp_path: Path) -> None:
     base = load_job(tmp_path / "job.toml").fingerprint()
     (tmp_path / "job.toml").write_text(LANES.replace("concurrency = 2000", "concurrency = 5"))
     assert load_job(tmp_path / "job.toml").fingerprint() == base
+
+
+def test_fingerprint_changes_name_each_field_and_ignore_added_datasets(tmp_path: Path) -> None:
+    from regen.config import fingerprint_changes
+
+    (tmp_path / "job.toml").write_text(MINIMAL)
+    old = load_job(tmp_path / "job.toml").fingerprint_fields()
+    changed = (
+        MINIMAL.replace('kimi-k2.5"', 'kimi-k2.5"\ntemperature = 0.2\nmax_tokens = 99')
+        + '\n[endpoint]\nprovider = { ignore = ["fireworks/fp4"] }\n'
+        + '\n[[datasets]]\nname = "more"\npath = "more.jsonl"\n'
+    ).replace('path = "chat.jsonl"', 'path = "chat.jsonl"\nformat = "sharegpt"')
+    (tmp_path / "job.toml").write_text(changed)
+    new = load_job(tmp_path / "job.toml").fingerprint_fields()
+    changes = fingerprint_changes(old, new)
+    assert changes[0] == 'datasets.chat.format: "openai" -> "sharegpt"'
+    assert changes[2] == "generation.temperature: unset -> 0.2"
+    assert changes[1].startswith("endpoints: ") and "fireworks/fp4" in changes[1]
+    assert len(changes) == 3  # max_tokens is a limit; an added dataset is not a change
+    assert fingerprint_changes(new, new) == []

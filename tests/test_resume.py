@@ -1,0 +1,223 @@
+"""Exactly-once resume: `regen run` killed with SIGKILL at random moments and rerun, a lock per
+output directory, and the fingerprint that guards a resumed job's settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from regen.sim import SimConfig, sim_in_thread
+from tests.conftest import SECRET_KEY, chat_rows, run_cli, write_job, write_rows
+
+KILLS = 10
+CHAT = [("chat", "chat.jsonl", "openai")]
+
+
+def start_run(job: Path, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "REGEN_TEST_KEY": SECRET_KEY}
+    return subprocess.Popen(
+        [sys.executable, "-m", "regen", "run", str(job), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.01)
+
+
+def query(out: Path, sql: str) -> list[tuple[object, ...]]:
+    db = sqlite3.connect(out / "state.db")
+    try:
+        return db.execute(sql).fetchall()
+    finally:
+        db.close()
+
+
+def test_sigkill_at_random_moments_then_rerun_loses_nothing_and_sends_nothing_twice(
+    tmp_path: Path,
+) -> None:
+    rng = random.Random(20261202)
+    n_items = 800
+    write_rows(tmp_path / "chat.jsonl", chat_rows(n_items))
+    # An answer takes about 0.3 s and the whole dispatch about 15 s: each run commits some
+    # answers and is killed with others in flight, and the job outlives the ten kills.
+    with sim_in_thread(SimConfig(seed=5, time_scale=0.07, log_bodies=True)) as sim:
+        job = write_job(tmp_path, sim.base_url, datasets=CHAT, concurrency=16)
+        runs: list[tuple[float, bool]] = []  # (start, killed)
+        log_file = tmp_path / "out" / "run.log"
+
+        def dispatches() -> int:  # runs that reached dispatch: each logs a start line
+            return log_file.read_text().count("dataset chat:") if log_file.exists() else 0
+
+        for _ in range(KILLS):
+            started = dispatches()
+            runs.append((time.time(), True))
+            proc = start_run(job)
+            if rng.random() < 0.1:  # during start-up or ingest
+                time.sleep(rng.uniform(0.05, 0.5))
+            else:  # once dispatch began: requests in flight, or being committed
+                wait_for(lambda n=started: dispatches() > n)
+                time.sleep(rng.uniform(0.2, 1.5))
+            assert proc.poll() is None, "the job finished before it could be killed"
+            proc.send_signal(signal.SIGKILL)
+            proc.communicate(timeout=30)
+            assert proc.returncode == -signal.SIGKILL
+        sim.simulator.config = sim.simulator.config.model_copy(update={"time_scale": 0.0})
+        runs.append((time.time(), False))
+        final = run_cli("run", str(job))
+        log = sim.simulator.chat_log()
+        billed_total = sim.simulator.billed_usd()
+    assert final.returncode == 0, final.stdout + final.stderr
+    resumed = re.findall(r"dataset chat: resuming from (\d+) of", log_file.read_text())
+    assert len(set(resumed)) >= KILLS // 2, "the killed runs committed answers"
+
+    out = tmp_path / "out"
+    # Every item is in the export exactly once.
+    export = (out / "export" / "chat.jsonl").read_text().splitlines()
+    ids = [json.loads(line)["id"] for line in export]
+    assert len(ids) == n_items and len(set(ids)) == n_items
+    assert set(ids) == {i for (i,) in query(out, "SELECT id FROM items WHERE status = 'done'")}
+
+    # Nothing committed was sent again: every request for an item reached the simulator
+    # before that item's result was committed.
+    committed: dict[str, float] = {}
+    for data, created in query(
+        out,
+        "SELECT c.data, r.created_at FROM results r JOIN items i ON i.id = r.item_id "
+        "JOIN conversations c ON c.id = i.conversation_id",
+    ):
+        question = json.loads(str(data))["messages"][0]["content"]
+        committed[question] = float(created)  # type: ignore[arg-type]
+    assert len(committed) == n_items
+    for entry in log:
+        assert entry.body is not None
+        question = entry.body["messages"][-1]["content"]
+        assert entry.at < committed[question], f"{question!r} sent after its result was committed"
+
+    # The ledger holds what regen recorded; the simulator billed that plus the answers that
+    # were in flight when a run was killed, and nothing else.
+    ((ledger_total, ledger_gens),) = query(
+        out, "SELECT SUM(cost_usd), COUNT(generation_id) FROM ledger"
+    )
+    recorded = {g for (g,) in query(out, "SELECT generation_id FROM ledger")}
+    assert ledger_gens == n_items and recorded <= {e.generation_id for e in log if e.billed}
+    lost = [e for e in log if e.billed and e.generation_id not in recorded]
+    # A request belongs to the last run started before it reached the simulator (one sent
+    # just before a kill may arrive just after it).
+    owners = [max(i for i, (start, _) in enumerate(runs) if start <= e.at) for e in lost]
+    assert all(runs[i][1] for i in owners), "an answer of the final run is missing"
+    assert len(set(owners)) >= KILLS // 2, "most kills must cut billed answers short"
+    lost_usd = sum(e.cost_usd for e in lost)
+    assert float(ledger_total) <= billed_total  # type: ignore[arg-type]
+    assert abs(billed_total - float(ledger_total) - lost_usd) < 1e-9  # type: ignore[arg-type]
+
+    # The final reconciliation reports exactly that difference.
+    reconcile = re.findall(r"difference_usd=([0-9.-]+)", (out / "run.log").read_text())
+    assert abs(float(reconcile[-1]) - lost_usd) < 2e-6
+    assert "billed but not in the ledger" in final.stdout
+
+
+def test_resume_says_where_each_dataset_stands(tmp_path: Path) -> None:
+    with sim_in_thread(SimConfig(seed=2, time_scale=0.0)) as sim:
+        write_rows(tmp_path / "a.jsonl", chat_rows(12, prefix="A"))
+        write_rows(tmp_path / "b.jsonl", chat_rows(8, prefix="B"))
+        datasets = [("a", "a.jsonl", "openai"), ("b", "b.jsonl", "openai")]
+        job = write_job(tmp_path, sim.base_url, datasets=datasets)
+        first = run_cli("run", str(job))
+        assert first.returncode == 0, first.stderr
+        assert "dataset a: new, 12 items" in first.stdout
+        assert "dataset b: new, 8 items" in first.stdout
+        # Three finished items of b are forgotten, as if they were in flight at a crash.
+        db = sqlite3.connect(tmp_path / "out" / "state.db")
+        with db:
+            gone = [r[0] for r in db.execute("SELECT item_id FROM results WHERE dataset = 'b'")]
+            for iid in gone[:3]:
+                db.execute("DELETE FROM results WHERE item_id = ?", (iid,))
+                db.execute("UPDATE items SET status = 'pending' WHERE id = ?", (iid,))
+        db.close()
+        write_rows(tmp_path / "c.jsonl", chat_rows(5, prefix="C"))
+        job.write_text(job.read_text() + '\n[[datasets]]\nname = "c"\npath = "c.jsonl"\n')
+        second = run_cli("run", str(job))
+        assert second.returncode == 0, second.stderr
+        sent = len(sim.simulator.chat_log())
+    assert "dataset a: complete" in second.stdout
+    assert "dataset b: resuming from 5 of 8" in second.stdout
+    assert "dataset c: new, 5 items" in second.stdout  # an added dataset is not a change
+    assert sent == 12 + 8 + 3 + 5
+    log = (tmp_path / "out" / "run.log").read_text()
+    assert re.search(r"Z dataset b: resuming from 5 of 8\n", log)
+
+
+def test_changed_temperature_is_refused_and_changed_limits_are_not(tmp_path: Path) -> None:
+    with sim_in_thread(SimConfig(seed=2, time_scale=0.0)) as sim:
+        job = write_job(tmp_path, sim.base_url)
+        assert run_cli("run", str(job)).returncode == 0
+        sent = len(sim.simulator.chat_log())
+        original = job.read_text()
+
+        job.write_text(original.replace("temperature = 0.7", "temperature = 0.9"))
+        refused = run_cli("run", str(job))
+        assert refused.returncode == 1
+        (line,) = refused.stderr.splitlines()
+        assert line.startswith("error: ") and "state.db" in line
+        assert "generation.temperature: 0.7 -> 0.9" in line and "--force" in line
+
+        # Concurrency, max_tokens, timeouts and the progress interval are not the data.
+        job.write_text(
+            original.replace("concurrency = 16", "concurrency = 3\ntimeout_s = 30")
+            .replace("max_tokens = 512", "max_tokens = 1024")
+            .replace("progress_interval_s = 0.5", "progress_interval_s = 2")
+        )
+        accepted = run_cli("run", str(job))
+        assert accepted.returncode == 0, accepted.stderr
+        assert "dataset chat: complete" in accepted.stdout
+
+        job.write_text(original.replace("temperature = 0.7", "temperature = 0.9"))
+        forced = run_cli("run", str(job), "--force")
+        assert forced.returncode == 0, forced.stderr
+        assert "resuming with changed settings (--force): generation.temperature" in forced.stdout
+        assert run_cli("run", str(job)).returncode == 0  # the new settings are the job's now
+        assert len(sim.simulator.chat_log()) == sent
+
+
+def test_a_second_run_on_one_output_directory_is_refused_and_a_dead_holder_is_taken_over(
+    tmp_path: Path,
+) -> None:
+    write_rows(tmp_path / "chat.jsonl", chat_rows(200))
+    with sim_in_thread(SimConfig(seed=2, time_scale=0.5)) as sim:
+        job = write_job(tmp_path, sim.base_url, datasets=CHAT, concurrency=4)
+        holder = start_run(job)
+        try:
+            wait_for(lambda: sim.simulator.chat_log())
+            second = run_cli("run", str(job))
+            assert second.returncode == 1
+            assert f"another regen run (pid {holder.pid}) is using this output directory" in (
+                second.stderr
+            )
+            holder.send_signal(signal.SIGKILL)
+            holder.communicate(timeout=30)
+        finally:
+            if holder.poll() is None:
+                holder.kill()
+        # The holder died without releasing its lock: the next run takes it over.
+        job.write_text(job.read_text().replace("concurrency = 4", "concurrency = 64"))
+        sim.simulator.config = sim.simulator.config.model_copy(update={"time_scale": 0.0})
+        third = run_cli("run", str(job))
+    assert third.returncode == 0, third.stderr
+    assert f"took over the lock of pid {holder.pid}" in third.stdout
+    assert (tmp_path / "out" / "run.lock").read_text() == ""  # released cleanly this time
