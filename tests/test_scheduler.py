@@ -317,3 +317,47 @@ def test_ingested_ids_are_the_vocabularys_ids(tmp_path: Path) -> None:
         assert p.id == item_id(conv.id, p.turn_index)
         (ph,) = rows(store, f"SELECT prompt_hash FROM items WHERE id = '{p.id}'")[0]
         assert ph == prompt_hash(conv, p.turn_index)
+
+
+async def test_a_batch_that_cannot_be_written_stops_dispatch_and_is_saved_when_it_can(
+    tmp_path: Path,
+) -> None:
+    from regen.errors import StateError
+
+    job, store = make_job(tmp_path, 40, concurrency=2)
+    real_commit = store.commit_outcomes
+    failures = [StateError("state.db: write failed: database or disk is full")] * 3
+
+    def commit(outcomes: Any) -> None:
+        if failures:
+            raise failures.pop()
+        real_commit(outcomes)
+
+    store.commit_outcomes = commit  # type: ignore[method-assign]
+    async with scripted_server(lambda n, _: Reply()) as srv:
+        stats = await run(job, store, srv.url)
+    # The first failed write stopped dispatch; the answers it held were written on a retry.
+    assert stats.stop_reason is not None and "disk is full" in stats.stop_reason
+    done = stats.datasets["chat"].done
+    assert 0 < done < 40
+    assert rows(store, "SELECT COUNT(*) FROM results") == [(done,)]
+    assert rows(store, "SELECT COUNT(*) FROM ledger") == [(done,)]
+
+
+async def test_a_batch_never_written_is_reported_with_how_many_answers_it_held(
+    tmp_path: Path,
+) -> None:
+    import pytest
+
+    from regen.errors import StateError
+
+    job, store = make_job(tmp_path, 40, "stop_grace_s = 0.2", concurrency=2)
+
+    def commit(outcomes: Any) -> None:
+        raise StateError("state.db: write failed: database or disk is full")
+
+    store.commit_outcomes = commit  # type: ignore[method-assign]
+    async with scripted_server(lambda n, _: Reply()) as srv:
+        with pytest.raises(StateError, match=r"disk is full; \d+ finished answers could not be"):
+            await run(job, store, srv.url)
+    assert rows(store, "SELECT COUNT(*) FROM results") == [(0,)]

@@ -59,7 +59,10 @@ def write_jsonl_atomic(path: Path, records: Iterable[dict[str, Any]]) -> int:
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise StateError(f"{path}: cannot write export: {exc}") from exc
+        raise StateError(
+            f"{path}: cannot write export: {exc}; every result is kept in state.db, so run the "
+            "same command again once the problem is fixed"
+        ) from exc
     return n
 
 

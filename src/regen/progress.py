@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -13,6 +14,7 @@ from rich.live import Live
 from rich.table import Table
 
 from regen.budget import Reconciliation
+from regen.errors import StateError
 from regen.scheduler import DatasetStats, RunStats
 from regen.store import DatasetProgress
 
@@ -27,8 +29,11 @@ def append_log(path: Path, lines: list[str]) -> None:
     if not lines:
         return
     stamp = log_stamp()
-    with path.open("a", encoding="utf-8") as f:
-        f.writelines(f"{stamp} {line}\n" for line in lines)
+    try:
+        with path.open("a", encoding="utf-8") as f:
+            f.writelines(f"{stamp} {line}\n" for line in lines)
+    except OSError as exc:
+        raise StateError(f"{path}: cannot write: {exc}") from exc
 
 
 def dataset_start_line(p: DatasetProgress) -> str:
@@ -151,14 +156,33 @@ class ProgressReporter:
         self._console = console
         self._interval_s = interval_s
         self._log_path = log_path
+        self._log_file: TextIO | None = None
 
-    def _log(self, log: TextIO | None, line: str) -> None:
+    def _log(self, line: str) -> None:
+        if self._log_file is None:
+            return
+        try:
+            self._log_file.write(line + "\n")
+            self._log_file.flush()
+        except OSError as exc:
+            # A full disk must not end the run over its log: say so once, keep showing progress.
+            self._close_log()
+            self._console.print(
+                f"warning: {self._log_path}: cannot write progress lines: {exc}", markup=False
+            )
+
+    def _close_log(self) -> None:
+        log, self._log_file = self._log_file, None
         if log is not None:
-            log.write(line + "\n")
-            log.flush()
+            with contextlib.suppress(OSError):
+                log.close()
 
     async def run(self) -> None:
-        log = self._log_path.open("a", encoding="utf-8") if self._log_path else None
+        if self._log_path is not None:
+            try:
+                self._log_file = self._log_path.open("a", encoding="utf-8")
+            except OSError as exc:
+                self._console.print(f"warning: {self._log_path}: {exc}", markup=False)
         live: Live | None = None
         try:
             if self._console.is_terminal:
@@ -176,21 +200,20 @@ class ProgressReporter:
                     live.update(progress_table(self._stats, now))
                 if now - last_line >= self._interval_s:
                     line = progress_line(self._stats, now)
-                    self._log(log, line)
+                    self._log(line)
                     if live is None:
                         self._console.print(line, markup=False, highlight=False, soft_wrap=True)
                     last_line = now
                 await asyncio.sleep(0.25 if live is not None else min(self._interval_s, 1.0))
         finally:
             final = progress_line(self._stats)
-            self._log(log, final)
+            self._log(final)
             if live is not None:
                 live.update(progress_table(self._stats))
                 live.stop()
             else:
                 self._console.print(final, markup=False, highlight=False, soft_wrap=True)
-            if log is not None:
-                log.close()
+            self._close_log()
 
 
 def summary_table(

@@ -143,6 +143,7 @@ class Scheduler:
         self._rng = rng or random.Random(run.shuffle_seed)
         self._commit_interval_s = commit_interval_s
         self._stopping = asyncio.Event()
+        self._stopped_at = 0.0
         self._pending: list[Outcome] = []
         self._commit_error: StateError | None = None
         self._lane_done = {lane.name: asyncio.Event() for lane in lanes}
@@ -162,6 +163,7 @@ class Scheduler:
         """Stop dispatching; requests in flight may finish (up to [run].stop_grace_s)."""
         if not self._stopping.is_set():
             self.stats.stop_reason = reason
+            self._stopped_at = time.monotonic()
             self._stopping.set()
 
     async def run(self) -> None:
@@ -179,13 +181,26 @@ class Scheduler:
         tasks.append(asyncio.create_task(self._deadline(workers)))
         try:
             await asyncio.gather(*workers, return_exceptions=True)
+            await self._retry_unsaved()
         finally:
             for t in tasks + workers:
                 t.cancel()
             await asyncio.gather(*tasks, *workers, return_exceptions=True)
             self._flush()
         if self._commit_error is not None:
-            raise self._commit_error
+            lost = sum(1 for o in self._pending if not o.abandoned)
+            raise StateError(
+                f"{self._commit_error}; {lost} finished answers could not be saved and will be "
+                "sent again by the next run; every earlier result is kept"
+            )
+
+    async def _retry_unsaved(self) -> None:
+        """Answers that could not be written (a full disk) are tried again until the stop's
+        grace period ends: space freed meanwhile saves them."""
+        deadline = self._stopped_at + self._run.stop_grace_s
+        while self._commit_error is not None and time.monotonic() < deadline:
+            await asyncio.sleep(self._commit_interval_s)
+            self._flush()
 
     async def _mark_done(self, lane: str, workers: list[asyncio.Task[None]]) -> None:
         await asyncio.gather(*workers, return_exceptions=True)
@@ -380,12 +395,18 @@ class Scheduler:
             self._flush()
 
     def _flush(self) -> None:
-        # Group commit: one transaction for many finished items, each complete in itself.
-        if not self._pending or self._commit_error is not None:
+        # Group commit: one transaction for many finished items, each complete in itself. A
+        # batch that cannot be written (a full disk) stays in memory and is tried again at each
+        # tick while the run stops, so that space freed meanwhile saves it.
+        if not self._pending:
             return
         batch, self._pending = self._pending, []
         try:
             self._store.commit_outcomes(batch)
         except StateError as exc:
+            self._pending = batch + self._pending
+            if self._commit_error is None:
+                self.stop(f"cannot write state: {exc}")
             self._commit_error = exc
-            self.stop(f"cannot write state: {exc}")
+        else:
+            self._commit_error = None

@@ -6,6 +6,7 @@ charge) happen in one transaction, so a crash at any moment leaves either all of
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import time
@@ -247,6 +248,18 @@ class ExportRow:
     finish_reason: str | None
 
 
+def _hint(exc: sqlite3.Error) -> str:
+    """What a storage error most likely means, in the user's terms."""
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    if name == "SQLITE_FULL":
+        return " (the disk is full)"
+    if name.startswith("SQLITE_IOERR"):
+        return " (the disk may be full, or the file too large for its limits)"
+    if name.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN")):
+        return " (the output directory or state.db is read-only)"
+    return ""
+
+
 class Store:
     """A job's state.db. Open with Store.open(out_dir)."""
 
@@ -271,7 +284,7 @@ class Store:
             store = cls(db, path)
             store._migrate()
         except sqlite3.Error as exc:
-            raise StateError(f"{path}: cannot open state database: {exc}") from exc
+            raise StateError(f"{path}: cannot open state database: {exc}{_hint(exc)}") from exc
         return store
 
     def close(self) -> None:
@@ -279,16 +292,21 @@ class Store:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        db = self._db
         try:
-            self._db.execute("BEGIN IMMEDIATE")
+            db.execute("BEGIN IMMEDIATE")
             try:
-                yield self._db
+                yield db
+                db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                # A failed COMMIT (a full disk) leaves the transaction open: end it, so that
+                # the next write can try again.
+                if db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
         except sqlite3.Error as exc:
-            raise StateError(f"{self.path}: write failed: {exc}") from exc
+            raise StateError(f"{self.path}: write failed: {exc}{_hint(exc)}") from exc
 
     def _migrate(self) -> None:
         self._db.execute(

@@ -1,0 +1,121 @@
+"""A full disk or a read-only output directory: one clear line, and nothing already done lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from regen.sim import SimConfig, sim_in_thread
+from tests.conftest import SECRET_KEY, chat_rows, run_cli, write_job, write_rows
+
+CHAT = [("chat", "chat.jsonl", "openai")]
+
+
+def counts(out: Path) -> tuple[str, dict[str, int]]:
+    db = sqlite3.connect(out / "state.db")
+    try:
+        (check,) = db.execute("PRAGMA integrity_check").fetchone()
+        rows = db.execute("SELECT status, COUNT(*) FROM items GROUP BY status").fetchall()
+        return check, dict(rows)
+    finally:
+        db.close()
+
+
+def exported_ids(out: Path) -> list[str]:
+    lines = (out / "export" / "chat.jsonl").read_text().splitlines()
+    return [json.loads(line)["id"] for line in lines]
+
+
+def test_a_full_disk_stops_the_run_with_one_line_and_keeps_every_committed_result(
+    tmp_path: Path,
+) -> None:
+    write_rows(tmp_path / "chat.jsonl", chat_rows(50))
+    with sim_in_thread(SimConfig(seed=1, time_scale=0.0)) as sim:
+        # A failed write is tried again for stop_grace_s: keep that short here.
+        job = write_job(tmp_path, sim.base_url, datasets=CHAT, extra="stop_grace_s = 0.5")
+        assert run_cli("run", str(job)).returncode == 0
+        out = tmp_path / "out"
+        write_rows(tmp_path / "chat.jsonl", chat_rows(400))
+        # No file may grow past the largest one now plus 300 kB: the state.db write-ahead log
+        # fills up once some new answers come back. (Python ignores SIGXFSZ, so the write
+        # fails with EFBIG, as a full disk fails with ENOSPC.)
+        cap = max(p.stat().st_size for p in out.rglob("*") if p.is_file()) + 300_000
+
+        def limit_file_size() -> None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (cap, cap))
+
+        full = subprocess.run(
+            [sys.executable, "-m", "regen", "run", str(job)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "REGEN_TEST_KEY": SECRET_KEY},
+            preexec_fn=limit_file_size,
+            timeout=120,
+            check=False,
+        )
+        assert full.returncode == 1, full.stdout + full.stderr
+        (line,) = full.stderr.splitlines()
+        assert line.startswith(f"error: {out / 'state.db'}: write failed: ")
+        assert "disk may be full" in line and "could not be saved" in line
+        check, by_status = counts(out)
+        assert check == "ok"
+        assert 50 <= by_status["done"] < 400 and by_status["pending"] > 0
+
+        again = run_cli("run", str(job))
+        assert again.returncode == 0, again.stderr
+    ids = exported_ids(out)
+    assert len(ids) == 400 and len(set(ids)) == 400
+    assert counts(out) == ("ok", {"done": 400})
+
+
+def _unshare() -> str:
+    tool = shutil.which("unshare")
+    probe = tool and subprocess.run([tool, "--mount", "true"], capture_output=True, check=False)
+    if not probe or probe.returncode != 0:
+        pytest.skip("needs `unshare --mount` (Linux, root) to mount a directory read-only")
+    return str(tool)
+
+
+def test_a_read_only_output_directory_is_one_line_and_changes_nothing(tmp_path: Path) -> None:
+    unshare = _unshare()
+    write_rows(tmp_path / "chat.jsonl", chat_rows(30))
+    with sim_in_thread(SimConfig(seed=1, time_scale=0.0)) as sim:
+        job = write_job(tmp_path, sim.base_url, datasets=CHAT)
+        job.write_text(job.read_text() + "limit = 10\n")
+        assert run_cli("run", str(job)).returncode == 0
+        out = tmp_path / "out"
+        before = counts(out)
+        job.write_text(job.read_text().replace("limit = 10\n", ""))
+        # The output directory, mounted read-only in a mount namespace of its own.
+        script = (
+            f'mount --bind "{out}" "{out}" && mount -o remount,bind,ro "{out}" && '
+            f'exec "{sys.executable}" -m regen run "{job}"'
+        )
+        ro = subprocess.run(
+            [unshare, "--mount", "sh", "-c", script],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "REGEN_TEST_KEY": SECRET_KEY},
+            timeout=120,
+            check=False,
+        )
+        assert ro.returncode == 1, ro.stdout + ro.stderr
+        (line,) = ro.stderr.splitlines()
+        assert line == (
+            f"error: {out}: cannot use output directory: [Errno 30] Read-only file system: "
+            f"'{out / 'run.lock'}'"
+        )
+        assert counts(out) == before
+        assert len(sim.simulator.chat_log()) == 10
+
+        assert run_cli("run", str(job)).returncode == 0
+    assert sorted(set(exported_ids(out))) == sorted(exported_ids(out))
+    assert len(exported_ids(out)) == 30
