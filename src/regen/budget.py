@@ -1,92 +1,274 @@
-"""Money: what the ledger says was spent, checked against what the provider billed.
+"""Budgets: admission of every attempt under token budgets and dollar caps.
 
-The ledger in state.db holds every charge regen saw. A provider also bills requests whose
-answers regen never recorded: those in flight when a run was killed or cut short. OpenRouter's
-`GET /key` reports the key's total usage; its growth since a job started, against the ledger's
-growth over the same time, gives that difference.
+Admission. Every attempt takes a lease before it is sent. Token budgets (per dataset) reserve
+the expected tokens of each attempt in flight (the running mean of that dataset and lane, or
+max_tokens/4 before the first answer): an attempt is sent only while spent + reserved < budget,
+so the overshoot is bounded by what is in flight. Dollar caps (per dataset and for the job)
+reserve the worst case of each attempt in flight: max_tokens at the completion price plus an
+upper bound of the prompt's cost. Far from a cap that reservation never binds; near it, fewer
+attempts fit, and no way the attempts in flight can end takes the spend past the cap.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from regen.config import Job
-from regen.store import Store
+from regen.config import DatasetConfig, EndpointConfig
+from regen.conversation import Usage
+from regen.store import DatasetProgress
 
 
 @dataclass(frozen=True, slots=True)
-class Account:
-    """Endpoints that bill one provider account: one base URL and one key variable. Only the
-    variable's name is known here, never the key."""
+class Prices:
+    """What an endpoint charges, in USD per token."""
 
-    base_url: str
-    api_key_env: str
-    endpoints: tuple[str, ...]
+    prompt: float
+    completion: float
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        return prompt_tokens * self.prompt + completion_tokens * self.completion
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Room reserved for one attempt in flight; settled exactly once."""
+
+    dataset: str
+    lane: str
+    tokens: float
+    """Expected tokens, held against the dataset's token budget."""
+    worst_usd: float
+    """The most the attempt can cost, held against the dollar caps."""
+    max_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Denial:
+    """Why an attempt may not be sent now. `wait`: attempts in flight hold the room, so ask
+    again when one settles; otherwise the budget is met. `stops_run`: the job's own cap."""
+
+    reason: str
+    wait: bool = False
+    stops_run: bool = False
+
+
+@dataclass
+class _Scope:
+    """Spend and reservations of one dataset, or of the whole job."""
+
+    spent_tokens: int = 0
+    spent_usd: float = 0.0
+    reserved_tokens: float = 0.0
+    reserved_usd: float = 0.0
+    reserved_max_tokens: int = 0
+    in_flight: int = 0
+    bound_at_last_admission: int = 0
+    """The max_tokens of everything in flight when the last attempt was admitted."""
+
+    def take(self, lease: Lease) -> None:
+        self.reserved_tokens += lease.tokens
+        self.reserved_usd += lease.worst_usd
+        self.reserved_max_tokens += lease.max_tokens
+        self.in_flight += 1
+        self.bound_at_last_admission = self.reserved_max_tokens
+
+    def give_back(self, lease: Lease) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:  # no float drift survives an idle moment
+            self.reserved_tokens = self.reserved_usd = 0.0
+            self.reserved_max_tokens = 0
+        else:
+            self.reserved_tokens -= lease.tokens
+            self.reserved_usd -= lease.worst_usd
+            self.reserved_max_tokens -= lease.max_tokens
+
+
+@dataclass
+class DatasetBudgetState:
+    """A dataset's limits and where it stands against them."""
+
+    token_budget: int | None
+    max_cost_usd: float | None
+    scope: _Scope = field(default_factory=_Scope)
+    met: str | None = None
+    """Why nothing more of this dataset is sent, once a budget is met."""
+
+
+class BudgetBook:
+    """Spent and reserved tokens and dollars, per dataset and for the job; admits attempts."""
+
+    def __init__(
+        self,
+        datasets: list[DatasetConfig],
+        progress: list[DatasetProgress],
+        *,
+        job_max_cost_usd: float | None = None,
+        count_total: bool = False,
+    ) -> None:
+        self._count_total = count_total
+        self._job_cap = job_max_cost_usd
+        self.job = _Scope(spent_usd=sum(p.cost_usd for p in progress))
+        done = {p.name: p for p in progress}
+        self.datasets: dict[str, DatasetBudgetState] = {}
+        self._means: dict[tuple[str, str], tuple[float, int]] = {}
+        self._prior: dict[str, float] = {}
+        for d in datasets:
+            p = done.get(d.name)
+            state = DatasetBudgetState(d.token_budget, d.max_cost_usd)
+            if p is not None:
+                state.scope.spent_tokens = self._tokens(p.prompt_tokens, p.completion_tokens)
+                state.scope.spent_usd = p.cost_usd
+                if p.done:
+                    self._prior[d.name] = p.completion_tokens / p.done
+            self.datasets[d.name] = state
+            state.met = self._met_before_start(state)
+        self.stopped: str | None = None
+        self._changed = asyncio.Event()
 
     @property
-    def key(self) -> str:
-        return f"{self.base_url} {self.api_key_env}"
+    def needs_prices(self) -> bool:
+        """Whether any dollar cap applies, so that every endpoint must have prices."""
+        return self._job_cap is not None or any(
+            s.max_cost_usd is not None for s in self.datasets.values()
+        )
 
+    def _tokens(self, prompt: int, completion: int) -> int:
+        return prompt + completion if self._count_total else completion
 
-def billing_accounts(job: Job) -> list[Account]:
-    """The job's OpenRouter accounts (the dialect whose `/key` reports usage)."""
-    groups: dict[tuple[str, str], list[str]] = {}
-    for e in job.endpoint_pool:
-        if e.dialect == "openrouter":
-            groups.setdefault((e.base_url, e.api_key_env), []).append(e.name)
-    return [Account(url, env, tuple(names)) for (url, env), names in groups.items()]
-
-
-@dataclass(frozen=True, slots=True)
-class Baseline:
-    """An account's usage and the ledger's total for it, read together before a job's first
-    request (or the first request since reconciliation became possible)."""
-
-    provider_usd: float
-    ledger_usd: float
-
-
-@dataclass(frozen=True, slots=True)
-class Reconciliation:
-    """Spend on one account since its baseline, as the provider and as the ledger see it."""
-
-    account: Account
-    provider_usd: float
-    ledger_usd: float
-
-    @property
-    def difference_usd(self) -> float:
-        """Billed but not in the ledger (positive), e.g. answers lost to a crash."""
-        return self.provider_usd - self.ledger_usd
-
-    def agrees(self, tolerance_usd: float = 5e-5) -> bool:
-        return abs(self.difference_usd) < tolerance_usd
-
-
-def reconcile(
-    account: Account, baseline: Baseline, usage_usd: float, ledger_usd: float
-) -> Reconciliation:
-    """Spend since the baseline, from the account's usage and the ledger's total now."""
-    return Reconciliation(
-        account, usage_usd - baseline.provider_usd, ledger_usd - baseline.ledger_usd
-    )
-
-
-def _meta_key(account: Account) -> str:
-    return f"usage_baseline {account.key}"
-
-
-def load_baseline(store: Store, account: Account) -> Baseline | None:
-    raw = store.get_meta(_meta_key(account))
-    if raw is None:
+    @staticmethod
+    def _met_before_start(s: DatasetBudgetState) -> str | None:
+        if s.token_budget is not None and s.scope.spent_tokens >= s.token_budget:
+            return "token budget met"
+        if s.max_cost_usd is not None and s.scope.spent_usd >= s.max_cost_usd:
+            return "dollar cap met"
         return None
-    d = json.loads(raw)
-    return Baseline(float(d["provider_usd"]), float(d["ledger_usd"]))
+
+    def job_cap_met(self) -> bool:
+        return self._job_cap is not None and self.job.spent_usd >= self._job_cap
+
+    def expected_tokens(self, dataset: str, lane: str, max_tokens: int) -> float:
+        """The running mean of the dataset's answers in this lane, else max_tokens/4."""
+        total, n = self._means.get((dataset, lane), (0.0, 0))
+        mean = total / n if n else self._prior.get(dataset, max_tokens / 4)
+        return min(float(max_tokens), mean)
+
+    def admit(
+        self,
+        dataset: str,
+        lane: str,
+        *,
+        max_tokens: int,
+        prompt_tokens_est: int,
+        prompt_tokens_bound: Callable[[], int],
+        prices: Prices | None,
+    ) -> Lease | Denial:
+        """A lease for one attempt, or why it may not be sent now."""
+        if self.stopped is not None:
+            return Denial(self.stopped, stops_run=True)
+        state = self.datasets[dataset]
+        if state.met is not None:
+            return Denial(state.met)
+        ds = state.scope
+        tokens = self.expected_tokens(dataset, lane, max_tokens)
+        if self._count_total:
+            tokens += prompt_tokens_est
+        if state.token_budget is not None:
+            if ds.spent_tokens >= state.token_budget:
+                return self._meet(state, "token budget met")
+            if ds.spent_tokens + ds.reserved_tokens >= state.token_budget:
+                return Denial("token budget held by requests in flight", wait=True)
+        worst = 0.0
+        if state.max_cost_usd is not None or self._job_cap is not None:
+            if prices is None:
+                raise ValueError("a dollar cap needs the endpoint's prices")
+            worst = prices.cost(prompt_tokens_bound(), max_tokens)
+            if state.max_cost_usd is not None and (
+                ds.spent_usd + ds.reserved_usd + worst > state.max_cost_usd
+            ):
+                if ds.in_flight == 0:
+                    return self._meet(state, "dollar cap met")
+                return Denial("dollar cap held by requests in flight", wait=True)
+            if self._job_cap is not None and (
+                self.job.spent_usd + self.job.reserved_usd + worst > self._job_cap
+            ):
+                if self.job.in_flight == 0:
+                    self.stopped = (
+                        f"the job's dollar cap [budget].max_cost_usd = {self._job_cap:g} is met "
+                        f"(${self.job.spent_usd:.4f} spent; the next request could cost up to "
+                        f"${worst:.4f})"
+                    )
+                    self._notify()
+                    return Denial(self.stopped, stops_run=True)
+                return Denial("job dollar cap held by requests in flight", wait=True)
+        lease = Lease(dataset, lane, tokens, worst, max_tokens)
+        ds.take(lease)
+        self.job.take(lease)
+        return lease
+
+    def _meet(self, state: DatasetBudgetState, reason: str) -> Denial:
+        state.met = reason
+        self._notify()
+        return Denial(reason)
+
+    def settle(self, lease: Lease, usage: Usage | None) -> None:
+        """Give the lease back, charging what the provider billed (None: not billed)."""
+        state = self.datasets[lease.dataset]
+        state.scope.give_back(lease)
+        self.job.give_back(lease)
+        if usage is not None:
+            cost = usage.cost_usd or 0.0
+            state.scope.spent_tokens += self._tokens(usage.prompt_tokens, usage.completion_tokens)
+            state.scope.spent_usd += cost
+            self.job.spent_usd += cost
+            total, n = self._means.get((lease.dataset, lease.lane), (0.0, 0))
+            self._means[(lease.dataset, lease.lane)] = (total + usage.completion_tokens, n + 1)
+        self._notify()
+
+    def _notify(self) -> None:
+        event, self._changed = self._changed, asyncio.Event()
+        event.set()
+
+    async def changed(self) -> None:
+        """Return when a lease is settled or a budget is met."""
+        await self._changed.wait()
+
+    def report(self) -> list[str]:
+        """One line per dataset with a budget: what it used, and the overshoot when met."""
+        lines = []
+        for name, s in self.datasets.items():
+            used = s.scope.spent_tokens
+            if s.token_budget is not None:
+                over = used - s.token_budget
+                line = f"dataset {name}: token budget {s.token_budget}: used {used}"
+                if s.met == "token budget met" and over > 0:
+                    line += (
+                        f", {over} over (bound: {s.scope.bound_at_last_admission}, the "
+                        "max_tokens of the requests in flight at the last admission)"
+                    )
+                lines.append(line + (f"; {s.met}" if s.met else ""))
+            if s.max_cost_usd is not None:
+                lines.append(
+                    f"dataset {name}: dollar cap {s.max_cost_usd:g}: spent "
+                    f"${s.scope.spent_usd:.4f}" + (f"; {s.met}" if s.met else "")
+                )
+        return lines
 
 
-def save_baseline(store: Store, account: Account, baseline: Baseline) -> None:
-    store.set_meta(
-        _meta_key(account),
-        json.dumps({"provider_usd": baseline.provider_usd, "ledger_usd": baseline.ledger_usd}),
+def fill_cost(usage: Usage, prices: Prices | None) -> Usage:
+    """The usage with its cost: the provider's when it gave one, else from the prices."""
+    if usage.cost_usd is not None or prices is None:
+        return usage
+    return Usage(
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        usage.reasoning_tokens,
+        prices.cost(usage.prompt_tokens, usage.completion_tokens),
     )
+
+
+def configured_prices(endpoint: EndpointConfig) -> Prices | None:
+    """An endpoint's prices from its per-million-token fields, if both are given."""
+    p, c = endpoint.prompt_usd_per_mtok, endpoint.completion_usd_per_mtok
+    return None if p is None or c is None else Prices(p / 1e6, c / 1e6)

@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 
 from regen import __version__
-from regen.budget import Reconciliation
+from regen.billing import Reconciliation
 from regen.errors import RegenError
 
 EXIT_OK, EXIT_USER, EXIT_USAGE, EXIT_FAILED_ITEMS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -88,6 +88,8 @@ def _finish(report: object, console: Console) -> int:
     assert isinstance(report, RunReport)
     console.print(summary_table(report.datasets, report.errors, report.exports))
     console.print(f"output: {report.out_dir}  (state.db, run.log, export/*.jsonl)")
+    for line in report.budget_lines:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     for r in report.reconciliations:
         console.print(_spend_line(r), markup=False, highlight=False, soft_wrap=True)
     for ds, n in report.unassigned.items():
@@ -103,6 +105,9 @@ def _finish(report: object, console: Console) -> int:
     if report.interrupted:
         # A graceful stop is a normal end: everything that finished is kept.
         console.print("stopped: interrupted; run the same command again to resume")
+        return EXIT_OK
+    if report.budget_stop:
+        console.print(f"stopped: {report.stop_reason}", markup=False, soft_wrap=True)
         return EXIT_OK
     if report.stop_reason:
         print(f"error: run stopped: {report.stop_reason}", file=sys.stderr)

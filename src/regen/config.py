@@ -54,6 +54,10 @@ class EndpointConfig(_Model):
     extra_body: dict[str, Any] = Field(default_factory=dict)
     provider: dict[str, Any] | None = None
     """OpenRouter's `provider` routing object, sent as written."""
+    prompt_usd_per_mtok: float | None = Field(default=None, ge=0)
+    completion_usd_per_mtok: float | None = Field(default=None, ge=0)
+    """Prices, for answers without `usage.cost` and for dollar caps. OpenRouter's are read from
+    its model endpoint list when not given (the highest of the model's endpoints)."""
 
     @field_validator("base_url")
     @classmethod
@@ -104,6 +108,19 @@ class RunConfig(_Model):
     shuffle_seed: int = 0
 
 
+class BudgetConfig(_Model):
+    """`[budget]`: the job's hard dollar cap, credit floor and how token budgets count."""
+
+    max_cost_usd: float | None = Field(default=None, gt=0)
+    """The whole job never spends more than this (ledger total, across runs)."""
+    stop_when_credits_below: float | None = Field(default=None, ge=0)
+    """Stop sending when the account's remaining credit (OpenRouter /key) falls below this."""
+    budget_tokens: Literal["completion", "total"] = "completion"
+    """What a dataset's token_budget counts: completion tokens, or prompt + completion."""
+    credit_poll_s: float = Field(default=30.0, gt=0)
+    """Seconds between reads of the account's remaining credit."""
+
+
 class LaneConfig(_Model):
     """`[[lanes]]`: a share of the items with its own concurrency, max_tokens and timeout.
 
@@ -136,6 +153,11 @@ class DatasetConfig(_Model):
     reader: ReaderKind = "auto"
     mode: RegenMode = "last_turn"
     limit: int | None = Field(default=None, ge=0)
+    token_budget: int | None = Field(default=None, gt=0)
+    """Stop sending this dataset's items once this many tokens were used ([budget].budget_tokens
+    says which)."""
+    max_cost_usd: float | None = Field(default=None, gt=0)
+    """A hard dollar cap for this dataset."""
 
 
 class Job(_Model):
@@ -146,6 +168,7 @@ class Job(_Model):
     endpoints: list[EndpointConfig] = Field(default_factory=list)
     generation: GenerationConfig
     run: RunConfig = Field(default_factory=RunConfig)
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
     lanes: list[LaneConfig] = Field(default_factory=list)
     datasets: list[DatasetConfig] = Field(min_length=1)
     base_dir: str = Field(default=".", exclude=True)

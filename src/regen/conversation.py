@@ -164,6 +164,18 @@ def estimate_prompt_tokens(conversation: dict[str, Any], turn_index: int) -> int
     return chars // 4 + 4 * min(turn_index, len(messages)) + 2
 
 
+def prompt_tokens_bound(request: Request) -> int:
+    """An upper bound of a request's prompt tokens, without a tokenizer: its UTF-8 bytes (a
+    byte-level tokenizer never makes more tokens than bytes), the tools' JSON, and room for
+    the chat template's markers and default system prompt."""
+    n = 256 + len(json.dumps(request.tools).encode()) if request.tools else 256
+    for m in request.messages:
+        n += 16 + len(m.content.encode()) + len((m.reasoning or "").encode())
+        for tc in m.tool_calls:
+            n += 32 + len(tc.name.encode()) + len(tc.arguments.encode())
+    return n
+
+
 def conversation_id(dataset: str, content_json: str) -> str:
     """The id of a conversation from its dataset and canonical JSON (Conversation.id)."""
     return stable_hash(dataset, content_json)

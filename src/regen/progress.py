@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from regen.budget import Reconciliation
+from regen.billing import Reconciliation
 from regen.errors import StateError
 from regen.scheduler import DatasetStats, RunStats
 from regen.store import DatasetProgress
@@ -36,10 +36,13 @@ def append_log(path: Path, lines: list[str]) -> None:
         raise StateError(f"{path}: cannot write: {exc}") from exc
 
 
-def dataset_start_line(p: DatasetProgress) -> str:
-    """Where a dataset stands as a run starts: `complete`, `resuming from N of M` or `new`."""
+def dataset_start_line(p: DatasetProgress, budget_met: str | None = None) -> str:
+    """Where a dataset stands as a run starts: `complete`, `skipped (budget met)`, `resuming
+    from N of M` or `new`."""
     finished = p.done + p.failed
-    if p.items == 0:
+    if budget_met is not None and p.pending:
+        state = f"skipped (budget met): {budget_met}, {finished} of {p.items} done"
+    elif p.items == 0:
         state = "nothing to send (no usable rows)"
     elif p.pending == 0:
         state = "complete" + (f" ({p.failed} failed)" if p.failed else "")
@@ -104,7 +107,9 @@ def progress_line(stats: RunStats, now: float | None = None) -> str:
         f"{stamp} progress done={t.done_before + t.done}/{t.items} failed={t.failed} "
         f"in_flight={t.in_flight} req_s={t.done / elapsed:.2f} "
         f"out_tok_s={t.completion_tokens / elapsed:.0f} completion_tokens={t.completion_tokens} "
-        f"cost_usd={t.cost_usd:.4f} errors={_errors(t.errors)} "
+        f"cost_usd={t.cost_usd:.4f} "
+        + (f"credits_usd={stats.credits_usd:.4f} " if stats.credits_usd is not None else "")
+        + f"errors={_errors(t.errors)} "
         f"elapsed_s={elapsed:.0f} {per_ds} {per_lane}"
     ).rstrip()
 

@@ -16,15 +16,17 @@ from typing import Any
 from rich.console import Console
 
 from regen import __version__
-from regen.budget import (
+from regen.billing import (
     Account,
-    Baseline,
     Reconciliation,
     billing_accounts,
-    load_baseline,
-    reconcile,
-    save_baseline,
+    poll_credit,
+    reconcile_accounts,
+    remaining_credit,
+    resolve_prices,
+    take_baselines,
 )
+from regen.budget import BudgetBook, Prices
 from regen.client import RETRYABLE, STOPS_RUN, ChatClient, Timeouts, chat_body
 from regen.config import EndpointConfig, Job, fingerprint_changes
 from regen.conversation import (
@@ -76,6 +78,10 @@ class RunReport:
     """Pending items no lane selects, per dataset (they are not sent)."""
     reconciliations: list[Reconciliation] = field(default_factory=list)
     """Per billing account: spend since the job started, by the provider and by the ledger."""
+    budget_lines: list[str] = field(default_factory=list)
+    """Per dataset with a budget: what it used, and why it stopped if it did."""
+    budget_stop: bool = False
+    """Stopped at the job's dollar cap or credit floor: a planned end."""
 
     @property
     def failed(self) -> int:
@@ -154,10 +160,17 @@ def _make_body(job: Job, endpoint: EndpointConfig) -> Callable[[Request, int], d
     return make
 
 
-def build_lanes(job: Job, senders: Mapping[str, Sender]) -> list[LaneRuntime]:
+def build_lanes(
+    job: Job,
+    senders: Mapping[str, Sender],
+    prices: Mapping[str, Prices | None] | None = None,
+) -> list[LaneRuntime]:
     """The job's lanes, each with its endpoints (by name in `senders`) and settings."""
+    prices = prices or {}
     runtimes = {
-        e.name: EndpointRuntime(e.name, senders[e.name], _make_body(job, e), e.weight)
+        e.name: EndpointRuntime(
+            e.name, senders[e.name], _make_body(job, e), e.weight, prices=prices.get(e.name)
+        )
         for e in job.endpoint_pool
     }
     order = [d.name for d in job.datasets]
@@ -181,20 +194,34 @@ def build_lanes(job: Job, senders: Mapping[str, Sender]) -> list[LaneRuntime]:
     ]
 
 
+def budget_book(job: Job, progress: list[DatasetProgress]) -> BudgetBook:
+    return BudgetBook(
+        job.datasets,
+        progress,
+        job_max_cost_usd=job.budget.max_cost_usd,
+        count_total=job.budget.budget_tokens == "total",
+    )
+
+
+@dataclass
+class Dispatched:
+    """What dispatch leaves behind: live stats, budget lines, and the accounts' spend."""
+
+    stats: RunStats
+    budget_lines: list[str]
+    reconciliations: list[Reconciliation]
+
+
 async def dispatch(
     job: Job, store: Store, keys: dict[str, str | None], console: Console
-) -> tuple[RunStats, list[Reconciliation]]:
-    """Send every pending item; returns the live stats, with the reason if the run stopped,
-    and each billing account's spend as the provider and the ledger see it."""
+) -> Dispatched:
+    """Send every pending item under the job's budgets, showing progress; then reconcile."""
+    progress = store.dataset_progress()
     stats = RunStats(
-        datasets={
-            p.name: DatasetStats(items=p.items, done_before=p.done)
-            for p in store.dataset_progress()
-        }
+        datasets={p.name: DatasetStats(items=p.items, done_before=p.done) for p in progress}
     )
-    lanes_cfg = job.lane_list
     pool_size: dict[str, int] = {}
-    for lane in lanes_cfg:
+    for lane in job.lane_list:
         for name in lane.endpoints or [e.name for e in job.endpoint_pool]:
             pool_size[name] = pool_size.get(name, 0) + lane.concurrency
     clients = {
@@ -208,11 +235,23 @@ async def dispatch(
             await stack.enter_async_context(c)
         accounts = billing_accounts(job)
         baselines = await take_baselines(store, accounts, clients)
-        lanes = build_lanes(job, clients)
-        scheduler = Scheduler(store, lanes, job.run, stats)
+        book = budget_book(job, progress)
+        prices = await resolve_prices(job, clients)
+        if book.needs_prices:
+            unpriced = [name for name, p in prices.items() if p is None]
+            if unpriced:
+                raise ConfigError(
+                    f"a dollar cap needs prices, and endpoint(s) {', '.join(unpriced)} list "
+                    "none: set prompt_usd_per_mtok and completion_usd_per_mtok in [endpoint]"
+                )
+        scheduler = Scheduler(store, build_lanes(job, clients, prices), job.run, stats, budget=book)
+        if book.job_cap_met():
+            scheduler.stop("the job's dollar cap [budget].max_cost_usd is met", budget=True)
+        tasks = [asyncio.create_task(watch_credit(job, accounts, clients, scheduler, stats))]
         reporter = ProgressReporter(
             stats, console, job.run.progress_interval_s, job.output_path / "run.log"
         )
+        tasks.append(asyncio.create_task(reporter.run()))
         loop = asyncio.get_running_loop()
         main = asyncio.current_task()
         signals = (signal.SIGINT, signal.SIGTERM)
@@ -226,42 +265,42 @@ async def dispatch(
         for sig in signals:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, on_signal)
-        progress_task = asyncio.create_task(reporter.run())
         try:
             await scheduler.run()
         finally:
-            progress_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await progress_task
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             for sig in signals:
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.remove_signal_handler(sig)
-        reconciliations = []
-        for account in accounts:
-            baseline = baselines.get(account.key)
-            usage = await clients[account.endpoints[0]].key_usage()
-            if baseline is not None and usage is not None:
-                ledger = store.ledger_usd(account.endpoints)
-                reconciliations.append(reconcile(account, baseline, usage, ledger))
-    return stats, reconciliations
+        reconciliations = await reconcile_accounts(store, accounts, baselines, clients)
+    return Dispatched(stats, book.report(), reconciliations)
 
 
-async def take_baselines(
-    store: Store, accounts: list[Account], clients: Mapping[str, ChatClient]
-) -> dict[str, Baseline]:
-    """Each account's baseline: stored by the job's first run, else read now, before any
-    request of this run is sent. An account whose usage cannot be read has none."""
-    out: dict[str, Baseline] = {}
-    for account in accounts:
-        baseline = load_baseline(store, account)
-        if baseline is None:
-            usage = await clients[account.endpoints[0]].key_usage()
-            if usage is None:
-                continue
-            baseline = Baseline(usage, store.ledger_usd(account.endpoints))
-            save_baseline(store, account, baseline)
-        out[account.key] = baseline
-    return out
+async def watch_credit(
+    job: Job,
+    accounts: list[Account],
+    clients: Mapping[str, ChatClient],
+    scheduler: Scheduler,
+    stats: RunStats,
+) -> None:
+    """Keep the account's remaining credit in the stats; stop below the credit floor."""
+    if not accounts:
+        return
+    floor = job.budget.stop_when_credits_below
+    client = clients[accounts[0].endpoints[0]]
+
+    def seen(credit: float) -> None:
+        stats.credits_usd = credit
+        if floor is not None and credit < floor:
+            scheduler.stop(
+                f"the account's credit (${credit:.4f}) is below "
+                f"[budget].stop_when_credits_below = {floor:g}",
+                budget=True,
+            )
+
+    await poll_credit(lambda: remaining_credit(client), job.budget.credit_poll_s, seen)
 
 
 def check_fingerprint(store: Store, job: Job, *, force: bool) -> list[str]:
@@ -322,18 +361,23 @@ def _run_locked(
     unassigned = {
         ds: n for (lane, ds), n in store.assign_lanes(lane_rules(job)).items() if lane is None
     }
-    lines = notes + [dataset_start_line(p) for p in store.dataset_progress()]
+    progress = store.dataset_progress()
+    met = {name: d.met for name, d in budget_book(job, progress).datasets.items()}
+    lines = notes + [dataset_start_line(p, met.get(p.name)) for p in progress]
     for line in lines:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     append_log(out / "run.log", lines)
     aborted = False
     reconciliations: list[Reconciliation] = []
+    budget_lines: list[str] = []
+    budget_stop = False
     try:
-        stats, reconciliations = asyncio.run(dispatch(job, store, keys, console))
-        stop_reason = stats.stop_reason
+        done = asyncio.run(dispatch(job, store, keys, console))
+        stop_reason, budget_stop = done.stats.stop_reason, done.stats.budget_stop
+        reconciliations, budget_lines = done.reconciliations, done.budget_lines
     except (KeyboardInterrupt, asyncio.CancelledError):
         aborted, stop_reason = True, "interrupted"
-    append_log(out / "run.log", [reconciliation_line(r) for r in reconciliations])
+    append_log(out / "run.log", budget_lines + [reconciliation_line(r) for r in reconciliations])
     names = [d.name for d in job.datasets]
     exports = export_specforge(store, names, out / "export")
     return RunReport(
@@ -346,4 +390,6 @@ def _run_locked(
         aborted=aborted,
         unassigned=unassigned,
         reconciliations=reconciliations,
+        budget_lines=budget_lines,
+        budget_stop=budget_stop,
     )

@@ -16,10 +16,19 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from regen.budget import BudgetBook, Lease, Prices, fill_cost
 from regen.client.errors import RETRYABLE, STOPS_RUN
 from regen.client.http import Timeouts
 from regen.config import RunConfig
-from regen.conversation import Attempt, Conversation, Outcome, Request, Result
+from regen.conversation import (
+    Attempt,
+    Conversation,
+    Outcome,
+    Request,
+    Result,
+    Usage,
+    prompt_tokens_bound,
+)
 from regen.errors import EndpointError, StateError
 from regen.limiter import AdaptiveLimit, EndpointHealth
 from regen.modes import build_request
@@ -52,6 +61,8 @@ class EndpointRuntime:
     """The request body for a request, given the lane's max_tokens."""
     weight: float = 1.0
     health: EndpointHealth = field(default_factory=EndpointHealth)
+    prices: Prices | None = None
+    """For answers without `usage.cost`, and for the worst case under dollar caps."""
 
 
 @dataclass
@@ -107,6 +118,10 @@ class RunStats:
     lanes: dict[str, LaneStats] = field(default_factory=dict)
     started_at: float = field(default_factory=time.monotonic)
     stop_reason: str | None = None
+    credits_usd: float | None = None
+    """The account's remaining credit, as last read (None: not known)."""
+    budget_stop: bool = False
+    """The run stopped because the job's dollar cap or the credit floor was reached."""
     recent_failures: deque[int] = field(default_factory=lambda: deque(maxlen=200))
 
     @property
@@ -134,8 +149,10 @@ class Scheduler:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: random.Random | None = None,
         commit_interval_s: float = 0.2,
+        budget: BudgetBook | None = None,
     ) -> None:
         self._store = store
+        self._budget = budget
         self._lanes = {lane.name: lane for lane in lanes}
         self._run = run
         self.stats = stats
@@ -159,10 +176,12 @@ class Scheduler:
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
-    def stop(self, reason: str) -> None:
-        """Stop dispatching; requests in flight may finish (up to [run].stop_grace_s)."""
+    def stop(self, reason: str, *, budget: bool = False) -> None:
+        """Stop dispatching; requests in flight may finish (up to [run].stop_grace_s).
+        `budget`: a planned end (the job's dollar cap or credit floor), not a failure."""
         if not self._stopping.is_set():
             self.stats.stop_reason = reason
+            self.stats.budget_stop = budget
             self._stopped_at = time.monotonic()
             self._stopping.set()
 
@@ -218,12 +237,12 @@ class Scheduler:
         batch_size = max(64, min(2 * lane.concurrency, 4096))
         for name in lane.datasets:
             after = -1
-            while not self.stopping:
+            while not self.stopping and not self._budget_met(name):
                 batch = self._store.claim_batch(name, after, batch_size, lane=lane.name)
                 if not batch:
                     break
                 for item in batch:
-                    if self.stopping:
+                    if self.stopping or self._budget_met(name):
                         break
                     await queue.put(item)
                 after = batch[-1].order_key
@@ -254,6 +273,9 @@ class Scheduler:
                 return
             self._record(lane, await self._process(lane, item))
 
+    def _budget_met(self, dataset: str) -> bool:
+        return self._budget is not None and self._budget.datasets[dataset].met is not None
+
     def _pick(self, lane: LaneRuntime) -> EndpointRuntime:
         eps = lane.endpoints
         if len(eps) == 1:
@@ -278,10 +300,11 @@ class Scheduler:
             number += 1
             ep = self._pick(lane)
             limit = lane.limits[ep.name]
-            await limit.acquire()
-            if self.stopping:
-                limit.release("other")
+            admitted = await self._admit(lane, ep, limit, item, req)
+            if admitted is None:
                 return ended(abandoned=True)
+            lease = admitted if isinstance(admitted, Lease) else None
+            billed: Usage | None = None
             started, t0 = time.time(), time.monotonic()
             signal, latency = "other", None
             # "In flight" counts requests on the wire, not workers waiting for a slot.
@@ -295,9 +318,13 @@ class Scheduler:
                         stream=lane.stream,
                         timeouts=lane.timeouts,
                     )
+                    result = replace(result, usage=fill_cost(result.usage, ep.prices))
+                    billed = result.usage
                 finally:
                     ds.in_flight -= 1
                     lane_stats.in_flight -= 1
+                    if lease is not None and self._budget is not None:
+                        self._budget.settle(lease, billed)
                 signal, latency = "ok", result.latency_s
             except EndpointError as exc:
                 cls = exc.failure_class
@@ -351,14 +378,53 @@ class Scheduler:
                 return ended(result=result, escalate_to=lane.escalate_to)
             return ended(result=result)
 
+    async def _admit(
+        self,
+        lane: LaneRuntime,
+        ep: EndpointRuntime,
+        limit: AdaptiveLimit,
+        item: PendingItem,
+        req: Request,
+    ) -> Lease | bool | None:
+        """Take a slot of the endpoint's limit and, under budgets, a lease: the lease (or True
+        without budgets), or None when the item must not be sent now (a budget is met, or the
+        run stops). The slot comes first, so that only attempts about to be sent hold budget."""
+        while True:
+            await limit.acquire()
+            if self.stopping:
+                limit.release("other")
+                return None
+            if self._budget is None:
+                return True
+            decision = self._budget.admit(
+                item.dataset,
+                lane.name,
+                max_tokens=lane.max_tokens,
+                prompt_tokens_est=item.prompt_tokens_est,
+                prompt_tokens_bound=lambda: prompt_tokens_bound(req),
+                prices=ep.prices,
+            )
+            if isinstance(decision, Lease):
+                return decision
+            limit.release("other")
+            if not decision.wait:
+                if decision.stops_run:
+                    self.stop(decision.reason, budget=True)
+                return None
+            await self._until_stop(self._budget.changed())
+
     async def _backoff(self, seconds: float) -> None:
         """Sleep, but wake at once when the run stops."""
-        sleeper = asyncio.ensure_future(self._sleep(seconds))
+        await self._until_stop(self._sleep(seconds))
+
+    async def _until_stop(self, waiting: Awaitable[None]) -> None:
+        """Wait for something, but wake at once when the run stops."""
+        waiter = asyncio.ensure_future(waiting)
         stopper = asyncio.ensure_future(self._stopping.wait())
         try:
-            await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            sleeper.cancel()
+            waiter.cancel()
             stopper.cancel()
 
     def _count_attempt(self, *, failed: bool) -> None:

@@ -233,6 +233,7 @@ class PendingItem:
     conversation: dict[str, Any]
     row_index: int
     conversation_id: str
+    prompt_tokens_est: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +259,16 @@ def _hint(exc: sqlite3.Error) -> str:
     if name.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN")):
         return " (the output directory or state.db is read-only)"
     return ""
+
+
+_PENDING_COLUMNS = (
+    "i.id, i.dataset, i.turn_index, i.order_key, c.data, c.row_index, c.id, i.prompt_tokens_est "
+    "FROM items i JOIN conversations c ON c.id = i.conversation_id"
+)
+
+
+def _pending(r: tuple[Any, ...]) -> PendingItem:
+    return PendingItem(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6], r[7])
 
 
 class Store:
@@ -465,24 +476,22 @@ class Store:
         lane_sql = "AND i.lane = ? AND i.escalated = 0 " if lane is not None else ""
         args: tuple[Any, ...] = (dataset, after_key, *((lane,) if lane else ()), limit)
         rows = self._db.execute(
-            "SELECT i.id, i.dataset, i.turn_index, i.order_key, c.data, c.row_index, c.id "
-            "FROM items i JOIN conversations c ON c.id = i.conversation_id "
+            f"SELECT {_PENDING_COLUMNS} "
             "WHERE i.dataset = ? AND i.status = 'pending' AND i.order_key > ? "
             f"{lane_sql}ORDER BY i.order_key LIMIT ?",
             args,
         ).fetchall()
-        return [PendingItem(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6]) for r in rows]
+        return [_pending(r) for r in rows]
 
     def claim_escalated(self, lane: str, limit: int) -> list[PendingItem]:
         """Pending items escalated to a lane, in dispatch order."""
         rows = self._db.execute(
-            "SELECT i.id, i.dataset, i.turn_index, i.order_key, c.data, c.row_index, c.id "
-            "FROM items i JOIN conversations c ON c.id = i.conversation_id "
+            f"SELECT {_PENDING_COLUMNS} "
             "WHERE i.lane = ? AND i.escalated = 1 AND i.status = 'pending' "
             "ORDER BY i.order_key LIMIT ?",
             (lane, limit),
         ).fetchall()
-        return [PendingItem(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6]) for r in rows]
+        return [_pending(r) for r in rows]
 
     def commit_outcomes(self, outcomes: Iterable[Outcome]) -> None:
         """Commit finished items: each one's result (or failure), attempts and ledger charge."""

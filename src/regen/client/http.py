@@ -148,24 +148,19 @@ class ChatClient:
         except aiohttp.ClientError as exc:
             raise EndpointError("connection", type(exc).__name__ + _detail(exc)) from exc
 
-    async def key_usage(self) -> float | None:
-        """The key's total usage in USD from OpenRouter's `GET /key` (`data.usage`), or None
-        when the endpoint does not say (another dialect, an error, no network)."""
+    async def get_json(self, path: str) -> Any:
+        """GET `{base_url}/{path}` and return its JSON, or None on any failure (these reads
+        are informative: a run never fails because one of them did)."""
         assert self._session is not None, "use ChatClient as an async context manager"
         try:
             async with self._session.get(
-                f"{self.base_url}/key", timeout=aiohttp.ClientTimeout(total=30)
+                f"{self.base_url}/{path}", timeout=aiohttp.ClientTimeout(total=30)
             ) as resp:
                 if resp.status != 200:
                     return None
-                body = orjson.loads(await resp.read())
+                return orjson.loads(await resp.read())
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
             return None
-        data = body.get("data") if isinstance(body, dict) else None
-        usage = data.get("usage") if isinstance(data, dict) else None
-        if isinstance(usage, bool) or not isinstance(usage, int | float):
-            return None
-        return float(usage)
 
 
 def _detail(exc: BaseException) -> str:

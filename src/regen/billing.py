@@ -1,0 +1,168 @@
+"""Billing: what the provider says about money, and the ledger checked against it.
+
+The ledger in state.db holds every charge regen saw. A provider also bills requests whose
+answers regen never recorded: those in flight when a run was killed or cut short. OpenRouter's
+`GET /key` reports the key's total usage; its growth since a job started, against the ledger's
+growth over the same time, gives that difference. The same account reports the credit left
+(for the credit floor), and the model's endpoint list gives prices (for dollar caps).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+from regen.budget import Prices, configured_prices
+from regen.client.account import JsonGetter, account_credit, key_info, model_prices
+from regen.config import Job
+from regen.store import Store
+
+
+@dataclass(frozen=True, slots=True)
+class Account:
+    """Endpoints that bill one provider account: one base URL and one key variable. Only the
+    variable's name is known here, never the key."""
+
+    base_url: str
+    api_key_env: str
+    endpoints: tuple[str, ...]
+
+    @property
+    def key(self) -> str:
+        return f"{self.base_url} {self.api_key_env}"
+
+
+def billing_accounts(job: Job) -> list[Account]:
+    """The job's OpenRouter accounts (the dialect whose `/key` reports usage)."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for e in job.endpoint_pool:
+        if e.dialect == "openrouter":
+            groups.setdefault((e.base_url, e.api_key_env), []).append(e.name)
+    return [Account(url, env, tuple(names)) for (url, env), names in groups.items()]
+
+
+@dataclass(frozen=True, slots=True)
+class Baseline:
+    """An account's usage and the ledger's total for it, read together before a job's first
+    request (or the first request since reconciliation became possible)."""
+
+    provider_usd: float
+    ledger_usd: float
+
+
+@dataclass(frozen=True, slots=True)
+class Reconciliation:
+    """Spend on one account since its baseline, as the provider and as the ledger see it."""
+
+    account: Account
+    provider_usd: float
+    ledger_usd: float
+
+    @property
+    def difference_usd(self) -> float:
+        """Billed but not in the ledger (positive), e.g. answers lost to a crash."""
+        return self.provider_usd - self.ledger_usd
+
+    def agrees(self, tolerance_usd: float = 5e-5) -> bool:
+        return abs(self.difference_usd) < tolerance_usd
+
+
+def reconcile(
+    account: Account, baseline: Baseline, usage_usd: float, ledger_usd: float
+) -> Reconciliation:
+    """Spend since the baseline, from the account's usage and the ledger's total now."""
+    return Reconciliation(
+        account, usage_usd - baseline.provider_usd, ledger_usd - baseline.ledger_usd
+    )
+
+
+def _meta_key(account: Account) -> str:
+    return f"usage_baseline {account.key}"
+
+
+def load_baseline(store: Store, account: Account) -> Baseline | None:
+    raw = store.get_meta(_meta_key(account))
+    if raw is None:
+        return None
+    d = json.loads(raw)
+    return Baseline(float(d["provider_usd"]), float(d["ledger_usd"]))
+
+
+def save_baseline(store: Store, account: Account, baseline: Baseline) -> None:
+    store.set_meta(
+        _meta_key(account),
+        json.dumps({"provider_usd": baseline.provider_usd, "ledger_usd": baseline.ledger_usd}),
+    )
+
+
+async def take_baselines(
+    store: Store, accounts: list[Account], clients: Mapping[str, JsonGetter]
+) -> dict[str, Baseline]:
+    """Each account's baseline: stored by the job's first run, else read now, before any
+    request of this run is sent. An account whose usage cannot be read has none."""
+    out: dict[str, Baseline] = {}
+    for account in accounts:
+        baseline = load_baseline(store, account)
+        if baseline is None:
+            info = await key_info(clients[account.endpoints[0]])
+            if info is None:
+                continue
+            baseline = Baseline(info.usage_usd, store.ledger_usd(account.endpoints))
+            save_baseline(store, account, baseline)
+        out[account.key] = baseline
+    return out
+
+
+async def reconcile_accounts(
+    store: Store,
+    accounts: list[Account],
+    baselines: Mapping[str, Baseline],
+    clients: Mapping[str, JsonGetter],
+) -> list[Reconciliation]:
+    """Spend since each account's baseline, by the provider and by the ledger."""
+    out = []
+    for account in accounts:
+        baseline = baselines.get(account.key)
+        info = await key_info(clients[account.endpoints[0]])
+        if baseline is not None and info is not None:
+            ledger = store.ledger_usd(account.endpoints)
+            out.append(reconcile(account, baseline, info.usage_usd, ledger))
+    return out
+
+
+async def remaining_credit(client: JsonGetter) -> float | None:
+    """What the account may still spend: the key's remaining limit, else the account's credit
+    (`/credits`, for management keys), else None."""
+    info = await key_info(client)
+    if info is not None and info.limit_remaining_usd is not None:
+        return info.limit_remaining_usd
+    return await account_credit(client)
+
+
+async def poll_credit(
+    read: Callable[[], Awaitable[float | None]],
+    interval_s: float,
+    on_value: Callable[[float], None],
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> None:
+    """Read the remaining credit every `interval_s` until cancelled."""
+    while True:
+        value = await read()
+        if value is not None:
+            on_value(value)
+        await sleep(interval_s)
+
+
+async def resolve_prices(job: Job, clients: Mapping[str, JsonGetter]) -> dict[str, Prices | None]:
+    """Each endpoint's prices: from the config, else (OpenRouter) the highest among the
+    model's endpoints, so that a worst case computed from them is one."""
+    out: dict[str, Prices | None] = {}
+    for e in job.endpoint_pool:
+        prices = configured_prices(e)
+        if prices is None and e.dialect == "openrouter":
+            listed = await model_prices(clients[e.name], job.generation.model)
+            prices = None if listed is None else Prices(*listed)
+        out[e.name] = prices
+    return out
