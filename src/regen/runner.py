@@ -246,7 +246,11 @@ async def dispatch(
                 )
         scheduler = Scheduler(store, build_lanes(job, clients, prices), job.run, stats, budget=book)
         if book.job_cap_met():
-            scheduler.stop("the job's dollar cap [budget].max_cost_usd is met", budget=True)
+            scheduler.stop(
+                f"the job's dollar cap [budget].max_cost_usd = {job.budget.max_cost_usd:g} is "
+                f"met (${book.job.spent_usd:.4f} spent)",
+                budget=True,
+            )
         tasks = [asyncio.create_task(watch_credit(job, accounts, clients, scheduler, stats))]
         reporter = ProgressReporter(
             stats, console, job.run.progress_interval_s, job.output_path / "run.log"

@@ -51,6 +51,9 @@ class ChatClient:
         self._concurrency = concurrency
         self.default_timeouts = Timeouts(total_s=timeout_s, connect_s=connect_timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        self._side: aiohttp.ClientSession | None = None
+        """A small session of its own for account and catalogue reads, so that they are never
+        queued behind a pool full of chat requests."""
         self._timeouts: dict[tuple[Timeouts, bool], aiohttp.ClientTimeout] = {}
         self.chunks_received = 0
 
@@ -71,9 +74,10 @@ class ChatClient:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._side):
+            if session is not None:
+                await session.close()
+        self._session = self._side = None
 
     def _client_timeout(self, t: Timeouts, stream: bool) -> aiohttp.ClientTimeout:
         key = (t, stream)
@@ -152,8 +156,12 @@ class ChatClient:
         """GET `{base_url}/{path}` and return its JSON, or None on any failure (these reads
         are informative: a run never fails because one of them did)."""
         assert self._session is not None, "use ChatClient as an async context manager"
+        if self._side is None:
+            self._side = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=2), headers=self._session.headers
+            )
         try:
-            async with self._session.get(
+            async with self._side.get(
                 f"{self.base_url}/{path}", timeout=aiohttp.ClientTimeout(total=30)
             ) as resp:
                 if resp.status != 200:

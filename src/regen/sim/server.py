@@ -92,6 +92,8 @@ class Simulator:
         self.log: list[LoggedRequest] = []
         self.in_flight: Counter[str] = Counter()
         self.max_in_flight: Counter[str] = Counter()
+        self.peak_in_flight = 0
+        """The most requests served at once, over all endpoints."""
         self._seen: Counter[bytes] = Counter()
         self._bucket = (float(config.global_rps or 0), time.monotonic())
 
@@ -257,6 +259,7 @@ class Simulator:
         self.max_in_flight[endpoint.tag] = max(
             self.max_in_flight[endpoint.tag], self.in_flight[endpoint.tag]
         )
+        self.peak_in_flight = max(self.peak_in_flight, sum(self.in_flight.values()))
         chat = _Chat(
             entry,
             model,

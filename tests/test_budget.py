@@ -1,0 +1,209 @@
+"""Admission under budgets: the book's invariants, then whole runs on the simulator."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from regen.budget import BudgetBook, Denial, Lease, Prices, fill_cost
+from regen.config import DatasetConfig
+from regen.conversation import Usage
+from regen.sim import SimConfig, sim_in_thread
+from regen.store import DatasetProgress
+from tests.conftest import chat_rows, run_cli, write_job, write_rows
+
+PRICES = Prices(0.5e-6, 2.0e-6)
+CHAT = [("chat", "chat.jsonl", "openai")]
+
+
+def progress(name: str, done: int = 0, completion: int = 0, cost: float = 0.0) -> DatasetProgress:
+    return DatasetProgress(name, 0, 0, 0, 0, 100, done, 0, 0, completion, cost)
+
+
+def book(**limits: object) -> BudgetBook:
+    job_cap = limits.pop("job_cap", None)
+    ds = DatasetConfig(name="ds", path="x", **limits)  # type: ignore[arg-type]
+    return BudgetBook([ds], [progress("ds")], job_max_cost_usd=job_cap)  # type: ignore[arg-type]
+
+
+def admit(b: BudgetBook, max_tokens: int = 1000, prompt_bound: int = 100) -> Lease | Denial:
+    return b.admit(
+        "ds",
+        "lane",
+        max_tokens=max_tokens,
+        prompt_tokens_est=50,
+        prompt_tokens_bound=lambda: prompt_bound,
+        prices=PRICES,
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    cap=st.floats(0.001, 0.05),
+    job_cap=st.one_of(st.none(), st.floats(0.001, 0.05)),
+    steps=st.lists(
+        st.tuples(st.booleans(), st.integers(1, 4000), st.floats(0, 1), st.integers(1, 3000)),
+        max_size=300,
+    ),
+)
+def test_no_order_of_admissions_and_answers_passes_a_dollar_cap(
+    cap: float, job_cap: float | None, steps: list[tuple[bool, int, float, int]]
+) -> None:
+    b = book(max_cost_usd=cap, job_cap=job_cap)
+    in_flight: list[tuple[Lease, float, int]] = []
+    spent = 0.0
+    for send, max_tokens, share, prompt in steps:
+        if send or not in_flight:
+            lease = admit(b, max_tokens, prompt)
+            if isinstance(lease, Lease):
+                in_flight.append((lease, share, prompt))
+            continue
+        lease, share, prompt = in_flight.pop(0)
+        # The answer uses any share of max_tokens; its prompt is at most the bound.
+        usage = fill_cost(Usage(prompt, int(share * lease.max_tokens)), PRICES)
+        b.settle(lease, usage)
+        spent += usage.cost_usd or 0.0
+        assert spent <= cap + 1e-12
+        assert job_cap is None or spent <= job_cap + 1e-12
+    for lease, _, prompt in in_flight:  # every attempt in flight ends at its worst case
+        usage = fill_cost(Usage(prompt, lease.max_tokens), PRICES)
+        b.settle(lease, usage)
+        spent += usage.cost_usd or 0.0
+    assert spent <= cap + 1e-12 and (job_cap is None or spent <= job_cap + 1e-12)
+
+
+def test_a_token_budget_reserves_the_expected_answer_then_the_running_mean() -> None:
+    b = book(token_budget=1000)
+    first = [admit(b, max_tokens=400) for _ in range(11)]
+    # Before any answer, each attempt reserves max_tokens/4 = 100: ten fit, the next waits.
+    assert [isinstance(x, Lease) for x in first] == [True] * 10 + [False]
+    assert first[-1] == Denial("token budget held by requests in flight", wait=True)
+    for lease in first[:10]:
+        assert isinstance(lease, Lease)
+        b.settle(lease, Usage(0, 20))  # short answers: 200 used, mean 20
+    assert b.expected_tokens("ds", "lane", 400) == 20
+    more = [admit(b) for _ in range(41)]
+    assert sum(isinstance(x, Lease) for x in more) == 40  # (1000 - 200) / 20
+    for lease in more[:40]:
+        assert isinstance(lease, Lease)
+        b.settle(lease, Usage(0, 30))
+    assert admit(b) == Denial("token budget met")
+    assert b.datasets["ds"].met == "token budget met"
+    (line,) = b.report()
+    assert line.startswith("dataset ds: token budget 1000: used 1400, 400 over (bound: 40000")
+
+
+def test_a_budget_met_in_an_earlier_run_is_met_at_start() -> None:
+    ds = DatasetConfig(name="ds", path="x", token_budget=500)
+    b = BudgetBook([ds], [progress("ds", done=9, completion=510)])
+    assert b.datasets["ds"].met == "token budget met"
+    assert b.expected_tokens("ds", "any", 4000) == 510 / 9  # the earlier answers' mean
+
+
+def test_cost_comes_from_the_provider_else_from_prices() -> None:
+    assert fill_cost(Usage(10, 20, 0, 0.5), PRICES).cost_usd == 0.5
+    assert fill_cost(Usage(10, 20), PRICES).cost_usd == 10 * 0.5e-6 + 20 * 2.0e-6
+    assert fill_cost(Usage(10, 20), None).cost_usd is None
+
+
+def query(out: Path, sql: str) -> list[tuple[object, ...]]:
+    db = sqlite3.connect(out / "state.db")
+    try:
+        return db.execute(sql).fetchall()
+    finally:
+        db.close()
+
+
+def test_a_dollar_cap_far_below_the_job_is_never_exceeded_with_500_in_flight(
+    tmp_path: Path,
+) -> None:
+    write_rows(tmp_path / "chat.jsonl", chat_rows(3000))
+    # The whole job would cost about $6; 500 answers in flight could cost up to about $0.7.
+    cap = 2.0
+    with sim_in_thread(SimConfig(seed=3, time_scale=0.02)) as sim:
+        job = write_job(
+            tmp_path, sim.base_url, datasets=CHAT, concurrency=500, extra="initial_limit = 500"
+        )
+        job.write_text(job.read_text() + f"\n[budget]\nmax_cost_usd = {cap}\n")
+        proc = run_cli("run", str(job))
+        billed = sim.simulator.billed_usd()
+        peak = sim.simulator.peak_in_flight
+        first_sent = len(sim.simulator.chat_log())
+        again = run_cli("run", str(job))
+        sent_again = len(sim.simulator.chat_log()) - first_sent
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "stopped: the job's dollar cap [budget].max_cost_usd = 2 is met" in proc.stdout
+    out = tmp_path / "out"
+    ((ledger, done),) = query(out, "SELECT SUM(cost_usd), COUNT(*) FROM ledger")
+    assert float(ledger) <= cap  # type: ignore[arg-type]
+    assert round(float(ledger), 2) == round(billed, 2)  # type: ignore[arg-type]
+    assert abs(float(ledger) - billed) < 1e-9  # type: ignore[arg-type]
+    assert billed > 0.9 * cap  # the cap was used, not left mostly idle
+    assert peak >= 400 and 0 < int(done) < 3000  # type: ignore[call-overload]
+    # Resuming at the cap sends nothing.
+    assert again.returncode == 0 and sent_again == 0, again.stdout + again.stderr
+    assert "stopped: the job's dollar cap [budget].max_cost_usd = 2 is met" in again.stdout
+
+
+def test_a_token_budget_with_500_in_flight_reports_its_bounded_overshoot_and_is_then_skipped(
+    tmp_path: Path,
+) -> None:
+    write_rows(tmp_path / "a.jsonl", chat_rows(4000, prefix="A"))
+    write_rows(tmp_path / "b.jsonl", chat_rows(30, prefix="B"))
+    budget = 200_000
+    with sim_in_thread(SimConfig(seed=3, time_scale=0.02)) as sim:
+        job = write_job(
+            tmp_path,
+            sim.base_url,
+            datasets=[("a", "a.jsonl", "openai"), ("b", "b.jsonl", "openai")],
+            concurrency=500,
+            extra="initial_limit = 500",
+        )
+        text = job.read_text().replace(
+            'path = "a.jsonl"', f'path = "a.jsonl"\ntoken_budget = {budget}'
+        )
+        job.write_text(text)
+        first = run_cli("run", str(job))
+        peak = sim.simulator.peak_in_flight
+        sent = len(sim.simulator.chat_log())
+        second = run_cli("run", str(job))
+        resent = len(sim.simulator.chat_log()) - sent
+    assert first.returncode == 0, first.stdout + first.stderr
+    out = tmp_path / "out"
+    ((used,),) = query(out, "SELECT SUM(completion_tokens) FROM ledger WHERE dataset = 'a'")
+    m = re.search(
+        r"dataset a: token budget 200000: used (\d+), (\d+) over \(bound: (\d+)", first.stdout
+    )
+    assert m, first.stdout
+    assert int(m[1]) == used and int(m[2]) == int(used) - budget  # type: ignore[call-overload]
+    assert 0 < int(m[2]) < int(m[3])  # the overshoot is below what was in flight
+    assert peak >= 400
+    # The next dataset still ran in full.
+    assert query(out, "SELECT status, COUNT(*) FROM items WHERE dataset = 'b' GROUP BY status") == [
+        ("done", 30)
+    ]
+    assert second.returncode == 0 and resent == 0
+    assert "dataset a: skipped (budget met)" in second.stdout
+    assert "dataset b: complete" in second.stdout
+
+
+def test_the_run_stops_when_the_accounts_credit_falls_below_the_floor(tmp_path: Path) -> None:
+    write_rows(tmp_path / "chat.jsonl", chat_rows(2000))
+    with sim_in_thread(SimConfig(seed=3, time_scale=0.02, credits_usd=1.0)) as sim:
+        job = write_job(tmp_path, sim.base_url, datasets=CHAT, concurrency=32)
+        job.write_text(
+            job.read_text() + "\n[budget]\nstop_when_credits_below = 0.6\ncredit_poll_s = 0.1\n"
+        )
+        proc = run_cli("run", str(job))
+        remaining = sim.simulator.account.remaining_usd
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "stopped: the account's credit ($0.5" in proc.stdout
+    assert "is below [budget].stop_when_credits_below = 0.6" in proc.stdout
+    assert remaining is not None and 0.45 < remaining < 0.6
+    assert re.search(
+        r"progress .* credits_usd=0\.\d{4} ", (tmp_path / "out" / "run.log").read_text()
+    )
