@@ -9,7 +9,8 @@ from typing import Any
 
 from regen.client import ChatClient
 from regen.config import Job, load_job
-from regen.runner import build_lanes, ingest, lane_rules
+from regen.ingest import ingest, lane_rules
+from regen.runner import build_lanes
 from regen.scheduler import DatasetStats, RunStats, Scheduler, Sender, backoff_s
 from regen.store import Store
 from tests.conftest import chat_rows, write_job, write_rows

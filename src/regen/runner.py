@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import os
 import signal
@@ -30,16 +29,13 @@ from regen.budget import BudgetBook, Prices
 from regen.client import RETRYABLE, STOPS_RUN, ChatClient, Timeouts, chat_body
 from regen.config import EndpointConfig, Job, fingerprint_changes
 from regen.conversation import (
-    BadRow,
     Request,
     canonical_json,
-    conversation_id,
-    estimate_prompt_tokens,
 )
 from regen.errors import ConfigError
 from regen.export import export_specforge
+from regen.ingest import ingest, lane_rules
 from regen.lock import RunLock
-from regen.modes import item_id, prompt_hash_of, target_turns
 from regen.progress import (
     ProgressReporter,
     append_log,
@@ -54,10 +50,8 @@ from regen.scheduler import (
     Scheduler,
     Sender,
 )
-from regen.sources import read_conversations
-from regen.store import DatasetProgress, LaneRule, NewConversation, NewItem, Store
+from regen.store import DatasetProgress, Store
 
-INGEST_BATCH = 1000
 SELF_HOSTED = ("vllm", "sglang")
 
 
@@ -95,62 +89,6 @@ def api_key_from_env(endpoint: EndpointConfig) -> str | None:
     if not key and endpoint.dialect not in SELF_HOSTED:
         raise ConfigError(f"set {name} or name another variable in [endpoint].api_key_env")
     return key or None
-
-
-def order_key(seed: int, iid: str) -> int:
-    """Dispatch position: a seeded shuffle, so early results represent the whole dataset."""
-    digest = hashlib.blake2b(f"{seed}:{iid}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 2
-
-
-def ingest(store: Store, job: Job) -> None:
-    """Read every dataset into the store; new rows add items, known rows change nothing."""
-    for position, ds in enumerate(job.datasets):
-        path = job.resolve(ds.path)
-        store.register_dataset(ds.name, position, str(path))
-        bad: list[BadRow] = []
-        rows = turns_read = 0
-        batch: list[NewConversation] = []
-        for conv in read_conversations(ds.name, path, ds.format, ds.reader, ds.limit):
-            rows += 1
-            if isinstance(conv, BadRow):
-                bad.append(conv)
-                continue
-            turns = target_turns(conv, ds.mode)
-            if isinstance(turns, str):
-                bad.append(BadRow(ds.name, conv.row_index, turns))
-                continue
-            # Serialize once: the id, prompt hashes and estimates all derive from it.
-            data = conv.to_dict()
-            text = canonical_json(data)
-            cid = conversation_id(conv.dataset, text)
-            items = []
-            for t in turns:
-                iid = item_id(cid, t)
-                items.append(
-                    NewItem(
-                        iid,
-                        t,
-                        prompt_hash_of(data, t),
-                        order_key(job.run.shuffle_seed, iid),
-                        estimate_prompt_tokens(data, t),
-                    )
-                )
-            turns_read += len(items)
-            batch.append(NewConversation(cid, conv.dataset, conv.row_index, text, items))
-            if len(batch) >= INGEST_BATCH:
-                store.add_conversations(batch)
-                batch = []
-        if batch:
-            store.add_conversations(batch)
-        store.record_source_stats(ds.name, rows, turns_read, bad)
-
-
-def lane_rules(job: Job) -> list[LaneRule]:
-    return [
-        LaneRule(lane.name, lane.datasets, lane.min_prompt_tokens, lane.max_prompt_tokens)
-        for lane in job.lane_list
-    ]
 
 
 def _make_body(job: Job, endpoint: EndpointConfig) -> Callable[[Request, int], dict[str, Any]]:
