@@ -38,6 +38,21 @@ def _parser() -> argparse.ArgumentParser:
         help="resume even though the job's data-affecting settings changed",
     )
 
+    plan = sub.add_parser(
+        "plan", help="estimate items, tokens, cost and time per dataset before spending"
+    )
+    plan.add_argument("job", type=Path, help="job file (TOML)")
+    plan.add_argument("--out", type=Path, help="output directory (overrides [job].output_dir)")
+    plan.add_argument(
+        "--pilot",
+        type=int,
+        default=0,
+        metavar="N",
+        help="first send up to N items per dataset (a seeded sample, kept for the run) and "
+        "estimate from their answers; spends what those N answers cost",
+    )
+    plan.add_argument("--json", action="store_true", help="print the estimates as JSON")
+
     sim = sub.add_parser("sim", help="serve the simulated OpenRouter API on 127.0.0.1")
     sim.add_argument("--port", type=int, default=8787)
     sim.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
@@ -57,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             return _run(args, console)
+        if args.command == "plan":
+            return _plan(args, console)
         if args.command == "sim":
             return _sim(args, console)
         if args.command == "demo":
@@ -79,6 +96,49 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     job = load_job(args.job, **overrides)
     report = run_job(job, console=console, force=args.force)
     return _finish(report, console)
+
+
+def _plan(args: argparse.Namespace, console: Console) -> int:
+    import dataclasses
+    import json
+
+    from regen.config import load_job
+    from regen.planner import plan_job
+    from regen.progress import plan_table
+
+    if args.pilot < 0:
+        print("error: --pilot must be 0 or more", file=sys.stderr)
+        return EXIT_USAGE
+    overrides = {"job.output_dir": str(args.out.resolve())} if args.out else {}
+    job = load_job(args.job, **overrides)
+    quiet = Console(file=sys.stderr, width=160) if args.json else console
+    plan = plan_job(job, console=quiet, pilot=args.pilot)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "datasets": [dataclasses.asdict(e) for e in plan.estimates],
+                    "coverage": plan.coverage,
+                    "credit_usd": plan.credit_usd,
+                    "spent_usd": plan.spent_usd,
+                }
+            )
+        )
+        return EXIT_OK
+    console.print(plan_table(plan.estimates))
+    console.print(f"spent so far: ${plan.spent_usd:.4f}", markup=False)
+    if plan.credit_usd is not None:
+        console.print(f"credit remaining: ${plan.credit_usd:.2f}", markup=False)
+    if plan.coverage:
+        console.print(plan.coverage, markup=False, soft_wrap=True)
+    if any(e.basis.startswith("no answers") for e in plan.estimates):
+        console.print(
+            "note: no answers yet, so completions are taken as max_tokens/4; "
+            "pass --pilot N to estimate from N real answers per dataset",
+            markup=False,
+            soft_wrap=True,
+        )
+    return EXIT_OK
 
 
 def _finish(report: object, console: Console) -> int:

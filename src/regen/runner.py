@@ -151,9 +151,15 @@ class Dispatched:
 
 
 async def dispatch(
-    job: Job, store: Store, keys: dict[str, str | None], console: Console
+    job: Job,
+    store: Store,
+    keys: dict[str, str | None],
+    console: Console,
+    *,
+    pilot: int | None = None,
 ) -> Dispatched:
-    """Send every pending item under the job's budgets, showing progress; then reconcile."""
+    """Send every pending item under the job's budgets, showing progress; then reconcile.
+    `pilot`: only until each dataset has that many answers (items in dispatch order)."""
     progress = store.dataset_progress()
     stats = RunStats(
         datasets={p.name: DatasetStats(items=p.items, done_before=p.done) for p in progress}
@@ -182,7 +188,9 @@ async def dispatch(
                     f"a dollar cap needs prices, and endpoint(s) {', '.join(unpriced)} list "
                     "none: set prompt_usd_per_mtok and completion_usd_per_mtok in [endpoint]"
                 )
-        scheduler = Scheduler(store, build_lanes(job, clients, prices), job.run, stats, budget=book)
+        scheduler = Scheduler(
+            store, build_lanes(job, clients, prices), job.run, stats, budget=book, pilot=pilot
+        )
         if book.job_cap_met():
             scheduler.stop(
                 f"the job's dollar cap [budget].max_cost_usd = {job.budget.max_cost_usd:g} is "
@@ -274,9 +282,7 @@ def run_job(
 ) -> RunReport:
     """Ingest, dispatch, export and report. `api_key` defaults to the job's env variable;
     `force` resumes even if the job's data-affecting settings changed."""
-    keys = {
-        e.name: api_key if api_key is not None else api_key_from_env(e) for e in job.endpoint_pool
-    }
+    keys = endpoint_keys(job, api_key)
     out = job.output_path
     with RunLock(out) as lock:
         store = Store.open(out)
@@ -286,15 +292,11 @@ def run_job(
             store.close()
 
 
-def _run_locked(
-    job: Job,
-    store: Store,
-    keys: dict[str, str | None],
-    console: Console,
-    force: bool,
-    stale_pid: int | None,
-) -> RunReport:
-    out = job.output_path
+def prepare(
+    job: Job, store: Store, console: Console, *, force: bool, stale_pid: int | None
+) -> dict[str, int]:
+    """Before sending: check the fingerprint, ingest, re-queue transient failures, assign
+    lanes, and say where each dataset stands. Returns pending items no lane selects."""
     notes = check_fingerprint(store, job, force=force)
     if stale_pid is not None:
         notes.insert(0, f"took over the lock of pid {stale_pid}, which ended without releasing it")
@@ -308,7 +310,27 @@ def _run_locked(
     lines = notes + [dataset_start_line(p, met.get(p.name)) for p in progress]
     for line in lines:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
-    append_log(out / "run.log", lines)
+    append_log(job.output_path / "run.log", lines)
+    return unassigned
+
+
+def endpoint_keys(job: Job, api_key: str | None = None) -> dict[str, str | None]:
+    """Each endpoint's key: `api_key` when given, else its environment variable."""
+    return {
+        e.name: api_key if api_key is not None else api_key_from_env(e) for e in job.endpoint_pool
+    }
+
+
+def _run_locked(
+    job: Job,
+    store: Store,
+    keys: dict[str, str | None],
+    console: Console,
+    force: bool,
+    stale_pid: int | None,
+) -> RunReport:
+    out = job.output_path
+    unassigned = prepare(job, store, console, force=force, stale_pid=stale_pid)
     aborted = False
     reconciliations: list[Reconciliation] = []
     budget_lines: list[str] = []

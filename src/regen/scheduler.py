@@ -150,9 +150,12 @@ class Scheduler:
         rng: random.Random | None = None,
         commit_interval_s: float = 0.2,
         budget: BudgetBook | None = None,
+        pilot: int | None = None,
     ) -> None:
         self._store = store
         self._budget = budget
+        self._pilot = pilot
+        self._fed: Counter[str] = Counter()
         self._lanes = {lane.name: lane for lane in lanes}
         self._run = run
         self.stats = stats
@@ -244,6 +247,7 @@ class Scheduler:
                 for item in batch:
                     if self.stopping or self._budget_met(name):
                         break
+                    self._fed[name] += 1
                     await queue.put(item)
                 after = batch[-1].order_key
         sources = [s for s in self._lanes.values() if s.escalate_to == lane.name]
@@ -274,6 +278,11 @@ class Scheduler:
             self._record(lane, await self._process(lane, item))
 
     def _budget_met(self, dataset: str) -> bool:
+        """Nothing more of this dataset goes out: its budget is met, or its pilot is sent."""
+        if self._pilot is not None:
+            done = self.stats.datasets[dataset].done_before
+            if self._fed[dataset] >= self._pilot - done:
+                return True
         return self._budget is not None and self._budget.datasets[dataset].met is not None
 
     def _pick(self, lane: LaneRuntime) -> EndpointRuntime:

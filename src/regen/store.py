@@ -191,6 +191,18 @@ class DatasetProgress:
 
 
 @dataclass(frozen=True, slots=True)
+class DatasetSample:
+    """What a dataset's answers so far say about the rest: prompt-size estimates of the done
+    and pending items, and the done answers' total latency."""
+
+    name: str
+    pending: int
+    pending_prompt_est: int
+    done_prompt_est: int
+    latency_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class NewItem:
     """An item to insert: its id, turn, prompt hash (for dedup) and dispatch position."""
 
@@ -627,6 +639,21 @@ class Store:
             """
         ).fetchall()
         return [DatasetProgress(*r) for r in rows]
+
+    def dataset_samples(self) -> dict[str, DatasetSample]:
+        """Per dataset: the estimates and latencies a forecast needs."""
+        rows = self._db.execute(
+            """
+            SELECT i.dataset,
+                   SUM(i.status = 'pending'),
+                   SUM(CASE WHEN i.status = 'pending' THEN i.prompt_tokens_est ELSE 0 END),
+                   SUM(CASE WHEN i.status = 'done' THEN i.prompt_tokens_est ELSE 0 END),
+                   COALESCE(SUM(r.latency_s), 0.0)
+            FROM items i LEFT JOIN results r ON r.item_id = i.id
+            GROUP BY i.dataset
+            """
+        ).fetchall()
+        return {r[0]: DatasetSample(*r) for r in rows}
 
     def failure_counts(self) -> dict[tuple[str, str], int]:
         """Failed attempts by (dataset, class), from the attempt log."""
