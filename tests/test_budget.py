@@ -6,6 +6,7 @@ import re
 import sqlite3
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -41,38 +42,49 @@ def admit(b: BudgetBook, max_tokens: int = 1000, prompt_bound: int = 100) -> Lea
     )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     cap=st.floats(0.001, 0.05),
     job_cap=st.one_of(st.none(), st.floats(0.001, 0.05)),
     steps=st.lists(
-        st.tuples(st.booleans(), st.integers(1, 4000), st.floats(0, 1), st.integers(1, 3000)),
+        st.tuples(
+            st.booleans(),
+            st.integers(1, 4000),
+            st.floats(0, 1),
+            st.integers(1, 3000),
+            st.booleans(),
+        ),
         max_size=300,
     ),
 )
 def test_no_order_of_admissions_and_answers_passes_a_dollar_cap(
-    cap: float, job_cap: float | None, steps: list[tuple[bool, int, float, int]]
+    cap: float, job_cap: float | None, steps: list[tuple[bool, int, float, int, bool]]
 ) -> None:
     b = book(max_cost_usd=cap, job_cap=job_cap)
-    in_flight: list[tuple[Lease, float, int]] = []
-    spent = 0.0
-    for send, max_tokens, share, prompt in steps:
+    in_flight: list[tuple[Lease, float, int, bool]] = []
+    spent = 0.0  # what the provider billed, seen or not
+
+    def end(lease: Lease, share: float, prompt: int, hidden: bool) -> None:
+        nonlocal spent
+        # The answer uses any share of max_tokens; its prompt is at most the bound.
+        usage = fill_cost(Usage(prompt, int(share * lease.max_tokens)), PRICES)
+        spent += usage.cost_usd or 0.0
+        if hidden:  # billed, but regen never sees the bill (a timeout before any answer)
+            b.hold(lease)
+        else:
+            b.settle(lease, usage)
+
+    for send, max_tokens, share, prompt, hidden in steps:
         if send or not in_flight:
             lease = admit(b, max_tokens, prompt)
             if isinstance(lease, Lease):
-                in_flight.append((lease, share, prompt))
+                in_flight.append((lease, share, prompt, hidden))
             continue
-        lease, share, prompt = in_flight.pop(0)
-        # The answer uses any share of max_tokens; its prompt is at most the bound.
-        usage = fill_cost(Usage(prompt, int(share * lease.max_tokens)), PRICES)
-        b.settle(lease, usage)
-        spent += usage.cost_usd or 0.0
+        end(*in_flight.pop(0))
         assert spent <= cap + 1e-12
         assert job_cap is None or spent <= job_cap + 1e-12
-    for lease, _, prompt in in_flight:  # every attempt in flight ends at its worst case
-        usage = fill_cost(Usage(prompt, lease.max_tokens), PRICES)
-        b.settle(lease, usage)
-        spent += usage.cost_usd or 0.0
+    for lease, _, prompt, hidden in in_flight:  # every attempt in flight ends at its worst
+        end(lease, 1.0, prompt, hidden)
     assert spent <= cap + 1e-12 and (job_cap is None or spent <= job_cap + 1e-12)
 
 
@@ -207,3 +219,47 @@ def test_the_run_stops_when_the_accounts_credit_falls_below_the_floor(tmp_path: 
     assert re.search(
         r"progress .* credits_usd=0\.\d{4} ", (tmp_path / "out" / "run.log").read_text()
     )
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_answers_cut_short_are_charged_what_the_provider_billed_and_the_cap_holds(
+    tmp_path: Path, stream: bool
+) -> None:
+    from regen.sim.config import SimFaults
+
+    write_rows(tmp_path / "chat.jsonl", chat_rows(400))
+    faults = SimFaults(reset=0.08, stall=0.04, stall_s=1.0, midstream_error=0.04)
+    config = SimConfig(seed=6, time_scale=0.02, faults=faults, generation_delay_s=0.3)
+    cap = 0.2  # the whole job costs about $0.37
+    with sim_in_thread(config) as sim:
+        job = write_job(
+            tmp_path,
+            sim.base_url,
+            datasets=CHAT,
+            concurrency=64,
+            extra="idle_timeout_s = 0.3\nmax_attempts = 8\nstop_error_rate = 0.9",
+        )
+        lane = f'[[lanes]]\nname = "l"\nstream = {str(stream).lower()}\n\n[[datasets]]'
+        text = job.read_text().replace("[[datasets]]", lane, 1)
+        job.write_text(text + f"\n[budget]\nmax_cost_usd = {cap}\n")
+        proc = run_cli("run", str(job))
+        billed = {e.generation_id: e for e in sim.simulator.chat_log() if e.billed}
+        billed_usd = sim.simulator.billed_usd()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "stopped: the job's dollar cap [budget].max_cost_usd = 0.2 is met" in proc.stdout
+    # What the provider billed stayed under the cap, the unseen bills included.
+    assert billed_usd <= cap
+    out = tmp_path / "out"
+    charges = query(out, "SELECT generation_id, kind, cost_usd FROM ledger")
+    assert len(charges) == len({g for g, *_ in charges}) and {g for g, *_ in charges} <= set(billed)
+    # Attempts cut short whose generation regen saw were looked up and charged.
+    cut = {g for g, e in billed.items() if "reset" in e.faults}
+    seen = {g for (g,) in query(out, "SELECT generation_id FROM attempts")}
+    failed_charges = {g for g, kind, _ in charges if kind == "failed_attempt"}
+    assert cut & seen and cut & seen <= failed_charges
+    # The rest were never seen by regen (a timeout before any answer came): the
+    # reconciliation reports exactly them.
+    unseen = [e for g, e in billed.items() if g not in {c[0] for c in charges}]
+    assert not {e.generation_id for e in unseen} & seen
+    diff = re.findall(r"difference_usd=([0-9.-]+)", (out / "run.log").read_text())
+    assert abs(float(diff[-1]) - sum(e.cost_usd for e in unseen)) < 2e-6

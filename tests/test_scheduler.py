@@ -329,10 +329,10 @@ async def test_a_batch_that_cannot_be_written_stops_dispatch_and_is_saved_when_i
     real_commit = store.commit_outcomes
     failures = [StateError("state.db: write failed: database or disk is full")] * 3
 
-    def commit(outcomes: Any) -> None:
+    def commit(outcomes: Any, charges: Any = ()) -> None:
         if failures:
             raise failures.pop()
-        real_commit(outcomes)
+        real_commit(outcomes, charges)
 
     store.commit_outcomes = commit  # type: ignore[method-assign]
     async with scripted_server(lambda n, _: Reply()) as srv:
@@ -354,7 +354,7 @@ async def test_a_batch_never_written_is_reported_with_how_many_answers_it_held(
 
     job, store = make_job(tmp_path, 40, "stop_grace_s = 0.2", concurrency=2)
 
-    def commit(outcomes: Any) -> None:
+    def commit(outcomes: Any, charges: Any = ()) -> None:
         raise StateError("state.db: write failed: database or disk is full")
 
     store.commit_outcomes = commit  # type: ignore[method-assign]

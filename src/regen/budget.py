@@ -60,12 +60,20 @@ class _Scope:
 
     spent_tokens: int = 0
     spent_usd: float = 0.0
+    uncertain_usd: float = 0.0
+    """The worst cases of attempts that may have been billed without a bill regen can see (a
+    timeout before any answer came): counted as spent against dollar caps."""
     reserved_tokens: float = 0.0
     reserved_usd: float = 0.0
     reserved_max_tokens: int = 0
     in_flight: int = 0
     bound_at_last_admission: int = 0
     """The max_tokens of everything in flight when the last attempt was admitted."""
+
+    @property
+    def charged_usd(self) -> float:
+        """What counts as spent against a dollar cap."""
+        return self.spent_usd + self.uncertain_usd
 
     def take(self, lease: Lease) -> None:
         self.reserved_tokens += lease.tokens
@@ -185,19 +193,19 @@ class BudgetBook:
                 raise ValueError("a dollar cap needs the endpoint's prices")
             worst = prices.cost(prompt_tokens_bound(), max_tokens)
             if state.max_cost_usd is not None and (
-                ds.spent_usd + ds.reserved_usd + worst > state.max_cost_usd
+                ds.charged_usd + ds.reserved_usd + worst > state.max_cost_usd
             ):
                 if ds.in_flight == 0:
                     return self._meet(state, "dollar cap met")
                 return Denial("dollar cap held by requests in flight", wait=True)
             if self._job_cap is not None and (
-                self.job.spent_usd + self.job.reserved_usd + worst > self._job_cap
+                self.job.charged_usd + self.job.reserved_usd + worst > self._job_cap
             ):
                 if self.job.in_flight == 0:
                     self.stopped = (
                         f"the job's dollar cap [budget].max_cost_usd = {self._job_cap:g} is met "
-                        f"(${self.job.spent_usd:.4f} spent; the next request could cost up to "
-                        f"${worst:.4f})"
+                        f"(${self.job.charged_usd:.4f} spent or possibly spent; the next "
+                        f"request could cost up to ${worst:.4f})"
                     )
                     self._notify()
                     return Denial(self.stopped, stops_run=True)
@@ -226,6 +234,18 @@ class BudgetBook:
             self._means[(lease.dataset, lease.lane)] = (total + usage.completion_tokens, n + 1)
         self._notify()
 
+    def hold(self, lease: Lease) -> None:
+        """An attempt may have been billed, and its bill cannot be known: give its lease back
+        but count its worst case as spent against the dollar caps for the rest of the run."""
+        self.datasets[lease.dataset].scope.uncertain_usd += lease.worst_usd
+        self.job.uncertain_usd += lease.worst_usd
+        self.settle(lease, None)
+
+    def count_unrecorded(self, usd: float) -> None:
+        """Spend the provider reports beyond the ledger (answers lost to a crash, say): it
+        counts against the job's cap, since no dataset can be told."""
+        self.job.uncertain_usd += max(0.0, usd)
+
     def _notify(self) -> None:
         event, self._changed = self._changed, asyncio.Event()
         event.set()
@@ -253,6 +273,12 @@ class BudgetBook:
                     f"dataset {name}: dollar cap {s.max_cost_usd:g}: spent "
                     f"${s.scope.spent_usd:.4f}" + (f"; {s.met}" if s.met else "")
                 )
+        if self.job.uncertain_usd > 0:
+            lines.append(
+                f"job: up to ${self.job.uncertain_usd:.4f} counted as spent for attempts that "
+                "may have been billed without a bill in sight (timeouts, cut connections, or "
+                "spend the provider reports beyond the ledger)"
+            )
         return lines
 
 

@@ -237,3 +237,16 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return self.result is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """A charge learnt after the fact: a failed attempt (a stream cut short) that the provider
+    billed all the same, as its generation record says."""
+
+    item_id: str
+    dataset: str
+    usage: Usage
+    generation_id: str
+    endpoint: str | None = None
+    provider: str | None = None

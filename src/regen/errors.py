@@ -31,9 +31,17 @@ class EndpointError(RegenError):
         *,
         status: int | None = None,
         retry_after_s: float | None = None,
+        generation_id: str | None = None,
+        maybe_billed: bool = False,
     ) -> None:
         super().__init__(f"{failure_class}: {message}")
         self.failure_class = failure_class
         self.message = message
         self.status = status
         self.retry_after_s = retry_after_s
+        self.generation_id = generation_id
+        """The generation's id, when the answer had begun (its headers came): it can be looked
+        up for what the provider billed."""
+        self.maybe_billed = maybe_billed
+        """The request reached the provider and no error status came back (a timeout, a cut
+        connection, a broken 200 body): the provider may have billed it."""

@@ -107,7 +107,12 @@ def build_lanes(
     prices = prices or {}
     runtimes = {
         e.name: EndpointRuntime(
-            e.name, senders[e.name], _make_body(job, e), e.weight, prices=prices.get(e.name)
+            e.name,
+            senders[e.name],
+            _make_body(job, e),
+            e.weight,
+            prices=prices.get(e.name),
+            generation_records=e.dialect == "openrouter",
         )
         for e in job.endpoint_pool
     }
@@ -180,6 +185,10 @@ async def dispatch(
         accounts = billing_accounts(job)
         baselines = await take_baselines(store, accounts, clients)
         book = budget_book(job, progress)
+        # Spend the provider reports beyond the ledger (answers lost in an earlier run's crash)
+        # counts against the job's cap.
+        for r in await reconcile_accounts(store, accounts, baselines, clients):
+            book.count_unrecorded(r.difference_usd)
         prices = await resolve_prices(job, clients)
         if book.needs_prices:
             unpriced = [name for name, p in prices.items() if p is None]

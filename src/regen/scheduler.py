@@ -17,11 +17,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from regen.budget import BudgetBook, Lease, Prices, fill_cost
+from regen.client.account import generation_charge
 from regen.client.errors import RETRYABLE, STOPS_RUN
 from regen.client.http import Timeouts
 from regen.config import RunConfig
 from regen.conversation import (
     Attempt,
+    Charge,
     Conversation,
     Outcome,
     Request,
@@ -50,6 +52,12 @@ class Sender(Protocol):
         timeouts: Timeouts | None = None,
     ) -> Result: ...
 
+    async def get_json(self, path: str) -> Any: ...
+
+
+# When to ask for a cut-short generation's bill: its record lags a little behind the answer.
+BILL_LOOKUP_WAITS_S = (1.0, 1.0, 2.0, 4.0, 8.0)
+
 
 @dataclass
 class EndpointRuntime:
@@ -63,6 +71,9 @@ class EndpointRuntime:
     health: EndpointHealth = field(default_factory=EndpointHealth)
     prices: Prices | None = None
     """For answers without `usage.cost`, and for the worst case under dollar caps."""
+    generation_records: bool = False
+    """The endpoint answers `GET /generation?id=` (OpenRouter): a stream cut short can be
+    looked up there for what it was billed."""
 
 
 @dataclass
@@ -156,6 +167,8 @@ class Scheduler:
         self._budget = budget
         self._pilot = pilot
         self._fed: Counter[str] = Counter()
+        self._charges: list[Charge] = []
+        self._lookups: set[asyncio.Task[None]] = set()
         self._lanes = {lane.name: lane for lane in lanes}
         self._run = run
         self.stats = stats
@@ -203,11 +216,14 @@ class Scheduler:
         tasks.append(asyncio.create_task(self._deadline(workers)))
         try:
             await asyncio.gather(*workers, return_exceptions=True)
+            if self._lookups:  # bills of attempts cut short, looked up for a few seconds
+                await asyncio.wait(set(self._lookups), timeout=sum(BILL_LOOKUP_WAITS_S) + 5)
             await self._retry_unsaved()
         finally:
-            for t in tasks + workers:
+            lookups = list(self._lookups)
+            for t in tasks + workers + lookups:
                 t.cancel()
-            await asyncio.gather(*tasks, *workers, return_exceptions=True)
+            await asyncio.gather(*tasks, *workers, *lookups, return_exceptions=True)
             self._flush()
         if self._commit_error is not None:
             lost = sum(1 for o in self._pending if not o.abandoned)
@@ -314,6 +330,8 @@ class Scheduler:
                 return ended(abandoned=True)
             lease = admitted if isinstance(admitted, Lease) else None
             billed: Usage | None = None
+            begun: str | None = None
+            maybe_billed = False
             started, t0 = time.time(), time.monotonic()
             signal, latency = "other", None
             # "In flight" counts requests on the wire, not workers waiting for a slot.
@@ -329,17 +347,36 @@ class Scheduler:
                     )
                     result = replace(result, usage=fill_cost(result.usage, ep.prices))
                     billed = result.usage
+                except EndpointError as exc:
+                    # The provider may have billed it: look the bill up when the generation
+                    # is known; else its worst case stays counted against the caps.
+                    maybe_billed = exc.maybe_billed and ep.generation_records
+                    begun = exc.generation_id if maybe_billed else None
+                    raise
                 finally:
                     ds.in_flight -= 1
                     lane_stats.in_flight -= 1
-                    if lease is not None and self._budget is not None:
-                        self._budget.settle(lease, billed)
+                    if begun is not None:
+                        self._look_up_bill(ep, item, begun, lease)
+                    elif lease is not None and self._budget is not None:
+                        if maybe_billed:
+                            self._budget.hold(lease)
+                        else:
+                            self._budget.settle(lease, billed)
                 signal, latency = "ok", result.latency_s
             except EndpointError as exc:
                 cls = exc.failure_class
                 signal = "overload" if cls in OVERLOAD else "other"
                 attempts.append(
-                    Attempt(number, started, time.monotonic() - t0, exc.status, cls, exc.message)
+                    Attempt(
+                        number,
+                        started,
+                        time.monotonic() - t0,
+                        exc.status,
+                        cls,
+                        exc.message,
+                        generation_id=exc.generation_id,
+                    )
                 )
                 ds.errors[cls] += 1
                 ep.health.record(cls not in UNHEALTHY)
@@ -386,6 +423,44 @@ class Scheduler:
             if result.finish_reason == "length" and lane.escalate_to is not None:
                 return ended(result=result, escalate_to=lane.escalate_to)
             return ended(result=result)
+
+    def _look_up_bill(
+        self, ep: EndpointRuntime, item: PendingItem, generation_id: str, lease: Lease | None
+    ) -> None:
+        task = asyncio.create_task(self._bill(ep, item, generation_id, lease))
+        self._lookups.add(task)
+        task.add_done_callback(self._lookups.discard)
+
+    async def _bill(
+        self, ep: EndpointRuntime, item: PendingItem, generation_id: str, lease: Lease | None
+    ) -> None:
+        """Charge what the provider billed for an attempt cut short, as its generation record
+        says; its budget hold is given back only then, so a dollar cap holds through it."""
+        usage: Usage | None = None
+        found = None
+        try:
+            for wait in BILL_LOOKUP_WAITS_S:
+                await self._sleep(wait)
+                found = await generation_charge(ep.sender, generation_id)
+                if found is None:
+                    continue
+                charged = fill_cost(found[0], ep.prices)
+                if charged.cost_usd:  # 0: not billed (a provider error, say)
+                    usage = charged
+                    self._charges.append(
+                        Charge(item.id, item.dataset, usage, generation_id, ep.name, found[1])
+                    )
+                    ds = self.stats.datasets[item.dataset]
+                    ds.prompt_tokens += usage.prompt_tokens
+                    ds.completion_tokens += usage.completion_tokens
+                    ds.cost_usd += usage.cost_usd or 0.0
+                return
+        finally:
+            if lease is not None and self._budget is not None:
+                if found is None:  # no record came: the bill stays unknown
+                    self._budget.hold(lease)
+                else:
+                    self._budget.settle(lease, usage)
 
     async def _admit(
         self,
@@ -473,13 +548,15 @@ class Scheduler:
         # Group commit: one transaction for many finished items, each complete in itself. A
         # batch that cannot be written (a full disk) stays in memory and is tried again at each
         # tick while the run stops, so that space freed meanwhile saves it.
-        if not self._pending:
+        if not self._pending and not self._charges:
             return
         batch, self._pending = self._pending, []
+        charges, self._charges = self._charges, []
         try:
-            self._store.commit_outcomes(batch)
+            self._store.commit_outcomes(batch, charges)
         except StateError as exc:
             self._pending = batch + self._pending
+            self._charges = charges + self._charges
             if self._commit_error is None:
                 self.stop(f"cannot write state: {exc}")
             self._commit_error = exc

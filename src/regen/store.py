@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from regen.conversation import BadRow, Outcome, estimate_prompt_tokens
+from regen.conversation import BadRow, Charge, Outcome, estimate_prompt_tokens
 from regen.errors import StateError
 
 STATE_FILE = "state.db"
@@ -505,8 +505,9 @@ class Store:
         ).fetchall()
         return [_pending(r) for r in rows]
 
-    def commit_outcomes(self, outcomes: Iterable[Outcome]) -> None:
-        """Commit finished items: each one's result (or failure), attempts and ledger charge."""
+    def commit_outcomes(self, outcomes: Iterable[Outcome], charges: Iterable[Charge] = ()) -> None:
+        """Commit finished items (each one's result or failure, attempts and ledger charge) and
+        charges learnt after the fact (`ledger.kind = 'failed_attempt'`), in one transaction."""
         now = time.time()
         Rows = list[tuple[Any, ...]]
         results: Rows = []
@@ -583,6 +584,22 @@ class Store:
                 failures.append(
                     (len(o.attempts), o.failure_class, o.failure_message, now, o.item_id)
                 )
+        for c in charges:
+            u = c.usage
+            ledger.append(
+                (
+                    c.item_id,
+                    c.dataset,
+                    "failed_attempt",
+                    u.prompt_tokens,
+                    u.completion_tokens,
+                    u.cost_usd,
+                    now,
+                    c.endpoint,
+                    c.provider,
+                    c.generation_id,
+                )
+            )
         with self._tx() as db:
             db.executemany(
                 "INSERT INTO attempts (item_id, number, started_at, latency_s, status, "

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote
 
+from regen.conversation import Usage
+
 
 class JsonGetter(Protocol):
     async def get_json(self, path: str) -> Any: ...
@@ -65,3 +67,23 @@ async def model_prices(client: JsonGetter, model: str) -> tuple[float, float] | 
     if not prices:
         return None
     return max(p for p, _ in prices), max(c for _, c in prices)
+
+
+async def generation_charge(
+    client: JsonGetter, generation_id: str
+) -> tuple[Usage, str | None] | None:
+    """What the provider billed for a generation (`GET /generation?id=`), with the provider's
+    name; None while the record is not there (it lags a few seconds behind the answer)."""
+    body = await client.get_json(f"generation?id={quote(generation_id)}")
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, dict):
+        return None
+    cost = _number(data.get("total_cost"))
+    usage = Usage(
+        int(_number(data.get("tokens_prompt")) or 0),
+        int(_number(data.get("tokens_completion")) or 0),
+        int(_number(data.get("native_tokens_reasoning")) or 0),
+        cost,
+    )
+    provider = data.get("provider_name")
+    return usage, provider if isinstance(provider, str) else None

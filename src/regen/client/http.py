@@ -105,6 +105,9 @@ class ChatClient:
         data = orjson.dumps(body)
         timeout = self._client_timeout(t, stream)
         started = time.monotonic()
+        assembler: StreamAssembler | None = None
+        generation_id: str | None = None
+        status: int | None = None
         try:
             request = self._session.post(self.url, data=data, timeout=timeout)
             if stream:
@@ -122,6 +125,8 @@ class ChatClient:
                 if status != 200:
                     retry_after = parse_retry_after(resp.headers.get("Retry-After"))
                     raise _http_error(status, await resp.read(), retry_after)
+                # From here on a generation exists and may be billed, even if its body is cut.
+                generation_id = resp.headers.get("X-Generation-Id")
                 if not stream:
                     raw = await resp.read()
                     return parse_chat_body(
@@ -141,16 +146,23 @@ class ChatClient:
                 return result_from_body(
                     item_id, assembler.body(), status=200, latency_s=time.monotonic() - started
                 )
-        except EndpointError:
+        except EndpointError as exc:
+            if status in (None, 200):  # an error status is not billed; silence or a 200 may be
+                _begun(exc, generation_id, assembler)
             raise
         except aiohttp.SocketTimeoutError as exc:
-            raise EndpointError("stalled", f"no bytes for {t.idle_s:g} s") from exc
+            err = EndpointError("stalled", f"no bytes for {t.idle_s:g} s")
+            raise _begun(err, generation_id, assembler) from exc
         except aiohttp.ConnectionTimeoutError as exc:
             raise EndpointError("connection", f"connect timed out after {t.connect_s:g} s") from exc
-        except TimeoutError as exc:
-            raise EndpointError("timeout", f"request took over {t.total_s:g} s") from exc
-        except aiohttp.ClientError as exc:
+        except aiohttp.ClientConnectorError as exc:  # never reached the server: not billed
             raise EndpointError("connection", type(exc).__name__ + _detail(exc)) from exc
+        except TimeoutError as exc:
+            err = EndpointError("timeout", f"request took over {t.total_s:g} s")
+            raise _begun(err, generation_id, assembler) from exc
+        except aiohttp.ClientError as exc:
+            err = EndpointError("connection", type(exc).__name__ + _detail(exc))
+            raise _begun(err, generation_id, assembler) from exc
 
     async def get_json(self, path: str) -> Any:
         """GET `{base_url}/{path}` and return its JSON, or None on any failure (these reads
@@ -169,6 +181,20 @@ class ChatClient:
                 return orjson.loads(await resp.read())
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
             return None
+
+
+def _begun(
+    err: EndpointError, header_id: str | None, assembler: StreamAssembler | None
+) -> EndpointError:
+    """A request that reached the provider and failed without an error status may have been
+    billed. Say so, and which generation it was when known (the `X-Generation-Id` header,
+    else a stream's first chunk), so that its cost can be looked up."""
+    err.maybe_billed = True
+    if err.generation_id is None:
+        gen = header_id or (assembler.meta.get("id") if assembler is not None else None)
+        if isinstance(gen, str) and gen:
+            err.generation_id = gen
+    return err
 
 
 def _detail(exc: BaseException) -> str:
