@@ -91,6 +91,11 @@ def _totals(stats: RunStats) -> DatasetStats:
     return total
 
 
+def _per_mtok(cost_usd: float, completion_tokens: int) -> float:
+    """Effective dollars per million completion tokens (everything spent, over what came)."""
+    return cost_usd / completion_tokens * 1e6 if completion_tokens else 0.0
+
+
 def progress_line(stats: RunStats, now: float | None = None) -> str:
     """One stable `key=value` line for logs and `tail -f` over SSH."""
     now = time.monotonic() if now is None else now
@@ -108,7 +113,7 @@ def progress_line(stats: RunStats, now: float | None = None) -> str:
         f"{stamp} progress done={t.done_before + t.done}/{t.items} failed={t.failed} "
         f"in_flight={t.in_flight} req_s={t.done / elapsed:.2f} "
         f"out_tok_s={t.completion_tokens / elapsed:.0f} completion_tokens={t.completion_tokens} "
-        f"cost_usd={t.cost_usd:.4f} "
+        f"cost_usd={t.cost_usd:.4f} usd_per_mtok={_per_mtok(t.cost_usd, t.completion_tokens):.2f} "
         + (f"credits_usd={stats.credits_usd:.4f} " if stats.credits_usd is not None else "")
         + f"errors={_errors(t.errors)} "
         f"elapsed_s={elapsed:.0f} {per_ds} {per_lane}"
@@ -124,6 +129,7 @@ def _table_cells(name: str, d: DatasetStats, elapsed: float) -> tuple[str, ...]:
         f"{d.done / elapsed:.1f}",
         _fmt_tokens(d.completion_tokens),
         f"{d.cost_usd:.4f}",
+        f"{_per_mtok(d.cost_usd, d.completion_tokens):.2f}",
         _errors(d.errors),
     )
 
@@ -132,7 +138,8 @@ def progress_table(stats: RunStats, now: float | None = None) -> Table:
     now = time.monotonic() if now is None else now
     elapsed = max(now - stats.started_at, 1e-9)
     table = Table(title=f"regen  {elapsed:,.0f}s", title_justify="left", expand=False)
-    for col in ("dataset", "done/total", "failed", "in flight", "req/s", "tokens", "$", "errors"):
+    cols = ("dataset", "done/total", "failed", "in flight", "req/s", "tokens", "$", "$/Mtok")
+    for col in (*cols, "errors"):
         table.add_column(col, justify="left" if col in ("dataset", "errors") else "right")
     for name, d in stats.datasets.items():
         table.add_row(*_table_cells(name, d, elapsed))
@@ -144,6 +151,8 @@ def progress_table(stats: RunStats, now: float | None = None) -> Table:
         + (f", {lane.escalated} escalated" if lane.escalated else "")
         for name, lane in stats.lanes.items()
     )
+    if stats.credits_usd is not None:
+        lanes += f"   credit remaining: ${stats.credits_usd:,.2f}"
     table.caption = lanes or None
     table.caption_justify = "left"
     return table
@@ -246,7 +255,7 @@ def summary_table(
         table.add_column(col, justify="left" if col in ("dataset", "errors") else "right")
     for d in datasets:
         errs = {c: n for (ds, c), n in errors.items() if ds == d.name}
-        per_mtok = d.cost_usd / d.completion_tokens * 1e6 if d.completion_tokens else 0.0
+        per_mtok = _per_mtok(d.cost_usd, d.completion_tokens)
         table.add_row(
             d.name,
             str(d.rows_read),
