@@ -26,16 +26,41 @@ def test_slow_start_then_one_decrease_per_round_trip() -> None:
     for _ in range(5):  # a burst of 429s at one moment counts once
         lim.in_flight += 1
         lim.release("overload")
-    assert lim.current == int(20 * 0.9)
+    assert lim.current == int(20 * (1 - 1 / 11))  # one 429 among eleven answers
     clock.now += 1.0  # a round trip later, another overload counts again
     lim.in_flight += 1
     lim.release("overload")
-    assert lim.current == int(20 * 0.9 * 0.9)
+    # Since the last decrease: five overloads and nothing else, a storm: halve at most.
+    assert lim.current == int(30 * (1 - 1 / 11) * 0.5)
     before = lim.limit
-    for _ in range(16):
+    for _ in range(round(before)):
         lim.in_flight += 1
         lim.release("ok", latency_s=0.5)
-    assert 3.5 < lim.limit - before < 4.5  # additive: about four per window of successes
+    assert 3.0 < lim.limit - before < 5.0  # additive: about four per window of successes
+
+
+def test_a_decrease_follows_the_share_of_overloads_since_the_last() -> None:
+    clock = Clock()
+    lim = AdaptiveLimit(1000, 800, clock=clock)
+    lim._slow_start = False
+    lim._last_decrease = clock.now  # as if it had just decreased: a window starts
+    # Sending 800 where 600 fit: a quarter are refused, so the limit goes to about 600.
+    for i in range(800):
+        lim.in_flight += 1
+        lim.release("overload" if i % 4 == 0 else "ok", latency_s=1.0)
+    clock.now += 5.0
+    lim.in_flight += 1
+    lim.release("overload")
+    assert 560 < lim.current < 620
+    # A lone 429 after a long good stretch costs the gentlest step.
+    for _ in range(5000):
+        lim.in_flight += 1
+        lim.release("ok", latency_s=1.0)
+    clock.now += 5.0
+    before = lim.limit
+    lim.in_flight += 1
+    lim.release("overload")
+    assert lim.limit == before * 0.95
 
 
 def test_non_adaptive_limit_is_the_concurrency() -> None:

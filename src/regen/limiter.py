@@ -1,11 +1,15 @@
 """Admission: how many requests may be in flight to one endpoint, adapted to what it answers.
 
-AIMD with a slow start: the limit starts at `initial`, grows by one per success until the first
-overload (429 or 503/529), then by `probe`/limit per success (about `probe` slots per round
-trip); an overload multiplies it by `decrease`, at most once per round trip, so a burst of 429s
-from one moment of overload counts once. The limit stays between 1 and the lane's concurrency.
-With decrease 0.9 and probe 4 the limit saws between 90% and 100% of what the endpoint takes,
-and finds the ceiling again within a few seconds (bench/engine.py capacity).
+AIMD with a slow start: the limit starts at `initial`, grows by `slow_start_step` per success
+(one: it doubles every round trip) until the first overload (429 or 503/529), then by
+`probe`/limit per success (about `probe` slots per round
+trip). An overload decreases it at most once per round trip, so a burst of 429s from one moment
+of overload counts once, and by the share of overloads among the answers since the last
+decrease: sending L to an endpoint that takes C < L gets about (L - C) / L of them refused, so
+L * (1 - share) is about C. The factor stays between `min_decrease` (a storm halves the limit
+at most) and `decrease` (a lone 429 after a good stretch costs 5%). The limit stays between 1
+and the lane's concurrency. Against a fixed capacity it saws between 95% and 100% of it
+(bench/engine.py capacity).
 
 Waiters are handed their slot directly when one frees up, so the limit is never exceeded, and
 a waiter that is cancelled after being handed a slot gives it back.
@@ -28,8 +32,10 @@ class AdaptiveLimit:
         initial: int,
         *,
         adaptive: bool = True,
-        decrease: float = 0.9,
+        decrease: float = 0.95,
+        min_decrease: float = 0.5,
         probe: float = 4.0,
+        slow_start_step: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_limit = max_limit
@@ -38,7 +44,12 @@ class AdaptiveLimit:
         self.in_flight = 0
         self.overloads = 0
         self._decrease = decrease
+        self._min_decrease = min_decrease
         self._probe = probe
+        self._slow_start_step = slow_start_step
+        self._window_ok = 0
+        self._window_overload = 0
+        """Answers since the last decrease: the share of overloads among them sets the next."""
         self._clock = clock
         self._slow_start = adaptive
         self._last_decrease = float("-inf")
@@ -74,20 +85,25 @@ class AdaptiveLimit:
     ) -> None:
         """Give the slot back, saying how it went: `ok`, `overload`, `paused` or `other`."""
         if outcome == "ok" and self.adaptive:
+            self._window_ok += 1
             if latency_s is not None:
                 rtt = self._rtt_s
                 self._rtt_s = latency_s if rtt is None else 0.8 * rtt + 0.2 * latency_s
-            step = 1.0 if self._slow_start else self._probe / max(self.limit, 1.0)
+            step = self._slow_start_step if self._slow_start else self._probe / max(self.limit, 1.0)
             self.limit = min(float(self.max_limit), self.limit + step)
         elif outcome in ("overload", "paused"):
             self.overloads += 1
+            self._window_overload += 1
             now = self._clock()
             # One decrease per round trip; 0.1 s until a round trip has been seen.
             cooldown = 0.1 if self._rtt_s is None else self._rtt_s
             if self.adaptive and now - self._last_decrease >= cooldown:
-                self.limit = max(1.0, self.limit * self._decrease)
+                share = self._window_overload / (self._window_ok + self._window_overload)
+                factor = min(self._decrease, max(self._min_decrease, 1.0 - share))
+                self.limit = max(1.0, self.limit * factor)
                 self._slow_start = False
                 self._last_decrease = now
+                self._window_ok = self._window_overload = 0
             if outcome == "paused" and retry_after_s:
                 self._paused_until = max(self._paused_until, now + retry_after_s)
         self._free_slot()
