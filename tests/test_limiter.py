@@ -31,7 +31,7 @@ def test_slow_start_then_one_decrease_per_round_trip() -> None:
     lim.in_flight += 1
     lim.release("overload")
     # Since the last decrease: five overloads and nothing else, a storm: halve at most.
-    assert lim.current == int(30 * (1 - 1 / 11) * 0.5)
+    assert lim.current == int(20 * (1 - 1 / 11) * 0.5)
     before = lim.limit
     for _ in range(round(before)):
         lim.in_flight += 1
