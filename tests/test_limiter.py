@@ -16,57 +16,75 @@ class Clock:
         return self.now
 
 
+def slot(lim: AdaptiveLimit) -> int:
+    """Take a free slot through `acquire` (it completes at once when one is free)."""
+    coro = lim.acquire()
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return int(done.value)
+    coro.close()
+    raise AssertionError("no free slot")
+
+
+def answer(lim: AdaptiveLimit, outcome: str, n: int = 1, latency_s: float = 0.5) -> None:
+    """Send n requests and get `outcome` for each."""
+    for _ in range(n):
+        epoch = slot(lim)
+        lim.release(outcome, epoch=epoch, latency_s=latency_s)
+
+
 def test_slow_start_then_one_decrease_per_round_trip() -> None:
     clock = Clock()
     lim = AdaptiveLimit(100, 10, clock=clock)
-    for _ in range(10):
-        lim.in_flight += 1
-        lim.release("ok", latency_s=0.5)
+    answer(lim, "ok", 10)
     assert lim.current == 20  # +1 per success before the first overload
-    for _ in range(5):  # a burst of 429s at one moment counts once
-        lim.in_flight += 1
-        lim.release("overload")
-    assert lim.current == int(20 * (1 - 1 / 11))  # one 429 among eleven answers
+    answer(lim, "overload", 5)  # a burst of 429s at one moment counts once
+    assert lim.current == int(20 * (1 - 1 / 11))  # one refusal among eleven requests sent
     clock.now += 1.0  # a round trip later, another overload counts again
-    lim.in_flight += 1
-    lim.release("overload")
-    # Since the last decrease: five overloads and nothing else, a storm: halve at most.
+    answer(lim, "overload")
+    # Since the last decrease, five requests were sent and all were refused: halve at most.
     assert lim.current == int(20 * (1 - 1 / 11) * 0.5)
     before = lim.limit
-    for _ in range(round(before)):
-        lim.in_flight += 1
-        lim.release("ok", latency_s=0.5)
+    answer(lim, "ok", round(before))
     assert 3.0 < lim.limit - before < 5.0  # additive: about four per window of successes
 
 
-def test_a_decrease_follows_the_share_of_overloads_since_the_last() -> None:
+def test_a_decrease_follows_the_share_of_requests_refused_since_the_last() -> None:
     clock = Clock()
     lim = AdaptiveLimit(1000, 800, clock=clock)
     lim._slow_start = False
-    lim._last_decrease = clock.now  # as if it had just decreased: a window starts
+    lim._last_decrease = clock.now  # as if it had just decreased: an epoch starts
     # Sending 800 where 600 fit: a quarter are refused, so the limit goes to about 600.
     for i in range(800):
-        lim.in_flight += 1
-        lim.release("overload" if i % 4 == 0 else "ok", latency_s=1.0)
+        answer(lim, "overload" if i % 4 == 0 else "ok", latency_s=1.0)
     clock.now += 5.0
-    lim.in_flight += 1
-    lim.release("overload")
+    answer(lim, "overload")
     assert 560 < lim.current < 620
     # A lone 429 after a long good stretch costs the gentlest step.
-    for _ in range(5000):
-        lim.in_flight += 1
-        lim.release("ok", latency_s=1.0)
+    for _ in range(10):
+        answer(lim, "ok", 500, latency_s=1.0)
     clock.now += 5.0
     before = lim.limit
-    lim.in_flight += 1
-    lim.release("overload")
+    answer(lim, "overload")
     assert lim.limit == before * 0.95
+
+
+def test_refusals_of_requests_sent_before_a_decrease_do_not_decrease_again() -> None:
+    clock = Clock()
+    lim = AdaptiveLimit(1000, 500, clock=clock)
+    old = [slot(lim) for _ in range(300)]  # sent before the overload
+    answer(lim, "overload")
+    after = lim.limit
+    clock.now += 10.0  # long past the cool-down
+    for epoch in old:  # the rest of that burst comes back refused
+        lim.release("overload", epoch=epoch)
+    assert lim.limit == after and lim.overloads == 301
 
 
 def test_non_adaptive_limit_is_the_concurrency() -> None:
     lim = AdaptiveLimit(300, 10, adaptive=False)
-    lim.in_flight += 1
-    lim.release("overload")
+    answer(lim, "overload")
     assert lim.current == 300
 
 
@@ -75,12 +93,9 @@ def test_limit_stays_between_one_and_the_maximum() -> None:
     lim = AdaptiveLimit(8, 4, clock=clock)
     for _ in range(100):
         clock.now += 10
-        lim.in_flight += 1
-        lim.release("overload")
+        answer(lim, "overload")
     assert lim.current == 1
-    for _ in range(1000):
-        lim.in_flight += 1
-        lim.release("ok", latency_s=0.01)
+    answer(lim, "ok", 1000, latency_s=0.01)
     assert lim.current == 8
 
 
@@ -100,12 +115,12 @@ def test_in_flight_never_exceeds_the_limit(
 
         async def user(i: int, signal: str) -> None:
             nonlocal peak
-            await lim.acquire()
+            epoch = await lim.acquire()
             try:
                 peak = max(peak, lim.in_flight)
                 await asyncio.sleep(0)
             finally:
-                lim.release(signal, latency_s=0.01)
+                lim.release(signal, epoch=epoch, latency_s=0.01)
 
         tasks = [asyncio.create_task(user(i, s)) for i, s in enumerate(signals)]
         await asyncio.sleep(0)

@@ -2,14 +2,15 @@
 
 AIMD with a slow start: the limit starts at `initial`, grows by `slow_start_step` per success
 (one: it doubles every round trip) until the first overload (429 or 503/529), then by
-`probe`/limit per success (about `probe` slots per round
-trip). An overload decreases it at most once per round trip, so a burst of 429s from one moment
-of overload counts once, and by the share of overloads among the answers since the last
-decrease: sending L to an endpoint that takes C < L gets about (L - C) / L of them refused, so
-L * (1 - share) is about C. The factor stays between `min_decrease` (a storm halves the limit
-at most) and `decrease` (a lone 429 after a good stretch costs 5%). The limit stays between 1
-and the lane's concurrency. Against a fixed capacity it saws between 95% and 100% of it
-(bench/engine.py capacity).
+`probe`/limit per success (about `probe` slots per round trip). An overload decreases it at
+most once per round trip, and by the share of refusals among the requests sent since the last
+decrease (its epoch): sending L to an endpoint that takes C < L gets about (L - C) / L of them
+refused, so L * (1 - share) is about C. Answers to requests of an earlier epoch neither count
+nor decrease again: the reaction to their burst has happened. (Counting answers instead of
+requests would be biased: a 429 comes back at once, a success only after a round trip.) The
+factor stays between `min_decrease` (a storm halves the limit at most) and `decrease` (a lone
+429 after a good stretch costs 5%). The limit stays between 1 and the lane's concurrency.
+Against a fixed capacity it saws between 95% and 100% of it (bench/engine.py capacity).
 
 Waiters are handed their slot directly when one frees up, so the limit is never exceeded, and
 a waiter that is cancelled after being handed a slot gives it back.
@@ -47,32 +48,36 @@ class AdaptiveLimit:
         self._min_decrease = min_decrease
         self._probe = probe
         self._slow_start_step = slow_start_step
-        self._window_ok = 0
-        self._window_overload = 0
-        """Answers since the last decrease: the share of overloads among them sets the next."""
+        self.epoch = 0
+        """Counts the decreases: each slot is handed out with the epoch it belongs to."""
+        self._sent = 0
+        self._refused = 0
+        """Requests sent in this epoch, and those refused (429, overload) so far."""
         self._clock = clock
         self._slow_start = adaptive
         self._last_decrease = float("-inf")
         self._rtt_s: float | None = None
         self._paused_until = 0.0
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._waiters: deque[asyncio.Future[int]] = deque()
 
     @property
     def current(self) -> int:
         return max(1, int(self.limit))
 
-    async def acquire(self) -> None:
-        """Wait for a slot; the caller must call `release` exactly once afterwards."""
+    async def acquire(self) -> int:
+        """Wait for a slot; returns its epoch, to pass to `release`, which the caller must
+        call exactly once afterwards."""
         pause = self._paused_until - self._clock()
         if pause > 0:
             await asyncio.sleep(pause)
         if self.in_flight < self.current and not self._waiters:
             self.in_flight += 1
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._sent += 1
+            return self.epoch
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
         try:
-            await fut
+            return await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
                 self._free_slot()  # we were handed a slot we will not use
@@ -81,11 +86,17 @@ class AdaptiveLimit:
             raise
 
     def release(
-        self, outcome: str, *, latency_s: float | None = None, retry_after_s: float | None = None
+        self,
+        outcome: str,
+        *,
+        epoch: int | None = None,
+        latency_s: float | None = None,
+        retry_after_s: float | None = None,
     ) -> None:
-        """Give the slot back, saying how it went: `ok`, `overload`, `paused` or `other`."""
+        """Give the slot back, saying how it went: `ok`, `overload`, `paused` or `other`,
+        with the epoch `acquire` gave (None: the current one)."""
+        current = epoch is None or epoch == self.epoch
         if outcome == "ok" and self.adaptive:
-            self._window_ok += 1
             if latency_s is not None:
                 rtt = self._rtt_s
                 self._rtt_s = latency_s if rtt is None else 0.8 * rtt + 0.2 * latency_s
@@ -93,17 +104,19 @@ class AdaptiveLimit:
             self.limit = min(float(self.max_limit), self.limit + step)
         elif outcome in ("overload", "paused"):
             self.overloads += 1
-            self._window_overload += 1
             now = self._clock()
             # One decrease per round trip; 0.1 s until a round trip has been seen.
             cooldown = 0.1 if self._rtt_s is None else self._rtt_s
-            if self.adaptive and now - self._last_decrease >= cooldown:
-                share = self._window_overload / (self._window_ok + self._window_overload)
+            if current:
+                self._refused += 1
+            if self.adaptive and current and now - self._last_decrease >= cooldown:
+                share = self._refused / max(self._sent, self._refused)
                 factor = min(self._decrease, max(self._min_decrease, 1.0 - share))
                 self.limit = max(1.0, self.limit * factor)
                 self._slow_start = False
                 self._last_decrease = now
-                self._window_ok = self._window_overload = 0
+                self.epoch += 1
+                self._sent = self._refused = 0
             if outcome == "paused" and retry_after_s:
                 self._paused_until = max(self._paused_until, now + retry_after_s)
         self._free_slot()
@@ -114,7 +127,8 @@ class AdaptiveLimit:
             fut = self._waiters.popleft()
             if not fut.done():
                 self.in_flight += 1
-                fut.set_result(None)
+                self._sent += 1
+                fut.set_result(self.epoch)
 
 
 class EndpointHealth:

@@ -328,7 +328,7 @@ class Scheduler:
             admitted = await self._admit(lane, ep, limit, item, req)
             if admitted is None:
                 return ended(abandoned=True)
-            lease = admitted if isinstance(admitted, Lease) else None
+            lease, epoch = admitted
             billed: Usage | None = None
             begun: str | None = None
             maybe_billed = False
@@ -394,7 +394,7 @@ class Scheduler:
                     return ended(failure_class=cls, failure_message=exc.message)
                 if self.stopping:
                     return ended(abandoned=True)
-                limit.release(signal, retry_after_s=exc.retry_after_s)
+                limit.release(signal, epoch=epoch, retry_after_s=exc.retry_after_s)
                 signal = "released"
                 await self._backoff(
                     backoff_s(max(failures, rate_limited), exc.retry_after_s, self._rng)
@@ -404,7 +404,7 @@ class Scheduler:
                 continue
             finally:
                 if signal != "released":
-                    limit.release(signal, latency_s=latency)
+                    limit.release(signal, epoch=epoch, latency_s=latency)
             ep.health.record(True)
             self._count_attempt(failed=False)
             attempts.append(
@@ -469,17 +469,18 @@ class Scheduler:
         limit: AdaptiveLimit,
         item: PendingItem,
         req: Request,
-    ) -> Lease | bool | None:
-        """Take a slot of the endpoint's limit and, under budgets, a lease: the lease (or True
-        without budgets), or None when the item must not be sent now (a budget is met, or the
-        run stops). The slot comes first, so that only attempts about to be sent hold budget."""
+    ) -> tuple[Lease | None, int] | None:
+        """Take a slot of the endpoint's limit and, under budgets, a lease: the lease (None
+        without budgets) and the slot's epoch, or None when the item must not be sent now (a
+        budget is met, or the run stops). The slot comes first, so that only attempts about to
+        be sent hold budget."""
         while True:
-            await limit.acquire()
+            epoch = await limit.acquire()
             if self.stopping:
-                limit.release("other")
+                limit.release("other", epoch=epoch)
                 return None
             if self._budget is None:
-                return True
+                return None, epoch
             decision = self._budget.admit(
                 item.dataset,
                 lane.name,
@@ -489,8 +490,8 @@ class Scheduler:
                 prices=ep.prices,
             )
             if isinstance(decision, Lease):
-                return decision
-            limit.release("other")
+                return decision, epoch
+            limit.release("other", epoch=epoch)
             if not decision.wait:
                 if decision.stops_run:
                     self.stop(decision.reason, budget=True)
