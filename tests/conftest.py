@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,6 +23,15 @@ def sim() -> Iterator[RunningSim]:
     """A simulator that answers at once (time_scale 0), seeded."""
     with sim_in_thread(SimConfig(seed=1, time_scale=0.0)) as running:
         yield running
+
+
+def query(out: Path, sql: str) -> list[tuple[Any, ...]]:
+    """Rows of a query on `<out>/state.db`, read as a user would, with its own connection."""
+    db = sqlite3.connect(out / "state.db")
+    try:
+        return db.execute(sql).fetchall()
+    finally:
+        db.close()
 
 
 def write_rows(path: Path, rows: list[dict[str, Any]]) -> Path:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from regen.config import DatasetConfig
 from regen.conversation import Usage
 from regen.sim import SimConfig, sim_in_thread
 from regen.store import DatasetProgress
-from tests.conftest import chat_rows, run_cli, write_job, write_rows
+from tests.conftest import chat_rows, query, run_cli, write_job, write_rows
 
 PRICES = Prices(0.5e-6, 2.0e-6)
 CHAT = [("chat", "chat.jsonl", "openai")]
@@ -27,8 +26,8 @@ def progress(name: str, done: int = 0, completion: int = 0, cost: float = 0.0) -
 
 def book(**limits: object) -> BudgetBook:
     job_cap = limits.pop("job_cap", None)
-    ds = DatasetConfig(name="ds", path="x", **limits)  # type: ignore[arg-type]
-    return BudgetBook([ds], [progress("ds")], job_max_cost_usd=job_cap)  # type: ignore[arg-type]
+    ds = DatasetConfig(name="ds", path="x", **limits)
+    return BudgetBook([ds], [progress("ds")], job_max_cost_usd=job_cap)
 
 
 def admit(b: BudgetBook, max_tokens: int = 1000, prompt_bound: int = 100) -> Lease | Denial:
@@ -122,14 +121,6 @@ def test_cost_comes_from_the_provider_else_from_prices() -> None:
     assert fill_cost(Usage(10, 20), None).cost_usd is None
 
 
-def query(out: Path, sql: str) -> list[tuple[object, ...]]:
-    db = sqlite3.connect(out / "state.db")
-    try:
-        return db.execute(sql).fetchall()
-    finally:
-        db.close()
-
-
 def test_a_dollar_cap_far_below_the_job_is_never_exceeded_with_500_in_flight(
     tmp_path: Path,
 ) -> None:
@@ -151,11 +142,11 @@ def test_a_dollar_cap_far_below_the_job_is_never_exceeded_with_500_in_flight(
     assert "stopped: the job's dollar cap [budget].max_cost_usd = 2 is met" in proc.stdout
     out = tmp_path / "out"
     ((ledger, done),) = query(out, "SELECT SUM(cost_usd), COUNT(*) FROM ledger")
-    assert float(ledger) <= cap  # type: ignore[arg-type]
-    assert round(float(ledger), 2) == round(billed, 2)  # type: ignore[arg-type]
-    assert abs(float(ledger) - billed) < 1e-9  # type: ignore[arg-type]
+    assert float(ledger) <= cap
+    assert round(float(ledger), 2) == round(billed, 2)
+    assert abs(float(ledger) - billed) < 1e-9
     assert billed > 0.9 * cap  # the cap was used, not left mostly idle
-    assert peak >= 400 and 0 < int(done) < 3000  # type: ignore[call-overload]
+    assert peak >= 400 and 0 < int(done) < 3000
     # Resuming at the cap sends nothing.
     assert again.returncode == 0 and sent_again == 0, again.stdout + again.stderr
     assert "stopped: the job's dollar cap [budget].max_cost_usd = 2 is met" in again.stdout
@@ -191,7 +182,7 @@ def test_a_token_budget_with_500_in_flight_reports_its_bounded_overshoot_and_is_
         r"dataset a: token budget 200000: used (\d+), (\d+) over \(bound: (\d+)", first.stdout
     )
     assert m, first.stdout
-    assert int(m[1]) == used and int(m[2]) == int(used) - budget  # type: ignore[call-overload]
+    assert int(m[1]) == used and int(m[2]) == int(used) - budget
     assert 0 < int(m[2]) < int(m[3])  # the overshoot is below what was in flight
     assert peak >= 400
     # The next dataset still ran in full.

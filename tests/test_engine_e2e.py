@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -13,7 +12,7 @@ from pathlib import Path
 
 from regen.sim import SimConfig, sim_in_thread
 from regen.sim.config import SimFaults
-from tests.conftest import SECRET_KEY, chat_rows, run_cli, write_job, write_rows
+from tests.conftest import SECRET_KEY, chat_rows, query, run_cli, write_job, write_rows
 
 LANES = """
 [[lanes]]
@@ -41,14 +40,6 @@ def two_lane_job(tmp: Path, url: str, extra: str) -> Path:
     )
     job.write_text(job.read_text().replace("[[datasets]]", LANES + "\n[[datasets]]", 1))
     return job
-
-
-def query(out: Path, sql: str) -> list[tuple[object, ...]]:
-    db = sqlite3.connect(out / "state.db")
-    try:
-        return db.execute(sql).fetchall()
-    finally:
-        db.close()
 
 
 def test_transient_faults_at_high_rates_end_with_every_item_done(tmp_path: Path) -> None:

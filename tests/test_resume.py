@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from regen.sim import SimConfig, sim_in_thread
-from tests.conftest import SECRET_KEY, chat_rows, run_cli, write_job, write_rows
+from tests.conftest import SECRET_KEY, chat_rows, query, run_cli, write_job, write_rows
 
 KILLS = 10
 CHAT = [("chat", "chat.jsonl", "openai")]
@@ -38,14 +38,6 @@ def wait_for(predicate: Callable[[], object], timeout: float = 30.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "timed out waiting"
         time.sleep(0.01)
-
-
-def query(out: Path, sql: str) -> list[tuple[object, ...]]:
-    db = sqlite3.connect(out / "state.db")
-    try:
-        return db.execute(sql).fetchall()
-    finally:
-        db.close()
 
 
 def test_sigkill_at_random_moments_then_rerun_loses_nothing_and_sends_nothing_twice(
@@ -102,7 +94,7 @@ def test_sigkill_at_random_moments_then_rerun_loses_nothing_and_sends_nothing_tw
         "JOIN conversations c ON c.id = i.conversation_id",
     ):
         question = json.loads(str(data))["messages"][0]["content"]
-        committed[question] = float(created)  # type: ignore[arg-type]
+        committed[question] = float(created)
     assert len(committed) == n_items
     for entry in log:
         assert entry.body is not None
@@ -123,8 +115,8 @@ def test_sigkill_at_random_moments_then_rerun_loses_nothing_and_sends_nothing_tw
     assert all(runs[i][1] for i in owners), "an answer of the final run is missing"
     assert len(set(owners)) >= KILLS // 2, "most kills must cut billed answers short"
     lost_usd = sum(e.cost_usd for e in lost)
-    assert float(ledger_total) <= billed_total  # type: ignore[arg-type]
-    assert abs(billed_total - float(ledger_total) - lost_usd) < 1e-9  # type: ignore[arg-type]
+    assert float(ledger_total) <= billed_total
+    assert abs(billed_total - float(ledger_total) - lost_usd) < 1e-9
 
     # The final reconciliation reports exactly that difference.
     reconcile = re.findall(r"difference_usd=([0-9.-]+)", (out / "run.log").read_text())
