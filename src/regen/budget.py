@@ -154,7 +154,7 @@ class BudgetBook:
         return None
 
     def job_cap_met(self) -> bool:
-        return self._job_cap is not None and self.job.spent_usd >= self._job_cap
+        return self._job_cap is not None and self.job.charged_usd >= self._job_cap
 
     def expected_tokens(self, dataset: str, lane: str, max_tokens: int) -> float:
         """The running mean of the dataset's answers in this lane, else max_tokens/4."""

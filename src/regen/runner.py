@@ -203,7 +203,7 @@ async def dispatch(
         if book.job_cap_met():
             scheduler.stop(
                 f"the job's dollar cap [budget].max_cost_usd = {job.budget.max_cost_usd:g} is "
-                f"met (${book.job.spent_usd:.4f} spent)",
+                f"met (${book.job.charged_usd:.4f} spent or possibly spent)",
                 budget=True,
             )
         tasks = [asyncio.create_task(watch_credit(job, accounts, clients, scheduler, stats))]

@@ -217,7 +217,11 @@ class Scheduler:
         try:
             await asyncio.gather(*workers, return_exceptions=True)
             if self._lookups:  # bills of attempts cut short, looked up for a few seconds
-                await asyncio.wait(set(self._lookups), timeout=sum(BILL_LOOKUP_WAITS_S) + 5)
+                wait_s = sum(BILL_LOOKUP_WAITS_S) + 5
+                if self.stopping:  # within what is left of the stop's grace period
+                    grace_end = self._stopped_at + self._run.stop_grace_s
+                    wait_s = min(wait_s, max(0.0, grace_end - time.monotonic()))
+                await asyncio.wait(set(self._lookups), timeout=wait_s)
             await self._retry_unsaved()
         finally:
             lookups = list(self._lookups)
@@ -256,12 +260,12 @@ class Scheduler:
         batch_size = max(64, min(2 * lane.concurrency, 4096))
         for name in lane.datasets:
             after = -1
-            while not self.stopping and not self._budget_met(name):
+            while not self.stopping and not self._held_back(name):
                 batch = self._store.claim_batch(name, after, batch_size, lane=lane.name)
                 if not batch:
                     break
                 for item in batch:
-                    if self.stopping or self._budget_met(name):
+                    if self.stopping or self._held_back(name):
                         break
                     self._fed[name] += 1
                     await queue.put(item)
@@ -293,7 +297,7 @@ class Scheduler:
                 return
             self._record(lane, await self._process(lane, item))
 
-    def _budget_met(self, dataset: str) -> bool:
+    def _held_back(self, dataset: str) -> bool:
         """Nothing more of this dataset goes out: its budget is met, or its pilot is sent."""
         if self._pilot is not None:
             done = self.stats.datasets[dataset].done_before
