@@ -174,3 +174,16 @@ def test_fingerprint_changes_name_each_field_and_ignore_added_datasets(tmp_path:
     assert changes[1].startswith("endpoints: ") and "fireworks/fp4" in changes[1]
     assert len(changes) == 3  # max_tokens is a limit; an added dataset is not a change
     assert fingerprint_changes(new, new) == []
+
+
+def test_the_readme_job_files_are_valid_jobs() -> None:
+    import tomllib
+
+    from regen.config import Job
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in readme.split("```toml")[1:]]
+    jobs = [b for b in blocks if "[generation]" in b]
+    assert jobs, "the README shows a job file"
+    for block in jobs:
+        Job.model_validate({**tomllib.loads(block), "base_dir": "."})
