@@ -53,6 +53,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--json", action="store_true", help="print the estimates as JSON")
 
+    status = sub.add_parser("status", help="where a job stands (read-only: safe while it runs)")
+    status.add_argument("out", type=Path, help="the job's output directory")
+    status.add_argument("--json", action="store_true", help="print the status as JSON")
+    status.add_argument(
+        "--watch",
+        type=float,
+        nargs="?",
+        const=5.0,
+        metavar="SECONDS",
+        help="show it again every SECONDS (5 by default) until Ctrl-C",
+    )
+
     sim = sub.add_parser("sim", help="serve the simulated OpenRouter API on 127.0.0.1")
     sim.add_argument("--port", type=int, default=8787)
     sim.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
@@ -74,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args, console)
         if args.command == "plan":
             return _plan(args, console)
+        if args.command == "status":
+            return _status(args, console)
         if args.command == "sim":
             return _sim(args, console)
         if args.command == "demo":
@@ -139,6 +153,28 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
             soft_wrap=True,
         )
     return EXIT_OK
+
+
+def _status(args: argparse.Namespace, console: Console) -> int:
+    import json
+    import time
+
+    from regen.status import snapshot_json, snapshot_view, take_snapshot
+
+    if args.watch is not None and args.watch <= 0:
+        print("error: --watch takes a number of seconds above 0", file=sys.stderr)
+        return EXIT_USAGE
+    while True:
+        snap = take_snapshot(args.out)
+        if args.json:
+            print(json.dumps(snapshot_json(snap)), flush=True)
+        else:
+            if args.watch is not None and console.is_terminal:
+                console.clear()
+            console.print(snapshot_view(snap))
+        if args.watch is None:
+            return EXIT_OK
+        time.sleep(args.watch)
 
 
 def _finish(report: object, console: Console) -> int:

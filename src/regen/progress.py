@@ -63,7 +63,7 @@ def reconciliation_line(r: Reconciliation) -> str:
     )
 
 
-def _fmt_tokens(n: int) -> str:
+def format_tokens(n: int) -> str:
     if n >= 1_000_000:
         return f"{n / 1e6:.2f}M"
     if n >= 10_000:
@@ -71,7 +71,7 @@ def _fmt_tokens(n: int) -> str:
     return str(n)
 
 
-def _errors(counter: dict[str, int]) -> str:
+def errors_text(counter: dict[str, int]) -> str:
     return ",".join(f"{k}:{v}" for k, v in sorted(counter.items())) or "0"
 
 
@@ -91,7 +91,7 @@ def _totals(stats: RunStats) -> DatasetStats:
     return total
 
 
-def _per_mtok(cost_usd: float, completion_tokens: int) -> float:
+def per_mtok(cost_usd: float, completion_tokens: int) -> float:
     """Effective dollars per million completion tokens (everything spent, over what came)."""
     return cost_usd / completion_tokens * 1e6 if completion_tokens else 0.0
 
@@ -113,9 +113,9 @@ def progress_line(stats: RunStats, now: float | None = None) -> str:
         f"{stamp} progress done={t.done_before + t.done}/{t.items} failed={t.failed} "
         f"in_flight={t.in_flight} req_s={t.done / elapsed:.2f} "
         f"out_tok_s={t.completion_tokens / elapsed:.0f} completion_tokens={t.completion_tokens} "
-        f"cost_usd={t.cost_usd:.4f} usd_per_mtok={_per_mtok(t.cost_usd, t.completion_tokens):.2f} "
+        f"cost_usd={t.cost_usd:.4f} usd_per_mtok={per_mtok(t.cost_usd, t.completion_tokens):.2f} "
         + (f"credits_usd={stats.credits_usd:.4f} " if stats.credits_usd is not None else "")
-        + f"errors={_errors(t.errors)} "
+        + f"errors={errors_text(t.errors)} "
         f"elapsed_s={elapsed:.0f} {per_ds} {per_lane}"
     ).rstrip()
 
@@ -127,10 +127,10 @@ def _table_cells(name: str, d: DatasetStats, elapsed: float) -> tuple[str, ...]:
         str(d.failed),
         str(d.in_flight),
         f"{d.done / elapsed:.1f}",
-        _fmt_tokens(d.completion_tokens),
+        format_tokens(d.completion_tokens),
         f"{d.cost_usd:.4f}",
-        f"{_per_mtok(d.cost_usd, d.completion_tokens):.2f}",
-        _errors(d.errors),
+        f"{per_mtok(d.cost_usd, d.completion_tokens):.2f}",
+        errors_text(d.errors),
     )
 
 
@@ -255,7 +255,7 @@ def summary_table(
         table.add_column(col, justify="left" if col in ("dataset", "errors") else "right")
     for d in datasets:
         errs = {c: n for (ds, c), n in errors.items() if ds == d.name}
-        per_mtok = _per_mtok(d.cost_usd, d.completion_tokens)
+        usd_per_mtok = per_mtok(d.cost_usd, d.completion_tokens)
         table.add_row(
             d.name,
             str(d.rows_read),
@@ -264,11 +264,11 @@ def summary_table(
             str(d.items),
             str(d.done),
             str(d.failed),
-            _fmt_tokens(d.prompt_tokens),
-            _fmt_tokens(d.completion_tokens),
+            format_tokens(d.prompt_tokens),
+            format_tokens(d.completion_tokens),
             f"{d.cost_usd:.4f}",
-            f"{per_mtok:.2f}",
-            _errors(errs),
+            f"{usd_per_mtok:.2f}",
+            errors_text(errs),
             str(exports.get(d.name, 0)),
         )
     return table
@@ -294,8 +294,8 @@ def plan_table(estimates: list[Estimate]) -> Table:
             str(e.items),
             str(e.pending),
             str(e.sent),
-            _fmt_tokens(round(e.completion_tokens)),
-            _fmt_tokens(round(e.prompt_tokens)),
+            format_tokens(round(e.completion_tokens)),
+            format_tokens(round(e.prompt_tokens)),
             "?" if e.cost_usd is None else f"{e.cost_usd:.4f}",
             _duration(e.time_s),
             e.basis,
@@ -309,8 +309,8 @@ def plan_table(estimates: list[Estimate]) -> Table:
             str(sum(e.items for e in estimates)),
             str(sum(e.pending for e in estimates)),
             str(sum(e.sent for e in estimates)),
-            _fmt_tokens(round(sum(e.completion_tokens for e in estimates))),
-            _fmt_tokens(round(sum(e.prompt_tokens for e in estimates))),
+            format_tokens(round(sum(e.completion_tokens for e in estimates))),
+            format_tokens(round(sum(e.prompt_tokens for e in estimates))),
             "?" if None in costs else f"{sum(c or 0.0 for c in costs):.4f}",
             _duration(_lanes_time(estimates)),
             "",

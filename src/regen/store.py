@@ -249,6 +249,18 @@ class PendingItem:
 
 
 @dataclass(frozen=True, slots=True)
+class FailedAttempt:
+    """One failed attempt, as `regen status` lists it."""
+
+    started_at: float
+    dataset: str
+    item_id: str
+    failure_class: str
+    status: int | None
+    message: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class ExportRow:
     """A done item with its conversation, as export needs it."""
 
@@ -308,6 +320,24 @@ class Store:
             store._migrate()
         except sqlite3.Error as exc:
             raise StateError(f"{path}: cannot open state database: {exc}{_hint(exc)}") from exc
+        return store
+
+    @classmethod
+    def open_readonly(cls, out_dir: Path) -> Store:
+        """Open `<out_dir>/state.db` for reading only, as `regen status` does while a run may
+        be writing it (WAL lets readers and the writer work at once). Nothing is migrated."""
+        path = out_dir / STATE_FILE
+        if not path.is_file():
+            raise StateError(f"{out_dir}: no {STATE_FILE} here: not a regen output directory")
+        try:
+            db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+            db.execute("PRAGMA busy_timeout=10000")
+            store = cls(db, path)
+            newest = store.schema_version()
+        except sqlite3.Error as exc:
+            raise StateError(f"{path}: cannot read state database: {exc}{_hint(exc)}") from exc
+        if newest > len(MIGRATIONS):
+            raise StateError(f"{path}: made by a newer regen (schema {newest}); upgrade regen")
         return store
 
     def close(self) -> None:
@@ -680,6 +710,26 @@ class Store:
             "GROUP BY i.dataset, a.failure_class"
         ).fetchall()
         return {(d, c): n for d, c, n in rows}
+
+    def recent_failures(self, limit: int = 10) -> list[FailedAttempt]:
+        """The last failed attempts, newest first."""
+        rows = self._db.execute(
+            "SELECT a.started_at, i.dataset, a.item_id, a.failure_class, a.status, a.message "
+            "FROM attempts a JOIN items i ON i.id = a.item_id "
+            "WHERE a.failure_class IS NOT NULL ORDER BY a.id DESC LIMIT ?",
+            (limit,),
+        ).fetchall()
+        return [FailedAttempt(*r) for r in rows]
+
+    def top_failure_reasons(self, limit: int = 5) -> list[tuple[str, str, int]]:
+        """The commonest (class, message) of failed attempts, with their counts."""
+        rows = self._db.execute(
+            "SELECT failure_class, COALESCE(message, ''), COUNT(*) AS n FROM attempts "
+            "WHERE failure_class IS NOT NULL GROUP BY failure_class, message "
+            "ORDER BY n DESC, failure_class LIMIT ?",
+            (limit,),
+        ).fetchall()
+        return [(c, m, n) for c, m, n in rows]
 
     def export_rows(self, dataset: str) -> Iterator[ExportRow]:
         """Done items of a dataset, in source row order, each exactly once."""

@@ -1,0 +1,167 @@
+"""`regen status`: where a job stands, read from its output directory by another process.
+
+Everything comes from state.db opened read-only (safe while a run writes it), from the last
+progress line of run.log (rates and requests in flight, which only the running process knows)
+and from run.lock (whether a run holds the directory, and its pid).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from regen.lock import LOCK_FILE
+from regen.progress import errors_text, format_tokens, per_mtok
+from regen.store import DatasetProgress, FailedAttempt, Store
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A job's state at one moment."""
+
+    out_dir: str
+    running_pid: int | None
+    datasets: list[DatasetProgress]
+    errors: dict[tuple[str, str], int]
+    recent_failures: list[FailedAttempt]
+    top_failure_reasons: list[tuple[str, str, int]]
+    progress: dict[str, str]
+    """The fields of run.log's last progress line (empty before the first)."""
+
+
+def take_snapshot(out_dir: Path) -> Snapshot:
+    store = Store.open_readonly(out_dir)
+    try:
+        return Snapshot(
+            str(out_dir),
+            _running_pid(out_dir),
+            store.dataset_progress(),
+            store.failure_counts(),
+            store.recent_failures(),
+            store.top_failure_reasons(),
+            _last_progress(out_dir / "run.log"),
+        )
+    finally:
+        store.close()
+
+
+def _running_pid(out_dir: Path) -> int | None:
+    """The pid in run.lock if that process is alive (a clean release leaves the file empty;
+    a killed holder leaves a pid that no longer runs)."""
+    try:
+        text = (out_dir / LOCK_FILE).read_text().strip()
+    except OSError:
+        return None
+    if not text.isdigit():
+        return None
+    pid = int(text)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # alive, owned by someone else
+    return pid
+
+
+def _last_progress(log: Path, tail_bytes: int = 65536) -> dict[str, str]:
+    try:
+        with log.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return {}
+    for line in reversed(lines):
+        stamp, _, rest = line.partition(" progress ")
+        if rest:
+            fields = dict(kv.split("=", 1) for kv in rest.split() if "=" in kv)
+            return {"at": stamp, **fields}
+    return {}
+
+
+def snapshot_json(s: Snapshot) -> dict[str, Any]:
+    """The snapshot as plain JSON data (`regen status --json`)."""
+    return {
+        "out_dir": s.out_dir,
+        "running": s.running_pid is not None,
+        "pid": s.running_pid,
+        "datasets": [
+            {
+                **asdict(d),
+                "pending": d.pending,
+                "usd_per_mtok": per_mtok(d.cost_usd, d.completion_tokens),
+                "errors": {c: n for (ds, c), n in s.errors.items() if ds == d.name},
+            }
+            for d in s.datasets
+        ],
+        "recent_failures": [asdict(f) for f in s.recent_failures],
+        "top_failure_reasons": [
+            {"class": c, "message": m, "count": n} for c, m, n in s.top_failure_reasons
+        ],
+        "progress": s.progress,
+    }
+
+
+def snapshot_view(s: Snapshot) -> Group:
+    """The snapshot for a terminal: who runs it, per-dataset table, recent and top failures."""
+    head = (
+        f"{s.out_dir}: running (pid {s.running_pid})"
+        if s.running_pid is not None
+        else f"{s.out_dir}: not running"
+    )
+    p = s.progress
+    if p:
+        head += (
+            f"; last progress {p.get('at', '?')}: in flight {p.get('in_flight', '?')}, "
+            f"{p.get('req_s', '?')} req/s, {p.get('out_tok_s', '?')} output tok/s"
+        )
+        if "credits_usd" in p:
+            head += f", credit ${float(p['credits_usd']):,.2f}"
+    table = Table(title="datasets", title_justify="left")
+    cols = ("dataset", "done/total", "failed", "pending", "prompt tok", "completion tok")
+    for col in (*cols, "cost $", "$/Mtok", "errors"):
+        table.add_column(col, justify="left" if col in ("dataset", "errors") else "right")
+    for d in s.datasets:
+        errs = {c: n for (ds, c), n in s.errors.items() if ds == d.name}
+        table.add_row(
+            d.name,
+            f"{d.done}/{d.items}",
+            str(d.failed),
+            str(d.pending),
+            format_tokens(d.prompt_tokens),
+            format_tokens(d.completion_tokens),
+            f"{d.cost_usd:.4f}",
+            f"{per_mtok(d.cost_usd, d.completion_tokens):.2f}",
+            errors_text(errs),
+        )
+    parts: list[Any] = [Text(head), table]
+    if s.recent_failures:
+        recent = Table(title="last failed attempts", title_justify="left")
+        for col in ("when (UTC)", "dataset", "item", "class", "status", "message"):
+            recent.add_column(col)
+        for f in s.recent_failures:
+            when = datetime.fromtimestamp(f.started_at, UTC).strftime("%Y-%m-%d %H:%M:%S")
+            recent.add_row(
+                when,
+                f.dataset,
+                f.item_id[:12],
+                f.failure_class,
+                "" if f.status is None else str(f.status),
+                (f.message or "")[:100],
+            )
+        parts.append(recent)
+    if s.top_failure_reasons:
+        top = Table(title="top failure reasons", title_justify="left")
+        for col in ("attempts", "class", "message"):
+            top.add_column(col, justify="right" if col == "attempts" else "left")
+        for c, m, n in s.top_failure_reasons:
+            top.add_row(str(n), c, m[:120])
+        parts.append(top)
+    return Group(*parts)
