@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 
 from regen.demo import prepare_demo
 from regen.sim import SimConfig, sim_in_thread
-from tests.conftest import run_cli
+from tests.conftest import query, run_cli
 
 
 def spent(out: Path) -> dict[str, tuple[int, float]]:
-    db = sqlite3.connect(out / "state.db")
-    try:
-        rows = db.execute(
-            "SELECT dataset, SUM(completion_tokens), SUM(cost_usd) FROM ledger GROUP BY dataset"
-        ).fetchall()
-    finally:
-        db.close()
+    rows = query(
+        out, "SELECT dataset, SUM(completion_tokens), SUM(cost_usd) FROM ledger GROUP BY dataset"
+    )
     return {d: (int(t), float(c)) for d, t, c in rows}
 
 

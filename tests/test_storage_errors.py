@@ -6,7 +6,6 @@ import json
 import os
 import resource
 import shutil
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -14,19 +13,14 @@ from pathlib import Path
 import pytest
 
 from regen.sim import SimConfig, sim_in_thread
-from tests.conftest import SECRET_KEY, chat_rows, run_cli, write_job, write_rows
+from tests.conftest import SECRET_KEY, chat_rows, query, run_cli, write_job, write_rows
 
 CHAT = [("chat", "chat.jsonl", "openai")]
 
 
 def counts(out: Path) -> tuple[str, dict[str, int]]:
-    db = sqlite3.connect(out / "state.db")
-    try:
-        (check,) = db.execute("PRAGMA integrity_check").fetchone()
-        rows = db.execute("SELECT status, COUNT(*) FROM items GROUP BY status").fetchall()
-        return check, dict(rows)
-    finally:
-        db.close()
+    ((check,),) = query(out, "PRAGMA integrity_check")
+    return check, dict(query(out, "SELECT status, COUNT(*) FROM items GROUP BY status"))
 
 
 def exported_ids(out: Path) -> list[str]:

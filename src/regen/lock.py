@@ -77,7 +77,29 @@ class RunLock:
 
 def _read_pid(fd: int) -> int | None:
     try:
-        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        return _pid_in(os.pread(fd, 32, 0))
     except OSError:
         return None
+
+
+def _pid_in(data: bytes) -> int | None:
+    text = data.decode("ascii", "replace").strip()
     return int(text) if text.isdigit() else None
+
+
+def running_holder(out_dir: Path) -> int | None:
+    """The pid of the live process that holds `out_dir`, read without taking the lock (a
+    clean release leaves the file empty; a killed holder leaves a pid that no longer runs)."""
+    try:
+        pid = _pid_in((out_dir / LOCK_FILE).read_bytes())
+    except OSError:
+        return None
+    if pid is None:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # alive, owned by someone else
+    return pid

@@ -105,6 +105,12 @@ class DatasetStats:
     cost_usd: float = 0.0
     errors: Counter[str] = field(default_factory=Counter)
 
+    def charge(self, usage: Usage) -> None:
+        """Count what an answer, or an attempt billed though it failed, used and cost."""
+        self.prompt_tokens += usage.prompt_tokens
+        self.completion_tokens += usage.completion_tokens
+        self.cost_usd += usage.cost_usd or 0.0
+
 
 @dataclass
 class LaneStats:
@@ -454,10 +460,7 @@ class Scheduler:
                     self._charges.append(
                         Charge(item.id, item.dataset, usage, generation_id, ep.name, found[1])
                     )
-                    ds = self.stats.datasets[item.dataset]
-                    ds.prompt_tokens += usage.prompt_tokens
-                    ds.completion_tokens += usage.completion_tokens
-                    ds.cost_usd += usage.cost_usd or 0.0
+                    self.stats.datasets[item.dataset].charge(usage)
                 return
         finally:
             if lease is not None and self._budget is not None:
@@ -532,9 +535,7 @@ class Scheduler:
         ds = self.stats.datasets[outcome.dataset]
         r = outcome.result
         if r is not None:
-            ds.prompt_tokens += r.usage.prompt_tokens
-            ds.completion_tokens += r.usage.completion_tokens
-            ds.cost_usd += r.usage.cost_usd or 0.0
+            ds.charge(r.usage)
         if outcome.escalate_to is not None:
             self.stats.lanes[lane.name].escalated += 1
         elif r is not None:

@@ -17,7 +17,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from regen.lock import LOCK_FILE
+from regen.lock import running_holder
 from regen.progress import errors_text, format_tokens, per_mtok
 from regen.store import DatasetProgress, FailedAttempt, Store
 
@@ -41,7 +41,7 @@ def take_snapshot(out_dir: Path) -> Snapshot:
     try:
         return Snapshot(
             str(out_dir),
-            _running_pid(out_dir),
+            running_holder(out_dir),
             store.dataset_progress(),
             store.failure_counts(),
             store.recent_failures(),
@@ -50,25 +50,6 @@ def take_snapshot(out_dir: Path) -> Snapshot:
         )
     finally:
         store.close()
-
-
-def _running_pid(out_dir: Path) -> int | None:
-    """The pid in run.lock if that process is alive (a clean release leaves the file empty;
-    a killed holder leaves a pid that no longer runs)."""
-    try:
-        text = (out_dir / LOCK_FILE).read_text().strip()
-    except OSError:
-        return None
-    if not text.isdigit():
-        return None
-    pid = int(text)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass  # alive, owned by someone else
-    return pid
 
 
 def _last_progress(log: Path, tail_bytes: int = 65536) -> dict[str, str]:
