@@ -35,6 +35,7 @@ def test_migrations_are_recorded_once(tmp_path: Path) -> None:
         (1, "m001_initial"),
         (2, "m002_lanes"),
         (3, "m003_ledger_sources"),
+        (4, "m004_sources"),
     ]
     assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 
@@ -150,8 +151,16 @@ def test_m003_upgrades_a_database_made_by_m002_and_keeps_its_charges(tmp_path: P
     try:
         s1 = Store.open(tmp_path)
         c = conv("q", 0)
-        add(s1, c, 1)
         iid = item_id(c.id, 1)
+        s1.register_dataset("ds", 0, "src")
+        s1._db.execute(
+            "INSERT INTO conversations VALUES (?, 'ds', 0, ?)", (c.id, json.dumps(c.to_dict()))
+        )
+        s1._db.execute(
+            "INSERT INTO items (id, dataset, conversation_id, turn_index, prompt_hash, order_key)"
+            " VALUES (?, 'ds', ?, 1, 'h', 1)",
+            (iid, c.id),
+        )
         s1._db.execute(
             "INSERT INTO results VALUES (?, 'ds', 'a', NULL, NULL, 'stop', 3, 4, 0, 0.25, "
             "'DeepInfra', 'm', 'gen-1', 0.1, 0)",

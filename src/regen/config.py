@@ -20,9 +20,24 @@ from regen.conversation import canonical_json, stable_hash
 from regen.errors import ConfigError
 
 Dialect = Literal["openrouter", "openai", "vllm", "sglang"]
-SourceFormat = Literal["openai", "sharegpt", "alpaca"]
-ReaderKind = Literal["auto", "jsonl", "json"]
-RegenMode = Literal["last_turn"]
+SourceFormat = Literal[
+    "auto",
+    "openai",
+    "sharegpt",
+    "alpaca",
+    "glaive",
+    "opencodeinstruct",
+    "magicoder",
+    "mixture_of_thoughts",
+    "openthoughts",
+    "ultrachat",
+    "swe_agent",
+    "custom",
+]
+ReaderKind = Literal["auto", "jsonl", "json", "parquet", "csv", "arrow", "folder", "hf"]
+RegenMode = Literal["last_turn", "each_turn", "sequential"]
+SystemPolicy = Literal["keep", "drop", "replace", "fill"]
+FilterValue = str | int | float | bool | None
 
 
 class _Model(BaseModel):
@@ -144,20 +159,96 @@ class LaneConfig(_Model):
     """Re-send an answer truncated at this lane's max_tokens on that lane (both are paid)."""
 
 
+class CustomMapping(_Model):
+    """`[datasets.custom]`: where a row of an unlisted format keeps its conversation.
+
+    Either `messages` (a dotted field path to a list of turns, each with `role` and `content`
+    keys, and a `roles` table for odd speaker names) or `prompt` (and `response`) paths for
+    single-turn rows. `system` and `tools` are optional paths.
+    """
+
+    messages: str | None = None
+    role: str = "role"
+    content: str = "content"
+    roles: dict[str, Literal["system", "user", "assistant", "tool"]] = Field(default_factory=dict)
+    prompt: str | None = None
+    response: str | None = None
+    system: str | None = None
+    tools: str | None = None
+
+    @model_validator(mode="after")
+    def _one_shape(self) -> CustomMapping:
+        if (self.messages is None) == (self.prompt is None):
+            raise ValueError("give either messages or prompt")
+        return self
+
+
 class DatasetConfig(_Model):
     """`[[datasets]]`: one prompt source, regenerated in the order the file lists them."""
 
     name: str = Field(pattern=NAME_PATTERN, max_length=100)
     path: str
+    """A file (.jsonl, .json, .parquet, .csv, .arrow), a folder of them, a dataset saved with
+    `datasets.save_to_disk`, or `hf://org/name` (needs `pip install 'regen[hub]'`)."""
     format: SourceFormat = "openai"
     reader: ReaderKind = "auto"
+    config: str | None = None
+    """The hub dataset's config (Mixture-of-Thoughts needs one; OpenCodeInstruct's is `train`)."""
+    split: str | None = None
+    """The split of a hub dataset, a saved DatasetDict or a folder; `train` by default."""
+    custom: CustomMapping | None = None
     mode: RegenMode = "last_turn"
+    """last_turn: the final assistant turn; each_turn: every assistant turn with the original
+    history before it; sequential: every assistant turn, each after the regenerated ones."""
+    system: SystemPolicy = "keep"
+    """What happens to the row's system prompt: keep, drop, replace (with system_prompt), or
+    fill (system_prompt where the row has none)."""
+    system_prompt: str | None = None
     limit: int | None = Field(default=None, ge=0)
+    """Read at most this many rows of the source (before filter and sample)."""
+    filter: dict[str, FilterValue | list[FilterValue]] = Field(default_factory=dict)
+    """Keep rows whose field (a dotted path) equals the value, or one of a list of values."""
+    sample: float | int | None = Field(default=None, gt=0)
+    """A fraction (0 < x < 1) or a count of the rows that pass the filter, chosen by seed."""
+    shuffle_seed: int | None = None
+    """Seed for this dataset's sample and dispatch order; [run].shuffle_seed by default."""
+    max_prompt_tokens: int | None = Field(default=None, gt=0)
+    """Turns whose prompt is estimated longer than this are skipped, with the reason."""
+    max_row_bytes: int = Field(default=16 * 2**20, gt=0)
+    """Rows larger than this are reported as bad rows instead of being read."""
     token_budget: int | None = Field(default=None, gt=0)
     """Stop sending this dataset's items once this many tokens were used ([budget].budget_tokens
     says which)."""
     max_cost_usd: float | None = Field(default=None, gt=0)
     """A hard dollar cap for this dataset."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DatasetConfig:
+        if (self.format == "custom") != (self.custom is not None):
+            raise ValueError('format = "custom" and a [datasets.custom] table go together')
+        if self.system in ("replace", "fill") and not self.system_prompt:
+            raise ValueError(f'system = "{self.system}" needs system_prompt')
+        if isinstance(self.sample, float) and not self.sample < 1:
+            raise ValueError("sample is a fraction below 1 or a whole count of rows")
+        return self
+
+    def source_fields(self) -> dict[str, Any]:
+        """What decides which conversations this dataset yields (its fingerprint part).
+        Defaults are left out, so a state made before a setting existed still matches."""
+        fields: dict[str, Any] = {"format": self.format, "mode": self.mode}
+        optional = {
+            "config": self.config,
+            "split": self.split,
+            "custom": self.custom.model_dump() if self.custom else None,
+            "system": None if self.system == "keep" else self.system,
+            "system_prompt": self.system_prompt,
+            "filter": self.filter or None,
+            "sample": self.sample,
+            "shuffle_seed": self.shuffle_seed,
+            "max_prompt_tokens": self.max_prompt_tokens,
+        }
+        fields.update({k: v for k, v in optional.items() if v is not None})
+        return fields
 
 
 class Job(_Model):
@@ -222,6 +313,9 @@ class Job(_Model):
     def lane_timeout_s(self, lane: LaneConfig) -> float:
         return lane.timeout_s or self.run.timeout_s
 
+    def dataset_seed(self, ds: DatasetConfig) -> int:
+        return self.run.shuffle_seed if ds.shuffle_seed is None else ds.shuffle_seed
+
     def resolve(self, path: str) -> Path:
         p = Path(path).expanduser()
         return p if p.is_absolute() else Path(self.base_dir) / p
@@ -245,7 +339,7 @@ class Job(_Model):
         return {
             "generation": self.generation.model_dump(exclude={"max_tokens"}),
             "endpoints": [json.loads(e) for e in sorted(endpoints)],
-            "datasets": {d.name: {"format": d.format, "mode": d.mode} for d in self.datasets},
+            "datasets": {d.name: d.source_fields() for d in self.datasets},
         }
 
     def fingerprint(self) -> str:

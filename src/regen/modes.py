@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from regen.conversation import Conversation, Request, canonical_json, stable_hash
+from regen.conversation import Conversation, Message, Request, canonical_json, stable_hash
 
 
 def target_turns(conv: Conversation, mode: str) -> list[int] | str:
@@ -13,15 +14,29 @@ def target_turns(conv: Conversation, mode: str) -> list[int] | str:
     A turn index is the position of the assistant message the response replaces; an index equal
     to len(messages) means a new turn after a conversation that ends with the user.
     """
-    if mode != "last_turn":
-        raise ValueError(f"unknown mode {mode!r}")
     msgs = conv.messages
-    last = next((i for i in range(len(msgs) - 1, -1, -1) if msgs[i].role == "assistant"), None)
-    if last is None:
-        last = len(msgs)
-    if not any(m.role == "user" for m in msgs[:last]):
-        return "no user turn before the turn to regenerate"
-    return [last]
+    if mode == "last_turn":
+        last = next((i for i in range(len(msgs) - 1, -1, -1) if msgs[i].role == "assistant"), None)
+        if last is None:
+            last = len(msgs)
+        if not any(m.role == "user" for m in msgs[:last]):
+            return "no user turn before the turn to regenerate"
+        return [last]
+    if mode not in ("each_turn", "sequential"):
+        raise ValueError(f"unknown mode {mode!r}")
+    first_user = next((i for i, m in enumerate(msgs) if m.role == "user"), len(msgs))
+    turns = [i for i in range(first_user + 1, len(msgs)) if msgs[i].role == "assistant"]
+    # A conversation that ends on a user turn or a tool result asks for one more answer.
+    if msgs and msgs[-1].role in ("user", "tool") and first_user < len(msgs):
+        turns.append(len(msgs))
+    if not turns:
+        return "no assistant turn after a user turn"
+    if mode == "sequential" and any(m.role == "tool" for m in msgs[turns[0] :]):
+        return (
+            "sequential mode cannot reuse the original tool results after a regenerated turn; "
+            "use each_turn"
+        )
+    return turns
 
 
 def item_id(conversation_id: str, turn_index: int) -> str:
@@ -30,17 +45,24 @@ def item_id(conversation_id: str, turn_index: int) -> str:
 
 
 def build_request(
-    conv: Conversation, turn_index: int, conversation_id: str | None = None
+    conv: Conversation,
+    turn_index: int,
+    conversation_id: str | None = None,
+    regenerated: Mapping[int, Message] | None = None,
 ) -> Request:
-    """The request for one turn: the original history before it. Pass the conversation id
-    when it is known, to spare hashing the conversation again."""
+    """The request for one turn: the history before it, the original one, with the turns in
+    `regenerated` (sequential mode) put in place of the original answers. Pass the
+    conversation id when it is known, to spare hashing the conversation again."""
     cid = conversation_id or conv.id
+    history = conv.messages[:turn_index]
+    if regenerated:
+        history = tuple(regenerated.get(i, m) for i, m in enumerate(history))
     return Request(
         item_id=item_id(cid, turn_index),
         dataset=conv.dataset,
         conversation_id=cid,
         turn_index=turn_index,
-        messages=conv.messages[:turn_index],
+        messages=history,
         tools=conv.tools,
     )
 

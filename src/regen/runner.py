@@ -198,7 +198,13 @@ async def dispatch(
                     "none: set prompt_usd_per_mtok and completion_usd_per_mtok in [endpoint]"
                 )
         scheduler = Scheduler(
-            store, build_lanes(job, clients, prices), job.run, stats, budget=book, pilot=pilot
+            store,
+            build_lanes(job, clients, prices),
+            job.run,
+            stats,
+            budget=book,
+            pilot=pilot,
+            sequential=[d.name for d in job.datasets if d.mode == "sequential"],
         )
         if book.job_cap_met():
             scheduler.stop(

@@ -12,7 +12,7 @@ import asyncio
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -168,6 +168,7 @@ class Scheduler:
         commit_interval_s: float = 0.2,
         budget: BudgetBook | None = None,
         pilot: int | None = None,
+        sequential: Iterable[str] = (),
     ) -> None:
         self._store = store
         self._budget = budget
@@ -187,6 +188,11 @@ class Scheduler:
         self._commit_error: StateError | None = None
         self._lane_done = {lane.name: asyncio.Event() for lane in lanes}
         self._escalated_sent: set[str] = set()
+        self._sequential = set(sequential)
+        """Datasets in sequential mode: their turns wait for the previous turn's answer."""
+        self._unrecorded: dict[str, str] = {}
+        """Items of sequential datasets handed out and not yet recorded (id -> dataset): a
+        rescan leaves them out."""
         for lane in lanes:
             for ep in lane.endpoints:
                 lane.limits[ep.name] = AdaptiveLimit(
@@ -273,9 +279,9 @@ class Scheduler:
                 for item in batch:
                     if self.stopping or self._held_back(name):
                         break
-                    self._fed[name] += 1
-                    await queue.put(item)
+                    await self._put(queue, item)
                 after = batch[-1].order_key
+            await self._feed_waiting(lane, queue, name, batch_size)
         sources = [s for s in self._lanes.values() if s.escalate_to == lane.name]
         while sources and not self.stopping:
             # Items escalated to this lane arrive while the lanes that send them still run.
@@ -295,6 +301,49 @@ class Scheduler:
                 await asyncio.sleep(0.2)
         for _ in range(lane.concurrency):
             await queue.put(None)
+
+    async def _put(self, queue: asyncio.Queue[PendingItem | None], item: PendingItem) -> None:
+        self._fed[item.dataset] += 1
+        if item.dataset in self._sequential:
+            self._unrecorded[item.id] = item.dataset
+        await queue.put(item)
+
+    async def _feed_waiting(
+        self,
+        lane: LaneRuntime,
+        queue: asyncio.Queue[PendingItem | None],
+        name: str,
+        batch_size: int,
+    ) -> None:
+        """Sequential mode: a turn becomes ready when the previous turn's answer is committed.
+        Rescan for ready turns until none waits, leaving out those already handed out."""
+        if name not in self._sequential:
+            return
+        while not self.stopping and not self._held_back(name):
+            self._flush()
+            if self._pending:
+                # The commit failed: the store does not yet know what finished.
+                await asyncio.sleep(0.5)
+                continue
+            after, fed = -1, 0
+            while True:
+                batch = self._store.claim_batch(name, after, batch_size, lane=lane.name)
+                if not batch:
+                    break
+                for item in batch:
+                    if item.id in self._unrecorded:
+                        continue
+                    if self.stopping or self._held_back(name):
+                        return
+                    await self._put(queue, item)
+                    fed += 1
+                after = batch[-1].order_key
+            in_flight = any(ds == name for ds in self._unrecorded.values())
+            if not fed and not in_flight:
+                # Nothing in flight can unblock the rest: their earlier turns failed.
+                return
+            if not fed:
+                await asyncio.sleep(0.1)
 
     async def _work(self, lane: LaneRuntime, queue: asyncio.Queue[PendingItem | None]) -> None:
         while True:
@@ -322,7 +371,10 @@ class Scheduler:
 
     async def _process(self, lane: LaneRuntime, item: PendingItem) -> Outcome:
         conv = Conversation.from_dict(item.dataset, item.row_index, item.conversation)
-        req = build_request(conv, item.turn_index, item.conversation_id)
+        regenerated = None
+        if item.after_item is not None:
+            regenerated = self._store.regenerated_turns(item.conversation_id, item.turn_index)
+        req = build_request(conv, item.turn_index, item.conversation_id, regenerated)
         attempts: list[Attempt] = []
         ds = self.stats.datasets[item.dataset]
         lane_stats = self.stats.lanes[lane.name]
@@ -544,6 +596,7 @@ class Scheduler:
         elif not outcome.abandoned:
             ds.failed += 1
         self._pending.append(outcome)
+        self._unrecorded.pop(outcome.item_id, None)
 
     async def _commit_loop(self) -> None:
         while True:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -16,7 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from regen.conversation import BadRow, Charge, Outcome, estimate_prompt_tokens
+from regen.conversation import (
+    BadRow,
+    Charge,
+    Message,
+    Outcome,
+    ToolCall,
+    estimate_prompt_tokens,
+)
 from regen.errors import StateError
 
 STATE_FILE = "state.db"
@@ -157,10 +165,26 @@ def m003_ledger_sources(db: sqlite3.Connection) -> None:
     )
 
 
+def m004_sources(db: sqlite3.Connection) -> None:
+    """Sources: the format a dataset was read as (the detected one for `auto`) and the rows
+    its filter or sample left out; in sequential mode an item waits for the item of the
+    conversation's previous turn (`after_item`) to be done."""
+    _script(
+        db,
+        """
+        ALTER TABLE datasets ADD COLUMN format TEXT;
+        ALTER TABLE datasets ADD COLUMN skipped_rows INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE items ADD COLUMN after_item TEXT;
+        CREATE INDEX items_after ON items (after_item) WHERE after_item IS NOT NULL
+        """,
+    )
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m001_initial,
     m002_lanes,
     m003_ledger_sources,
+    m004_sources,
 ]
 
 
@@ -211,6 +235,8 @@ class NewItem:
     prompt_hash: str
     order_key: int
     prompt_tokens_est: int = 0
+    after_item: str | None = None
+    """Sequential mode: the item of the previous turn, which must be done first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +272,7 @@ class PendingItem:
     row_index: int
     conversation_id: str
     prompt_tokens_est: int = 0
+    after_item: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,6 +298,8 @@ class ExportRow:
     reasoning: str | None
     tool_calls: list[dict[str, Any]]
     finish_reason: str | None
+    regenerated: dict[int, dict[str, Any]] | None = None
+    """Sequential mode: the regenerated earlier turns (by turn index), as messages."""
 
 
 def _hint(exc: sqlite3.Error) -> str:
@@ -286,13 +315,13 @@ def _hint(exc: sqlite3.Error) -> str:
 
 
 _PENDING_COLUMNS = (
-    "i.id, i.dataset, i.turn_index, i.order_key, c.data, c.row_index, c.id, i.prompt_tokens_est "
-    "FROM items i JOIN conversations c ON c.id = i.conversation_id"
+    "i.id, i.dataset, i.turn_index, i.order_key, c.data, c.row_index, c.id, i.prompt_tokens_est, "
+    "i.after_item FROM items i JOIN conversations c ON c.id = i.conversation_id"
 )
 
 
 def _pending(r: tuple[Any, ...]) -> PendingItem:
-    return PendingItem(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6], r[7])
+    return PendingItem(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6], r[7], r[8])
 
 
 class Store:
@@ -435,6 +464,7 @@ class Store:
                         it.prompt_hash,
                         it.order_key,
                         it.prompt_tokens_est,
+                        it.after_item,
                     )
                     for it in conv.items
                 )
@@ -442,13 +472,20 @@ class Store:
             mid = db.total_changes
             db.executemany(
                 "INSERT OR IGNORE INTO items (id, dataset, conversation_id, turn_index, "
-                "prompt_hash, order_key, prompt_tokens_est) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "prompt_hash, order_key, prompt_tokens_est, after_item) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 item_rows,
             )
             return db.total_changes - mid
 
     def record_source_stats(
-        self, dataset: str, rows_read: int, turns_read: int, bad: list[BadRow]
+        self,
+        dataset: str,
+        rows_read: int,
+        turns_read: int,
+        bad: list[BadRow],
+        skipped: int = 0,
+        fmt: str | None = None,
     ) -> None:
         """Replace the dataset's bad-row report with this read's."""
         with self._tx() as db:
@@ -458,9 +495,31 @@ class Store:
                 [(b.dataset, b.row_index, b.reason) for b in bad],
             )
             db.execute(
-                "UPDATE datasets SET rows_read = ?, turns_read = ?, bad_rows = ? WHERE name = ?",
-                (rows_read, turns_read, len(bad), dataset),
+                "UPDATE datasets SET rows_read = ?, turns_read = ?, bad_rows = ?, "
+                "skipped_rows = ?, format = COALESCE(?, format) WHERE name = ?",
+                (rows_read, turns_read, len(bad), skipped, fmt, dataset),
             )
+
+    def bad_rows(self, dataset: str | None = None, limit: int = 10) -> list[BadRow]:
+        """The first bad rows (of a dataset, or of all), in row order."""
+        where, args = ("WHERE dataset = ? ", (dataset,)) if dataset else ("", ())
+        rows = self._db.execute(
+            f"SELECT b.dataset, b.row_index, b.reason FROM bad_rows b {where}"
+            "ORDER BY (SELECT position FROM datasets d WHERE d.name = b.dataset), row_index "
+            "LIMIT ?",
+            (*args, limit),
+        ).fetchall()
+        return [BadRow(*r) for r in rows]
+
+    def bad_row_reasons(self, limit: int = 5) -> list[tuple[str, str, int]]:
+        """The commonest bad-row reasons per dataset (numbers in a reason are folded)."""
+        rows = self._db.execute("SELECT dataset, reason FROM bad_rows").fetchall()
+        counts: dict[tuple[str, str], int] = {}
+        for ds, reason in rows:
+            key = (ds, re.sub(r"\d+", "N", reason)[:120])
+            counts[key] = counts.get(key, 0) + 1
+        top = sorted(counts.items(), key=lambda kv: -kv[1])[:limit]
+        return [(ds, reason, n) for (ds, reason), n in top]
 
     # dispatch
 
@@ -517,13 +576,26 @@ class Store:
         order_key). Escalated items are claimed separately."""
         lane_sql = "AND i.lane = ? AND i.escalated = 0 " if lane is not None else ""
         args: tuple[Any, ...] = (dataset, after_key, *((lane,) if lane else ()), limit)
+        # An item of a sequential conversation waits until its previous turn is done.
         rows = self._db.execute(
             f"SELECT {_PENDING_COLUMNS} "
             "WHERE i.dataset = ? AND i.status = 'pending' AND i.order_key > ? "
+            "AND (i.after_item IS NULL OR "
+            "(SELECT p.status FROM items p WHERE p.id = i.after_item) = 'done') "
             f"{lane_sql}ORDER BY i.order_key LIMIT ?",
             args,
         ).fetchall()
         return [_pending(r) for r in rows]
+
+    def waiting_items(self, dataset: str, lane: str | None = None) -> int:
+        """Pending items of a dataset (in a lane) that wait for an earlier turn."""
+        lane_sql = "AND lane = ? " if lane is not None else ""
+        row = self._db.execute(
+            "SELECT COUNT(*) FROM items WHERE dataset = ? AND status = 'pending' "
+            f"AND after_item IS NOT NULL {lane_sql}",
+            (dataset, *((lane,) if lane else ())),
+        ).fetchone()
+        return int(row[0])
 
     def claim_escalated(self, lane: str, limit: int) -> list[PendingItem]:
         """Pending items escalated to a lane, in dispatch order."""
@@ -735,12 +807,17 @@ class Store:
         """Done items of a dataset, in source row order, each exactly once."""
         cur = self._db.execute(
             "SELECT r.item_id, i.turn_index, c.data, r.content, r.reasoning, r.tool_calls, "
-            "r.finish_reason FROM results r JOIN items i ON i.id = r.item_id "
+            "r.finish_reason, i.after_item, c.id FROM results r JOIN items i ON i.id = r.item_id "
             "JOIN conversations c ON c.id = i.conversation_id "
             "WHERE r.dataset = ? ORDER BY c.row_index, i.turn_index",
             (dataset,),
         )
         for r in cur:
+            regenerated = None
+            if r[7] is not None:
+                regenerated = {
+                    t: m.to_dict() for t, m in self.regenerated_turns(r[8], r[1]).items()
+                }
             yield ExportRow(
                 item_id=r[0],
                 turn_index=r[1],
@@ -749,4 +826,24 @@ class Store:
                 reasoning=r[4],
                 tool_calls=json.loads(r[5]) if r[5] else [],
                 finish_reason=r[6],
+                regenerated=regenerated,
             )
+
+    def regenerated_turns(self, conversation_id: str, before_turn: int) -> dict[int, Message]:
+        """The done answers of a conversation's turns before `before_turn`, as assistant
+        messages by turn index (what sequential mode sends as history)."""
+        rows = self._db.execute(
+            "SELECT i.turn_index, r.content, r.reasoning, r.tool_calls FROM items i "
+            "JOIN results r ON r.item_id = i.id "
+            "WHERE i.conversation_id = ? AND i.turn_index < ?",
+            (conversation_id, before_turn),
+        ).fetchall()
+        return {
+            t: Message(
+                "assistant",
+                content,
+                reasoning=reasoning,
+                tool_calls=tuple(ToolCall.from_openai(tc) for tc in json.loads(calls or "[]")),
+            )
+            for t, content, reasoning, calls in rows
+        }

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from regen.conversation import BadRow, Conversation
-from regen.sources.adapters import ADAPTERS, adapt_row
+from regen.sources.adapters import ADAPTERS, adapt_row, custom_adapter, detect_format
 
 
 def conv(row: dict[str, Any], fmt: str) -> Conversation:
@@ -134,6 +134,24 @@ keys = st.sampled_from(
         "function",
         "name",
         "arguments",
+        "chat",
+        "problem",
+        "solution",
+        "response",
+        "trajectory",
+        "data",
+        "text",
+        "prompt",
+        "prompt_id",
+        "num_tokens",
+        "source",
+        "difficulty",
+        "traj_id",
+        "instance_id",
+        "deepseek_solution",
+        "deepseek_reasoning",
+        "tool_call_id",
+        "system_prompt",
     ]
 )
 rows = st.dictionaries(keys | st.text(max_size=5), json_values, max_size=6)
@@ -142,12 +160,44 @@ message_like = st.dictionaries(
     json_values | st.sampled_from(["user", "assistant", "tool", "system", "human", "gpt"]),
     max_size=5,
 )
+marked_text = st.lists(
+    st.sampled_from(
+        [
+            "USER: ",
+            "ASSISTANT: ",
+            "FUNCTION RESPONSE: ",
+            "\n\n\n",
+            "<functioncall> ",
+            '{"name": "f", "arguments": \'{"a": 1}\'}',
+            '{"name": "f"',
+            " <|endoftext|>",
+            "<think>",
+            "</think>",
+            "<|begin_of_thought|>",
+            "<|end_of_thought|>",
+            "<|begin_of_solution|>",
+            "Use them if required -\n",
+            '{"name": "g", "parameters": {}}',
+            "SYSTEM: ",
+            "text",
+        ]
+    ),
+    max_size=12,
+).map("".join)
 structured = st.fixed_dictionaries(
     {},
     optional={
-        "messages": st.lists(message_like, max_size=4),
+        "messages": st.lists(message_like, max_size=4) | marked_text,
         "conversations": st.lists(message_like, max_size=4),
+        "trajectory": st.lists(message_like, max_size=4),
         "tools": json_values,
+        "system": marked_text,
+        "chat": marked_text,
+        "data": st.lists(marked_text | json_values, max_size=4),
+        "problem": marked_text,
+        "solution": marked_text,
+        "input": marked_text,
+        "output": marked_text,
     },
 )
 
@@ -160,3 +210,21 @@ def test_adapters_never_raise_on_arbitrary_rows(row: dict[str, Any], fmt: str) -
     if isinstance(out, Conversation):
         assert any(m.role == "user" for m in out.messages)
         json.dumps(out.to_dict())  # always storable
+    else:
+        # Every reason is one the adapter gave, not the last-resort catch of a shape it missed.
+        assert not out.reason.startswith("cannot read the row"), out.reason
+    detect_format(row)
+
+
+@settings(max_examples=200, deadline=None)
+@given(row=rows | structured, messages=st.booleans())
+def test_custom_mappings_never_raise(row: dict[str, Any], messages: bool) -> None:
+    mapping = (
+        {"messages": "messages", "role": "from", "content": "value", "system": "system"}
+        if messages
+        else {"prompt": "problem", "response": "solution", "tools": "tools"}
+    )
+    out = adapt_row("ds", 3, row, custom_adapter(mapping))
+    assert isinstance(out, Conversation | BadRow)
+    if isinstance(out, BadRow):
+        assert not out.reason.startswith("cannot read the row"), out.reason

@@ -1,43 +1,86 @@
-"""Row formats to Conversation. An adapter raises RowError; adapt_row turns it into a BadRow."""
+"""Row formats to Conversation.
+
+An adapter takes one row (a dict as the reader gave it) and returns the messages and the tools
+list, or raises RowError saying why the row cannot be used; adapt_row turns that into a BadRow,
+so no row content ever raises out of here. The families and their quirks are described in
+docs/sources.md.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from regen.conversation import ROLES, BadRow, Conversation, Message, ToolCall
+
+Parsed = tuple[tuple[Message, ...], tuple[dict[str, Any], ...]]
+Adapter = Callable[[dict[str, Any]], Parsed]
 
 
 class RowError(ValueError):
     """Why one row cannot be used."""
 
 
+# --- shared helpers -------------------------------------------------------------------------
+
+
 def _text(value: Any, where: str) -> str:
+    """A string field; a list of OpenAI content parts is joined."""
     if value is None:
         return ""
-    if not isinstance(value, str):
-        raise RowError(f"{where} is {type(value).__name__}, expected a string")
-    return value
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(p, dict) for p in value):
+        parts = []
+        for k, p in enumerate(value):
+            if p.get("type", "text") != "text":
+                raise RowError(f"{where}[{k}] is a {p.get('type')!r} part; only text is supported")
+            parts.append(_text(p.get("text"), f"{where}[{k}].text"))
+        return "".join(parts)
+    raise RowError(f"{where} is {type(value).__name__}, expected a string")
 
 
-def _tools(row: dict[str, Any]) -> tuple[dict[str, Any], ...]:
-    tools = row.get("tools")
-    if tools is None or tools == "":
+def _list(row: Mapping[str, Any], *keys: str) -> tuple[str, list[Any]]:
+    """The first of `keys` the row has, as a list (a JSON string holding a list is parsed)."""
+    for key in keys:
+        if key in row and row[key] is not None:
+            value = row[key]
+            if isinstance(value, str):
+                try:
+                    value = json.loads(value)
+                except json.JSONDecodeError as exc:
+                    raise RowError(f"'{key}' is a string but not valid JSON: {exc}") from exc
+            if not isinstance(value, list):
+                raise RowError(f"'{key}' is {type(value).__name__}, expected a list")
+            return key, value
+    raise RowError(f"missing {' or '.join(repr(k) for k in keys)} list")
+
+
+def _tools(row: Mapping[str, Any], key: str = "tools") -> tuple[dict[str, Any], ...]:
+    tools = row.get(key)
+    if tools is None or tools == "" or tools == []:
         return ()
     if isinstance(tools, str):
         try:
             tools = json.loads(tools)
         except json.JSONDecodeError as exc:
-            raise RowError(f"'tools' is not valid JSON: {exc}") from exc
+            raise RowError(f"'{key}' is not valid JSON: {exc}") from exc
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-        raise RowError("'tools' must be a list of objects")
-    return tuple(tools)
+        raise RowError(f"'{key}' must be a list of objects")
+    # A bare function definition is wrapped the way the API wants it.
+    return tuple(t if "function" in t else {"type": "function", "function": t} for t in tools)
 
 
 def _tool_calls(raw: Any, where: str) -> tuple[ToolCall, ...]:
     if not raw:
         return ()
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise RowError(f"{where}.tool_calls is not valid JSON: {exc}") from exc
     if not isinstance(raw, list) or not all(isinstance(tc, dict) for tc in raw):
         raise RowError(f"{where}.tool_calls must be a list of objects")
     calls = tuple(ToolCall.from_openai(tc) for tc in raw)
@@ -46,32 +89,105 @@ def _tool_calls(raw: Any, where: str) -> tuple[ToolCall, ...]:
     return calls
 
 
-def openai_messages(row: dict[str, Any]) -> tuple[tuple[Message, ...], tuple[dict[str, Any], ...]]:
-    """`{"messages": [{"role", "content", "tool_calls"?, ...}], "tools"?}`."""
-    msgs = row.get("messages", row.get("conversations"))
-    if not isinstance(msgs, list):
-        raise RowError("missing 'messages' list")
+def _system(row: Mapping[str, Any], key: str = "system") -> list[Message]:
+    system = row.get(key)
+    if isinstance(system, str) and system.strip():
+        return [Message("system", system)]
+    return []
+
+
+THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.DOTALL)
+THOUGHT = re.compile(
+    r"^\s*<\|begin_of_thought\|>(.*?)<\|end_of_thought\|>\s*"
+    r"(?:<\|begin_of_solution\|>(.*?)(?:<\|end_of_solution\|>\s*)?)?$",
+    re.DOTALL,
+)
+
+
+def split_reasoning(text: str) -> tuple[str | None, str]:
+    """(reasoning, answer) of an answer that carries its reasoning inline: `<think>…</think>`
+    (Mixture-of-Thoughts, OpenThoughts3) or the OpenThoughts-114k thought/solution markers."""
+    m = THINK.match(text)
+    if m:
+        return m.group(1).strip("\n"), text[m.end() :]
+    m = THOUGHT.match(text)
+    if m:
+        return m.group(1).strip("\n"), (m.group(2) or "").strip("\n")
+    return None, text
+
+
+def _reasoned(role: str, text: str) -> Message:
+    if role != "assistant":
+        return Message(role, text)
+    reasoning, answer = split_reasoning(text)
+    return Message(role, answer, reasoning=reasoning)
+
+
+# --- OpenAI messages --------------------------------------------------------------------------
+
+
+def _openai_list(
+    msgs: list[Any], field: str, roles: Mapping[str, str] | None = None
+) -> list[Message]:
     out = []
     for i, m in enumerate(msgs):
-        where = f"messages[{i}]"
+        where = f"{field}[{i}]"
         if not isinstance(m, dict):
             raise RowError(f"{where} is not an object")
-        role = m.get("role")
+        raw_role = m.get("role")
+        role = roles.get(str(raw_role), raw_role) if roles else raw_role
         if role not in ROLES:
-            raise RowError(f"{where}.role is {role!r} (allowed: {', '.join(ROLES)})")
+            raise RowError(f"{where}.role is {raw_role!r} (allowed: {', '.join(ROLES)})")
         reasoning = m.get("reasoning", m.get("reasoning_content"))
+        content = _text(m.get("content"), f"{where}.content")
         out.append(
             Message(
                 role=role,
-                content=_text(m.get("content"), f"{where}.content"),
+                content=content,
                 reasoning=_text(reasoning, f"{where}.reasoning") if reasoning else None,
-                tool_calls=_tool_calls(m.get("tool_calls"), where),
-                tool_call_id=m.get("tool_call_id") if role == "tool" else None,
+                tool_calls=_tool_calls(m.get("tool_calls"), where) if role == "assistant" else (),
+                tool_call_id=_str_or_none(m.get("tool_call_id")) if role == "tool" else None,
                 name=m.get("name") if isinstance(m.get("name"), str) else None,
             )
         )
-    return tuple(out), _tools(row)
+    return _patch_tool_call_ids(out)
 
+
+def _str_or_none(v: Any) -> str | None:
+    return v if isinstance(v, str) and v else None
+
+
+def _patch_tool_call_ids(msgs: list[Message]) -> list[Message]:
+    """Tool results without a tool_call_id get the id of the call they answer, in order (some
+    trajectory sets drop it); calls without an id get a stable synthetic one."""
+    out: list[Message] = []
+    open_calls: list[str] = []
+    for turn, m in enumerate(msgs):
+        if m.tool_calls:
+            calls = tuple(
+                tc if tc.id else ToolCall(f"call_{turn}_{k}", tc.name, tc.arguments)
+                for k, tc in enumerate(m.tool_calls)
+            )
+            m = Message(m.role, m.content, m.reasoning, calls, m.tool_call_id, m.name)
+            open_calls = [tc.id for tc in calls]
+        elif m.role == "tool":
+            if m.tool_call_id is None:
+                if not open_calls:
+                    raise RowError(f"message {turn} is a tool result with no call before it")
+                m = Message("tool", m.content, None, (), open_calls[0], m.name)
+            if m.tool_call_id in open_calls:
+                open_calls.remove(m.tool_call_id)
+        out.append(m)
+    return out
+
+
+def openai_messages(row: dict[str, Any]) -> Parsed:
+    """`{"messages": [{"role", "content", "tool_calls"?, ...}], "tools"?}`."""
+    field, msgs = _list(row, "messages", "conversations")
+    return tuple(_openai_list(msgs, field)), _tools(row)
+
+
+# --- ShareGPT ----------------------------------------------------------------------------------
 
 SHAREGPT_ROLES = {
     "human": "user",
@@ -82,45 +198,66 @@ SHAREGPT_ROLES = {
     "bing": "assistant",
     "bard": "assistant",
     "model": "assistant",
+    "ai": "assistant",
     "system": "system",
     "tool": "tool",
     "observation": "tool",
     "function": "tool",
+    "function_response": "tool",
+    "function_call": "assistant",
 }
 
 
-def sharegpt(row: dict[str, Any]) -> tuple[tuple[Message, ...], tuple[dict[str, Any], ...]]:
-    """`{"conversations": [{"from": "human"|"gpt"|..., "value"}], "system"?}`."""
-    turns = row.get("conversations", row.get("items"))
-    if not isinstance(turns, list):
-        raise RowError("missing 'conversations' list")
-    out = []
-    system = row.get("system")
-    if isinstance(system, str) and system.strip():
-        out.append(Message("system", system))
+def _sharegpt_turns(row: dict[str, Any], reasoned: bool) -> list[Message]:
+    field, turns = _list(row, "conversations", "items", "conversation")
+    out = _system(row)
     for i, t in enumerate(turns):
-        where = f"conversations[{i}]"
+        where = f"{field}[{i}]"
         if not isinstance(t, dict):
             raise RowError(f"{where} is not an object")
-        speaker = t.get("from")
+        speaker = t.get("from", t.get("role"))
         role = SHAREGPT_ROLES.get(str(speaker).lower()) if speaker is not None else None
         if role is None:
             raise RowError(f"{where}.from is {speaker!r}, not a known speaker")
-        out.append(Message(role, _text(t.get("value"), f"{where}.value")))
-    return tuple(out), _tools(row)
+        value = _text(t.get("value", t.get("content")), f"{where}.value")
+        if str(speaker).lower() == "function_call":
+            # LLaMA-Factory's glaive conversion: the value is the call as JSON.
+            out.append(Message("assistant", "", tool_calls=(_call_from_json(value, where, i),)))
+        elif reasoned:
+            out.append(_reasoned(role, value))
+        else:
+            out.append(Message(role, value))
+    return _patch_tool_call_ids(out)
 
 
-def alpaca(row: dict[str, Any]) -> tuple[tuple[Message, ...], tuple[dict[str, Any], ...]]:
+def sharegpt(row: dict[str, Any]) -> Parsed:
+    """`{"conversations": [{"from": "human"|"gpt"|..., "value"}], "system"?, "tools"?}`."""
+    return tuple(_sharegpt_turns(row, reasoned=False)), _tools(row)
+
+
+# --- single-turn instruction sets ----------------------------------------------------------------
+
+
+def _pair(row: dict[str, Any], prompt: str, answer: str, system: str | None = None) -> Parsed:
+    question = _text(row.get(prompt), prompt)
+    if not question.strip():
+        raise RowError(f"missing '{prompt}'")
+    out = _system(row, system) if system else []
+    out.append(Message("user", question))
+    output = _text(row.get(answer), answer)
+    if output:
+        out.append(_reasoned("assistant", output))
+    return tuple(out), ()
+
+
+def alpaca(row: dict[str, Any]) -> Parsed:
     """`{"instruction", "input"?, "output"?, "system"?}`."""
     instruction = _text(row.get("instruction"), "instruction")
     if not instruction.strip():
         raise RowError("missing 'instruction'")
     extra = _text(row.get("input"), "input")
     prompt = f"{instruction}\n\n{extra}" if extra.strip() else instruction
-    out = []
-    system = _text(row.get("system"), "system")
-    if system.strip():
-        out.append(Message("system", system))
+    out = _system(row)
     out.append(Message("user", prompt))
     output = _text(row.get("output"), "output")
     if output:
@@ -128,18 +265,317 @@ def alpaca(row: dict[str, Any]) -> tuple[tuple[Message, ...], tuple[dict[str, An
     return tuple(out), ()
 
 
-Adapter = Callable[[dict[str, Any]], tuple[tuple[Message, ...], tuple[dict[str, Any], ...]]]
-ADAPTERS: dict[str, Adapter] = {"openai": openai_messages, "sharegpt": sharegpt, "alpaca": alpaca}
+def opencodeinstruct(row: dict[str, Any]) -> Parsed:
+    """nvidia/OpenCodeInstruct: `input` is the question, `output` the original answer."""
+    return _pair(row, "input", "output")
 
 
-def adapt_row(dataset: str, row_index: int, row: dict[str, Any], fmt: str) -> Conversation | BadRow:
-    """The row as a Conversation, or a BadRow with the reason; never raises on row content."""
+def magicoder(row: dict[str, Any]) -> Parsed:
+    """Magicoder Evol-Instruct (`instruction`/`response`) or OSS-Instruct (`problem`/
+    `solution`; its `seed` snippet is context, not the prompt)."""
+    if "problem" in row:
+        return _pair(row, "problem", "solution")
+    if "instruction" in row:
+        return _pair(row, "instruction", "response")
+    raise RowError("missing 'problem' (OSS-Instruct) or 'instruction' (Evol-Instruct)")
+
+
+# --- reasoning sets --------------------------------------------------------------------------
+
+
+def mixture_of_thoughts(row: dict[str, Any]) -> Parsed:
+    """open-r1/Mixture-of-Thoughts: OpenAI messages; the answer carries `<think>…</think>`."""
+    field, msgs = _list(row, "messages")
+    out = [
+        _reasoned(m.role, m.content) if m.role == "assistant" else m
+        for m in _openai_list(msgs, field)
+    ]
+    return tuple(out), ()
+
+
+def openthoughts(row: dict[str, Any]) -> Parsed:
+    """OpenThoughts-114k (`system` + user/assistant turns with thought/solution markers),
+    OpenThoughts3 (human/gpt with `<think>`), or the 114k `metadata` config (`problem`,
+    `deepseek_reasoning`, `deepseek_solution`)."""
+    if "conversations" not in row and "problem" in row:
+        question = _text(row.get("problem"), "problem")
+        if not question.strip():
+            raise RowError("missing 'problem'")
+        out = [Message("user", question)]
+        solution = _text(row.get("deepseek_solution"), "deepseek_solution")
+        reasoning = _text(row.get("deepseek_reasoning"), "deepseek_reasoning")
+        if solution or reasoning:
+            out.append(Message("assistant", solution, reasoning=reasoning or None))
+        return tuple(out), ()
+    return tuple(_sharegpt_turns(row, reasoned=True)), ()
+
+
+# --- multi-turn chat ---------------------------------------------------------------------------
+
+
+def ultrachat(row: dict[str, Any]) -> Parsed:
+    """HuggingFaceH4/ultrachat_200k (`messages`) or stingning/ultrachat (`data`: turns by
+    position, user first)."""
+    if "messages" in row:
+        field, msgs = _list(row, "messages")
+        return tuple(_openai_list(msgs, field)), ()
+    _, data = _list(row, "data")
+    out = []
+    for i, text in enumerate(data):
+        out.append(Message("user" if i % 2 == 0 else "assistant", _text(text, f"data[{i}]")))
+    return tuple(out), ()
+
+
+# --- function calling: glaive --------------------------------------------------------------------
+
+GLAIVE_TAG = re.compile(r"(?:^|\n)[ \t]*(USER|ASSISTANT|FUNCTION RESPONSE):[ \t]?")
+GLAIVE_END = "<|endoftext|>"
+GLAIVE_TOOLS_MARK = "Use them if required -"
+FUNCTIONCALL = "<functioncall>"
+NAME_FIELD = re.compile(r'"name"\s*:\s*"([^"]+)"')
+QUOTED_ARGS = re.compile(r"""["']arguments["']\s*:\s*'(.*)'\s*\}\s*$""", re.DOTALL)
+
+
+def _glaive_tools(system: str) -> tuple[str, tuple[dict[str, Any], ...]]:
+    """The system text without its function definitions, and the definitions as tools."""
+    text = system.removeprefix("SYSTEM:").strip()
+    head, mark, rest = text.partition(GLAIVE_TOOLS_MARK)
+    if not mark:
+        return text, ()
+    decoder = json.JSONDecoder()
+    tools: list[dict[str, Any]] = []
+    pos = 0
+    rest = rest.strip()
+    while pos < len(rest):
+        while pos < len(rest) and rest[pos].isspace():
+            pos += 1
+        if pos >= len(rest):
+            break
+        try:
+            fn, pos = decoder.raw_decode(rest, pos)
+        except json.JSONDecodeError as exc:
+            raise RowError(
+                f"system: function definition {len(tools) + 1} is not JSON: {exc}"
+            ) from exc
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise RowError(f"system: function definition {len(tools) + 1} has no name")
+        tools.append({"type": "function", "function": fn})
+    return f"{head}{mark}".removesuffix(" -").strip(), tuple(tools)
+
+
+def _call_from_json(text: str, where: str, turn: int) -> ToolCall:
+    """A call written as `{"name": …, "arguments": …}`. glaive writes arguments as a
+    single-quoted JSON string inside double-quoted JSON; the inner text is kept verbatim."""
+    text = text.strip()
     try:
-        messages, tools = ADAPTERS[fmt](row)
+        obj = json.loads(text)
+    except json.JSONDecodeError:
+        name = NAME_FIELD.search(text)
+        quoted = QUOTED_ARGS.search(text)
+        if not name or not quoted:
+            raise RowError(f"{where}: function call is not JSON: {text[:80]!r}") from None
+        obj = {"name": name.group(1), "arguments": quoted.group(1)}
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        raise RowError(f"{where}: function call without a name")
+    raw = obj.get("arguments", {})
+    args = raw if isinstance(raw, str) else json.dumps(raw, ensure_ascii=False)
+    try:
+        json.loads(args)
+    except json.JSONDecodeError as exc:
+        raise RowError(f"{where}: function call arguments are not valid JSON: {exc}") from exc
+    return ToolCall(f"call_{turn}_0", obj["name"], args)
+
+
+def glaive(row: dict[str, Any]) -> Parsed:
+    """glaiveai/glaive-function-calling-v2: `system` (function definitions as pretty JSON after
+    "Use them if required -") and `chat` with USER/ASSISTANT/FUNCTION RESPONSE markers."""
+    system = _text(row.get("system"), "system")
+    chat = _text(row.get("chat"), "chat")
+    if not chat.strip():
+        raise RowError("missing 'chat'")
+    system_text, tools = _glaive_tools(system)
+    out = [Message("system", system_text)] if system_text else []
+    parts = GLAIVE_TAG.split(chat)
+    if parts[0].strip():
+        raise RowError(f"chat: text before the first USER/ASSISTANT marker: {parts[0][:40]!r}")
+    for k in range(1, len(parts) - 1, 2):
+        tag, body = parts[k], parts[k + 1].strip()
+        turn = len(out)
+        if tag == "USER":
+            out.append(Message("user", body))
+        elif tag == "FUNCTION RESPONSE":
+            out.append(Message("tool", body))
+        else:
+            body = body.removesuffix(GLAIVE_END).rstrip()
+            text, mark, call = body.partition(FUNCTIONCALL)
+            calls = (_call_from_json(call, f"chat turn {turn}", turn),) if mark else ()
+            out.append(Message("assistant", text.strip(), tool_calls=calls))
+    return tuple(_patch_tool_call_ids(out)), tools
+
+
+# --- agent trajectories --------------------------------------------------------------------------
+
+SWE_ROLES = {"ai": "assistant", "human": "user", "observation": "tool", "function": "tool"}
+
+
+def swe_agent(row: dict[str, Any]) -> Parsed:
+    """SWE-agent trajectory sets: nebius/SWE-agent-trajectories (`trajectory` of
+    {role: system|user|ai, text}), SWE-smith (`messages`, often a JSON string; tool_calls in the
+    `tool` split), SWE-rebench-openhands (`trajectory` of OpenAI messages plus `tools`). Calls
+    written into the text (xml and ticks splits, SWE-agent 0.x) stay assistant text."""
+    field, msgs = _list(row, "trajectory", "messages")
+    norm = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            raise RowError(f"{field}[{i}] is not an object")
+        if "text" in m and "content" not in m:
+            text = m.get("text")
+            if m.get("role") == "system" and not text:
+                text = m.get("system_prompt")
+            m = {**m, "content": text}
+        norm.append(m)
+    return tuple(_openai_list(norm, field, SWE_ROLES)), _tools(row)
+
+
+# --- custom mapping ------------------------------------------------------------------------------
+
+
+def get_path(row: Any, path: str) -> Any:
+    """`a.b.0.c` in nested dicts and lists; None where the path does not lead."""
+    cur = row
+    for part in path.split("."):
+        if isinstance(cur, dict):
+            cur = cur.get(part)
+        elif isinstance(cur, list) and part.isdigit() and int(part) < len(cur):
+            cur = cur[int(part)]
+        else:
+            return None
+    return cur
+
+
+def custom_adapter(mapping: Mapping[str, Any]) -> Adapter:
+    """An adapter from a `[datasets.custom]` mapping: either `messages` (a field path to a list
+    of turns, with `role`/`content` keys and a `roles` table) or `prompt`/`response` paths for
+    single-turn rows; `system` and `tools` paths are optional."""
+    roles = {**SHAREGPT_ROLES, **dict(mapping.get("roles") or {})}
+    role_key = mapping.get("role", "role")
+    content_key = mapping.get("content", "content")
+
+    def adapt(row: dict[str, Any]) -> Parsed:
+        out: list[Message] = []
+        if mapping.get("system"):
+            system = get_path(row, mapping["system"])
+            if isinstance(system, str) and system.strip():
+                out.append(Message("system", system))
+        if mapping.get("messages"):
+            path = mapping["messages"]
+            msgs = get_path(row, path)
+            if isinstance(msgs, str):
+                try:
+                    msgs = json.loads(msgs)
+                except json.JSONDecodeError as exc:
+                    raise RowError(f"'{path}' is a string but not valid JSON: {exc}") from exc
+            if not isinstance(msgs, list):
+                raise RowError(f"missing '{path}' list")
+            turns = []
+            for i, m in enumerate(msgs):
+                if not isinstance(m, dict):
+                    raise RowError(f"{path}[{i}] is not an object")
+                turns.append({**m, "role": m.get(role_key), "content": m.get(content_key)})
+            out.extend(_openai_list(turns, path, roles))
+        else:
+            prompt = get_path(row, mapping.get("prompt", "prompt"))
+            prompt = _text(prompt, mapping.get("prompt", "prompt"))
+            if not prompt.strip():
+                raise RowError(f"missing '{mapping.get('prompt', 'prompt')}'")
+            out.append(Message("user", prompt))
+            if mapping.get("response"):
+                answer = _text(get_path(row, mapping["response"]), mapping["response"])
+                if answer:
+                    out.append(_reasoned("assistant", answer))
+        tools: tuple[dict[str, Any], ...] = ()
+        if mapping.get("tools"):
+            tools = _tools({"tools": get_path(row, mapping["tools"])})
+        return tuple(out), tools
+
+    return adapt
+
+
+# --- registry, detection, entry point ----------------------------------------------------------
+
+ADAPTERS: dict[str, Adapter] = {
+    "openai": openai_messages,
+    "sharegpt": sharegpt,
+    "alpaca": alpaca,
+    "glaive": glaive,
+    "opencodeinstruct": opencodeinstruct,
+    "magicoder": magicoder,
+    "mixture_of_thoughts": mixture_of_thoughts,
+    "openthoughts": openthoughts,
+    "ultrachat": ultrachat,
+    "swe_agent": swe_agent,
+}
+
+
+def _is_turns(v: Any, key: str) -> bool:
+    if isinstance(v, str):
+        return v.lstrip().startswith("[")
+    return isinstance(v, list) and (not v or isinstance(v[0], dict) and key in v[0])
+
+
+def detect_format(row: Mapping[str, Any]) -> list[str]:
+    """The formats a row looks like, most specific first: one name is an answer, several are
+    an ambiguity to report, none means the fields are unknown."""
+    keys = set(row)
+    specific = []
+    if {"system", "chat"} <= keys:
+        specific.append("glaive")
+    if {"input", "output"} <= keys and "instruction" not in keys:
+        specific.append("opencodeinstruct")
+    if {"problem", "solution"} <= keys or {"instruction", "response"} <= keys:
+        specific.append("magicoder")
+    if "trajectory" in keys or "messages" in keys and keys & {"traj_id", "instance_id"}:
+        specific.append("swe_agent")
+    if (
+        "messages" in keys
+        and {"prompt", "prompt_id"} <= keys
+        or ({"id", "data"} <= keys and isinstance(row.get("data"), list))
+    ):
+        specific.append("ultrachat")
+    if "messages" in keys and {"num_tokens", "source"} <= keys:
+        specific.append("mixture_of_thoughts")
+    convs = row.get("conversations")
+    if (
+        _is_turns(convs, "from")
+        and (keys & {"difficulty", "domain"} or "begin_of_thought" in str(row.get("system", "")))
+        or {"problem", "deepseek_solution"} <= keys
+    ):
+        specific.append("openthoughts")
+    if specific:
+        return specific
+    if _is_turns(row.get("messages"), "role") or _is_turns(convs, "role"):
+        return ["openai"]
+    if _is_turns(convs, "from"):
+        return ["sharegpt"]
+    if "instruction" in keys:
+        return ["alpaca"]
+    return []
+
+
+def adapt_row(
+    dataset: str, row_index: int, row: dict[str, Any], fmt: str | Adapter
+) -> Conversation | BadRow:
+    """The row as a Conversation, or a BadRow with the reason; never raises on row content."""
+    adapter = ADAPTERS[fmt] if isinstance(fmt, str) else fmt
+    try:
+        messages, tools = adapter(row)
         if not messages:
             raise RowError("empty conversation")
         if not any(m.role == "user" for m in messages):
             raise RowError("no user turn")
     except RowError as exc:
         return BadRow(dataset, row_index, str(exc))
+    except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as exc:
+        # A shape no adapter foresaw: reported with the row, never fatal.
+        return BadRow(dataset, row_index, f"cannot read the row: {type(exc).__name__}: {exc}")
     return Conversation(dataset=dataset, row_index=row_index, messages=messages, tools=tools)
