@@ -193,6 +193,13 @@ def _finish(report: object, console: Console) -> int:
             f"warning: no lane selects {n} pending items of dataset '{ds}'; they were not sent",
             file=sys.stderr,
         )
+    for ds, n in report.blocked.items():
+        console.print(
+            f"dataset {ds}: {n} turns wait for an earlier turn of their conversation that failed;"
+            " the next run retries transient failures and then sends them",
+            markup=False,
+            soft_wrap=True,
+        )
     if report.aborted:
         console.print(
             "aborted: requests in flight were cut short; run the same command again to resume"

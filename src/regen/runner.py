@@ -70,6 +70,8 @@ class RunReport:
     """A second signal cut requests in flight short."""
     unassigned: dict[str, int] = field(default_factory=dict)
     """Pending items no lane selects, per dataset (they are not sent)."""
+    blocked: dict[str, int] = field(default_factory=dict)
+    """Sequential mode: pending turns whose earlier turn failed, per dataset."""
     reconciliations: list[Reconciliation] = field(default_factory=list)
     """Per billing account: spend since the job started, by the provider and by the ledger."""
     budget_lines: list[str] = field(default_factory=list)
@@ -368,6 +370,7 @@ def _run_locked(
         interrupted=stop_reason == "interrupted",
         aborted=aborted,
         unassigned=unassigned,
+        blocked=store.blocked_items(),
         reconciliations=reconciliations,
         budget_lines=budget_lines,
         budget_stop=budget_stop,

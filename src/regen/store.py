@@ -587,15 +587,17 @@ class Store:
         ).fetchall()
         return [_pending(r) for r in rows]
 
-    def waiting_items(self, dataset: str, lane: str | None = None) -> int:
-        """Pending items of a dataset (in a lane) that wait for an earlier turn."""
-        lane_sql = "AND lane = ? " if lane is not None else ""
-        row = self._db.execute(
-            "SELECT COUNT(*) FROM items WHERE dataset = ? AND status = 'pending' "
-            f"AND after_item IS NOT NULL {lane_sql}",
-            (dataset, *((lane,) if lane else ())),
-        ).fetchone()
-        return int(row[0])
+    def blocked_items(self) -> dict[str, int]:
+        """Pending turns of sequential conversations whose earlier turn failed, per dataset."""
+        rows = self._db.execute(
+            "WITH RECURSIVE blocked(id, dataset) AS ("
+            " SELECT i.id, i.dataset FROM items i JOIN items p ON p.id = i.after_item"
+            " WHERE i.status = 'pending' AND p.status = 'failed'"
+            " UNION SELECT i.id, i.dataset FROM items i JOIN blocked b ON i.after_item = b.id"
+            " WHERE i.status = 'pending')"
+            " SELECT dataset, COUNT(*) FROM blocked GROUP BY dataset"
+        ).fetchall()
+        return {ds: n for ds, n in rows}
 
     def claim_escalated(self, lane: str, limit: int) -> list[PendingItem]:
         """Pending items escalated to a lane, in dispatch order."""
