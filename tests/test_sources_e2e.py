@@ -81,6 +81,13 @@ def test_all_eight_families_run_end_to_end(tmp_path: Path) -> None:
     assert query(out, "SELECT COUNT(*) FROM items WHERE status != 'done'") == [(0,)]
     bad = query(out, "SELECT dataset, row_index FROM bad_rows ORDER BY dataset, row_index")
     assert bad == [("B1", 2), ("B2", 2), ("B7", 3)]
+    status = json.loads(run_cli("status", str(out), "--json").stdout)
+    assert {r["dataset"]: r["rows"] for r in status["bad_row_reasons"]} == {
+        "B1": 1,
+        "B2": 1,
+        "B7": 1,
+    }
+    assert any("not a known speaker" in r["reason"] for r in status["bad_row_reasons"])
     formats = dict(query(out, "SELECT name, format FROM datasets"))
     assert formats["B2"] == "opencodeinstruct" and formats["B4"] == "mixture_of_thoughts"
     # Sequential: the second UltraChat turn was asked after the regenerated first answer.
@@ -255,3 +262,30 @@ def test_sequential_turns_follow_their_regenerated_history_under_faults(tmp_path
         msgs = e.body["messages"]  # type: ignore[index]
         row = int(msgs[0]["content"].split()[0][1:])
         assert all(msgs[k]["content"] == final[(row, k)] for k in range(1, len(msgs), 2))
+
+
+def test_inspect_shows_rows_their_requests_and_why_a_row_is_not_used(tmp_path: Path) -> None:
+    pytest.importorskip("datasets")
+    job = write_job(tmp_path, "http://127.0.0.1:9", datasets=[], extra=eight_families(tmp_path))
+    res = run_cli("inspect", str(job), "--dataset", "B1", "--rows", "3", "--json")
+    assert res.returncode == 0, res.stderr
+    ins = json.loads(res.stdout)
+    assert (ins["format"], ins["mode"]) == ("glaive", "each_turn")
+    assert [r["row_index"] for r in ins["rows"]] == [0, 1, 2]
+    first = ins["rows"][0]
+    assert [q["turn_index"] for q in first["requests"]] == [2, 4, 6]
+    body = first["requests"][1]["body"]
+    assert [m["role"] for m in body["messages"]] == ["system", "user", "assistant", "tool"]
+    assert [t["function"]["name"] for t in body["tools"]] == ["convert_currency", "get_weather"]
+    assert body["max_tokens"] == 512 and body["model"] == "moonshotai/kimi-k2.5"
+    assert ins["rows"][2]["requests"] == []
+    assert "not valid JSON" in ins["rows"][2]["reason"]
+    # Sequential: the later turn is shown waiting, with a placeholder for the earlier answer.
+    res = run_cli("inspect", str(job), "--dataset", "B6", "--rows", "1")
+    assert res.returncode == 0, res.stderr
+    assert "sent after turn 1 is answered" in res.stdout
+    assert "<regenerated answer of turn 1>" in res.stdout
+    res = run_cli("inspect", str(job), "--dataset", "B9")
+    assert res.returncode == 1
+    assert res.stderr.strip().startswith("error: no dataset 'B9' in the job (datasets: B1,")
+    assert not (tmp_path / "out").exists()  # inspect reads the source only

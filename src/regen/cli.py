@@ -65,6 +65,17 @@ def _parser() -> argparse.ArgumentParser:
         help="show it again every SECONDS (5 by default) until Ctrl-C",
     )
 
+    insp = sub.add_parser(
+        "inspect", help="show how a dataset's rows become requests (reads the source only)"
+    )
+    insp.add_argument("job", type=Path, help="job file (TOML)")
+    insp.add_argument("--dataset", required=True, help="the dataset's name in the job")
+    insp.add_argument("--rows", type=int, default=3, metavar="N", help="how many rows (3)")
+    insp.add_argument(
+        "--from", dest="start", type=int, default=0, metavar="ROW", help="first row number (0)"
+    )
+    insp.add_argument("--json", action="store_true", help="print rows and request bodies as JSON")
+
     sim = sub.add_parser("sim", help="serve the simulated OpenRouter API on 127.0.0.1")
     sim.add_argument("--port", type=int, default=8787)
     sim.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
@@ -88,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
             return _plan(args, console)
         if args.command == "status":
             return _status(args, console)
+        if args.command == "inspect":
+            return _inspect(args, console)
         if args.command == "sim":
             return _sim(args, console)
         if args.command == "demo":
@@ -118,7 +131,7 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
 
     from regen.config import load_job
     from regen.planner import plan_job
-    from regen.progress import plan_table
+    from regen.progress import bad_rows_table, plan_table
 
     if args.pilot < 0:
         print("error: --pilot must be 0 or more", file=sys.stderr)
@@ -132,6 +145,9 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
             json.dumps(
                 {
                     "datasets": [dataclasses.asdict(e) for e in plan.estimates],
+                    "bad_row_reasons": [
+                        {"dataset": d, "reason": r, "rows": n} for d, r, n in plan.bad_reasons
+                    ],
                     "coverage": plan.coverage,
                     "credit_usd": plan.credit_usd,
                     "spent_usd": plan.spent_usd,
@@ -140,6 +156,8 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
         )
         return EXIT_OK
     console.print(plan_table(plan.estimates))
+    if plan.bad_reasons:
+        console.print(bad_rows_table(plan.bad_reasons))
     console.print(f"spent so far: ${plan.spent_usd:.4f}", markup=False)
     if plan.credit_usd is not None:
         console.print(f"credit remaining: ${plan.credit_usd:.2f}", markup=False)
@@ -175,6 +193,23 @@ def _status(args: argparse.Namespace, console: Console) -> int:
         if args.watch is None:
             return EXIT_OK
         time.sleep(args.watch)
+
+
+def _inspect(args: argparse.Namespace, console: Console) -> int:
+    import json
+
+    from regen.config import load_job
+    from regen.inspection import inspect_dataset, inspection_json, inspection_view
+
+    if args.rows < 1 or args.start < 0:
+        print("error: --rows takes a number above 0 and --from one of 0 or more", file=sys.stderr)
+        return EXIT_USAGE
+    ins = inspect_dataset(load_job(args.job), args.dataset, args.rows, args.start)
+    if args.json:
+        print(json.dumps(inspection_json(ins), ensure_ascii=False))
+    else:
+        console.print(inspection_view(ins))
+    return EXIT_OK
 
 
 def _finish(report: object, console: Console) -> int:

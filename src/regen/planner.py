@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rich.console import Console
 
@@ -33,6 +33,8 @@ class Plan:
     credit_usd: float | None
     spent_usd: float
     prices: Prices | None
+    bad_reasons: list[tuple[str, str, int]] = field(default_factory=list)
+    """The commonest reasons rows were not used: (dataset, reason, rows)."""
 
 
 async def _account_reads(
@@ -70,9 +72,10 @@ def plan_job(job: Job, *, console: Console, api_key: str | None = None, pilot: i
             prices, credit = asyncio.run(_account_reads(job, keys))
             progress = store.dataset_progress()
             estimates = estimate(job, progress, store.dataset_samples(), prices)
+            bad_reasons = store.bad_row_reasons(limit=10)
         finally:
             store.close()
     spent = sum(p.cost_usd for p in progress)
     cap = job.budget.max_cost_usd
     room = None if cap is None else max(0.0, cap - spent)
-    return Plan(estimates, coverage(estimates, credit, room), credit, spent, prices)
+    return Plan(estimates, coverage(estimates, credit, room), credit, spent, prices, bad_reasons)

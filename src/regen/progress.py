@@ -328,3 +328,13 @@ def _lanes_time(estimates: list[Estimate]) -> float | None:
             return None
         per_lane[e.lane] = per_lane.get(e.lane, 0.0) + e.time_s
     return max(per_lane.values(), default=0.0)
+
+
+def bad_rows_table(reasons: list[tuple[str, str, int]]) -> Table:
+    """Why rows were not used, commonest first (numbers in a reason are folded to N)."""
+    table = Table(title="rows not used", title_justify="left")
+    for col in ("rows", "dataset", "reason"):
+        table.add_column(col, justify="right" if col == "rows" else "left")
+    for ds, reason, n in reasons:
+        table.add_row(str(n), ds, reason)
+    return table

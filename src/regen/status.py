@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from regen.lock import running_holder
-from regen.progress import errors_text, format_tokens, per_mtok
+from regen.progress import bad_rows_table, errors_text, format_tokens, per_mtok
 from regen.store import DatasetProgress, FailedAttempt, Store
 
 
@@ -32,6 +32,7 @@ class Snapshot:
     errors: dict[tuple[str, str], int]
     recent_failures: list[FailedAttempt]
     top_failure_reasons: list[tuple[str, str, int]]
+    bad_row_reasons: list[tuple[str, str, int]]
     progress: dict[str, str]
     """The fields of run.log's last progress line (empty before the first)."""
 
@@ -46,6 +47,7 @@ def take_snapshot(out_dir: Path) -> Snapshot:
             store.failure_counts(),
             store.recent_failures(),
             store.top_failure_reasons(),
+            store.bad_row_reasons(),
             _last_progress(out_dir / "run.log"),
         )
     finally:
@@ -86,6 +88,9 @@ def snapshot_json(s: Snapshot) -> dict[str, Any]:
         "top_failure_reasons": [
             {"class": c, "message": m, "count": n} for c, m, n in s.top_failure_reasons
         ],
+        "bad_row_reasons": [
+            {"dataset": d, "reason": r, "rows": n} for d, r, n in s.bad_row_reasons
+        ],
         "progress": s.progress,
     }
 
@@ -106,13 +111,24 @@ def snapshot_view(s: Snapshot) -> Group:
         if "credits_usd" in p:
             head += f", credit ${float(p['credits_usd']):,.2f}"
     table = Table(title="datasets", title_justify="left")
-    cols = ("dataset", "done/total", "failed", "pending", "prompt tok", "completion tok")
+    cols = (
+        "dataset",
+        "rows",
+        "bad",
+        "done/total",
+        "failed",
+        "pending",
+        "prompt tok",
+        "completion tok",
+    )
     for col in (*cols, "cost $", "$/Mtok", "errors"):
         table.add_column(col, justify="left" if col in ("dataset", "errors") else "right")
     for d in s.datasets:
         errs = {c: n for (ds, c), n in s.errors.items() if ds == d.name}
         table.add_row(
             d.name,
+            str(d.rows_read),
+            str(d.bad_rows),
             f"{d.done}/{d.items}",
             str(d.failed),
             str(d.pending),
@@ -145,4 +161,6 @@ def snapshot_view(s: Snapshot) -> Group:
         for c, m, n in s.top_failure_reasons:
             top.add_row(str(n), c, m[:120])
         parts.append(top)
+    if s.bad_row_reasons:
+        parts.append(bad_rows_table(s.bad_row_reasons))
     return Group(*parts)

@@ -40,6 +40,9 @@ def _matches(row: Mapping[str, Any], filters: Mapping[str, Any]) -> bool:
     return True
 
 
+Pair = tuple[dict[str, Any] | None, Conversation | BadRow]
+
+
 @dataclass
 class Source:
     """One dataset's rows as Conversations (or BadRows), with its selection applied.
@@ -141,16 +144,25 @@ class Source:
         for _, row_index, row in sorted(heap, key=lambda e: e[1]):
             yield row_index, row
 
-    def __iter__(self) -> Iterator[Conversation | BadRow]:
+    def pairs(
+        self, start: int = 0
+    ) -> Iterator[tuple[dict[str, Any] | None, Conversation | BadRow]]:
+        """Each selected row from row number `start` on, with what it became."""
         adapter: Adapter | None = None
         for row_index, row in self._sampled():
+            if row_index < start:
+                continue
             if isinstance(row, str):
-                yield BadRow(self.dataset, row_index, row)
+                yield None, BadRow(self.dataset, row_index, row)
                 continue
             if adapter is None:
                 adapter = self._adapter(row, row_index)
             conv = adapt_row(self.dataset, row_index, row, adapter)
-            yield conv if isinstance(conv, BadRow) else self._system(conv)
+            yield row, conv if isinstance(conv, BadRow) else self._system(conv)
+
+    def __iter__(self) -> Iterator[Conversation | BadRow]:
+        for _, conv in self.pairs():
+            yield conv
 
 
 def read_conversations(
