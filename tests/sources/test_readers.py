@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -27,8 +29,13 @@ def test_json_list_and_its_errors(tmp_path: Path) -> None:
     p.write_text('[{"a": 1}, 3]')
     assert list(read_rows(p)) == [(0, {"a": 1}), (1, "row is not a JSON object")]
     p.write_text('{"a": 1}')
-    with pytest.raises(SourceError, match="expected a JSON list"):
+    with pytest.raises(SourceError, match="expected a JSON list of rows, got an object"):
         list(read_rows(p))
+    # A file cut short (an interrupted download): the rows before the cut are used.
+    p.write_text('[{"a": 1}, {"b": 2.5}, {"c": [1, 2')
+    rows = list(read_rows(p))
+    assert rows[:2] == [(0, {"a": 1}), (1, {"b": 2.5})]
+    assert rows[2][0] == 2 and str(rows[2][1]).startswith("invalid JSON here, the rest")
 
 
 def test_unknown_suffix_and_missing_file_are_source_errors(tmp_path: Path) -> None:
@@ -138,3 +145,32 @@ def test_a_hub_id_fails_with_one_clear_line_where_the_hub_is_unreachable() -> No
         "Hugging Face hub: "
     )
     assert "\n" not in text
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "json", "parquet"])
+def test_large_files_are_streamed_not_loaded_whole(tmp_path: Path, kind: str) -> None:
+    import tracemalloc
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = random.Random(0)
+    rows = [{"instruction": rng.randbytes(1000).hex(), "output": "ok"} for _ in range(6000)]
+    p = tmp_path / f"big.{kind}"
+    if kind == "jsonl":
+        p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    elif kind == "json":
+        p.write_text(json.dumps(rows))
+    else:
+        pq.write_table(pa.Table.from_pylist(rows), p, row_group_size=500)
+    size = p.stat().st_size
+    del rows
+    tracemalloc.start()
+    try:
+        n = sum(1 for _ in read_rows(p))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert n == 6000
+    assert size > 10 * 2**20
+    assert peak < size / 4, f"peak {peak / 2**20:.1f} MiB for a {size / 2**20:.1f} MiB file"

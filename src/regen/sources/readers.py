@@ -183,16 +183,27 @@ def _read_jsonl(p: Path, spec: SourceSpec, offset: int) -> Iterator[Row]:
 
 
 def _read_json_list(p: Path, spec: SourceSpec, offset: int) -> Iterator[Row]:
+    """A JSON array of rows, parsed incrementally (glaive's and ShareGPT's files are single
+    arrays of hundreds of MB)."""
+    import ijson
+
+    i = offset
     try:
-        data = json.loads(p.read_bytes())
+        with p.open("rb") as f:
+            head = f.read(4096).lstrip()
+            if not head.startswith(b"["):
+                kind = "an object" if head.startswith(b"{") else "not a list"
+                raise SourceError(f"{p}: expected a JSON list of rows, got {kind}")
+            f.seek(0)
+            for row in ijson.items(f, "item", use_float=True):
+                yield (i, row) if isinstance(row, dict) else (i, "row is not a JSON object")
+                i += 1
     except OSError as exc:
         raise SourceError(f"{p}: cannot read: {exc}") from exc
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SourceError(f"{p}: invalid JSON: {exc}") from exc
-    if not isinstance(data, list):
-        raise SourceError(f"{p}: expected a JSON list of rows, got {type(data).__name__}")
-    for i, row in enumerate(data, offset):
-        yield (i, row) if isinstance(row, dict) else (i, "row is not a JSON object")
+    except (ijson.JSONError, UnicodeDecodeError) as exc:
+        # Past a syntax error an array cannot be resynchronized: the rest of the file is one
+        # bad row, reported with the reason, and the rows before it are used.
+        yield i, f"invalid JSON here, the rest of the file is not read: {_one_line(exc)}"
 
 
 def _read_csv(p: Path, spec: SourceSpec, offset: int) -> Iterator[Row]:
