@@ -75,7 +75,7 @@ def test_all_eight_families_run_end_to_end(tmp_path: Path) -> None:
     )
     # Turns: B1 3+1+2 (each_turn; row 2 is bad; row 3 ends on a function response, so one
     # more answer is asked), B2 2 (row 2 bad), B3 3, B4 2, B5 2, B6 2 (sequential), B7 2+1+1
-    # (the leading gpt turn of a split piece is history only), B8 2+2+2 (the xml trajectory
+    # (the leading gpt turn of a split piece is dropped), B8 2+2+2 (the xml trajectory
     # ends on an observation).
     assert counts == {"B1": 6, "B2": 2, "B3": 3, "B4": 2, "B5": 2, "B6": 2, "B7": 4, "B8": 6}
     assert query(out, "SELECT COUNT(*) FROM items WHERE status != 'done'") == [(0,)]

@@ -204,6 +204,9 @@ class DatasetConfig(_Model):
     """What happens to the row's system prompt: keep, drop, replace (with system_prompt), or
     fill (system_prompt where the row has none)."""
     system_prompt: str | None = None
+    leading_assistant: Literal["keep", "drop"] = "drop"
+    """Turns before the first user turn that are not system turns (ShareGPT's split pieces
+    start with the end of an answer): dropped, or kept as history."""
     limit: int | None = Field(default=None, ge=0)
     """Read at most this many rows of the source (before filter and sample)."""
     filter: dict[str, FilterValue | list[FilterValue]] = Field(default_factory=dict)
@@ -241,6 +244,7 @@ class DatasetConfig(_Model):
             "split": self.split,
             "custom": self.custom.model_dump() if self.custom else None,
             "system": None if self.system == "keep" else self.system,
+            "leading_assistant": None if self.leading_assistant == "drop" else "keep",
             "system_prompt": self.system_prompt,
             "filter": self.filter or None,
             "sample": self.sample,

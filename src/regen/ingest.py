@@ -48,6 +48,7 @@ def source_of(job: Job, ds: DatasetConfig) -> Source:
         seed=job.dataset_seed(ds),
         system=ds.system,
         system_prompt=ds.system_prompt,
+        leading_assistant=ds.leading_assistant,
         max_row_bytes=ds.max_row_bytes,
     )
 

@@ -117,7 +117,10 @@ def test_ultrachat_both_layouts() -> None:
 
 def test_sharegpt_odd_speakers_and_pieces() -> None:
     convs, bad = read("b7_sharegpt.json")
-    assert roles(convs[1]) == ["assistant", "user", "assistant"]  # a split piece
+    # A split piece starts with the end of an answer: dropped by default, or kept as history.
+    assert roles(convs[1]) == ["user", "assistant"]
+    kept, _ = read("b7_sharegpt.json", leading_assistant="keep")
+    assert roles(kept[1]) == ["assistant", "user", "assistant"]
     assert roles(convs[2]) == ["system", "user", "assistant"]  # bing is an assistant
     assert [(b.row_index, b.reason) for b in bad] == [
         (3, "conversations[0].from is 'narrator', not a known speaker")

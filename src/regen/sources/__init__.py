@@ -64,6 +64,7 @@ class Source:
     seed: int = 0
     system: str = "keep"
     system_prompt: str | None = None
+    leading_assistant: str = "drop"
     max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
     rows: int = 0
     skipped: int = 0
@@ -89,10 +90,17 @@ class Source:
             self.format = found[0]
         return ADAPTERS[self.format]
 
-    def _system(self, conv: Conversation) -> Conversation:
+    def _shape(self, conv: Conversation) -> Conversation:
+        """The row's conversation with the dataset's system and leading-turn policies."""
+        msgs = conv.messages
+        if self.leading_assistant == "drop":
+            first_user = next(i for i, m in enumerate(msgs) if m.role == "user")
+            head = [m for m in msgs[:first_user] if m.role == "system"]
+            if len(head) != first_user:
+                msgs = (*head, *msgs[first_user:])
+                conv = Conversation(conv.dataset, conv.row_index, msgs, conv.tools)
         if self.system == "keep":
             return conv
-        msgs = conv.messages
         has = bool(msgs) and msgs[0].role == "system"
         if self.system == "fill" and has:
             return conv
@@ -158,7 +166,7 @@ class Source:
             if adapter is None:
                 adapter = self._adapter(row, row_index)
             conv = adapt_row(self.dataset, row_index, row, adapter)
-            yield row, conv if isinstance(conv, BadRow) else self._system(conv)
+            yield row, conv if isinstance(conv, BadRow) else self._shape(conv)
 
     def __iter__(self) -> Iterator[Conversation | BadRow]:
         for _, conv in self.pairs():
