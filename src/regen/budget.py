@@ -145,6 +145,21 @@ class BudgetBook:
     def _tokens(self, prompt: int, completion: int) -> int:
         return prompt + completion if self._count_total else completion
 
+    def counted_tokens(self, usage: Usage) -> int:
+        """The tokens of an answer that count against token budgets."""
+        return self._tokens(usage.prompt_tokens, usage.completion_tokens)
+
+    def left(self, dataset: str) -> tuple[float | None, float | None]:
+        """What the dataset's token budget and dollar cap still allow (None: no limit),
+        net of what the requests in flight are expected to use."""
+        s = self.datasets[dataset]
+        tokens = usd = None
+        if s.token_budget is not None:
+            tokens = max(0.0, s.token_budget - s.scope.spent_tokens - s.scope.reserved_tokens)
+        if s.max_cost_usd is not None:
+            usd = max(0.0, s.max_cost_usd - s.scope.charged_usd)
+        return tokens, usd
+
     @staticmethod
     def _met_before_start(s: DatasetBudgetState) -> str | None:
         if s.token_budget is not None and s.scope.spent_tokens >= s.token_budget:

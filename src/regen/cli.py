@@ -37,6 +37,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="resume even though the job's data-affecting settings changed",
     )
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics on 127.0.0.1:PORT/metrics while the job runs",
+    )
 
     plan = sub.add_parser(
         "plan", help="estimate items, tokens, cost and time per dataset before spending"
@@ -64,6 +70,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="show it again every SECONDS (5 by default) until Ctrl-C",
     )
+
+    rep = sub.add_parser(
+        "report", help="write <out>/report.html: throughput, lengths, latency, cost, errors"
+    )
+    rep.add_argument("out", type=Path, help="the job's output directory")
+    rep.add_argument("--to", type=Path, help="write the page here instead")
 
     insp = sub.add_parser(
         "inspect", help="show how a dataset's rows become requests (reads the source only)"
@@ -99,6 +111,11 @@ def main(argv: list[str] | None = None) -> int:
             return _plan(args, console)
         if args.command == "status":
             return _status(args, console)
+        if args.command == "report":
+            from regen.report import write_report
+
+            print(f"report: {write_report(args.out, args.to)}")
+            return EXIT_OK
         if args.command == "inspect":
             return _inspect(args, console)
         if args.command == "sim":
@@ -119,7 +136,9 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     from regen.config import load_job
     from regen.runner import run_job
 
-    overrides = {"job.output_dir": str(args.out.resolve())} if args.out else {}
+    overrides: dict[str, object] = {"job.output_dir": str(args.out.resolve())} if args.out else {}
+    if args.metrics_port is not None:
+        overrides["run.metrics_port"] = args.metrics_port
     job = load_job(args.job, **overrides)
     report = run_job(job, console=console, force=args.force)
     return _finish(report, console)
@@ -218,7 +237,7 @@ def _finish(report: object, console: Console) -> int:
 
     assert isinstance(report, RunReport)
     console.print(summary_table(report.datasets, report.errors, report.exports))
-    console.print(f"output: {report.out_dir}  (state.db, run.log, export/*.jsonl)")
+    console.print(f"output: {report.out_dir}  (state.db, run.log, report.html, export/*.jsonl)")
     for line in report.budget_lines:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     for r in report.reconciliations:

@@ -121,6 +121,9 @@ class RunConfig(_Model):
     """On a stop, how long requests in flight may take to finish."""
     progress_interval_s: float = Field(default=10.0, gt=0)
     shuffle_seed: int = 0
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    """Serve Prometheus metrics on this port while the job runs (`regen run --metrics-port`)."""
+    metrics_host: str = "127.0.0.1"
 
 
 class BudgetConfig(_Model):

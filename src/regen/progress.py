@@ -15,6 +15,7 @@ from rich.table import Table
 
 from regen.billing import Reconciliation
 from regen.errors import StateError
+from regen.eta import Eta, eta_text, format_duration
 from regen.forecast import Estimate
 from regen.scheduler import DatasetStats, RunStats
 from regen.store import DatasetProgress
@@ -96,11 +97,21 @@ def per_mtok(cost_usd: float, completion_tokens: int) -> float:
     return cost_usd / completion_tokens * 1e6 if completion_tokens else 0.0
 
 
+def _eta_fields(eta: Eta | None) -> str:
+    if eta is None:
+        return "eta_s=- eta_p10_s=- eta_p90_s=-"
+    return f"eta_s={eta.seconds:.0f} eta_p10_s={eta.p10:.0f} eta_p90_s={eta.p90:.0f}" + (
+        " eta_bound=budget" if eta.bound == "budget" else ""
+    )
+
+
 def progress_line(stats: RunStats, now: float | None = None) -> str:
     """One stable `key=value` line for logs and `tail -f` over SSH."""
     now = time.monotonic() if now is None else now
     elapsed = max(now - stats.started_at, 1e-9)
     t = _totals(stats)
+    rates = stats.rolling(now)
+    _, job_eta = stats.etas(now)
     per_ds = " ".join(
         f"{name}={d.done_before + d.done}/{d.items}" for name, d in stats.datasets.items()
     )
@@ -111,8 +122,9 @@ def progress_line(stats: RunStats, now: float | None = None) -> str:
     stamp = log_stamp()
     return (
         f"{stamp} progress done={t.done_before + t.done}/{t.items} failed={t.failed} "
-        f"in_flight={t.in_flight} req_s={t.done / elapsed:.2f} "
-        f"out_tok_s={t.completion_tokens / elapsed:.0f} completion_tokens={t.completion_tokens} "
+        f"in_flight={t.in_flight} req_s={t.done / elapsed:.2f} req_s_1m={rates[''][0]:.2f} "
+        f"out_tok_s={t.completion_tokens / elapsed:.0f} out_tok_s_1m={rates[''][1]:.0f} "
+        f"{_eta_fields(job_eta)} completion_tokens={t.completion_tokens} "
         f"cost_usd={t.cost_usd:.4f} usd_per_mtok={per_mtok(t.cost_usd, t.completion_tokens):.2f} "
         + (f"credits_usd={stats.credits_usd:.4f} " if stats.credits_usd is not None else "")
         + f"errors={errors_text(t.errors)} "
@@ -120,41 +132,74 @@ def progress_line(stats: RunStats, now: float | None = None) -> str:
     ).rstrip()
 
 
-def _table_cells(name: str, d: DatasetStats, elapsed: float) -> tuple[str, ...]:
+def _table_cells(
+    name: str, d: DatasetStats, rate: tuple[float, float], eta: Eta | None
+) -> tuple[str, ...]:
+    used = format_tokens(d.completion_tokens)
+    if d.token_budget is not None:
+        used += f"/{format_tokens(d.token_budget)}"
     return (
         name,
         f"{d.done_before + d.done}/{d.items}",
         str(d.failed),
         str(d.in_flight),
-        f"{d.done / elapsed:.1f}",
-        format_tokens(d.completion_tokens),
+        f"{rate[0]:.1f}",
+        format_tokens(round(rate[1])),
+        used,
+        f"{d.completion_tokens / d.done:.0f}" if d.done else "-",
         f"{d.cost_usd:.4f}",
         f"{per_mtok(d.cost_usd, d.completion_tokens):.2f}",
         errors_text(d.errors),
+        eta_text(eta),
     )
 
 
 def progress_table(stats: RunStats, now: float | None = None) -> Table:
     now = time.monotonic() if now is None else now
     elapsed = max(now - stats.started_at, 1e-9)
-    table = Table(title=f"regen  {elapsed:,.0f}s", title_justify="left", expand=False)
-    cols = ("dataset", "done/total", "failed", "in flight", "req/s", "tokens", "$", "$/Mtok")
-    for col in (*cols, "errors"):
-        table.add_column(col, justify="left" if col in ("dataset", "errors") else "right")
-    for name, d in stats.datasets.items():
-        table.add_row(*_table_cells(name, d, elapsed))
-    if len(stats.datasets) > 1:
-        table.add_section()
-        table.add_row(*_table_cells("total", _totals(stats), elapsed), style="bold")
-    lanes = "   ".join(
-        f"lane {name}: {lane.in_flight} in flight, limit {lane.limit}/{lane.concurrency}"
-        + (f", {lane.escalated} escalated" if lane.escalated else "")
-        for name, lane in stats.lanes.items()
+    rates = stats.rolling(now)
+    etas, job_eta = stats.etas(now)
+    t = _totals(stats)
+    title = (
+        f"regen  {format_duration(elapsed)} elapsed  ETA {eta_text(job_eta)}  "
+        f"{t.done / elapsed:.1f} req/s overall  ${t.cost_usd:,.4f} spent"
     )
     if stats.credits_usd is not None:
-        lanes += f"   credit remaining: ${stats.credits_usd:,.2f}"
-    table.caption = lanes or None
-    table.caption_justify = "left"
+        title += f"  ${stats.credits_usd:,.2f} credit left"
+    table = Table(title=title, title_justify="left", expand=False)
+    cols = (
+        "dataset",
+        "done/total",
+        "failed",
+        "in flight",
+        "req/s 1m",
+        "tok/s 1m",
+        "tokens/budget",
+        "mean len",
+        "$",
+        "$/Mtok",
+        "errors",
+        "ETA (p10-p90)",
+    )
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("dataset", "errors") else "right")
+    for name, d in stats.datasets.items():
+        table.add_row(*_table_cells(name, d, rates[name], etas.get(name)))
+    if len(stats.datasets) > 1:
+        table.add_section()
+        table.add_row(*_table_cells("total", t, rates[""], job_eta), style="bold")
+    table.add_section()
+    for name, lane in stats.lanes.items():
+        c, _ = lane.wire.mean(now)
+        table.add_row(
+            f"lane {name}",
+            f"{lane.done} done",
+            f"{lane.escalated} escalated" if lane.escalated else "",
+            str(lane.in_flight),
+            f"limit {lane.limit}/{lane.concurrency}",
+            f"mean {c:.0f} on wire",
+            style="dim",
+        )
     return table
 
 

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import signal
+import sqlite3
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +33,7 @@ from regen.conversation import (
     Request,
     canonical_json,
 )
-from regen.errors import ConfigError
+from regen.errors import ConfigError, StateError
 from regen.export import export_specforge
 from regen.ingest import ingest, lane_rules
 from regen.lock import RunLock
@@ -42,6 +43,7 @@ from regen.progress import (
     dataset_start_line,
     reconciliation_line,
 )
+from regen.report import write_report
 from regen.scheduler import (
     DatasetStats,
     EndpointRuntime,
@@ -168,8 +170,14 @@ async def dispatch(
     """Send every pending item under the job's budgets, showing progress; then reconcile.
     `pilot`: only until each dataset has that many answers (items in dispatch order)."""
     progress = store.dataset_progress()
+    budgets = {d.name: d.token_budget for d in job.datasets}
     stats = RunStats(
-        datasets={p.name: DatasetStats(items=p.items, done_before=p.done) for p in progress}
+        datasets={
+            p.name: DatasetStats(
+                items=p.items, done_before=p.done, token_budget=budgets.get(p.name)
+            )
+            for p in progress
+        }
     )
     pool_size: dict[str, int] = {}
     for lane in job.lane_list:
@@ -219,6 +227,21 @@ async def dispatch(
             stats, console, job.run.progress_interval_s, job.output_path / "run.log"
         )
         tasks.append(asyncio.create_task(reporter.run()))
+        metrics = None
+        if job.run.metrics_port is not None:
+            from regen.metrics import serve_metrics
+
+            try:
+                metrics = await serve_metrics(stats, job.run.metrics_host, job.run.metrics_port)
+            except OSError as exc:
+                raise ConfigError(
+                    f"[run].metrics_port: cannot listen on {job.run.metrics_host}:"
+                    f"{job.run.metrics_port}: {exc.strerror or exc}"
+                ) from exc
+            console.print(
+                f"metrics: http://{job.run.metrics_host}:{job.run.metrics_port}/metrics",
+                markup=False,
+            )
         loop = asyncio.get_running_loop()
         main = asyncio.current_task()
         signals = (signal.SIGINT, signal.SIGTERM)
@@ -238,6 +261,8 @@ async def dispatch(
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if metrics is not None:
+                await metrics.cleanup()
             for sig in signals:
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.remove_signal_handler(sig)
@@ -361,6 +386,11 @@ def _run_locked(
     append_log(out / "run.log", budget_lines + [reconciliation_line(r) for r in reconciliations])
     names = [d.name for d in job.datasets]
     exports = export_specforge(store, names, out / "export")
+    try:
+        write_report(out)
+    except (StateError, sqlite3.Error) as exc:
+        # The report is a view: failing to write it never fails the run.
+        console.print(f"warning: report.html not written: {exc}", markup=False)
     return RunReport(
         out_dir=out,
         datasets=store.dataset_progress(),

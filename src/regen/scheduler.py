@@ -9,6 +9,8 @@ created per item.
 from __future__ import annotations
 
 import asyncio
+import bisect
+import math
 import random
 import time
 from collections import Counter, deque
@@ -32,6 +34,7 @@ from regen.conversation import (
     prompt_tokens_bound,
 )
 from regen.errors import EndpointError, StateError
+from regen.eta import Concurrency, Eta, Flow, combine, items_left, lane_eta
 from regen.limiter import AdaptiveLimit, EndpointHealth
 from regen.modes import build_request
 from regen.store import PendingItem, Store
@@ -97,6 +100,7 @@ class DatasetStats:
 
     items: int = 0
     done_before: int = 0
+    token_budget: int | None = None
     done: int = 0
     failed: int = 0
     in_flight: int = 0
@@ -112,6 +116,10 @@ class DatasetStats:
         self.cost_usd += usage.cost_usd or 0.0
 
 
+LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, math.inf)
+"""Upper bounds (seconds) of the latency histogram that metrics and the report show."""
+
+
 @dataclass
 class LaneStats:
     """Live counters for one lane, and its limits (read, never changed, by progress)."""
@@ -121,6 +129,22 @@ class LaneStats:
     in_flight: int = 0
     done: int = 0
     escalated: int = 0
+    flows: dict[str, Flow] = field(default_factory=dict)
+    """Per dataset sent in this lane: items left and times on the wire (for the ETA)."""
+    wire: Concurrency = field(default_factory=Concurrency)
+    datasets: list[str] = field(default_factory=list)
+    """The datasets this lane sends, in order."""
+    latency_counts: list[int] = field(default_factory=lambda: [0] * len(LATENCY_BUCKETS))
+    latency_sum_s: float = 0.0
+
+    def observe_latency(self, seconds: float) -> None:
+        self.latency_counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.latency_sum_s += seconds
+
+    def flow(self, dataset: str) -> Flow:
+        if dataset not in self.flows:
+            self.flows[dataset] = Flow()
+        return self.flows[dataset]
 
     @property
     def limit(self) -> int:
@@ -140,10 +164,59 @@ class RunStats:
     budget_stop: bool = False
     """The run stopped because the job's dollar cap or the credit floor was reached."""
     recent_failures: deque[int] = field(default_factory=lambda: deque(maxlen=200))
+    budget_left: Callable[[str], tuple[float | None, float | None]] | None = None
+    """What a dataset's token budget and dollar cap still allow (set when budgets apply)."""
+    samples: deque[tuple[float, dict[str, tuple[int, int]]]] = field(
+        default_factory=lambda: deque(maxlen=600)
+    )
+    """(time, {dataset: (done, completion tokens)}) about once a second, for rolling rates."""
+
+    def rolling(self, now: float, window_s: float = 60.0) -> dict[str, tuple[float, float]]:
+        """Answers and completion tokens per second over the last `window_s`, per dataset and
+        for the job (`""`)."""
+        counts = {name: (d.done, d.completion_tokens) for name, d in self.datasets.items()}
+        if not self.samples or now - self.samples[-1][0] >= 1.0:
+            self.samples.append((now, counts))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= window_s:
+            self.samples.popleft()
+        t0, old = self.samples[0]
+        span = now - t0
+        out: dict[str, tuple[float, float]] = {}
+        for name, (done, tokens) in counts.items():
+            d0, k0 = old.get(name, (0, 0))
+            out[name] = ((done - d0) / span, (tokens - k0) / span) if span > 0 else (0.0, 0.0)
+        out[""] = (sum(r for r, _ in out.values()), sum(k for _, k in out.values()))
+        return out
 
     @property
     def in_flight(self) -> int:
         return sum(d.in_flight for d in self.datasets.values())
+
+    def etas(self, now: float | None = None) -> tuple[dict[str, Eta | None], Eta | None]:
+        """Time left per dataset (when it will be finished in every lane that sends it) and
+        for the job, with p10-p90 intervals; None where no answer has come yet."""
+        now = time.monotonic() if now is None else now
+        per_lane: dict[str, dict[str, Eta | None]] = {}
+        for name, lane in self.lanes.items():
+            c, rsd = lane.wire.mean(now)
+            rows = []
+            for ds in lane.datasets:
+                flow = lane.flow(ds)
+                tokens_left, usd_left = self.budget_left(ds) if self.budget_left else (None, None)
+                n, bound = items_left(flow, tokens_left, usd_left)
+                rows.append((flow, n, bound))
+            per_lane[name] = dict(zip(lane.datasets, lane_eta(rows, now, c, rsd), strict=True))
+        by_dataset = {
+            ds: combine(etas[ds] for etas in per_lane.values() if ds in etas)
+            for ds in self.datasets
+        }
+        job = combine(
+            etas[lane.datasets[-1]] if lane.datasets else None
+            for lane_name, etas in per_lane.items()
+            for lane in [self.lanes[lane_name]]
+            if lane.datasets
+        )
+        return by_dataset, job
 
 
 def backoff_s(attempt: int, retry_after_s: float | None, rng: random.Random) -> float:
@@ -198,7 +271,14 @@ class Scheduler:
                 lane.limits[ep.name] = AdaptiveLimit(
                     lane.concurrency, run.initial_limit, adaptive=run.adaptive
                 )
-            self.stats.lanes[lane.name] = LaneStats(lane.concurrency, list(lane.limits.values()))
+            self.stats.lanes[lane.name] = LaneStats(
+                lane.concurrency, list(lane.limits.values()), datasets=list(lane.datasets)
+            )
+        for (lane_name, ds), n in store.pending_by_lane().items():
+            if lane_name in self.stats.lanes:
+                self.stats.lanes[lane_name].flow(ds).remaining += n
+        if budget is not None:
+            self.stats.budget_left = budget.left
 
     @property
     def stopping(self) -> bool:
@@ -399,6 +479,11 @@ class Scheduler:
             # "In flight" counts requests on the wire, not workers waiting for a slot.
             ds.in_flight += 1
             lane_stats.in_flight += 1
+            lane_stats.wire.change(t0, +1)
+            flow = lane_stats.flow(item.dataset)
+            wire_token = id(attempts)
+            flow.on_wire[wire_token] = t0
+            ok = False
             try:
                 try:
                     result = await ep.sender.chat(
@@ -409,6 +494,7 @@ class Scheduler:
                     )
                     result = replace(result, usage=fill_cost(result.usage, ep.prices))
                     billed = result.usage
+                    ok = True
                 except EndpointError as exc:
                     # The provider may have billed it: look the bill up when the generation
                     # is known; else its worst case stays counted against the caps.
@@ -418,6 +504,14 @@ class Scheduler:
                 finally:
                     ds.in_flight -= 1
                     lane_stats.in_flight -= 1
+                    t1 = time.monotonic()
+                    lane_stats.wire.change(t1, -1)
+                    del flow.on_wire[wire_token]
+                    if ok:
+                        flow.add_latency(t1 - t0)
+                        lane_stats.observe_latency(t1 - t0)
+                    else:
+                        flow.failed_wire_s += t1 - t0
                     if begun is not None:
                         self._look_up_bill(ep, item, begun, lease)
                     elif lease is not None and self._budget is not None:
@@ -588,6 +682,19 @@ class Scheduler:
         r = outcome.result
         if r is not None:
             ds.charge(r.usage)
+        if not outcome.abandoned:
+            flow = self.stats.lanes[lane.name].flow(outcome.dataset)
+            flow.remaining = max(0, flow.remaining - 1)
+            if outcome.escalate_to is not None:
+                self.stats.lanes[outcome.escalate_to].flow(outcome.dataset).remaining += 1
+            if r is not None:
+                flow.finished += 1
+                flow.cost_usd += r.usage.cost_usd or 0.0
+                flow.tokens += (
+                    self._budget.counted_tokens(r.usage)
+                    if self._budget is not None
+                    else r.usage.completion_tokens
+                )
         if outcome.escalate_to is not None:
             self.stats.lanes[lane.name].escalated += 1
         elif r is not None:

@@ -587,6 +587,14 @@ class Store:
         ).fetchall()
         return [_pending(r) for r in rows]
 
+    def pending_by_lane(self) -> dict[tuple[str | None, str], int]:
+        """Pending items per (lane, dataset), as assign_lanes left them."""
+        rows = self._db.execute(
+            "SELECT lane, dataset, COUNT(*) FROM items WHERE status = 'pending' "
+            "GROUP BY lane, dataset"
+        ).fetchall()
+        return {(lane, ds): n for lane, ds, n in rows}
+
     def blocked_items(self) -> dict[str, int]:
         """Pending turns of sequential conversations whose earlier turn failed, per dataset."""
         rows = self._db.execute(
@@ -775,6 +783,14 @@ class Store:
             """
         ).fetchall()
         return {r[0]: DatasetSample(*r) for r in rows}
+
+    def result_facts(self) -> Iterator[tuple[str, float, int, float, str | None, str | None]]:
+        """(dataset, finished at, completion tokens, latency, provider, finish reason) of
+        every answer, for the report."""
+        yield from self._db.execute(
+            "SELECT dataset, created_at, completion_tokens, latency_s, provider, finish_reason "
+            "FROM results"
+        )
 
     def failure_counts(self) -> dict[tuple[str, str], int]:
         """Failed attempts by (dataset, class), from the attempt log."""

@@ -1,0 +1,371 @@
+"""An honest ETA: remaining work from the observed latencies, over the concurrency achieved.
+
+Items go out in a seeded random order, so the answers seen so far are a fair sample of a
+dataset, but not a fair sample of *latencies*: early on, the long answers are still in flight
+and the finished ones are the short ones. The latency distribution is therefore estimated with
+Kaplan-Meier, counting the requests on the wire as censored at their age so far, which removes
+that bias. Then, per lane (lanes run side by side, and within a lane datasets go in order):
+
+    time left = sum over its datasets of (items left x mean time on the wire per item)
+                / mean requests on the wire + the mean residual time of the last ones
+
+"Items left" is the smaller of the items pending and what the dataset's token budget or dollar
+cap still allows at the observed tokens and cost per item. The interval (p10-p90) combines the
+uncertainty of each mean (its standard error, shrinking as answers come), the spread of the
+remaining items' own times, and how much the achieved concurrency varied lately.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from array import array
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+Z90 = 1.2816
+"""The standard normal's 90th percentile: p10 and p90 are the mean -/+ Z90 sd."""
+DRAIN_RSD = 0.35
+SD_SCALE = 1.3
+"""The sum of the modelled spreads falls short of the errors seen on simulated runs
+(bench/eta_model.py): slots are not perfectly packed, nor answers independent of when they
+started. Scaled so that p10-p90 holds the actual time about four times in five."""
+RESERVOIR = 4096
+"""Latencies kept per flow: enough for the distribution, bounded for memory and time."""
+MIN_SAMPLE = 5
+"""Fewer finished answers than this in a lane and dataset: use the lane's pooled answers."""
+
+
+@dataclass
+class Flow:
+    """One dataset in one lane, during this run: what is left, and how long answers took."""
+
+    remaining: int = 0
+    """Items of this dataset in this lane not yet finished (done or failed)."""
+    latencies: array[float] = field(default_factory=lambda: array("d"))
+    """Time on the wire of successful attempts: all of them up to RESERVOIR, then a uniform
+    sample of that size (items go out in random order, so it stays representative)."""
+    answers: int = 0
+    """Successful attempts seen (the reservoir's population)."""
+    failed_wire_s: float = 0.0
+    """Time on the wire of failed attempts: work that produced nothing, but took a slot."""
+    on_wire: dict[int, float] = field(default_factory=dict)
+    """Start times (monotonic) of the attempts on the wire now."""
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+
+    def add_latency(self, seconds: float) -> None:
+        self.answers += 1
+        if len(self.latencies) < RESERVOIR:
+            self.latencies.append(seconds)
+        else:
+            k = self.rng.randrange(self.answers)
+            if k < RESERVOIR:
+                self.latencies[k] = seconds
+
+    tokens: int = 0
+    """Tokens that count against the dataset's budget, over the answers finished this run."""
+    cost_usd: float = 0.0
+    finished: int = 0
+
+
+@dataclass(frozen=True)
+class LatencyModel:
+    """A time-on-the-wire distribution (Kaplan-Meier): its mean, the sd of one draw, how many
+    answers it rests on, and its survival curve (times, S(t) just after each)."""
+
+    mean: float
+    sd: float
+    n: int
+    times: tuple[float, ...]
+    survival: tuple[float, ...]
+    extrapolated: float = 0.0
+    """The share of the distribution beyond the longest time seen, which the log-normal tail
+    stands in for: the larger, the less the mean and especially the drain are known."""
+
+    def drain(self, k: int) -> tuple[float, float]:
+        """Mean and sd of the time until the last of `k` requests caught in flight ends: the
+        maximum of k residual lifetimes, whose survival is the area under S beyond t over
+        the mean. This is the tail of a lane, where its slowest answers decide the end."""
+        if k <= 0 or self.mean <= 0:
+            return 0.0, 0.0
+        # Area under S from each grid time to the end (S is a step function).
+        tail = [0.0] * (len(self.times) + 1)
+        for i in range(len(self.times) - 1, 0, -1):
+            tail[i] = tail[i + 1] + self.survival[i - 1] * (self.times[i] - self.times[i - 1])
+        tail[0] = tail[1] + self.times[0]  # S = 1 before the first time
+        grid = (0.0, *self.times)
+        first = second = 0.0
+        prev_t, prev_g = 0.0, 1.0 - (1.0 - min(1.0, tail[0] / self.mean)) ** k
+        for t, area in zip(grid[1:], tail[1:], strict=True):
+            g = 1.0 - (1.0 - min(1.0, area / self.mean)) ** k  # P(max > t)
+            first += (prev_g + g) / 2 * (t - prev_t)
+            second += (prev_g * prev_t + g * t) * (t - prev_t)  # E[M^2] = int 2t P(M>t)
+            prev_t, prev_g = t, g
+        sd = math.sqrt(max(0.0, second - first * first))
+        # The slowest of k rests on the few longest answers: its spread is large whatever
+        # the sample (a third of it, measured on mixtures of log-normal lengths), and larger
+        # where the tail is extrapolated.
+        sd = max(sd, DRAIN_RSD * first)
+        return first, math.hypot(sd, first * min(1.0, 3.0 * self.extrapolated))
+
+
+def _phi(x: float) -> float:
+    """The standard normal's CDF."""
+    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+
+
+def _probit(p: float) -> float:
+    """The standard normal's quantile (bisection on erf: exact enough, and no SciPy)."""
+    lo, hi = -8.0, 8.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _phi(mid) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def _lognormal_tail(times: list[float], curve: list[float]) -> tuple[float, float] | None:
+    """(mu, sigma) of a log-normal fitted to the upper half of a survival curve, by regressing
+    log t on the normal quantile of 1 - S(t) (a probability plot)."""
+    pts = [
+        (math.log(t), _probit(1.0 - s))
+        for t, s in zip(times, curve, strict=True)
+        if t > 0 and 0.0 < s <= 0.5
+    ]
+    if len(pts) < 3:
+        pts = [
+            (math.log(t), _probit(1.0 - s))
+            for t, s in zip(times, curve, strict=True)
+            if t > 0 and 0.0 < s < 1.0
+        ]
+    if len(pts) < 3:
+        return None
+    mx = sum(z for _, z in pts) / len(pts)
+    my = sum(y for y, _ in pts) / len(pts)
+    sxx = sum((z - mx) ** 2 for _, z in pts)
+    if sxx <= 0:
+        return None
+    sigma = sum((z - mx) * (y - my) for y, z in pts) / sxx
+    if sigma <= 0:
+        return None
+    return my - sigma * mx, sigma
+
+
+def kaplan_meier(
+    done: Sequence[float], censored: Iterable[float], censored_weight: float = 1.0
+) -> LatencyModel | None:
+    """The distribution of times from finished answers and requests still running (censored
+    at their age). Where the requests still running leave the tail unknown (early in a run, the
+    long answers have not ended yet), the curve is extended by a constant-hazard tail measured
+    on the slowest answers, rather than cut at the longest time seen (which would make every
+    early ETA short). When `done` is a sample of the answers, `censored_weight` is its rate,
+    so that the requests in flight (all of them) keep their true share."""
+    if not done:
+        return None
+    events = sorted([(t, 1.0) for t in done] + [(t, 0.0) for t in censored])
+    at_risk = float(len(done)) + censored_weight * (len(events) - len(done))
+    survival = 1.0
+    times: list[float] = []
+    curve: list[float] = []
+    for t, died in events:
+        if died:
+            survival *= 1.0 - 1.0 / at_risk
+            times.append(t)
+            curve.append(survival)
+            at_risk -= 1.0
+        else:
+            at_risk -= censored_weight
+    # What was seen says nothing below a resolution of one answer in n: never claim less
+    # mass than that beyond the longest time seen (the slowest of many in flight lives there).
+    survival = max(survival, 1.0 / len(done))
+    curve[-1] = survival
+    extrapolated = survival
+    t_end = max(times[-1], events[-1][0])
+    if t_end > times[-1]:
+        # Requests still running are known to last at least as long as they have so far.
+        times.append(t_end)
+        curve.append(survival)
+    # Complete the tail with a constant hazard, measured on the highest part of the curve
+    # that has enough answers (on a mixture, its long component decides how the tail goes on;
+    # a log-normal fitted to the whole overshoots there).
+    deaths, exposure = 0, 0.0
+    for level in (0.05, 0.1, 0.25, 0.5, 1.0):
+        t_h = next((t for t, s_after in zip(times, curve, strict=True) if s_after <= level), None)
+        if t_h is None:
+            continue
+        deaths = sum(1 for t, died in events if died and t > t_h)
+        exposure = sum(
+            (t - t_h) * (1.0 if died else censored_weight) for t, died in events if t > t_h
+        )
+        if deaths >= 20:
+            break
+    rate = deaths / exposure if deaths and exposure > 0 else 1.0 / max(1e-9, sum(done) / len(done))
+    t = t_end
+    while survival * math.exp(-rate * (t - t_end)) > 1e-4:
+        t += max(0.05 * t_end, 0.1 / rate)
+        times.append(t)
+        curve.append(survival * math.exp(-rate * (t - t_end)))
+    curve[-1] = 0.0
+    mean = second = 0.0
+    prev_t, prev_s = 0.0, 1.0
+    for t, s_after in zip(times, curve, strict=True):
+        # S is prev_s on [prev_t, t): its area gives E[L], and 2t S(t) gives E[L^2].
+        mean += prev_s * (t - prev_t)
+        second += prev_s * (t * t - prev_t * prev_t)
+        prev_t, prev_s = t, s_after
+    var = max(0.0, second - mean * mean)
+    return LatencyModel(mean, math.sqrt(var), len(done), tuple(times), tuple(curve), extrapolated)
+
+
+@dataclass(frozen=True)
+class Eta:
+    """Seconds left: the estimate and its p10-p90 interval; `bound` says what ends the work
+    (`count`: the items run out; `budget`: a token budget or dollar cap stops it first)."""
+
+    seconds: float
+    p10: float
+    p90: float
+    bound: str = "count"
+
+
+@dataclass
+class Concurrency:
+    """Requests on the wire, integrated over time: the mean over a recent window."""
+
+    busy_s: float = 0.0
+    last: float = 0.0
+    in_flight: int = 0
+    samples: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=64))
+
+    def change(self, now: float, delta: int) -> None:
+        if self.last:
+            self.busy_s += self.in_flight * (now - self.last)
+        self.last = now
+        self.in_flight += delta
+
+    def mean(self, now: float, window_s: float = 30.0) -> tuple[float, float]:
+        """Mean requests on the wire over about the last `window_s`, and the relative
+        standard error of that mean from its one-second steps (how steady the rate was)."""
+        self.change(now, 0)
+        if not self.samples or now - self.samples[-1][0] >= 1.0:
+            self.samples.append((now, self.busy_s))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= window_s:
+            self.samples.popleft()
+        t0, b0 = self.samples[0]
+        if now - t0 < 1.0:
+            return float(self.in_flight), 0.5
+        level = (self.busy_s - b0) / (now - t0)
+        points = list(self.samples)
+        steps = [
+            (bb - ba) / (tb - ta) for (ta, ba), (tb, bb) in itertools.pairwise(points) if tb > ta
+        ]
+        if level <= 0 or len(steps) < 2:
+            return level, 0.5
+        mean_step = sum(steps) / len(steps)
+        spread = math.sqrt(sum((x - mean_step) ** 2 for x in steps) / (len(steps) - 1))
+        return level, spread / level / math.sqrt(len(steps))
+
+
+def items_left(flow: Flow, tokens_left: float | None, usd_left: float | None) -> tuple[int, str]:
+    """Items this run will still finish: pending ones, or fewer when a budget stops first."""
+    n = flow.remaining
+    bound = "count"
+    if flow.finished:
+        for left, used in ((tokens_left, flow.tokens), (usd_left, flow.cost_usd)):
+            if left is None or used <= 0:
+                continue
+            allowed = max(0, math.ceil(left / (used / flow.finished)))
+            if allowed < n:
+                n, bound = allowed, "budget"
+    return n, bound
+
+
+def lane_eta(
+    flows: Sequence[tuple[Flow, int, str]],
+    now: float,
+    concurrency: float,
+    concurrency_rsd: float,
+) -> list[Eta | None]:
+    """For a lane's datasets in order, given (flow, items left, bound): when each will be
+    finished in this lane (cumulative). None where nothing can be said yet (no answers).
+
+    Items not yet on the wire take `mean` each of the lane's `concurrency`; then the last
+    requests of the dataset drain (the slowest residual among those in flight). Requests on the
+    wire now are half done on average, which the drain of the last ones stands in for.
+    """
+    pooled_done: list[float] = []
+    pooled_censored: list[float] = []
+    answers = 0
+    for flow, _, _ in flows:
+        pooled_done.extend(flow.latencies)
+        pooled_censored.extend(now - t for t in flow.on_wire.values())
+        answers += flow.answers
+    pooled = kaplan_meier(pooled_done, pooled_censored, len(pooled_done) / max(1, answers))
+    out: list[Eta | None] = []
+    work = var = 0.0
+    known = True
+    c = max(concurrency, 1.0)
+    for flow, n, bound in flows:
+        model = None
+        if len(flow.latencies) >= MIN_SAMPLE:
+            model = kaplan_meier(
+                flow.latencies,
+                (now - t for t in flow.on_wire.values()),
+                len(flow.latencies) / max(1, flow.answers),
+            )
+        model = model or pooled
+        if model is None or not known:
+            known = known and n == 0
+            out.append(Eta(0.0, 0.0, 0.0, bound) if known else None)
+            continue
+        # Failed attempts' time on the wire is overhead on every answer.
+        overhead = flow.failed_wire_s / max(1, flow.answers)
+        unstarted = max(0, n - len(flow.on_wire))
+        work += unstarted * (model.mean + overhead)
+        # The mean's standard error, scaled to the items left, their own spread, and how much
+        # of the mean rests on the extrapolated tail.
+        var += (
+            (unstarted * model.sd / math.sqrt(model.n)) ** 2
+            + unstarted * model.sd**2
+            + (unstarted * model.mean * model.extrapolated) ** 2
+        )
+        drain, drain_sd = model.drain(min(n, round(c))) if n else (0.0, 0.0)
+        seconds = work / c + drain
+        sd = SD_SCALE * math.sqrt(var / (c * c) + drain_sd**2 + (work / c * concurrency_rsd) ** 2)
+        out.append(Eta(seconds, max(0.0, seconds - Z90 * sd), seconds + Z90 * sd, bound))
+    return out
+
+
+def combine(etas: Iterable[Eta | None]) -> Eta | None:
+    """The later of several ETAs (lanes run side by side; the work ends with the last)."""
+    found = list(etas)
+    if not found or any(e is None for e in found):
+        return None
+    last = [e for e in found if e is not None]
+    return Eta(
+        max(e.seconds for e in last),
+        max(e.p10 for e in last),
+        max(e.p90 for e in last),
+        "budget" if any(e.bound == "budget" for e in last) else "count",
+    )
+
+
+def format_duration(seconds: float) -> str:
+    """`42s`, `13m`, `2.4h`, `3.1d`: short enough for a table cell."""
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+def eta_text(eta: Eta | None) -> str:
+    if eta is None:
+        return "-"
+    if eta.seconds <= 0:
+        return "0s"
+    text = f"{format_duration(eta.seconds)} ({format_duration(eta.p10)}-{format_duration(eta.p90)})"
+    return text + (" budget" if eta.bound == "budget" else "")
