@@ -17,6 +17,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from regen.eta import format_duration
 from regen.lock import running_holder
 from regen.progress import bad_rows_table, errors_text, format_tokens, per_mtok
 from regen.store import DatasetProgress, FailedAttempt, Store
@@ -110,6 +111,12 @@ def snapshot_view(s: Snapshot) -> Group:
         )
         if "credits_usd" in p:
             head += f", credit ${float(p['credits_usd']):,.2f}"
+        if p.get("eta_s", "-") != "-" and s.running_pid is not None:
+            head += (
+                f", ETA {format_duration(float(p['eta_s']))} "
+                f"({format_duration(float(p['eta_p10_s']))}-"
+                f"{format_duration(float(p['eta_p90_s']))}) as of that line"
+            )
     table = Table(title="datasets", title_justify="left")
     cols = (
         "dataset",
