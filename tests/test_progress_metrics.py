@@ -218,7 +218,10 @@ def test_report_is_written_at_the_end_and_on_demand(tmp_path: Path) -> None:
     checker.close()
     assert checker.stack == []  # every element closed: well formed
     assert checker.h2 == ["a", "b"]
-    assert checker.svgs == 4  # per dataset: throughput and length histogram
+    # Per dataset a length histogram, and a throughput curve when the run lasted a few
+    # seconds (this one did not: it says so instead).
+    assert checker.svgs >= 2
+    assert page.count("throughput (answers per minute)") == 2
     for text in ("providers that served", "failed attempts by class", "p50", "p99", "$/Mtok"):
         assert text in page
     assert "<script" not in page and "http" not in page.split("</style>")[1].split("<p>")[0]

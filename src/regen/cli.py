@@ -71,6 +71,18 @@ def _parser() -> argparse.ArgumentParser:
         help="show it again every SECONDS (5 by default) until Ctrl-C",
     )
 
+    prov = sub.add_parser(
+        "providers",
+        help="list a model's OpenRouter endpoints and which of them a job's filters exclude",
+    )
+    prov.add_argument("model", help="model id, e.g. moonshotai/kimi-k2.5")
+    prov.add_argument("--job", type=Path, help="mark what this job's [endpoint] provider excludes")
+    prov.add_argument("--endpoint", help="which of the job's endpoints (the first by default)")
+    prov.add_argument(
+        "--base-url", help="API base URL (default: the job's endpoint, else OpenRouter's)"
+    )
+    prov.add_argument("--json", action="store_true", help="print endpoints and verdicts as JSON")
+
     rep = sub.add_parser(
         "report", help="write <out>/report.html: throughput, lengths, latency, cost, errors"
     )
@@ -111,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             return _plan(args, console)
         if args.command == "status":
             return _status(args, console)
+        if args.command == "providers":
+            return _providers(args, console)
         if args.command == "report":
             from regen.report import write_report
 
@@ -212,6 +226,88 @@ def _status(args: argparse.Namespace, console: Console) -> int:
         if args.watch is None:
             return EXIT_OK
         time.sleep(args.watch)
+
+
+def _providers(args: argparse.Namespace, console: Console) -> int:
+    import dataclasses
+    import json
+    import os
+
+    from rich.table import Table
+
+    from regen.client import ChatClient
+    from regen.config import EndpointConfig, load_job
+    from regen.errors import ConfigError
+    from regen.providers import EndpointInfo, fetch_endpoints, verdicts, warnings
+
+    endpoint = EndpointConfig()
+    max_tokens = 1
+    if args.job is not None:
+        job = load_job(args.job)
+        pool = {e.name: e for e in job.endpoint_pool}
+        if args.endpoint is not None and args.endpoint not in pool:
+            raise ConfigError(
+                f"{args.job}: no endpoint '{args.endpoint}' (have: {', '.join(pool)})"
+            )
+        endpoint = pool[args.endpoint] if args.endpoint else job.endpoint_pool[0]
+        max_tokens = min(job.lane_max_tokens(lane) for lane in job.lane_list)
+    base_url = (args.base_url or endpoint.base_url).rstrip("/")
+
+    async def fetch() -> list[EndpointInfo]:
+        key = os.environ.get(endpoint.api_key_env)
+        async with ChatClient(base_url, key, concurrency=1, headers=endpoint.headers) as client:
+            return await fetch_endpoints(client, args.model)
+
+    eps = asyncio.run(fetch())
+    if not eps:
+        raise ConfigError(
+            f"{base_url}: no endpoints listed for model '{args.model}' (unknown model, or the "
+            "catalogue cannot be reached)"
+        )
+    verdict = verdicts(eps, endpoint.provider, max_tokens)
+    notes = warnings(eps, endpoint.provider, verdict) if args.job is not None else []
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "model": args.model,
+                    "endpoints": [
+                        {**dataclasses.asdict(e), "excluded_by": verdict[e.tag]} for e in eps
+                    ],
+                    "warnings": notes,
+                }
+            )
+        )
+        return EXIT_OK
+    table = Table(title=f"{args.model}: {len(eps)} endpoints", title_justify="left")
+    cols = ("provider", "tag", "quant", "$/Mtok in", "$/Mtok out", "context", "max out")
+    for col in (*cols, "uptime %", "tok/s p50", "job"):
+        table.add_column(
+            col, justify="left" if col in ("provider", "tag", "quant", "job") else "right"
+        )
+
+    def num(v: float | int | None, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    for e in eps:
+        reason = verdict[e.tag]
+        table.add_row(
+            e.provider_name,
+            e.tag,
+            e.quantization or "-",
+            num(e.prompt_usd_per_mtok, ".3f"),
+            num(e.completion_usd_per_mtok, ".3f"),
+            num(e.context_length, ","),
+            num(e.max_completion_tokens, ","),
+            num(e.uptime, ".1f"),
+            num(e.throughput_p50, ".0f"),
+            ("excluded: " + reason) if reason else ("used" if args.job is not None else ""),
+            style="dim" if reason else None,
+        )
+    console.print(table)
+    for note in notes:
+        console.print(f"warning: {note}", markup=False, soft_wrap=True)
+    return EXIT_OK
 
 
 def _inspect(args: argparse.Namespace, console: Console) -> int:

@@ -201,11 +201,13 @@ def kaplan_meier(
         if deaths >= 20:
             break
     rate = deaths / exposure if deaths and exposure > 0 else 1.0 / max(1e-9, sum(done) / len(done))
-    t = t_end
-    while survival * math.exp(-rate * (t - t_end)) > 1e-4:
-        t += max(0.05 * t_end, 0.1 / rate)
+    t, step = t_end, max(0.05 * t_end, 0.1 / rate, 1e-6)
+    for _ in range(400):  # bounded whatever the floats do; the tail is gone well before
+        t += step
         times.append(t)
         curve.append(survival * math.exp(-rate * (t - t_end)))
+        if curve[-1] <= 1e-4:
+            break
     curve[-1] = 0.0
     mean = second = 0.0
     prev_t, prev_s = 0.0, 1.0

@@ -28,6 +28,7 @@ from regen.billing import (
 )
 from regen.budget import BudgetBook, Prices
 from regen.client import RETRYABLE, STOPS_RUN, ChatClient, Timeouts, chat_body
+from regen.client.account import JsonGetter
 from regen.config import EndpointConfig, Job, fingerprint_changes
 from regen.conversation import (
     Request,
@@ -43,6 +44,7 @@ from regen.progress import (
     dataset_start_line,
     reconciliation_line,
 )
+from regen.providers import excluded_names, fetch_endpoints, verdicts
 from regen.report import write_report
 from regen.scheduler import (
     DatasetStats,
@@ -102,13 +104,52 @@ def _make_body(job: Job, endpoint: EndpointConfig) -> Callable[[Request, int], d
     return make
 
 
+async def check_routes(
+    job: Job, clients: Mapping[str, JsonGetter], console: Console
+) -> dict[str, frozenset[str]]:
+    """For each OpenRouter endpoint: the model's provider endpoints against the job's
+    `provider` filters and max_tokens. Filters that leave nothing stop the run before it
+    sends; the display names only excluded endpoints carry are returned (an answer that
+    names one is `excluded_provider`). A catalogue that cannot be read changes nothing."""
+    out: dict[str, frozenset[str]] = {}
+    for e in job.endpoint_pool:
+        if e.dialect != "openrouter":
+            continue
+        endpoints = await fetch_endpoints(clients[e.name], job.generation.model)
+        if not endpoints:
+            continue
+        lanes = [lane for lane in job.lane_list if not lane.endpoints or e.name in lane.endpoints]
+        max_tokens = min((job.lane_max_tokens(lane) for lane in lanes), default=0)
+        verdict = verdicts(endpoints, e.provider, max_tokens)
+        if all(v is not None for v in verdict.values()):
+            why = "; ".join(f"{tag}: {reason}" for tag, reason in verdict.items())
+            raise ConfigError(
+                f"endpoint '{e.name}': no provider endpoint of {job.generation.model} is left "
+                f"for max_tokens {max_tokens} ({why}); every request would fail with 404. "
+                f"See `regen providers {job.generation.model} --job JOB.toml`"
+            )
+        only_excluded, mixed = excluded_names(endpoints, verdict)
+        if mixed:
+            console.print(
+                f"note: endpoint '{e.name}': {', '.join(sorted(mixed))} also serve(s) from an "
+                "excluded endpoint; answers are checked by provider name, which cannot tell "
+                "those endpoints apart (routing honours the filters)",
+                markup=False,
+                soft_wrap=True,
+            )
+        out[e.name] = frozenset(only_excluded)
+    return out
+
+
 def build_lanes(
     job: Job,
     senders: Mapping[str, Sender],
     prices: Mapping[str, Prices | None] | None = None,
+    excluded: Mapping[str, frozenset[str]] | None = None,
 ) -> list[LaneRuntime]:
     """The job's lanes, each with its endpoints (by name in `senders`) and settings."""
     prices = prices or {}
+    excluded = excluded or {}
     runtimes = {
         e.name: EndpointRuntime(
             e.name,
@@ -117,6 +158,7 @@ def build_lanes(
             e.weight,
             prices=prices.get(e.name),
             generation_records=e.dialect == "openrouter",
+            excluded_providers=excluded.get(e.name, frozenset()),
         )
         for e in job.endpoint_pool
     }
@@ -200,6 +242,7 @@ async def dispatch(
         for r in await reconcile_accounts(store, accounts, baselines, clients):
             book.count_unrecorded(r.difference_usd)
         prices = await resolve_prices(job, clients)
+        excluded = await check_routes(job, clients, console)
         if book.needs_prices:
             unpriced = [name for name, p in prices.items() if p is None]
             if unpriced:
@@ -209,7 +252,7 @@ async def dispatch(
                 )
         scheduler = Scheduler(
             store,
-            build_lanes(job, clients, prices),
+            build_lanes(job, clients, prices, excluded),
             job.run,
             stats,
             budget=book,

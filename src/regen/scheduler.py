@@ -77,6 +77,9 @@ class EndpointRuntime:
     generation_records: bool = False
     """The endpoint answers `GET /generation?id=` (OpenRouter): a stream cut short can be
     looked up there for what it was billed."""
+    excluded_providers: frozenset[str] = frozenset()
+    """Provider display names that only endpoints the job excludes carry: an answer naming one
+    is paid for but not used (`excluded_provider`)."""
 
 
 @dataclass
@@ -561,6 +564,40 @@ class Scheduler:
             finally:
                 if signal != "released":
                     limit.release(signal, epoch=epoch, latency_s=latency)
+            if result.provider is not None and result.provider in ep.excluded_providers:
+                # Served by an endpoint the job excludes: paid for, never used. Another
+                # attempt may be routed elsewhere.
+                message = f"answered by {result.provider}, which the job's provider filters exclude"
+                attempts.append(
+                    Attempt(
+                        number,
+                        started,
+                        result.latency_s,
+                        200,
+                        "excluded_provider",
+                        message,
+                        result.provider,
+                        result.generation_id,
+                    )
+                )
+                self._charges.append(
+                    Charge(
+                        item.id,
+                        item.dataset,
+                        result.usage,
+                        result.generation_id or f"excluded:{item.id}:{number}",
+                        ep.name,
+                        result.provider,
+                    )
+                )
+                ds.charge(result.usage)
+                ds.errors["excluded_provider"] += 1
+                self._count_attempt(failed=True)
+                failures += 1
+                if failures >= self._run.max_attempts or self.stopping:
+                    return ended(failure_class="excluded_provider", failure_message=message)
+                await self._backoff(backoff_s(failures, None, self._rng))
+                continue
             ep.health.record(True)
             self._count_attempt(failed=False)
             attempts.append(

@@ -59,6 +59,7 @@ FAULT_KINDS = (
     "padding",
     "keepalive",
     "cold_start",
+    "misroute",
 )
 
 
@@ -82,6 +83,9 @@ class SimFaults(_Model):
     """Empty content and zero completion tokens (not billed)."""
     padding: float = Field(default=0.1, ge=0, le=1)
     """Leading whitespace lines before a non-streaming body, as OpenRouter sends."""
+    misroute: float = Field(default=0.0, ge=0, le=1)
+    """The answer comes from an endpoint the request's provider filters removed (a routing
+    leak: not documented behaviour, for testing that a client checks who answered)."""
     keepalive: float = Field(default=0.5, ge=0, le=1)
     """`: OPENROUTER PROCESSING` comment lines in a stream."""
     usage_chunk: Literal["empty_choices", "empty_choice", "random"] = "random"

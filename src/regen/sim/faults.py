@@ -47,4 +47,6 @@ def draw_faults(cfg: SimFaults, rng: random.Random) -> set[str]:
         out.add("padding")
     if rng.random() < cfg.keepalive:
         out.add("keepalive")
+    if cfg.misroute and rng.random() < cfg.misroute:  # drawn only when set: seeds stay put
+        out.add("misroute")
     return out

@@ -242,6 +242,9 @@ class Simulator:
             ),
             None,
         )
+        if "misroute" in faults:
+            leaked = [e for e in model.endpoints if e not in candidates.endpoints]
+            endpoint = leaked[0] if leaked else endpoint
         if endpoint is None or "429" in faults:
             busy = endpoint or first
             return error_response(
