@@ -73,6 +73,10 @@ class EndpointConfig(_Model):
     completion_usd_per_mtok: float | None = Field(default=None, ge=0)
     """Prices, for answers without `usage.cost` and for dollar caps. OpenRouter's are read from
     its model endpoint list when not given (the highest of the model's endpoints)."""
+    token_ids: bool = False
+    """Ask a self-hosted server for the exact token ids of prompt and answer (vLLM
+    `return_token_ids`; SGLang `return_token_ids` and `return_prompt_token_ids`, which it
+    refuses on streams). They are stored with the answer and marked exact."""
 
     @field_validator("base_url")
     @classmethod
@@ -80,6 +84,14 @@ class EndpointConfig(_Model):
         if not v.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
         return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _token_ids_from_servers_that_give_them(self) -> EndpointConfig:
+        if self.token_ids and self.dialect not in ("vllm", "sglang"):
+            raise ValueError(
+                f"token_ids: only vllm and sglang servers return token ids, not {self.dialect}"
+            )
+        return self
 
 
 class GenerationConfig(_Model):
@@ -301,6 +313,15 @@ class Job(_Model):
                 if self.lane_max_tokens(target) <= self.lane_max_tokens(lane):
                     raise ValueError(
                         f"lanes[{i}].escalate_to '{target.name}' must have a larger max_tokens"
+                    )
+        pool = {e.name: e for e in self.endpoint_pool}
+        for i, lane in enumerate(self.lane_list):
+            for name in lane.endpoints or list(pool):
+                server = pool[name]
+                if lane.stream and server.token_ids and server.dialect == "sglang":
+                    raise ValueError(
+                        f"lanes[{i}] streams, and SGLang refuses token ids on streams: set "
+                        f"stream = false or drop token_ids on endpoint '{name}'"
                     )
         return self
 

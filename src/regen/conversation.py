@@ -151,6 +151,9 @@ class Result:
     attempts: int = 1
     endpoint: str | None = None
     """The name of the job's endpoint that answered (set by the scheduler)."""
+    prompt_token_ids: tuple[int, ...] | None = None
+    completion_token_ids: tuple[int, ...] | None = None
+    """The exact ids, from servers asked for them (vLLM, SGLang `return_token_ids`)."""
 
 
 def estimate_prompt_tokens(conversation: dict[str, Any], turn_index: int) -> int:

@@ -6,10 +6,12 @@ charge) happen in one transaction, so a crash at any moment leaves either all of
 
 from __future__ import annotations
 
+import array
 import contextlib
 import json
 import re
 import sqlite3
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -180,12 +182,45 @@ def m004_sources(db: sqlite3.Connection) -> None:
     )
 
 
+def m005_token_ids(db: sqlite3.Connection) -> None:
+    """Exact token ids of prompt and answer, from servers that return them (vLLM, SGLang):
+    little-endian uint32 arrays (pack_ids), NULL where the server gave none."""
+    _script(
+        db,
+        """
+        ALTER TABLE results ADD COLUMN prompt_token_ids BLOB;
+        ALTER TABLE results ADD COLUMN completion_token_ids BLOB
+        """,
+    )
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m001_initial,
     m002_lanes,
     m003_ledger_sources,
     m004_sources,
+    m005_token_ids,
 ]
+
+
+def pack_ids(ids: tuple[int, ...] | None) -> bytes | None:
+    """Token ids as little-endian uint32 bytes (4 bytes an id, a tenth of their JSON)."""
+    if ids is None:
+        return None
+    arr = array.array("I", ids)
+    if sys.byteorder == "big":
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def unpack_ids(blob: bytes | None) -> list[int] | None:
+    if blob is None:
+        return None
+    arr = array.array("I")
+    arr.frombytes(blob)
+    if sys.byteorder == "big":
+        arr.byteswap()
+    return arr.tolist()
 
 
 @dataclass(frozen=True, slots=True)
@@ -689,6 +724,8 @@ class Store:
                         r.generation_id,
                         r.latency_s,
                         now,
+                        pack_ids(r.prompt_token_ids),
+                        pack_ids(r.completion_token_ids),
                     )
                 )
                 done.append((len(o.attempts), now, o.item_id))
@@ -718,7 +755,13 @@ class Store:
                 "failure_class, message, provider, generation_id) VALUES (?,?,?,?,?,?,?,?,?)",
                 attempts,
             )
-            db.executemany("INSERT INTO results VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", results)
+            db.executemany(
+                "INSERT INTO results (item_id, dataset, content, reasoning, tool_calls, "
+                "finish_reason, prompt_tokens, completion_tokens, reasoning_tokens, cost_usd, "
+                "provider, model, generation_id, latency_s, created_at, prompt_token_ids, "
+                "completion_token_ids) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                results,
+            )
             db.executemany(
                 "INSERT INTO ledger (item_id, dataset, kind, prompt_tokens, completion_tokens, "
                 "cost_usd, created_at, endpoint, provider, generation_id) "

@@ -56,6 +56,9 @@ def result_from_body(item_id: str, body: Any, *, status: int, latency_s: float) 
         model=_str_or_none(body.get("model")),
         generation_id=_str_or_none(body.get("id")),
         latency_s=latency_s,
+        # vLLM puts the prompt's ids on the response, SGLang on the choice.
+        prompt_token_ids=_ids(body.get("prompt_token_ids", choice.get("prompt_token_ids"))),
+        completion_token_ids=_ids(choice.get("token_ids")),
     )
 
 
@@ -99,6 +102,15 @@ def _usage(u: Any) -> Usage:
         reasoning_tokens=_int(reasoning),
         cost_usd=float(cost) if isinstance(cost, int | float) else None,
     )
+
+
+def _ids(v: Any) -> tuple[int, ...] | None:
+    """A list of token ids, or None when absent or not one (the answer stays usable)."""
+    if not isinstance(v, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in v
+    ):
+        return None
+    return tuple(v)
 
 
 def _int(v: Any) -> int:

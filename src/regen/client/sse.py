@@ -23,6 +23,7 @@ class StreamAssembler:
     __slots__ = (
         "_buf",
         "_content",
+        "_token_ids",
         "_reasoning",
         "_calls",
         "finish_reason",
@@ -35,6 +36,7 @@ class StreamAssembler:
     def __init__(self) -> None:
         self._buf = b""
         self._content: list[str] = []
+        self._token_ids: list[Any] = []
         self._reasoning: list[str] = []
         self._calls: dict[int, dict[str, Any]] = {}
         self.finish_reason: str | None = None
@@ -68,6 +70,9 @@ class StreamAssembler:
         self.chunks += 1
         if not self.meta:
             self.meta = {k: chunk.get(k) for k in ("id", "provider", "model")}
+        if isinstance(chunk.get("prompt_token_ids"), list):
+            # vLLM sends the prompt's ids in the first chunk only.
+            self.meta["prompt_token_ids"] = chunk["prompt_token_ids"]
         if chunk.get("error") is not None:
             raise error_from_body(chunk["error"], status=200)
         if chunk.get("usage") is not None:
@@ -81,6 +86,9 @@ class StreamAssembler:
         delta = choice.get("delta")
         if isinstance(delta, dict):
             self._delta(delta)
+        ids = choice.get("token_ids")
+        if isinstance(ids, list):
+            self._token_ids.extend(ids)
         finish = choice.get("finish_reason")
         if finish is not None and self.finish_reason is None:
             if finish == "error":
@@ -131,8 +139,11 @@ class StreamAssembler:
                 }
                 for _, c in sorted(self._calls.items())
             ]
-        return {
-            **self.meta,
-            "choices": [{"index": 0, "finish_reason": self.finish_reason, "message": message}],
-            "usage": self.usage,
+        choice: dict[str, Any] = {
+            "index": 0,
+            "finish_reason": self.finish_reason,
+            "message": message,
         }
+        if self._token_ids:
+            choice["token_ids"] = self._token_ids
+        return {**self.meta, "choices": [choice], "usage": self.usage}
