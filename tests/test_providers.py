@@ -60,6 +60,7 @@ def test_quantization_allow_list_price_and_max_tokens() -> None:
 
 
 def seed_job(tmp: Path, base_url: str, provider: str, rows: int = 30) -> Path:
+    tmp.mkdir(parents=True, exist_ok=True)
     write_rows(tmp / "chat.jsonl", chat_rows(rows))
     job = write_job(tmp, base_url, datasets=[("chat", "chat.jsonl", "openai")])
     text = job.read_text().replace(
@@ -153,3 +154,19 @@ def test_an_answer_from_an_excluded_endpoint_is_paid_for_but_never_exported(tmp_
     # Every answer was paid for, the excluded ones too: the ledger holds the whole bill.
     (ledger,) = query(out, "SELECT SUM(cost_usd) FROM ledger")[0]
     assert abs(ledger - billed) < 1e-9
+
+
+def test_on_the_simulator_an_ignored_tag_and_an_allow_list_route_as_documented(
+    tmp_path: Path,
+) -> None:
+    with sim_in_thread(SimConfig(seed=3, time_scale=0.0)) as sim:
+        job = seed_job(tmp_path / "a", sim.base_url, '{ ignore = ["deepinfra/nvfp4"] }', 80)
+        assert run_cli("run", str(job)).returncode == 0
+        tags = {e.endpoint_tag for e in sim.simulator.chat_log() if e.status == 200}
+    # DeepInfra still serves, from its fp8 endpoint; its nvfp4 endpoint never.
+    assert "deepinfra/fp8" in tags and "deepinfra/nvfp4" not in tags
+    with sim_in_thread(SimConfig(seed=3, time_scale=0.0)) as sim:
+        job = seed_job(tmp_path / "b", sim.base_url, '{ quantizations = ["fp8", "int4"] }', 80)
+        assert run_cli("run", str(job)).returncode == 0
+        tags = {e.endpoint_tag for e in sim.simulator.chat_log() if e.status == 200}
+    assert tags == {"deepinfra/fp8", "moonshotai"}

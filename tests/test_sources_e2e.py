@@ -180,6 +180,16 @@ def test_system_policies_and_prompt_limit(tmp_path: Path) -> None:
     assert bad.reason.startswith("prompt over max_prompt_tokens (") and "limit 1000" in bad.reason
 
 
+def answers_by_turn(out: Path) -> dict[tuple[int, int], str]:
+    """Each stored answer by (source row, turn index)."""
+    rows = query(
+        out,
+        "SELECT c.row_index, i.turn_index, r.content FROM results r "
+        "JOIN items i ON i.id = r.item_id JOIN conversations c ON c.id = i.conversation_id",
+    )
+    return {(row, turn): content for row, turn, content in rows}
+
+
 def test_sequential_turns_follow_their_regenerated_history_under_faults(tmp_path: Path) -> None:
     rows = [
         {
@@ -210,14 +220,7 @@ def test_sequential_turns_follow_their_regenerated_history_under_faults(tmp_path
     assert res.returncode == 3, res.stderr  # some items failed
     out = tmp_path / "out"
     status = dict(query(out, "SELECT i.id, i.status FROM items i"))
-    results = {
-        (row, turn): content
-        for row, turn, content in query(
-            out,
-            "SELECT c.row_index, i.turn_index, r.content FROM results r "
-            "JOIN items i ON i.id = r.item_id JOIN conversations c ON c.id = i.conversation_id",
-        )
-    }
+    results = answers_by_turn(out)
     # Some first or second turns failed twice: the turns after them were never sent.
     assert sum(s == "failed" for s in status.values()) > 0
     assert sum(s == "pending" for s in status.values()) > 0
@@ -248,14 +251,7 @@ def test_sequential_turns_follow_their_regenerated_history_under_faults(tmp_path
         log = sim.simulator.chat_log()
     assert res.returncode == 0, res.stdout + res.stderr
     assert query(out, "SELECT COUNT(*) FROM items WHERE status != 'done'") == [(0,)]
-    final = {
-        (row, turn): content
-        for row, turn, content in query(
-            out,
-            "SELECT c.row_index, i.turn_index, r.content FROM results r "
-            "JOIN items i ON i.id = r.item_id JOIN conversations c ON c.id = i.conversation_id",
-        )
-    }
+    final = answers_by_turn(out)
     assert all(final[k] == v for k, v in results.items())  # nothing answered twice
     assert len(log) == 120 - len(results)
     for e in log:

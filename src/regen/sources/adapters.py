@@ -42,19 +42,23 @@ def _text(value: Any, where: str) -> str:
     raise RowError(f"{where} is {type(value).__name__}, expected a string")
 
 
+def _as_list(value: Any, where: str) -> list[Any]:
+    """A list field; many hub datasets keep one as a JSON string, which is parsed."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise RowError(f"'{where}' is a string but not valid JSON: {exc}") from exc
+    if not isinstance(value, list):
+        raise RowError(f"'{where}' is {type(value).__name__}, expected a list")
+    return value
+
+
 def _list(row: Mapping[str, Any], *keys: str) -> tuple[str, list[Any]]:
-    """The first of `keys` the row has, as a list (a JSON string holding a list is parsed)."""
+    """The first of `keys` the row has, as a list."""
     for key in keys:
         if key in row and row[key] is not None:
-            value = row[key]
-            if isinstance(value, str):
-                try:
-                    value = json.loads(value)
-                except json.JSONDecodeError as exc:
-                    raise RowError(f"'{key}' is a string but not valid JSON: {exc}") from exc
-            if not isinstance(value, list):
-                raise RowError(f"'{key}' is {type(value).__name__}, expected a list")
-            return key, value
+            return key, _as_list(row[key], key)
     raise RowError(f"missing {' or '.join(repr(k) for k in keys)} list")
 
 
@@ -469,14 +473,10 @@ def custom_adapter(mapping: Mapping[str, Any]) -> Adapter:
                 out.append(Message("system", system))
         if mapping.get("messages"):
             path = mapping["messages"]
-            msgs = get_path(row, path)
-            if isinstance(msgs, str):
-                try:
-                    msgs = json.loads(msgs)
-                except json.JSONDecodeError as exc:
-                    raise RowError(f"'{path}' is a string but not valid JSON: {exc}") from exc
-            if not isinstance(msgs, list):
+            found = get_path(row, path)
+            if found is None:
                 raise RowError(f"missing '{path}' list")
+            msgs = _as_list(found, path)
             turns = []
             for i, m in enumerate(msgs):
                 if not isinstance(m, dict):
