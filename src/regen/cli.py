@@ -71,6 +71,55 @@ def _parser() -> argparse.ArgumentParser:
         help="show it again every SECONDS (5 by default) until Ctrl-C",
     )
 
+    exp = sub.add_parser(
+        "export", help="write a job's answers in a trainer's format, filtered, mixed and split"
+    )
+    exp.add_argument("out", type=Path, help="the job's output directory")
+    exp.add_argument(
+        "--format", default="specforge", choices=("specforge", "openai", "sharegpt", "tokenized")
+    )
+    exp.add_argument("--to", type=Path, help="folder to write (default OUT/export/FORMAT)")
+    exp.add_argument("--keep-truncated", action="store_true", help="keep answers cut at max_tokens")
+    exp.add_argument("--keep-empty", action="store_true", help="keep empty answers")
+    exp.add_argument("--min-tokens", type=int, metavar="N", help="drop answers shorter than this")
+    exp.add_argument("--max-tokens", type=int, metavar="N", help="drop answers longer than this")
+    exp.add_argument(
+        "--exclude-provider",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="drop answers this provider (display name) served; repeatable",
+    )
+    exp.add_argument(
+        "--weight",
+        action="append",
+        default=[],
+        metavar="DATASET=W",
+        help="write each sample of DATASET W times on average (0.5 halves, 2 doubles)",
+    )
+    exp.add_argument(
+        "--cap",
+        action="append",
+        default=[],
+        metavar="DATASET=N",
+        help="at most N samples of DATASET",
+    )
+    exp.add_argument(
+        "--validation",
+        type=float,
+        default=0.0,
+        metavar="FRACTION",
+        help="share of conversations in a validation split (seeded)",
+    )
+    exp.add_argument("--seed", type=int, default=0, help="seed of the split and the weights")
+    exp.add_argument("--dedup", action="store_true", help="drop repeated samples")
+    exp.add_argument(
+        "--since-last",
+        action="store_true",
+        help="only answers stored since the previous export to the same folder, as a new part",
+    )
+    exp.add_argument("--shard-rows", type=int, default=100_000, help="tokenized: rows per file")
+
     prov = sub.add_parser(
         "providers",
         help="list a model's OpenRouter endpoints and which of them a job's filters exclude",
@@ -123,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
             return _plan(args, console)
         if args.command == "status":
             return _status(args, console)
+        if args.command == "export":
+            return _export(args, console)
         if args.command == "providers":
             return _providers(args, console)
         if args.command == "report":
@@ -226,6 +277,80 @@ def _status(args: argparse.Namespace, console: Console) -> int:
         if args.watch is None:
             return EXIT_OK
         time.sleep(args.watch)
+
+
+def _pairs(values: list[str], flag: str, kind: type) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for v in values:
+        name, sep, num = v.partition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            out[name] = kind(num)
+        except ValueError:
+            print(
+                f"error: {flag} takes DATASET={kind.__name__.upper()}, not {v!r}", file=sys.stderr
+            )
+            raise SystemExit(EXIT_USAGE) from None
+    return out
+
+
+def _export(args: argparse.Namespace, console: Console) -> int:
+    from rich.table import Table
+
+    from regen.export import ExportOptions, export_job
+    from regen.store import Store
+
+    if not 0 <= args.validation < 1:
+        print("error: --validation takes a fraction from 0 to below 1", file=sys.stderr)
+        return EXIT_USAGE
+    weights = _pairs(args.weight, "--weight", float)
+    caps = _pairs(args.cap, "--cap", int)
+    store = Store.open_readonly(args.out)
+    try:
+        names = [p.name for p in store.dataset_progress()]
+        unknown = sorted((set(weights) | set(caps)) - set(names))
+        if unknown:
+            print(
+                f"error: no dataset {', '.join(unknown)} in {args.out} (have: {', '.join(names)})",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        opts = ExportOptions(
+            format=args.format,
+            keep_truncated=args.keep_truncated,
+            keep_empty=args.keep_empty,
+            min_completion_tokens=args.min_tokens,
+            max_completion_tokens=args.max_tokens,
+            exclude_providers=tuple(args.exclude_provider),
+            weights={k: float(str(v)) for k, v in weights.items()},
+            caps={k: int(str(v)) for k, v in caps.items()},
+            validation_fraction=args.validation,
+            seed=args.seed,
+            dedup=args.dedup,
+            since_last=args.since_last,
+            shard_rows=max(1, args.shard_rows),
+        )
+        to = args.to or args.out / "export" / args.format
+        manifest = export_job(store, names, to, opts)
+    finally:
+        store.close()
+    table = Table(title=f"export {args.format} -> {to}", title_justify="left")
+    for col in ("dataset", "train", "validation", "completion tok", "cost $", "dropped"):
+        table.add_column(col, justify="left" if col in ("dataset", "dropped") else "right")
+    for name, d in manifest["datasets"].items():
+        dropped = ", ".join(f"{k} {v}" for k, v in d["dropped"].items()) or "-"
+        table.add_row(
+            name,
+            str(d["samples"]["train"]),
+            str(d["samples"]["validation"]),
+            str(d["completion_tokens"]),
+            f"{d['cost_usd']:.4f}",
+            dropped,
+        )
+    console.print(table)
+    console.print(f"manifest: {to / 'manifest.json'}", markup=False)
+    return EXIT_OK
 
 
 def _providers(args: argparse.Namespace, console: Console) -> int:

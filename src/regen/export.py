@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-from collections.abc import Iterable
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from regen.errors import StateError
-from regen.store import ExportRow, Store
+from regen.store import ExportRow, Store, unpack_ids
 
 
 def _specforge_message(m: dict[str, Any]) -> dict[str, Any]:
@@ -76,3 +81,391 @@ def export_specforge(store: Store, datasets: list[str], export_dir: Path) -> dic
         )
         for name in datasets
     }
+
+
+# --- `regen export`: formats, filters, mixes, splits, manifest ---------------------------------
+
+FORMATS = ("specforge", "openai", "sharegpt", "tokenized")
+SPLITS = ("train", "validation")
+
+
+def openai_record(row: ExportRow) -> dict[str, Any]:
+    """`{"id", "messages": [{"role", "content", "reasoning_content"?, "tool_calls"?, ...}],
+    "tools"?}`: the SpecForge record under the name OpenAI-style trainers read."""
+    rec = specforge_record(row)
+    out: dict[str, Any] = {"id": rec["id"], "messages": rec["conversations"]}
+    if "tools" in rec:
+        out["tools"] = rec["tools"]
+    return out
+
+
+SHAREGPT_FROM = {"user": "human", "assistant": "gpt", "system": "system", "tool": "observation"}
+
+
+def sharegpt_record(row: ExportRow) -> dict[str, Any]:
+    """`{"id", "conversations": [{"from", "value"}], "system"?, "tools"?}` as LLaMA-Factory reads
+    it: tool calls are `function_call` turns (`{"name", "arguments"}` as JSON), tool results
+    `observation`, and reasoning goes inline as `<think>...</think>` before the answer (the
+    format has no field for it)."""
+    turns: list[dict[str, str]] = []
+    system = None
+    for m in specforge_record(row)["conversations"]:
+        if m["role"] == "system" and not turns and system is None:
+            system = m["content"]
+            continue
+        if m["role"] == "assistant":
+            text = m.get("content") or ""
+            if m.get("reasoning_content"):
+                text = f"<think>\n{m['reasoning_content']}\n</think>\n\n{text}"
+            if text or not m.get("tool_calls"):
+                turns.append({"from": "gpt", "value": text})
+            for tc in m.get("tool_calls") or []:
+                fn = tc.get("function", {})
+                call = {"name": fn.get("name"), "arguments": fn.get("arguments")}
+                turns.append({"from": "function_call", "value": json.dumps(call)})
+        else:
+            turns.append({"from": SHAREGPT_FROM[m["role"]], "value": m.get("content") or ""})
+    out: dict[str, Any] = {"id": row.item_id, "conversations": turns}
+    if system is not None:
+        out["system"] = system
+    tools = row.conversation.get("tools")
+    if tools:
+        out["tools"] = json.dumps(tools)
+    return out
+
+
+RECORDS: dict[str, Callable[[ExportRow], dict[str, Any]]] = {
+    "specforge": specforge_record,
+    "openai": openai_record,
+    "sharegpt": sharegpt_record,
+}
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """What `regen export` writes and what it leaves out (all recorded in the manifest)."""
+
+    format: str = "specforge"
+    keep_truncated: bool = False
+    """Answers cut at max_tokens (`finish_reason == "length"`) are dropped unless kept."""
+    keep_empty: bool = False
+    min_completion_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    exclude_providers: tuple[str, ...] = ()
+    weights: dict[str, float] = field(default_factory=dict)
+    """Per dataset: each sample is written floor(w) times, plus once more with probability
+    w - floor(w) (seeded): 0.5 keeps about half, 2 doubles."""
+    caps: dict[str, int] = field(default_factory=dict)
+    """Per dataset: at most this many samples (after the weight), the first in source order."""
+    validation_fraction: float = 0.0
+    """Conversations (all their turns together) put in the validation split, by seeded hash."""
+    seed: int = 0
+    dedup: bool = False
+    """Drop samples whose conversation (history and answer) an earlier one already had."""
+    since_last: bool = False
+    """Only answers stored after the previous export to the same folder, as a new part."""
+    shard_rows: int = 100_000
+    """Tokenized: rows per Parquet file."""
+
+
+def _unit(*parts: object) -> float:
+    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2**64
+
+
+def _drop_reason(row: ExportRow, opts: ExportOptions) -> str | None:
+    if row.finish_reason == "length" and not opts.keep_truncated:
+        return "truncated"
+    if not (row.content or row.reasoning or row.tool_calls) and not opts.keep_empty:
+        return "empty"
+    if row.provider is not None and row.provider in opts.exclude_providers:
+        return "excluded_provider"
+    if (
+        opts.min_completion_tokens is not None
+        and row.completion_tokens < opts.min_completion_tokens
+    ):
+        return "below_min_tokens"
+    if (
+        opts.max_completion_tokens is not None
+        and row.completion_tokens > opts.max_completion_tokens
+    ):
+        return "above_max_tokens"
+    return None
+
+
+@dataclass
+class _Counts:
+    samples: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SPLITS, 0))
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    dropped: Counter[str] = field(default_factory=Counter)
+
+
+class _JsonlShards:
+    """One JSONL file per (split, dataset), opened on first use in a temporary folder."""
+
+    def __init__(self, tmp: Path, suffix: str) -> None:
+        self._tmp, self._suffix = tmp, suffix
+        self._files: dict[tuple[str, str], Any] = {}
+
+    def write(self, split: str, dataset: str, rec: dict[str, Any]) -> None:
+        key = (split, dataset)
+        if key not in self._files:
+            path = self._tmp / split / f"{dataset}{self._suffix}.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._files[key] = path.open("w", encoding="utf-8")
+        f = self._files[key]
+        f.write(json.dumps(rec, ensure_ascii=False))
+        f.write("\n")
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+
+
+class _ParquetShards:
+    """Tokenized rows in Parquet files of at most `shard_rows` rows per (split, dataset)."""
+
+    def __init__(self, tmp: Path, suffix: str, shard_rows: int) -> None:
+        self._tmp, self._suffix, self._shard_rows = tmp, suffix, shard_rows
+        self._rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        self._shards: Counter[tuple[str, str]] = Counter()
+
+    def write(self, split: str, dataset: str, rec: dict[str, Any]) -> None:
+        rows = self._rows.setdefault((split, dataset), [])
+        rows.append(rec)
+        if len(rows) >= self._shard_rows:
+            self._flush(split, dataset)
+
+    def _flush(self, split: str, dataset: str) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        rows = self._rows.pop((split, dataset), [])
+        if not rows:
+            return
+        n = self._shards[(split, dataset)]
+        self._shards[(split, dataset)] += 1
+        path = self._tmp / split / f"{dataset}{self._suffix}-{n:05d}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(rows, schema=TOKENIZED_SCHEMA()), path)
+
+    def close(self) -> None:
+        for split, dataset in list(self._rows):
+            self._flush(split, dataset)
+
+
+def TOKENIZED_SCHEMA() -> Any:  # noqa: N802 - a constant, built late (pyarrow loads slowly)
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("id", pa.string()),
+            ("dataset", pa.string()),
+            ("input_ids", pa.list_(pa.int32())),
+            ("loss_mask", pa.list_(pa.int8())),
+            ("n_prompt", pa.int32()),
+            ("n_completion", pa.int32()),
+            ("source", pa.string()),
+        ]
+    )
+
+
+def tokenized_record(row: ExportRow, dataset: str) -> dict[str, Any] | None:
+    """input_ids = prompt ids + completion ids, loss_mask 0 over the prompt and 1 over the
+    answer. Only answers with exact ids (vLLM/SGLang `token_ids`) have them so far; the others
+    need reconstruction (issue 9) and are counted as `no_token_ids`."""
+    prompt, completion = unpack_ids(row.prompt_token_ids), unpack_ids(row.completion_token_ids)
+    if prompt is None or completion is None:
+        return None
+    return {
+        "id": row.item_id,
+        "dataset": dataset,
+        "input_ids": prompt + completion,
+        "loss_mask": [0] * len(prompt) + [1] * len(completion),
+        "n_prompt": len(prompt),
+        "n_completion": len(completion),
+        "source": "exact",
+    }
+
+
+def _previous_manifest(to: Path) -> dict[str, Any] | None:
+    path = to / "manifest.json"
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise StateError(f"{path}: cannot read the previous export's manifest: {exc}") from exc
+    return data if isinstance(data, dict) else None
+
+
+def export_job(store: Store, datasets: list[str], to: Path, opts: ExportOptions) -> dict[str, Any]:
+    """Write the export into `to` and return its manifest. Files are written into a temporary
+    folder and moved into place only when all are complete; the manifest goes last."""
+    if opts.format not in FORMATS:
+        raise StateError(f"unknown export format {opts.format!r} (allowed: {', '.join(FORMATS)})")
+    previous = _previous_manifest(to)
+    since = None
+    part = 0
+    if opts.since_last:
+        if previous is None or previous.get("format") != opts.format:
+            raise StateError(
+                f"{to}: no earlier {opts.format} export here to continue from; run the export "
+                "once without --since-last"
+            )
+        since = float(previous.get("exported_until") or 0.0)
+        part = int(previous.get("part", 0)) + 1
+    suffix = f".part{part:04d}" if part else ""
+    # The whole export is written into a sibling folder, then swapped in with two renames:
+    # a reader sees the old export or the new one, never a mix. Earlier parts of an
+    # incremental export are carried over as hard links (no copy).
+    tmp = to.parent / f".{to.name}.tmp-{os.getpid()}"
+    old = to.parent / f".{to.name}.old-{os.getpid()}"
+    counts: dict[str, _Counts] = {}
+    seen: set[str] = set()
+    until = since or 0.0
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        if opts.since_last:
+            for f in to.rglob("*"):
+                if f.is_file() and f.name != "manifest.json":
+                    dest = tmp / f.relative_to(to)
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    os.link(f, dest)
+        writer: _JsonlShards | _ParquetShards = (
+            _ParquetShards(tmp, suffix, opts.shard_rows)
+            if opts.format == "tokenized"
+            else _JsonlShards(tmp, suffix)
+        )
+        for name in datasets:
+            until = max(until, _export_dataset(store, name, since, opts, writer, counts, seen))
+        writer.close()
+        files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
+        manifest = _manifest(store, opts, counts, files, until, since, part, previous)
+        write_json_atomic(tmp / "manifest.json", manifest)
+        if to.exists():
+            os.rename(to, old)
+        os.rename(tmp, to)
+        shutil.rmtree(old, ignore_errors=True)
+    except OSError as exc:
+        if old.exists() and not to.exists():
+            os.rename(old, to)  # put the previous export back
+        raise StateError(
+            f"{to}: cannot write the export: {exc}; the previous export and state.db are "
+            "untouched, run it again once the problem is fixed"
+        ) from exc
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return manifest
+
+
+def _export_dataset(
+    store: Store,
+    name: str,
+    since: float | None,
+    opts: ExportOptions,
+    writer: _JsonlShards | _ParquetShards,
+    counts: dict[str, _Counts],
+    seen: set[str],
+) -> float:
+    """Write one dataset's samples; return the latest answer time seen."""
+    c = counts.setdefault(name, _Counts())
+    weight = opts.weights.get(name, 1.0)
+    cap = opts.caps.get(name)
+    written = 0
+    until = 0.0
+    for row in store.export_rows(name, since):
+        until = max(until, row.created_at)
+        reason = _drop_reason(row, opts)
+        rec: dict[str, Any] | None = None
+        if reason is None:
+            if opts.format == "tokenized":
+                rec = tokenized_record(row, name)
+                reason = None if rec is not None else "no_token_ids"
+            else:
+                rec = RECORDS[opts.format](row)
+        if reason is None and rec is not None and opts.dedup:
+            # The same conversation and answer, whatever the item id.
+            content = {k: v for k, v in rec.items() if k != "id"}
+            key = hashlib.blake2b(
+                json.dumps(content, sort_keys=True, ensure_ascii=False).encode(), digest_size=16
+            ).hexdigest()
+            if key in seen:
+                reason = "duplicate"
+            seen.add(key)
+        if reason is not None or rec is None:
+            c.dropped[reason or "dropped"] += 1
+            continue
+        copies = int(weight) + (_unit(opts.seed, "w", row.item_id) < weight % 1)
+        if not copies:
+            c.dropped["weight"] += 1
+            continue
+        split = (
+            "validation"
+            if _unit(opts.seed, "split", row.conversation_id) < opts.validation_fraction
+            else "train"
+        )
+        for _ in range(copies):
+            if cap is not None and written >= cap:
+                c.dropped["cap"] += 1
+                break
+            writer.write(split, name, rec)
+            written += 1
+            c.samples[split] += 1
+            c.prompt_tokens += row.prompt_tokens
+            c.completion_tokens += row.completion_tokens
+            c.cost_usd += row.cost_usd or 0.0
+    return until
+
+
+def _manifest(
+    store: Store,
+    opts: ExportOptions,
+    counts: dict[str, _Counts],
+    files: list[str],
+    until: float,
+    since: float | None,
+    part: int,
+    previous: dict[str, Any] | None,
+) -> dict[str, Any]:
+    from regen import __version__
+
+    parts = list(previous.get("parts", [])) if previous and opts.since_last else []
+    parts.append({"part": part, "since": since, "until": until, "files": files})
+    options = asdict(opts)
+    return {
+        "format": opts.format,
+        "regen_version": __version__,
+        "fingerprint": store.get_meta("fingerprint"),
+        "created_at": time.time(),
+        "exported_until": until,
+        "part": part,
+        "parts": parts,
+        "filters": options,
+        "datasets": {
+            name: {
+                "samples": c.samples,
+                "prompt_tokens": c.prompt_tokens,
+                "completion_tokens": c.completion_tokens,
+                "cost_usd": round(c.cost_usd, 8),
+                "dropped": dict(sorted(c.dropped.items())),
+            }
+            for name, c in counts.items()
+        },
+        "files": files,
+    }
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -335,6 +335,15 @@ class ExportRow:
     finish_reason: str | None
     regenerated: dict[int, dict[str, Any]] | None = None
     """Sequential mode: the regenerated earlier turns (by turn index), as messages."""
+    conversation_id: str = ""
+    provider: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float | None = None
+    created_at: float = 0.0
+    prompt_token_ids: bytes | None = None
+    completion_token_ids: bytes | None = None
+    """Exact ids as stored (store.unpack_ids), when the server returned them."""
 
 
 def _hint(exc: sqlite3.Error) -> str:
@@ -864,14 +873,17 @@ class Store:
         ).fetchall()
         return [(c, m, n) for c, m, n in rows]
 
-    def export_rows(self, dataset: str) -> Iterator[ExportRow]:
-        """Done items of a dataset, in source row order, each exactly once."""
+    def export_rows(self, dataset: str, since: float | None = None) -> Iterator[ExportRow]:
+        """Done items of a dataset (answered after `since`, if given), in source row order,
+        each exactly once."""
         cur = self._db.execute(
             "SELECT r.item_id, i.turn_index, c.data, r.content, r.reasoning, r.tool_calls, "
-            "r.finish_reason, i.after_item, c.id FROM results r JOIN items i ON i.id = r.item_id "
+            "r.finish_reason, i.after_item, c.id, r.provider, r.prompt_tokens, "
+            "r.completion_tokens, r.cost_usd, r.created_at, r.prompt_token_ids, "
+            "r.completion_token_ids FROM results r JOIN items i ON i.id = r.item_id "
             "JOIN conversations c ON c.id = i.conversation_id "
-            "WHERE r.dataset = ? ORDER BY c.row_index, i.turn_index",
-            (dataset,),
+            "WHERE r.dataset = ? AND r.created_at > ? ORDER BY c.row_index, i.turn_index",
+            (dataset, -1.0 if since is None else since),
         )
         for r in cur:
             regenerated = None
@@ -888,6 +900,14 @@ class Store:
                 tool_calls=json.loads(r[5]) if r[5] else [],
                 finish_reason=r[6],
                 regenerated=regenerated,
+                conversation_id=r[8],
+                provider=r[9],
+                prompt_tokens=r[10],
+                completion_tokens=r[11],
+                cost_usd=r[12],
+                created_at=r[13],
+                prompt_token_ids=r[14],
+                completion_token_ids=r[15],
             )
 
     def regenerated_turns(self, conversation_id: str, before_turn: int) -> dict[int, Message]:

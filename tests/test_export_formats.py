@@ -1,0 +1,266 @@
+"""`regen export`: each format round-trips against state.db; filters, mixes, splits, dedup,
+the manifest and incremental parts do what they say."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from regen.conversation import Attempt, Message, Outcome, Result, Usage
+from regen.export import ExportOptions, export_job
+from regen.sim import SimConfig, sim_in_thread
+from regen.store import Store
+from tests.conftest import chat_rows, query, run_cli, write_job, write_rows
+
+
+@pytest.fixture(scope="module")
+def job_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished job with two datasets, one with tool calls (answers from the simulator)."""
+    tmp = tmp_path_factory.mktemp("job")
+    write_rows(tmp / "a.jsonl", chat_rows(40, "Alpha"))
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "lookup",
+                "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+            },
+        }
+    ]
+    rows = [
+        {
+            "messages": [
+                {"role": "system", "content": "Use tools."},
+                {"role": "user", "content": f"Find fact {i}"},
+            ],
+            "tools": tools,
+        }
+        for i in range(20)
+    ] + [{"messages": [{"role": "user", "content": "Find fact 0"}]}] * 0
+    write_rows(tmp / "b.jsonl", rows)
+    with sim_in_thread(SimConfig(seed=8, time_scale=0.0)) as sim:
+        job = write_job(
+            tmp, sim.base_url, datasets=[("a", "a.jsonl", "openai"), ("b", "b.jsonl", "openai")]
+        )
+        assert run_cli("run", str(job)).returncode == 0
+    return tmp / "out"
+
+
+SPECFORGE_FIELDS = {"role", "content", "reasoning_content", "tool_calls", "tool_call_id", "name"}
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def export(out: Path, to: Path, *args: str) -> dict[str, Any]:
+    res = run_cli("export", str(out), "--to", str(to), *args)
+    assert res.returncode == 0, res.stderr
+    return json.loads((to / "manifest.json").read_text())
+
+
+def test_specforge_and_openai_round_trip_against_state_db(job_out: Path, tmp_path: Path) -> None:
+    manifest = export(job_out, tmp_path / "sf", "--format", "specforge", "--keep-truncated")
+    db = {
+        item: (content, reasoning, calls)
+        for item, content, reasoning, calls in query(
+            job_out, "SELECT item_id, content, reasoning, tool_calls FROM results"
+        )
+    }
+    train = tmp_path / "sf" / "train"
+    recs = lines(train / "a.jsonl") + lines(train / "b.jsonl")
+    assert len(recs) == len(db) == 60
+    for rec in recs:
+        assert set(rec) <= {"id", "conversations", "tools"}
+        last = rec["conversations"][-1]
+        content, reasoning, calls = db[rec["id"]]
+        assert last["role"] == "assistant" and last["content"] == content
+        assert last.get("reasoning_content") == reasoning
+        assert last.get("tool_calls", None) == (json.loads(calls) if calls else None)
+        for m in rec["conversations"]:
+            assert set(m) <= SPECFORGE_FIELDS
+    assert all("tools" in r for r in lines(tmp_path / "sf" / "train" / "b.jsonl"))
+    assert manifest["datasets"]["a"]["samples"] == {"train": 40, "validation": 0}
+    (fingerprint,) = query(job_out, "SELECT value FROM meta WHERE key = 'fingerprint'")[0]
+    assert manifest["fingerprint"] == fingerprint
+    assert manifest["regen_version"] and manifest["filters"]["format"] == "specforge"
+    oa = export(job_out, tmp_path / "oa", "--format", "openai", "--keep-truncated")
+    first = lines(tmp_path / "oa" / "train" / "a.jsonl")[0]
+    assert set(first) == {"id", "messages"} and first["messages"][-1]["role"] == "assistant"
+    assert oa["datasets"]["b"]["completion_tokens"] == sum(
+        n for (n,) in query(job_out, "SELECT completion_tokens FROM results WHERE dataset = 'b'")
+    )
+
+
+def test_sharegpt_marks_calls_and_reasoning(job_out: Path, tmp_path: Path) -> None:
+    export(job_out, tmp_path / "sg", "--format", "sharegpt", "--keep-truncated")
+    recs = lines(tmp_path / "sg" / "train" / "b.jsonl")
+    assert all(r["system"] == "Use tools." for r in recs)
+    assert all(r["conversations"][0]["from"] == "human" for r in recs)
+    froms = {t["from"] for r in recs for t in r["conversations"]}
+    assert froms <= {"human", "gpt", "function_call", "observation"}
+    calls = [t for r in recs for t in r["conversations"] if t["from"] == "function_call"]
+    assert calls and all(json.loads(t["value"])["name"] == "lookup" for t in calls)
+    reasoned = [
+        t
+        for r in lines(tmp_path / "sg" / "train" / "a.jsonl")
+        for t in r["conversations"]
+        if t["value"].startswith("<think>\n")
+    ]
+    assert reasoned  # the simulated Kimi reasons: its reasoning is inline
+
+
+def test_filters_split_mix_and_dedup(job_out: Path, tmp_path: Path) -> None:
+    truncated = query(job_out, "SELECT COUNT(*) FROM results WHERE finish_reason = 'length'")[0][0]
+    m = export(job_out, tmp_path / "f", "--min-tokens", "200")
+    short = query(
+        job_out,
+        "SELECT COUNT(*) FROM results WHERE completion_tokens < 200 AND finish_reason != 'length'",
+    )[0][0]
+    dropped: dict[str, int] = {}
+    for d in m["datasets"].values():
+        for k, v in d["dropped"].items():
+            dropped[k] = dropped.get(k, 0) + v
+    assert dropped.get("truncated", 0) == truncated
+    assert dropped.get("below_min_tokens", 0) == short
+    m = export(job_out, tmp_path / "s", "--validation", "0.25", "--seed", "3", "--keep-truncated")
+    a = m["datasets"]["a"]["samples"]
+    assert a["train"] + a["validation"] == 40 and 3 <= a["validation"] <= 20
+    val_ids = {r["id"] for r in lines(tmp_path / "s" / "validation" / "a.jsonl")}
+    train_ids = {r["id"] for r in lines(tmp_path / "s" / "train" / "a.jsonl")}
+    assert not val_ids & train_ids
+    again = export(
+        job_out, tmp_path / "s2", "--validation", "0.25", "--seed", "3", "--keep-truncated"
+    )
+    assert again["datasets"] == m["datasets"]  # seeded: the same split
+    m = export(
+        job_out,
+        tmp_path / "w",
+        "--weight",
+        "a=2",
+        "--weight",
+        "b=0.5",
+        "--cap",
+        "a=50",
+        "--keep-truncated",
+    )
+    assert m["datasets"]["a"]["samples"]["train"] == 50
+    assert m["datasets"]["a"]["dropped"]["cap"] == 15  # source rows left out
+    assert 3 <= m["datasets"]["b"]["samples"]["train"] <= 17
+    m = export(job_out, tmp_path / "d", "--weight", "a=2", "--dedup", "--keep-truncated")
+    assert m["datasets"]["a"]["samples"]["train"] == 80  # copies made by the weight stay
+    res = run_cli("export", str(job_out), "--cap", "zzz=3")
+    assert res.returncode == 2 and "no dataset zzz" in res.stderr
+    res = run_cli("export", str(job_out), "--weight", "a")
+    assert res.returncode == 2 and "--weight takes DATASET=FLOAT" in res.stderr
+
+
+def add_answer(store: Store, item_id: str, n: int, ids: bool) -> None:
+    msg = Message("assistant", f"answer {n}")
+    r = Result(
+        item_id,
+        msg,
+        "stop",
+        Usage(3, 2, 0, 0.001),
+        provider="P",
+        prompt_token_ids=(1, 2, 3) if ids else None,
+        completion_token_ids=(7, 8) if ids else None,
+    )
+    attempt = Attempt(1, time.time(), 0.1, 200)
+    store.commit_outcomes([Outcome(item_id, "chat", (attempt,), result=r)])
+
+
+def test_tokenized_parquet_loads_with_datasets_and_incremental_parts(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    write_rows(tmp_path / "chat.jsonl", chat_rows(30))
+    job = write_job(tmp_path, "http://127.0.0.1:9/v1", datasets=[("chat", "chat.jsonl", "openai")])
+    from regen.config import load_job
+    from regen.ingest import ingest
+
+    store = Store.open(load_job(job).output_path)
+    ingest(store, load_job(job))
+    items = [i for (i,) in query(tmp_path / "out", "SELECT id FROM items ORDER BY order_key")]
+    for n, item in enumerate(items[:20]):
+        add_answer(store, item, n, ids=n % 4 != 0)
+    to = tmp_path / "tok"
+    m = export_job(store, ["chat"], to, ExportOptions(format="tokenized", shard_rows=6))
+    assert m["datasets"]["chat"]["samples"]["train"] == 15
+    assert m["datasets"]["chat"]["dropped"] == {"no_token_ids": 5}
+    files = sorted((to / "train").glob("chat-*.parquet"))
+    assert len(files) == 3  # 15 rows, 6 a shard
+    ds = datasets.load_dataset("parquet", data_files=[str(f) for f in files], split="train")
+    assert ds.num_rows == 15
+    row = ds[0]
+    assert row["input_ids"] == [1, 2, 3, 7, 8] and row["loss_mask"] == [0, 0, 0, 1, 1]
+    assert (row["n_prompt"], row["n_completion"], row["source"]) == (3, 2, "exact")
+    assert set(ds.column_names) == {
+        "id",
+        "dataset",
+        "input_ids",
+        "loss_mask",
+        "n_prompt",
+        "n_completion",
+        "source",
+    }
+    # Incremental: only what came after the last export, as a new part; nothing twice.
+    time.sleep(0.01)
+    for n, item in enumerate(items[20:], start=20):
+        add_answer(store, item, n, ids=True)
+    m2 = export_job(store, ["chat"], to, ExportOptions(format="tokenized", since_last=True))
+    assert m2["part"] == 1 and m2["datasets"]["chat"]["samples"]["train"] == 10
+    part = datasets.load_dataset(
+        "parquet",
+        data_files=[str(f) for f in (to / "train").glob("chat.part0001-*.parquet")],
+        split="train",
+    )
+    assert part.num_rows == 10 and not set(part["id"]) & set(ds["id"])
+    assert [p["part"] for p in m2["parts"]] == [0, 1]
+    with pytest.raises(Exception, match="no earlier specforge export"):
+        export_job(store, ["chat"], tmp_path / "none", ExportOptions(since_last=True))
+    store.close()
+
+
+def test_a_failed_export_leaves_the_previous_one_whole(job_out: Path, tmp_path: Path) -> None:
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    to = tmp_path / "x"
+    export(job_out, to, "--keep-truncated")
+    before = {p: p.read_bytes() for p in to.rglob("*") if p.is_file()}
+    # No file may grow past 33 kB: state.db's shared-memory file (32 kB) still fits, the
+    # export's first file does not (EFBIG, as a full disk gives ENOSPC).
+    cap = 33_000
+    assert (to / "train" / "a.jsonl").stat().st_size > cap
+
+    def limit_file_size() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (cap, cap))
+
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "regen",
+            "export",
+            str(job_out),
+            "--to",
+            str(to),
+            "--format",
+            "openai",
+        ],
+        capture_output=True,
+        text=True,
+        preexec_fn=limit_file_size,
+        timeout=60,
+        env=os.environ,
+    )
+    assert res.returncode == 1
+    (line,) = res.stderr.splitlines()
+    assert line.startswith(f"error: {to}: cannot write the export: ")
+    assert {p: p.read_bytes() for p in to.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x"]  # no temporary folder left
