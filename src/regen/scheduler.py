@@ -266,6 +266,8 @@ class Scheduler:
         self._escalated_sent: set[str] = set()
         self._sequential = set(sequential)
         """Datasets in sequential mode: their turns wait for the previous turn's answer."""
+        self._recorded: Counter[str] = Counter()
+        """Outcomes recorded per dataset (a sequential rescan waits for a new one)."""
         self._unrecorded: dict[str, str] = {}
         """Items of sequential datasets handed out and not yet recorded (id -> dataset): a
         rescan leaves them out."""
@@ -402,12 +404,18 @@ class Scheduler:
         Rescan for ready turns until none waits, leaving out those already handed out."""
         if name not in self._sequential:
             return
+        scanned_at = -1
         while not self.stopping and not self._held_back(name):
+            if self._recorded[name] == scanned_at:
+                # Nothing of this dataset finished since the last scan: nothing new is ready.
+                await asyncio.sleep(0.1)
+                continue
             self._flush()
             if self._pending:
                 # The commit failed: the store does not yet know what finished.
                 await asyncio.sleep(0.5)
                 continue
+            scanned_at = self._recorded[name]
             after, fed = -1, 0
             while True:
                 batch = self._store.claim_batch(name, after, batch_size, lane=lane.name)
@@ -425,8 +433,6 @@ class Scheduler:
             if not fed and not in_flight:
                 # Nothing in flight can unblock the rest: their earlier turns failed.
                 return
-            if not fed:
-                await asyncio.sleep(0.1)
 
     async def _work(self, lane: LaneRuntime, queue: asyncio.Queue[PendingItem | None]) -> None:
         while True:
@@ -741,6 +747,7 @@ class Scheduler:
             ds.failed += 1
         self._pending.append(outcome)
         self._unrecorded.pop(outcome.item_id, None)
+        self._recorded[outcome.dataset] += 1
 
     async def _commit_loop(self) -> None:
         while True:
