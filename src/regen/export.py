@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import array
 import hashlib
 import json
 import os
 import shutil
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -14,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from regen.errors import StateError
-from regen.store import ExportRow, Store, unpack_ids
+from regen.store import ExportRow, Store
 
 
 def _specforge_message(m: dict[str, Any]) -> dict[str, Any]:
@@ -251,7 +253,30 @@ class _ParquetShards:
         self._shards[(split, dataset)] += 1
         path = self._tmp / split / f"{dataset}{self._suffix}-{n:05d}.parquet"
         path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.Table.from_pylist(rows, schema=TOKENIZED_SCHEMA()), path)
+        # The ids arrive as the stored little-endian uint32 bytes: the columns are built from
+        # one buffer each, not from Python lists (ten times faster for long samples).
+        ids = b"".join(r["input_ids"] for r in rows)
+        mask = b"".join(r["loss_mask"] for r in rows)
+        if sys.byteorder == "big":
+            swapped = array.array("I", ids)
+            swapped.byteswap()
+            ids = swapped.tobytes()
+        offsets = [0]
+        for r in rows:
+            offsets.append(offsets[-1] + len(r["loss_mask"]))
+        offset_array = pa.array(offsets, pa.int32())
+        id_values = pa.Array.from_buffers(pa.int32(), len(mask), [None, pa.py_buffer(ids)])
+        mask_values = pa.Array.from_buffers(pa.int8(), len(mask), [None, pa.py_buffer(mask)])
+        columns = [
+            pa.array([r["id"] for r in rows], pa.string()),
+            pa.array([r["dataset"] for r in rows], pa.string()),
+            pa.ListArray.from_arrays(offset_array, id_values),
+            pa.ListArray.from_arrays(offset_array, mask_values),
+            pa.array([r["n_prompt"] for r in rows], pa.int32()),
+            pa.array([r["n_completion"] for r in rows], pa.int32()),
+            pa.array([r["source"] for r in rows], pa.string()),
+        ]
+        pq.write_table(pa.Table.from_arrays(columns, schema=TOKENIZED_SCHEMA()), path)
 
     def close(self) -> None:
         for split, dataset in list(self._rows):
@@ -278,16 +303,17 @@ def tokenized_record(row: ExportRow, dataset: str) -> dict[str, Any] | None:
     """input_ids = prompt ids + completion ids, loss_mask 0 over the prompt and 1 over the
     answer. Only answers with exact ids (vLLM/SGLang `token_ids`) have them so far; the others
     need reconstruction (issue 9) and are counted as `no_token_ids`."""
-    prompt, completion = unpack_ids(row.prompt_token_ids), unpack_ids(row.completion_token_ids)
+    prompt, completion = row.prompt_token_ids, row.completion_token_ids
     if prompt is None or completion is None:
         return None
+    n_prompt, n_completion = len(prompt) // 4, len(completion) // 4
     return {
         "id": row.item_id,
         "dataset": dataset,
-        "input_ids": prompt + completion,
-        "loss_mask": [0] * len(prompt) + [1] * len(completion),
-        "n_prompt": len(prompt),
-        "n_completion": len(completion),
+        "input_ids": prompt + completion,  # stored uint32 little-endian bytes, joined
+        "loss_mask": b"\x00" * n_prompt + b"\x01" * n_completion,
+        "n_prompt": n_prompt,
+        "n_completion": n_completion,
         "source": "exact",
     }
 
@@ -390,11 +416,15 @@ def _export_dataset(
             else:
                 rec = RECORDS[opts.format](row)
         if reason is None and rec is not None and opts.dedup:
-            # The same conversation and answer, whatever the item id.
-            content = {k: v for k, v in rec.items() if k != "id"}
-            key = hashlib.blake2b(
-                json.dumps(content, sort_keys=True, ensure_ascii=False).encode(), digest_size=16
-            ).hexdigest()
+            # The same conversation and answer (or the same ids), whatever the item id.
+            content = (
+                rec["input_ids"]
+                if opts.format == "tokenized"
+                else json.dumps(
+                    {k: v for k, v in rec.items() if k != "id"}, sort_keys=True, ensure_ascii=False
+                ).encode()
+            )
+            key = hashlib.blake2b(content, digest_size=16).hexdigest()
             if key in seen:
                 reason = "duplicate"
             seen.add(key)
