@@ -257,3 +257,22 @@ def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     )
     assert res.returncode == 0, res.stderr
     assert shot.stat().st_size > 10_000
+
+
+def test_budget_left_counts_token_budgets_dataset_caps_and_the_job_cap() -> None:
+    from regen.budget import BudgetBook
+    from regen.config import DatasetConfig
+    from regen.store import DatasetProgress
+
+    datasets = [
+        DatasetConfig(name="a", path="a.jsonl", token_budget=1000, max_cost_usd=5.0),
+        DatasetConfig(name="b", path="b.jsonl"),
+    ]
+    progress = [
+        DatasetProgress("a", 0, 10, 0, 10, 10, 4, 0, 100, 400, 1.5),
+        DatasetProgress("b", 1, 10, 0, 10, 10, 0, 0, 0, 0, 0.0),
+    ]
+    book = BudgetBook(datasets, progress, job_max_cost_usd=2.0)
+    assert book.left("a") == (600.0, 0.5)  # the job's $0.50 left binds before a's $3.50
+    assert book.left("b") == (None, 0.5)
+    assert BudgetBook(datasets, progress).left("b") == (None, None)

@@ -158,6 +158,11 @@ class BudgetBook:
             tokens = max(0.0, s.token_budget - s.scope.spent_tokens - s.scope.reserved_tokens)
         if s.max_cost_usd is not None:
             usd = max(0.0, s.max_cost_usd - s.scope.charged_usd)
+        if self._job_cap is not None:
+            # The job's cap is shared: each dataset is bounded by what is left of it as if it
+            # had it alone (an upper bound when several datasets run side by side).
+            job = max(0.0, self._job_cap - self.job.charged_usd - self.job.reserved_usd)
+            usd = job if usd is None else min(usd, job)
         return tokens, usd
 
     @staticmethod
