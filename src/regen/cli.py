@@ -71,6 +71,39 @@ def _parser() -> argparse.ArgumentParser:
         help="show it again every SECONDS (5 by default) until Ctrl-C",
     )
 
+    aud = sub.add_parser(
+        "audit",
+        help="check reconstructed completions against billed tokens, and answers' structure",
+    )
+    aud.add_argument("out", type=Path, help="the job's output directory")
+    aud.add_argument(
+        "--family", required=True, help="template family: kimi-k2.5, kimi-k2, qwen3, chatml"
+    )
+    aud.add_argument(
+        "--tokenizer", default="sim", help="tokenizer.json, a folder, a hub id, or sim (default)"
+    )
+    aud.add_argument("--expect-reasoning", action="store_true", help="every answer reasons")
+    aud.add_argument(
+        "--include-truncated",
+        action="store_true",
+        help="count answers cut at max_tokens too (left out by default, as exports drop them)",
+    )
+    aud.add_argument(
+        "--max-mean-diff",
+        type=float,
+        default=2.0,
+        metavar="TOKENS",
+        help="fail above this mean absolute difference (2)",
+    )
+    aud.add_argument(
+        "--max-problem-share",
+        type=float,
+        default=0.0,
+        metavar="FRACTION",
+        help="fail when more answers than this share have a structural problem (0)",
+    )
+    aud.add_argument("--json", action="store_true", help="print the audit as JSON")
+
     exp = sub.add_parser(
         "export", help="write a job's answers in a trainer's format, filtered, mixed and split"
     )
@@ -172,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
             return _plan(args, console)
         if args.command == "status":
             return _status(args, console)
+        if args.command == "audit":
+            return _audit(args, console)
         if args.command == "export":
             return _export(args, console)
         if args.command == "providers":
@@ -277,6 +312,59 @@ def _status(args: argparse.Namespace, console: Console) -> int:
         if args.watch is None:
             return EXIT_OK
         time.sleep(args.watch)
+
+
+def _audit(args: argparse.Namespace, console: Console) -> int:
+    import json
+
+    from rich.table import Table
+
+    from regen.audit import audit, audit_json
+
+    audits = audit(
+        args.out,
+        args.family,
+        args.tokenizer,
+        expect_reasoning=args.expect_reasoning,
+        include_truncated=args.include_truncated,
+    )
+    data = audit_json(audits)
+    overall = data["overall"]
+    problems = sum(overall["problems"].values())
+    broken = []
+    if overall["mean_abs_diff"] > args.max_mean_diff:
+        broken.append(f"mean abs diff {overall['mean_abs_diff']} > {args.max_mean_diff}")
+    if overall["samples"] and problems / overall["samples"] > args.max_problem_share:
+        broken.append(f"{problems} structural problems in {overall['samples']} answers")
+    if args.json:
+        print(json.dumps({**data, "broken": broken}))
+    else:
+        table = Table(title=f"audit ({args.family}, tokenizer {args.tokenizer})")
+        cols = ("dataset", "samples", "cut", "exact ids", "mean |diff|", "max |diff|", "matches")
+        for col in (*cols, "problems"):
+            table.add_column(col, justify="left" if col in ("dataset", "problems") else "right")
+        for d in (*data["datasets"], overall):
+            table.add_row(
+                d["name"],
+                str(d["samples"]),
+                str(d["truncated_left_out"]),
+                str(d["exact_ids"]),
+                f"{d['mean_abs_diff']:.3f}",
+                str(d["max_abs_diff"]),
+                f"{d['match_share']:.1%}",
+                ", ".join(f"{k} {v}" for k, v in d["problems"].items()) or "-",
+            )
+        console.print(table)
+        for d in data["datasets"]:
+            for w in d["worst"][:3]:
+                console.print(
+                    f"worst {d['name']}: {w['item_id']} reconstructed {w['reconstructed']} "
+                    f"billed {w['billed']}",
+                    markup=False,
+                )
+        for b in broken:
+            console.print(f"audit failed: {b}", markup=False)
+    return EXIT_FAILED_ITEMS if broken else EXIT_OK
 
 
 def _pairs(values: list[str], flag: str, kind: type) -> dict[str, object]:
