@@ -198,30 +198,20 @@ def main(argv: list[str] | None = None) -> int:
     if not console.is_terminal:
         # Piped to a file or over a non-interactive SSH: do not squeeze tables into 80 columns.
         console = Console(width=160)
+    handlers = {
+        "run": _run,
+        "plan": _plan,
+        "status": _status,
+        "audit": _audit,
+        "export": _export,
+        "providers": _providers,
+        "report": _report,
+        "inspect": _inspect,
+        "sim": _sim,
+        "demo": _demo,
+    }
     try:
-        if args.command == "run":
-            return _run(args, console)
-        if args.command == "plan":
-            return _plan(args, console)
-        if args.command == "status":
-            return _status(args, console)
-        if args.command == "audit":
-            return _audit(args, console)
-        if args.command == "export":
-            return _export(args, console)
-        if args.command == "providers":
-            return _providers(args, console)
-        if args.command == "report":
-            from regen.report import write_report
-
-            print(f"report: {write_report(args.out, args.to)}")
-            return EXIT_OK
-        if args.command == "inspect":
-            return _inspect(args, console)
-        if args.command == "sim":
-            return _sim(args, console)
-        if args.command == "demo":
-            return _demo(args, console)
+        return handlers[args.command](args, console)
     except RegenError as exc:
         if args.debug:
             raise
@@ -229,7 +219,13 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    raise AssertionError(f"unhandled command {args.command}")
+
+
+def _report(args: argparse.Namespace, console: Console) -> int:
+    from regen.report import write_report
+
+    print(f"report: {write_report(args.out, args.to)}")
+    return EXIT_OK
 
 
 def _run(args: argparse.Namespace, console: Console) -> int:

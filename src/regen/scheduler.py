@@ -570,22 +570,27 @@ class Scheduler:
             finally:
                 if signal != "released":
                     limit.release(signal, epoch=epoch, latency_s=latency)
-            if result.provider is not None and result.provider in ep.excluded_providers:
+            excluded = result.provider is not None and result.provider in ep.excluded_providers
+            message = (
+                f"answered by {result.provider}, which the job's provider filters exclude"
+                if excluded
+                else None
+            )
+            attempts.append(
+                Attempt(
+                    number,
+                    started,
+                    result.latency_s,
+                    200,
+                    "excluded_provider" if excluded else None,
+                    message,
+                    result.provider,
+                    result.generation_id,
+                )
+            )
+            if excluded:
                 # Served by an endpoint the job excludes: paid for, never used. Another
                 # attempt may be routed elsewhere.
-                message = f"answered by {result.provider}, which the job's provider filters exclude"
-                attempts.append(
-                    Attempt(
-                        number,
-                        started,
-                        result.latency_s,
-                        200,
-                        "excluded_provider",
-                        message,
-                        result.provider,
-                        result.generation_id,
-                    )
-                )
                 self._charges.append(
                     Charge(
                         item.id,
@@ -606,18 +611,6 @@ class Scheduler:
                 continue
             ep.health.record(True)
             self._count_attempt(failed=False)
-            attempts.append(
-                Attempt(
-                    number,
-                    started,
-                    result.latency_s,
-                    200,
-                    None,
-                    None,
-                    result.provider,
-                    result.generation_id,
-                )
-            )
             result = replace(result, attempts=number, endpoint=ep.name)
             if result.finish_reason == "length" and lane.escalate_to is not None:
                 return ended(result=result, escalate_to=lane.escalate_to)
