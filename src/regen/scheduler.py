@@ -408,7 +408,7 @@ class Scheduler:
         while not self.stopping and not self._held_back(name):
             if self._recorded[name] == scanned_at:
                 # Nothing of this dataset finished since the last scan: nothing new is ready.
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(self._commit_interval_s)
                 continue
             self._flush()
             if self._pending:
@@ -433,6 +433,9 @@ class Scheduler:
             if not fed and not in_flight:
                 # Nothing in flight can unblock the rest: their earlier turns failed.
                 return
+            # A scan walks every pending item of the dataset, and a turn becomes ready only
+            # when its predecessor is committed: scan at most once a commit interval.
+            await asyncio.sleep(self._commit_interval_s)
 
     async def _work(self, lane: LaneRuntime, queue: asyncio.Queue[PendingItem | None]) -> None:
         while True:
