@@ -21,6 +21,20 @@ def new(c: Conversation, key: int, est: int = 0) -> NewConversation:
     return NewConversation(c.id, c.dataset, c.row_index, json.dumps(c.to_dict()), [item])
 
 
+def add_first_release_item(store: Store, c: Conversation, iid: str, key: int) -> None:
+    """A conversation and one item, written with only the columns of the first schema (for
+    migration tests, where today's add_conversations would write columns not there yet)."""
+    store.register_dataset("ds", 0, "src")
+    store._db.execute(
+        "INSERT INTO conversations VALUES (?, 'ds', 0, ?)", (c.id, json.dumps(c.to_dict()))
+    )
+    store._db.execute(
+        "INSERT INTO items (id, dataset, conversation_id, turn_index, prompt_hash, order_key)"
+        " VALUES (?, 'ds', ?, 1, 'h', ?)",
+        (iid, c.id, key),
+    )
+
+
 def add(store: Store, c: Conversation, key: int) -> int:
     store.register_dataset("ds", 0, "src")
     return store.add_conversations([new(c, key)])
@@ -112,15 +126,7 @@ def test_m002_upgrades_a_database_made_by_m001(tmp_path: Path) -> None:
     try:
         s1 = Store.open(tmp_path)
         c = conv("a question of forty characters, roughly!", 0)
-        s1.register_dataset("ds", 0, "src")
-        s1._db.execute(
-            "INSERT INTO conversations VALUES (?, 'ds', 0, ?)", (c.id, json.dumps(c.to_dict()))
-        )
-        s1._db.execute(
-            "INSERT INTO items (id, dataset, conversation_id, turn_index, prompt_hash, order_key)"
-            " VALUES ('i1', 'ds', ?, 1, 'h', 5)",
-            (c.id,),
-        )
+        add_first_release_item(s1, c, "i1", 5)
         s1.close()
     finally:
         store_mod.MIGRATIONS = old
@@ -153,15 +159,7 @@ def test_m003_upgrades_a_database_made_by_m002_and_keeps_its_charges(tmp_path: P
         s1 = Store.open(tmp_path)
         c = conv("q", 0)
         iid = item_id(c.id, 1)
-        s1.register_dataset("ds", 0, "src")
-        s1._db.execute(
-            "INSERT INTO conversations VALUES (?, 'ds', 0, ?)", (c.id, json.dumps(c.to_dict()))
-        )
-        s1._db.execute(
-            "INSERT INTO items (id, dataset, conversation_id, turn_index, prompt_hash, order_key)"
-            " VALUES (?, 'ds', ?, 1, 'h', 1)",
-            (iid, c.id),
-        )
+        add_first_release_item(s1, c, iid, 1)
         s1._db.execute(
             "INSERT INTO results VALUES (?, 'ds', 'a', NULL, NULL, 'stop', 3, 4, 0, 0.25, "
             "'DeepInfra', 'm', 'gen-1', 0.1, 0)",
