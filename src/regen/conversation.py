@@ -189,6 +189,13 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+def seeded_unit(*parts: object) -> float:
+    """A uniform number in [0, 1) drawn from the parts (joined by ":"): the same parts always
+    draw the same number, so seeded samples and splits are reproducible."""
+    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2**64
+
+
 def stable_hash(*parts: str | int) -> str:
     """A short, stable hex id of the parts (blake2b, 16 bytes)."""
     h = hashlib.blake2b(digest_size=16)

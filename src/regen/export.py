@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from regen.conversation import seeded_unit
 from regen.errors import StateError
 from regen.store import ExportRow, Store
 
@@ -168,11 +169,6 @@ class ExportOptions:
     """Only answers stored after the previous export to the same folder, as a new part."""
     shard_rows: int = 100_000
     """Tokenized: rows per Parquet file."""
-
-
-def _unit(*parts: object) -> float:
-    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") / 2**64
 
 
 def _drop_reason(row: ExportRow, opts: ExportOptions) -> str | None:
@@ -431,13 +427,13 @@ def _export_dataset(
         if reason is not None or rec is None:
             c.dropped[reason or "dropped"] += 1
             continue
-        copies = int(weight) + (_unit(opts.seed, "w", row.item_id) < weight % 1)
+        copies = int(weight) + (seeded_unit(opts.seed, "w", row.item_id) < weight % 1)
         if not copies:
             c.dropped["weight"] += 1
             continue
         split = (
             "validation"
-            if _unit(opts.seed, "split", row.conversation_id) < opts.validation_fraction
+            if seeded_unit(opts.seed, "split", row.conversation_id) < opts.validation_fraction
             else "train"
         )
         for _ in range(copies):
@@ -491,11 +487,20 @@ def _manifest(
     }
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` to a temporary file beside `path`, flush it to disk, and rename it into
+    place: a reader sees the old file or the new one, never half of one."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")

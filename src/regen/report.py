@@ -8,7 +8,6 @@ are inline SVG: the page needs no script and no network, so it opens anywhere, o
 from __future__ import annotations
 
 import html
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -16,6 +15,7 @@ from pathlib import Path
 
 from regen import __version__
 from regen.errors import StateError
+from regen.export import write_text_atomic
 from regen.progress import per_mtok
 from regen.store import DatasetProgress, Store
 
@@ -240,11 +240,8 @@ def write_report(out_dir: Path, to: Path | None = None) -> Path:
     finally:
         store.close()
     path = to or out_dir / "report.html"
-    tmp = path.with_name(f".{path.name}.tmp")
     try:
-        tmp.write_text(page, encoding="utf-8")
-        os.replace(tmp, path)
+        write_text_atomic(path, page)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise StateError(f"{path}: cannot write the report: {exc}") from exc
     return path

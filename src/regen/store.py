@@ -13,6 +13,7 @@ import re
 import sqlite3
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -557,13 +558,11 @@ class Store:
 
     def bad_row_reasons(self, limit: int = 5) -> list[tuple[str, str, int]]:
         """The commonest bad-row reasons per dataset (numbers in a reason are folded)."""
-        rows = self._db.execute("SELECT dataset, reason FROM bad_rows").fetchall()
-        counts: dict[tuple[str, str], int] = {}
-        for ds, reason in rows:
-            key = (ds, re.sub(r"\d+", "N", reason)[:120])
-            counts[key] = counts.get(key, 0) + 1
-        top = sorted(counts.items(), key=lambda kv: -kv[1])[:limit]
-        return [(ds, reason, n) for (ds, reason), n in top]
+        counts = Counter(
+            (ds, re.sub(r"\d+", "N", reason)[:120])
+            for ds, reason in self._db.execute("SELECT dataset, reason FROM bad_rows")
+        )
+        return [(ds, reason, n) for (ds, reason), n in counts.most_common(limit)]
 
     # dispatch
 

@@ -11,7 +11,7 @@ import pytest
 
 from regen.conversation import BadRow, Conversation
 from regen.errors import SourceError
-from regen.sources import read_conversations, read_rows
+from regen.sources import Source, read_rows
 
 
 def test_jsonl_reports_bad_lines_by_number_and_keeps_going(tmp_path: Path) -> None:
@@ -53,9 +53,9 @@ def test_read_conversations_honours_limit_and_mixes_bad_rows(tmp_path: Path) -> 
         "nope\n"
         '{"messages": [{"role": "user", "content": "b"}]}\n'
     )
-    out = list(read_conversations("ds", p, "openai"))
+    out = list(Source("ds", p, "openai"))
     assert [type(o) for o in out] == [Conversation, BadRow, Conversation]
-    assert len(list(read_conversations("ds", p, "openai", limit=2))) == 2
+    assert len(list(Source("ds", p, "openai", limit=2))) == 2
 
 
 ROWS = [

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from regen.conversation import BadRow, Conversation, Message
+from regen.conversation import BadRow, Conversation, Message, seeded_unit
 from regen.errors import SourceError
 from regen.sources.adapters import (
     ADAPTERS,
@@ -21,13 +20,7 @@ from regen.sources.adapters import (
 )
 from regen.sources.readers import DEFAULT_MAX_ROW_BYTES, read_rows
 
-__all__ = ["ADAPTERS", "Source", "adapt_row", "detect_format", "read_conversations", "read_rows"]
-
-
-def _unit(seed: int, row_index: int) -> float:
-    """A seeded, uniform number in [0, 1) for a row: the same row gets the same draw."""
-    digest = hashlib.blake2b(f"sample:{seed}:{row_index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") / 2**64
+__all__ = ["ADAPTERS", "Source", "adapt_row", "detect_format", "read_rows"]
 
 
 def _matches(row: Mapping[str, Any], filters: Mapping[str, Any]) -> bool:
@@ -125,7 +118,10 @@ class Source:
                 if self.filter and not _matches(row, self.filter):
                     self.skipped += 1
                     continue
-                if isinstance(self.sample, float) and _unit(self.seed, row_index) >= self.sample:
+                if (
+                    isinstance(self.sample, float)
+                    and seeded_unit("sample", self.seed, row_index) >= self.sample
+                ):
                     self.skipped += 1
                     continue
             yield row_index, row
@@ -141,7 +137,7 @@ class Source:
             if isinstance(row, str):
                 yield row_index, row  # bad rows are reported whatever the sample
                 continue
-            key = -_unit(self.seed, row_index)
+            key = -seeded_unit("sample", self.seed, row_index)
             if len(heap) < self.sample:
                 heapq.heappush(heap, (key, row_index, row))
             elif key > heap[0][0]:
@@ -171,10 +167,3 @@ class Source:
     def __iter__(self) -> Iterator[Conversation | BadRow]:
         for _, conv in self.pairs():
             yield conv
-
-
-def read_conversations(
-    dataset: str, path: Path | str, fmt: str, reader: str = "auto", limit: int | None = None
-) -> Iterator[Conversation | BadRow]:
-    """Every row of a source as a Conversation, or as a BadRow saying why it is not one."""
-    return iter(Source(dataset, path, fmt, reader, limit=limit))
