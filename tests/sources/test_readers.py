@@ -46,7 +46,7 @@ def test_unknown_suffix_and_missing_file_are_source_errors(tmp_path: Path) -> No
         read_rows(tmp_path / "d.txt")
 
 
-def test_read_conversations_honours_limit_and_mixes_bad_rows(tmp_path: Path) -> None:
+def test_a_source_honours_limit_and_mixes_bad_rows(tmp_path: Path) -> None:
     p = tmp_path / "d.jsonl"
     p.write_text(
         '{"messages": [{"role": "user", "content": "a"}]}\n'
