@@ -1,4 +1,5 @@
-"""Build the simulator's small tokenizer (byte-level BPE with Kimi and Qwen special tokens).
+"""Build the simulator's small tokenizer (byte-level BPE with the special tokens of the model
+families the simulator speaks: Kimi, Qwen, DeepSeek, GLM and gpt-oss's harmony).
 
 Run: .venv/bin/python scripts/build_sim_tokenizer.py
 Writes src/regen/sim/tokenizer/{tokenizer.json,tokenizer_config.json}. Deterministic: the same
@@ -39,6 +40,39 @@ KIMI_SPECIALS = [
 ]
 QWEN_SPECIALS = ["<|im_start|>", "<|endoftext|>", "<tool_call>", "</tool_call>"]
 SPECIALS = KIMI_SPECIALS + QWEN_SPECIALS
+# Added after training, so the ids of the tokens above stay what they were.
+EXTRA_SPECIALS = [
+    "<｜begin▁of▁sentence｜>",
+    "<｜end▁of▁sentence｜>",
+    "<｜User｜>",
+    "<｜Assistant｜>",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁calls▁end｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁sep｜>",
+    "<｜tool▁outputs▁begin｜>",
+    "<｜tool▁outputs▁end｜>",
+    "<｜tool▁output▁begin｜>",
+    "<｜tool▁output▁end｜>",
+    "[gMASK]",
+    "<sop>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|observation|>",
+    "<arg_key>",
+    "</arg_key>",
+    "<arg_value>",
+    "</arg_value>",
+    "<|start|>",
+    "<|end|>",
+    "<|message|>",
+    "<|channel|>",
+    "<|constrain|>",
+    "<|return|>",
+    "<|call|>",
+]
 
 
 def corpus(rng: random.Random) -> list[str]:
@@ -66,6 +100,7 @@ def main() -> None:
         show_progress=False,
     )
     tok.train_from_iterator(corpus(random.Random(0)), trainer=trainer)
+    tok.add_special_tokens(EXTRA_SPECIALS)
     for w in WORDS:
         for form in (w, " " + w):
             ids = tok.encode(form).ids

@@ -1,6 +1,6 @@
-"""`regen audit`: completions rebuilt in the family's grammar match what the simulator billed
-(its grammar is its own code), a wrong family is caught, and structural checks find what they
-say."""
+"""`regen audit`: ids rebuilt from the chat template and the family's grammar match what the
+simulator billed (its grammar and its prompt renderer are its own code), a wrong family or
+tokenizer is caught, and the structural checks find what they say."""
 
 from __future__ import annotations
 
@@ -10,20 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from regen.audit import _structure
-from regen.reconstruct import completion_ids, load_tokenizer
+from regen.audit import Checks, structure
+from regen.reconstruct import Answer, Target, TargetSpec, family
 from regen.sim import SimConfig, sim_in_thread
+from regen.store import ExportRow
 from tests.conftest import run_cli, write_job, write_rows
 
 FIXTURES = Path(__file__).parent / "sources" / "fixtures"
 
 
-@pytest.mark.parametrize(
-    ("model", "family"), [("moonshotai/kimi-k2.5", "kimi-k2.5"), ("qwen/qwen3-8b", "qwen3")]
-)
-def test_reconstructed_completions_match_the_billed_tokens(
-    tmp_path: Path, model: str, family: str
-) -> None:
+def _run(tmp_path: Path, model: str, extra: str = "") -> Path:
     rows = [
         {"messages": [{"role": "user", "content": f"Explain step {i} in detail"}]}
         for i in range(40)
@@ -35,27 +31,67 @@ def test_reconstructed_completions_match_the_billed_tokens(
             tmp_path,
             sim.base_url,
             datasets=[("chat", "chat.jsonl", "openai"), ("glaive", "glaive.json", "glaive")],
+            extra=extra,
         )
         job.write_text(
             job.read_text()
             .replace("moonshotai/kimi-k2.5", model)
             .replace("max_tokens = 512", "max_tokens = 2000")
         )
-        assert run_cli("run", str(job)).returncode == 0
-    res = run_cli("audit", str(tmp_path / "out"), "--family", family, "--json")
+        res = run_cli("run", str(job))
+        assert res.returncode == 0, res.stdout + res.stderr
+    return tmp_path / "out"
+
+
+@pytest.mark.parametrize(
+    ("model", "family_name"), [("moonshotai/kimi-k2.5", "kimi-k2.5"), ("qwen/qwen3-8b", "qwen3")]
+)
+def test_rebuilt_ids_match_the_billed_tokens(tmp_path: Path, model: str, family_name: str) -> None:
+    out = _run(tmp_path, model)
+    res = run_cli("audit", str(out), "--family", family_name, "--json")
     assert res.returncode == 0, res.stdout + res.stderr
     overall = json.loads(res.stdout)["overall"]
     assert overall["samples"] >= 40
     assert overall["mean_abs_diff"] == 0.0 and overall["match_share"] == 1.0
-    assert overall["problems"] == {}
+    assert overall["prompt_mean_abs_diff"] == 0.0 and overall["prompt_match_share"] == 1.0
+    assert overall["problems"] == {} and overall["failed"] == 0
     # The other family's grammar is caught: the audit fails (exit 3) and says by how much.
-    other = "qwen3" if family == "kimi-k2.5" else "kimi-k2.5"
-    res = run_cli("audit", str(tmp_path / "out"), "--family", other)
+    other = "qwen3" if family_name == "kimi-k2.5" else "kimi-k2.5"
+    res = run_cli("audit", str(out), "--family", other)
     assert res.returncode == 3 and "audit failed: mean abs diff" in res.stdout
 
 
+def test_a_wrong_tokenizer_fails_the_audit(tmp_path: Path) -> None:
+    out = _run(tmp_path, "moonshotai/kimi-k2.5", extra='[reconstruct]\nfamily = "kimi-k2.5"\n')
+    assert run_cli("audit", str(out)).returncode == 0  # the job's [reconstruct] is used
+    # A byte-level tokenizer without the sim's merges: every count is off.
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.add_special_tokens(["<|im_end|>", "</think>", "<think>"])
+    tok.save(str(tmp_path / "bytes.json"))
+    template = tmp_path / "kimi.jinja"
+    from regen.reconstruct import sim_template
+
+    template.write_text(sim_template("kimi-k2.5"))
+    res = run_cli(
+        "audit",
+        str(out),
+        "--tokenizer",
+        str(tmp_path / "bytes.json"),
+        "--chat-template",
+        str(template),
+        "--json",
+    )
+    assert res.returncode == 3
+    data = json.loads(res.stdout)
+    assert data["overall"]["mean_abs_diff"] > 10 and data["overall"]["match_share"] < 0.1
+    assert any("mean abs diff" in b for b in data["broken"])
+
+
 def test_kimi_layout_of_reasoning_content_and_a_tool_call() -> None:
-    tok = load_tokenizer("sim")
+    target = Target(TargetSpec(family="kimi-k2.5"))
     calls = [
         {
             "id": "functions.lookup:0",
@@ -63,31 +99,77 @@ def test_kimi_layout_of_reasoning_content_and_a_tool_call() -> None:
             "function": {"name": "lookup", "arguments": '{"q": "x"}'},
         }
     ]
-    ids = completion_ids(tok, "kimi-k2.5", "think", "ok", calls, "tool_calls")
-    text = tok.decode(ids, skip_special_tokens=False)
+    k25 = family("kimi-k2.5").layout
+    text = k25(Answer("think", "ok", calls, truncated=False, thinking=True))
     assert text == (
         "think</think>ok<|tool_calls_section_begin|><|tool_call_begin|>functions.lookup:0"
         '<|tool_call_argument_begin|>{"q": "x"}<|tool_call_end|><|tool_calls_section_end|>'
         "<|im_end|>"
     )
-    cut = completion_ids(tok, "kimi-k2.5", "thinking stopped", "", [], "length")
-    assert tok.decode(cut, skip_special_tokens=False) == "thinking stopped"
+    [ids] = target.encode_batch([text])
+    assert target.decode(ids) == text
+    assert k25(Answer("thinking stopped", "", [], truncated=True, thinking=True)) == (
+        "thinking stopped"
+    )
+    assert k25(Answer("", "hi", [], truncated=False, thinking=False)) == "hi<|im_end|>"
+
+
+def _row(content: str, calls: list[dict], tools: list[dict], **kw: object) -> ExportRow:
+    return ExportRow(
+        item_id="x",
+        turn_index=1,
+        conversation={"messages": [{"role": "user", "content": "q"}], "tools": tools},
+        content=content,
+        reasoning=kw.get("reasoning"),  # type: ignore[arg-type]
+        tool_calls=calls,
+        finish_reason=kw.get("finish", "stop"),  # type: ignore[arg-type]
+        provider=kw.get("provider"),  # type: ignore[arg-type]
+    )
 
 
 def test_structural_checks() -> None:
-    tools = [{"type": "function", "function": {"name": "lookup"}}]
-    bad_call = [{"function": {"name": "other", "arguments": "{oops"}}]
-    assert _structure(None, "a </think> b", bad_call, tools, True, "stop") == [
+    schema = {
+        "type": "object",
+        "properties": {"q": {"type": "string"}},
+        "required": ["q"],
+    }
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": schema}}]
+    markers = family("kimi-k2.5").markers
+    checks = Checks(expect_reasoning=True, excluded_providers=frozenset({"Bad"}))
+    bad_calls = [
+        {"function": {"name": "other", "arguments": "{}"}},
+        {"function": {"name": "lookup", "arguments": "{oops"}},
+        {"function": {"name": "lookup", "arguments": '{"q": 3}'}},
+    ]
+    row = _row("a </think> b", bad_calls, tools, finish="weird", provider="Bad")
+    assert structure(row, markers, checks) == [
         "no_reasoning",
-        "stray_marker_in_content",
+        "marker_in_content",
         "undeclared_tool",
         "arguments_not_json",
+        "arguments_off_schema",
+        "finish_weird",
+        "excluded_provider",
     ]
-    assert _structure("r", "fine", [], tools, True, "stop") == []
+    good = [{"function": {"name": "lookup", "arguments": '{"q": "x"}'}}]
+    assert (
+        structure(_row("", good, tools, reasoning="r", finish="tool_calls"), markers, checks) == []
+    )
+    assert structure(
+        _row("fine", [], tools, reasoning="r", finish="tool_calls"), markers, checks
+    ) == ["tool_calls_finish_without_calls"]
+    # A tool whose declared schema is itself invalid does not fail the answer.
+    loose = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": 7}}}]
+    assert structure(_row("", good, loose, reasoning="r"), markers, checks) == []
 
 
 def test_an_unknown_family_or_tokenizer_is_one_line(tmp_path: Path) -> None:
-    res = run_cli(
-        "audit", str(tmp_path), "--family", "kimi-k2.5", "--tokenizer", str(tmp_path / "nope.json")
-    )
-    assert res.returncode == 1 and res.stderr.startswith("error: ")
+    out = _run(tmp_path, "moonshotai/kimi-k2.5")
+    for flags in (
+        ["--family", "kimi-k2.5", "--tokenizer", str(tmp_path / "nope.json")],
+        ["--family", "kimi-9"],
+        [],
+    ):
+        res = run_cli("audit", str(out), *flags)
+        assert res.returncode == 1 and res.stderr.startswith("error: "), res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1

@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 
 from regen.conversation import Attempt, Message, Outcome, Result, Usage
+from regen.errors import StateError
 from regen.export import ExportOptions, export_job
+from regen.reconstruct import Target, TargetSpec
 from regen.sim import SimConfig, sim_in_thread
 from regen.store import Store
 from tests.conftest import chat_rows, query, run_cli, write_job, write_rows
@@ -187,14 +189,29 @@ def test_tokenized_parquet_loads_with_datasets_and_incremental_parts(tmp_path: P
     for n, item in enumerate(items[:20]):
         add_answer(store, item, n, ids=n % 4 != 0)
     to = tmp_path / "tok"
-    m = export_job(store, ["chat"], to, ExportOptions(format="tokenized", shard_rows=6))
-    assert m["datasets"]["chat"]["samples"]["train"] == 15
-    assert m["datasets"]["chat"]["dropped"] == {"no_token_ids": 5}
+    # Without a template family, an answer without exact ids stops the export (nothing is
+    # written), rather than being left out unseen.
+    with pytest.raises(StateError, match="has no exact token ids: give --family"):
+        export_job(store, ["chat"], to, ExportOptions(format="tokenized", shard_rows=6))
+    assert not to.exists()
+    target = Target(TargetSpec(family="chatml", thinking=False))
+    opts = ExportOptions(format="tokenized", shard_rows=6)
+    m = export_job(store, ["chat"], to, opts, target)
+    assert m["datasets"]["chat"]["samples"]["train"] == 20
+    assert m["datasets"]["chat"]["ids"] == {"exact": 15, "reconstructed": 5}
+    assert m["reconstruct"]["family"] == "chatml"
     files = sorted((to / "train").glob("chat-*.parquet"))
-    assert len(files) == 3  # 15 rows, 6 a shard
+    assert len(files) == 4  # 20 rows, 6 a shard
     ds = datasets.load_dataset("parquet", data_files=[str(f) for f in files], split="train")
-    assert ds.num_rows == 15
-    row = ds[0]
+    assert ds.num_rows == 20
+    rebuilt = next(r for r in ds if r["source"] == "reconstructed")
+    n_prompt = rebuilt["n_prompt"]
+    assert rebuilt["loss_mask"] == [0] * n_prompt + [1] * rebuilt["n_completion"]
+    answer = target.decode(rebuilt["input_ids"][n_prompt:])
+    assert answer.startswith("answer ") and answer.endswith("<|im_end|>")
+    prompt = target.decode(rebuilt["input_ids"][:n_prompt])
+    assert prompt.startswith("<|im_start|>user\n") and prompt.endswith("<|im_start|>assistant\n")
+    row = next(r for r in ds if r["source"] == "exact")
     assert row["input_ids"] == [1, 2, 3, 7, 8] and row["loss_mask"] == [0, 0, 0, 1, 1]
     assert (row["n_prompt"], row["n_completion"], row["source"]) == (3, 2, "exact")
     assert set(ds.column_names) == {
@@ -211,6 +228,7 @@ def test_tokenized_parquet_loads_with_datasets_and_incremental_parts(tmp_path: P
     for n, item in enumerate(items[20:], start=20):
         add_answer(store, item, n, ids=True)
     m2 = export_job(store, ["chat"], to, ExportOptions(format="tokenized", since_last=True))
+    assert m2["datasets"]["chat"]["ids"] == {"exact": 10}
     assert m2["part"] == 1 and m2["datasets"]["chat"]["samples"]["train"] == 10
     part = datasets.load_dataset(
         "parquet",

@@ -1,23 +1,39 @@
-"""`regen audit OUT`: do the reconstructed completions match what the provider billed, and is
-every answer well formed?
+"""`regen audit OUT`: do the rebuilt ids match what the provider billed, and is every answer
+well formed?
 
-Per dataset: the mean and max absolute difference between the reconstructed completion's
-length and the billed `completion_tokens`, the share of exact matches, the worst samples; and
-structural checks: reasoning present where expected, no stray markers in content, tool-call
-names among the declared tools, arguments that are valid JSON, finish reasons. Answers that
-came with exact ids (vLLM/SGLang `token_ids`) are checked as they are.
+Per dataset and overall: the mean and max absolute difference between the rebuilt and the
+billed completion tokens (and prompt tokens), the share of exact matches, the worst samples;
+and structural checks: reasoning present where expected, no control markers in content or
+reasoning, tool-call names among the declared tools, arguments that are JSON and valid against
+the declared schema, a finish reason that fits the answer, no answer from an excluded
+provider. `regen export --drop-failed-audit` drops the samples these checks fail.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from regen.reconstruct import STRAY_MARKERS, completion_ids, load_tokenizer
-from regen.store import Store, unpack_ids
+from regen.reconstruct import ReconstructError, Sample, Target, TargetSpec, spec_from_store
+from regen.store import ExportRow, Store
+
+BATCH = 256
+"""Answers rebuilt together (their texts are encoded in one batch)."""
+
+
+@dataclass(frozen=True)
+class Checks:
+    """What counts as a failed sample."""
+
+    expect_reasoning: bool = False
+    max_sample_diff: int = 3
+    """A completion whose rebuilt length is further than this from the billed count fails."""
+    excluded_providers: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -25,14 +41,19 @@ class DatasetAudit:
     name: str
     samples: int = 0
     truncated: int = 0
-    """Answers cut at max_tokens, left out of the length statistics unless asked for: exports
-    drop them by default, and a cut inside a tool call loses text the server's parser drops."""
+    """Answers cut at max_tokens, left out unless asked for: exports drop them by default, and
+    a cut inside a tool call loses text the server's parser drops."""
     exact_ids: int = 0
     abs_diff_sum: int = 0
     max_abs_diff: int = 0
     matches: int = 0
-    worst: list[tuple[int, str, int, int]] = field(default_factory=list)
-    """(abs diff, item id, reconstructed, billed), largest first."""
+    prompt_abs_diff_sum: int = 0
+    prompt_max_abs_diff: int = 0
+    prompt_matches: int = 0
+    failed: int = 0
+    """Samples with a structural problem or a completion difference over the limit."""
+    worst: list[tuple[int, str, int, int, int]] = field(default_factory=list)
+    """(abs diff, item id, rebuilt, billed, prompt diff), largest first."""
     problems: Counter[str] = field(default_factory=Counter)
     finish_reasons: Counter[str] = field(default_factory=Counter)
 
@@ -41,101 +62,184 @@ class DatasetAudit:
         return self.abs_diff_sum / self.samples if self.samples else 0.0
 
     @property
+    def prompt_mean_abs_diff(self) -> float:
+        return self.prompt_abs_diff_sum / self.samples if self.samples else 0.0
+
+    @property
     def match_share(self) -> float:
         return self.matches / self.samples if self.samples else 0.0
 
+    def add(self, sample: Sample, problems: list[str], keep_worst: int) -> None:
+        self.samples += 1
+        self.exact_ids += sample.source == "exact"
+        diff, pdiff = abs(sample.completion_diff), abs(sample.prompt_diff)
+        self.abs_diff_sum += diff
+        self.max_abs_diff = max(self.max_abs_diff, diff)
+        self.matches += diff == 0
+        self.prompt_abs_diff_sum += pdiff
+        self.prompt_max_abs_diff = max(self.prompt_max_abs_diff, pdiff)
+        self.prompt_matches += pdiff == 0
+        if diff and (len(self.worst) < keep_worst or diff > self.worst[-1][0]):
+            billed = len(sample.completion_ids) - sample.completion_diff
+            entry = (diff, sample.item_id, len(sample.completion_ids), billed, sample.prompt_diff)
+            self.worst = sorted([*self.worst, entry], reverse=True)[:keep_worst]
+        self.failed += bool(problems)
+        self.problems.update(problems)
 
-def _structure(
-    reasoning: str | None,
-    content: str,
-    calls: list[dict[str, Any]],
-    tools: list[dict[str, Any]],
-    expect_reasoning: bool,
-    finish: str | None,
-) -> list[str]:
+    def merge(self, other: DatasetAudit) -> None:
+        for name in (
+            "samples",
+            "truncated",
+            "exact_ids",
+            "abs_diff_sum",
+            "matches",
+            "prompt_abs_diff_sum",
+            "prompt_matches",
+            "failed",
+        ):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.max_abs_diff = max(self.max_abs_diff, other.max_abs_diff)
+        self.prompt_max_abs_diff = max(self.prompt_max_abs_diff, other.prompt_max_abs_diff)
+        self.problems.update(other.problems)
+        self.finish_reasons.update(other.finish_reasons)
+        self.worst = sorted([*self.worst, *other.worst], reverse=True)[:5]
+
+
+@lru_cache(maxsize=4096)
+def _validator(schema_json: str) -> Any:
+    """A JSON-schema validator for a tool's parameters, or None when the schema is itself
+    invalid (datasets ship loose schemas; that is not the answer's fault)."""
+    import jsonschema
+
+    try:
+        schema = json.loads(schema_json)
+        cls = jsonschema.validators.validator_for(schema)
+        cls.check_schema(schema)
+        return cls(schema)
+    except (jsonschema.SchemaError, ValueError, TypeError):
+        return None
+
+
+def structure(row: ExportRow, markers: tuple[str, ...], checks: Checks) -> list[str]:
+    """The answer's structural problems, by name."""
     problems = []
-    if expect_reasoning and not reasoning and finish != "length":
+    finish = row.finish_reason
+    if checks.expect_reasoning and not row.reasoning and finish != "length":
         problems.append("no_reasoning")
-    if any(m in content for m in STRAY_MARKERS):
-        problems.append("stray_marker_in_content")
-    declared = {(t.get("function") or {}).get("name") for t in tools}
-    for c in calls:
+    if any(m in row.content for m in markers):
+        problems.append("marker_in_content")
+    if row.reasoning and any(m in row.reasoning for m in markers):
+        problems.append("marker_in_reasoning")
+    tools = row.conversation.get("tools") or []
+    declared = {
+        (t.get("function") or {}).get("name"): (t.get("function") or {}).get("parameters")
+        for t in tools
+        if isinstance(t, dict)
+    }
+    for c in row.tool_calls:
         fn = c.get("function") or {}
-        if tools and fn.get("name") not in declared:
+        name = fn.get("name")
+        if tools and name not in declared:
             problems.append("undeclared_tool")
+            continue
         try:
-            json.loads(fn.get("arguments") or "")
+            args = json.loads(fn.get("arguments") or "")
         except (json.JSONDecodeError, TypeError):
             problems.append("arguments_not_json")
+            continue
+        schema = declared.get(name)
+        if isinstance(schema, dict) and schema:
+            validator = _validator(json.dumps(schema, sort_keys=True))
+            if validator is not None and not validator.is_valid(args):
+                problems.append("arguments_off_schema")
+    if finish not in ("stop", "length", "tool_calls"):
+        problems.append(f"finish_{finish or 'none'}")
+    elif finish == "tool_calls" and not row.tool_calls:
+        problems.append("tool_calls_finish_without_calls")
+    if row.provider is not None and row.provider in checks.excluded_providers:
+        problems.append("excluded_provider")
     return problems
+
+
+def sample_problems(
+    row: ExportRow, sample: Sample | ReconstructError, target: Target, checks: Checks
+) -> list[str]:
+    """Everything wrong with one answer: its structure, and its rebuilt length."""
+    if isinstance(sample, ReconstructError):
+        return ["reconstruct_error"]
+    problems = structure(row, target.family.markers, checks)
+    if abs(sample.completion_diff) > checks.max_sample_diff:
+        problems.append("length_off_billed")
+    return problems
+
+
+def rebuilt(
+    store: Store, dataset: str, target: Target, since: float | None = None
+) -> Iterator[tuple[ExportRow, Sample | ReconstructError]]:
+    """Each answer of a dataset with its rebuilt sample, in source order, in batches."""
+    batch: list[ExportRow] = []
+    for row in store.export_rows(dataset, since):
+        batch.append(row)
+        if len(batch) == BATCH:
+            yield from zip(batch, target.samples(batch), strict=True)
+            batch = []
+    if batch:
+        yield from zip(batch, target.samples(batch), strict=True)
+
+
+def target_for(store: Store, **overrides: Any) -> Target:
+    """The job's recorded `[reconstruct]` settings with command-line overrides."""
+    meta = store.get_meta("reconstruct")
+    fields = store.get_meta("fingerprint_fields")
+    generation = json.loads(fields).get("generation") if fields else None
+    spec: TargetSpec = spec_from_store(json.loads(meta) if meta else None, generation, **overrides)
+    return Target(spec)
+
+
+def checks_for(store: Store, **kwargs: Any) -> Checks:
+    excluded = json.loads(store.get_meta("excluded_providers") or "[]")
+    extra = kwargs.pop("excluded_providers", ())
+    return Checks(excluded_providers=frozenset([*excluded, *extra]), **kwargs)
 
 
 def audit(
     out: Path,
-    family: str,
-    tokenizer: str,
     *,
-    expect_reasoning: bool = False,
     include_truncated: bool = False,
     worst: int = 5,
-) -> list[DatasetAudit]:
-    tok = load_tokenizer(tokenizer)
+    checks: dict[str, Any] | None = None,
+    **target: Any,
+) -> tuple[list[DatasetAudit], Target]:
     store = Store.open_readonly(out)
     try:
-        names = [p.name for p in store.dataset_progress()]
-        audits = {n: DatasetAudit(n) for n in names}
-        for name in names:
-            a = audits[name]
-            for row in store.export_rows(name):
+        tgt = target_for(store, **target)
+        chk = checks_for(store, **(checks or {}))
+        audits = []
+        for p in store.dataset_progress():
+            a = DatasetAudit(p.name)
+            audits.append(a)
+            for row, sample in rebuilt(store, p.name, tgt):
                 a.finish_reasons[row.finish_reason or "none"] += 1
                 if row.finish_reason == "length" and not include_truncated:
                     a.truncated += 1
                     continue
-                a.samples += 1
-                exact = unpack_ids(row.completion_token_ids)
-                if exact is not None:
-                    a.exact_ids += 1
-                    ids = exact
-                else:
-                    ids = completion_ids(
-                        tok, family, row.reasoning, row.content, row.tool_calls, row.finish_reason
-                    )
-                diff = abs(len(ids) - row.completion_tokens)
-                a.abs_diff_sum += diff
-                a.max_abs_diff = max(a.max_abs_diff, diff)
-                a.matches += diff == 0
-                a.worst.append((diff, row.item_id, len(ids), row.completion_tokens))
-                a.worst = sorted(a.worst, reverse=True)[:worst]
-                tools = row.conversation.get("tools") or []
-                for p in _structure(
-                    row.reasoning,
-                    row.content,
-                    row.tool_calls,
-                    tools,
-                    expect_reasoning,
-                    row.finish_reason,
-                ):
-                    a.problems[p] += 1
+                problems = sample_problems(row, sample, tgt, chk)
+                if isinstance(sample, ReconstructError):
+                    a.samples += 1
+                    a.failed += 1
+                    a.problems.update(problems)
+                    continue
+                a.add(sample, problems, worst)
     finally:
         store.close()
-    return list(audits.values())
+    return audits, tgt
 
 
 def audit_json(audits: list[DatasetAudit]) -> dict[str, Any]:
     total = DatasetAudit("all")
     for a in audits:
-        total.samples += a.samples
-        total.abs_diff_sum += a.abs_diff_sum
-        total.max_abs_diff = max(total.max_abs_diff, a.max_abs_diff)
-        total.matches += a.matches
-        total.exact_ids += a.exact_ids
-        total.truncated += a.truncated
-        total.problems.update(a.problems)
-        total.finish_reasons.update(a.finish_reasons)
-    return {
-        "datasets": [_one(a) for a in audits],
-        "overall": _one(total),
-    }
+        total.merge(a)
+    return {"datasets": [_one(a) for a in audits], "overall": _one(total)}
 
 
 def _one(a: DatasetAudit) -> dict[str, Any]:
@@ -147,10 +251,13 @@ def _one(a: DatasetAudit) -> dict[str, Any]:
         "mean_abs_diff": round(a.mean_abs_diff, 4),
         "max_abs_diff": a.max_abs_diff,
         "match_share": round(a.match_share, 4),
+        "prompt_mean_abs_diff": round(a.prompt_mean_abs_diff, 4),
+        "prompt_max_abs_diff": a.prompt_max_abs_diff,
+        "prompt_match_share": round(a.prompt_matches / a.samples, 4) if a.samples else 0.0,
+        "failed": a.failed,
         "worst": [
-            {"abs_diff": d, "item_id": i, "reconstructed": r, "billed": b}
-            for d, i, r, b in a.worst
-            if d
+            {"abs_diff": d, "item_id": i, "rebuilt": r, "billed": b, "prompt_diff": p}
+            for d, i, r, b, p in a.worst
         ],
         "problems": dict(sorted(a.problems.items())),
         "finish_reasons": dict(sorted(a.finish_reasons.items())),

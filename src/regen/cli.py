@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import sys
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -76,12 +77,7 @@ def _parser() -> argparse.ArgumentParser:
         help="check reconstructed completions against billed tokens, and answers' structure",
     )
     aud.add_argument("out", type=Path, help="the job's output directory")
-    aud.add_argument(
-        "--family", required=True, help="template family: kimi-k2.5, kimi-k2, qwen3, chatml"
-    )
-    aud.add_argument(
-        "--tokenizer", default="sim", help="tokenizer.json, a folder, a hub id, or sim (default)"
-    )
+    _target_flags(aud)
     aud.add_argument("--expect-reasoning", action="store_true", help="every answer reasons")
     aud.add_argument(
         "--include-truncated",
@@ -96,11 +92,32 @@ def _parser() -> argparse.ArgumentParser:
         help="fail above this mean absolute difference (2)",
     )
     aud.add_argument(
+        "--max-prompt-mean-diff",
+        type=float,
+        default=2.0,
+        metavar="TOKENS",
+        help="fail above this mean absolute difference in prompt tokens (2)",
+    )
+    aud.add_argument(
+        "--max-sample-diff",
+        type=int,
+        default=3,
+        metavar="TOKENS",
+        help="a sample whose completion differs from the bill by more than this fails (3)",
+    )
+    aud.add_argument(
+        "--exclude-provider",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="flag answers from this provider (as well as those the run excluded)",
+    )
+    aud.add_argument(
         "--max-problem-share",
         type=float,
         default=0.0,
         metavar="FRACTION",
-        help="fail when more answers than this share have a structural problem (0)",
+        help="fail when more samples than this share fail a check (0)",
     )
     aud.add_argument("--json", action="store_true", help="print the audit as JSON")
 
@@ -152,6 +169,24 @@ def _parser() -> argparse.ArgumentParser:
         help="only answers stored since the previous export to the same folder, as a new part",
     )
     exp.add_argument("--shard-rows", type=int, default=100_000, help="tokenized: rows per file")
+    exp.add_argument(
+        "--drop-failed-audit",
+        action="store_true",
+        help="drop samples that fail regen audit's checks (needs a template family)",
+    )
+    exp.add_argument(
+        "--max-sample-diff",
+        type=int,
+        default=3,
+        metavar="TOKENS",
+        help="with --drop-failed-audit: drop samples further than this from the bill (3)",
+    )
+    exp.add_argument(
+        "--expect-reasoning",
+        action="store_true",
+        help="with --drop-failed-audit: drop answers without reasoning",
+    )
+    _target_flags(exp)
 
     prov = sub.add_parser(
         "providers",
@@ -310,6 +345,34 @@ def _status(args: argparse.Namespace, console: Console) -> int:
         time.sleep(args.watch)
 
 
+def _target_flags(p: argparse.ArgumentParser) -> None:
+    """How ids are rebuilt; each flag overrides the job's [reconstruct] section."""
+    p.add_argument("--family", help="template family (kimi-k2.5, qwen3, gpt-oss, ...)")
+    p.add_argument(
+        "--tokenizer", help="a folder with tokenizer files, a tokenizer.json, a hub id, or sim"
+    )
+    p.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template to use instead")
+    p.add_argument(
+        "--template-kwargs", metavar="JSON", help="extra chat-template arguments, as JSON"
+    )
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        default=None,
+        help="let the tokenizer run its own code (Kimi's tokenizer needs it)",
+    )
+
+
+def _target_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "family": args.family,
+        "tokenizer": args.tokenizer,
+        "chat_template": args.chat_template,
+        "template_kwargs": args.template_kwargs,
+        "trust_remote_code": args.trust_remote_code,
+    }
+
+
 def _audit(args: argparse.Namespace, console: Console) -> int:
     import json
 
@@ -317,26 +380,43 @@ def _audit(args: argparse.Namespace, console: Console) -> int:
 
     from regen.audit import audit, audit_json
 
-    audits = audit(
+    audits, target = audit(
         args.out,
-        args.family,
-        args.tokenizer,
-        expect_reasoning=args.expect_reasoning,
         include_truncated=args.include_truncated,
+        checks={
+            "expect_reasoning": args.expect_reasoning,
+            "max_sample_diff": args.max_sample_diff,
+            "excluded_providers": tuple(args.exclude_provider),
+        },
+        **_target_overrides(args),
     )
     data = audit_json(audits)
     overall = data["overall"]
-    problems = sum(overall["problems"].values())
     broken = []
     if overall["mean_abs_diff"] > args.max_mean_diff:
         broken.append(f"mean abs diff {overall['mean_abs_diff']} > {args.max_mean_diff}")
-    if overall["samples"] and problems / overall["samples"] > args.max_problem_share:
-        broken.append(f"{problems} structural problems in {overall['samples']} answers")
+    if overall["prompt_mean_abs_diff"] > args.max_prompt_mean_diff:
+        broken.append(
+            f"prompt mean abs diff {overall['prompt_mean_abs_diff']} > {args.max_prompt_mean_diff}"
+        )
+    if overall["samples"] and overall["failed"] / overall["samples"] > args.max_problem_share:
+        broken.append(f"{overall['failed']} of {overall['samples']} samples fail a check")
     if args.json:
         print(json.dumps({**data, "broken": broken}))
     else:
-        table = Table(title=f"audit ({args.family}, tokenizer {args.tokenizer})")
-        cols = ("dataset", "samples", "cut", "exact ids", "mean |diff|", "max |diff|", "matches")
+        spec = target.spec
+        table = Table(title=f"audit ({spec.family}, tokenizer {spec.tokenizer})")
+        cols = (
+            "dataset",
+            "samples",
+            "cut",
+            "exact ids",
+            "mean |diff|",
+            "max |diff|",
+            "matches",
+            "prompt |diff|",
+            "failed",
+        )
         for col in (*cols, "problems"):
             table.add_column(col, justify="left" if col in ("dataset", "problems") else "right")
         for d in (*data["datasets"], overall):
@@ -348,14 +428,16 @@ def _audit(args: argparse.Namespace, console: Console) -> int:
                 f"{d['mean_abs_diff']:.3f}",
                 str(d["max_abs_diff"]),
                 f"{d['match_share']:.1%}",
+                f"{d['prompt_mean_abs_diff']:.3f}",
+                str(d["failed"]),
                 ", ".join(f"{k} {v}" for k, v in d["problems"].items()) or "-",
             )
         console.print(table)
         for d in data["datasets"]:
             for w in d["worst"][:3]:
                 console.print(
-                    f"worst {d['name']}: {w['item_id']} reconstructed {w['reconstructed']} "
-                    f"billed {w['billed']}",
+                    f"worst {d['name']}: {w['item_id']} rebuilt {w['rebuilt']} "
+                    f"billed {w['billed']} (prompt {w['prompt_diff']:+d})",
                     markup=False,
                 )
         for b in broken:
@@ -382,6 +464,7 @@ def _pairs(values: list[str], flag: str, kind: type) -> dict[str, object]:
 def _export(args: argparse.Namespace, console: Console) -> int:
     from rich.table import Table
 
+    from regen.audit import checks_for, target_for
     from regen.export import ExportOptions, export_job
     from regen.store import Store
 
@@ -414,9 +497,22 @@ def _export(args: argparse.Namespace, console: Console) -> int:
             dedup=args.dedup,
             since_last=args.since_last,
             shard_rows=max(1, args.shard_rows),
+            drop_failed_audit=args.drop_failed_audit,
+            max_sample_diff=args.max_sample_diff,
         )
+        target = checks = None
+        overrides = _target_overrides(args)
+        recorded = store.get_meta("reconstruct") is not None
+        if args.drop_failed_audit or (args.format == "tokenized" and (recorded or args.family)):
+            target = target_for(store, **overrides)
+            checks = checks_for(
+                store,
+                expect_reasoning=args.expect_reasoning,
+                max_sample_diff=args.max_sample_diff,
+                excluded_providers=tuple(args.exclude_provider),
+            )
         to = args.to or args.out / "export" / args.format
-        manifest = export_job(store, names, to, opts)
+        manifest = export_job(store, names, to, opts, target, checks)
     finally:
         store.close()
     table = Table(title=f"export {args.format} -> {to}", title_justify="left")

@@ -270,6 +270,29 @@ class DatasetConfig(_Model):
         return fields
 
 
+class ReconstructConfig(_Model):
+    """`[reconstruct]`: how `regen audit` and `regen export --format tokenized` rebuild the
+    target's token ids (flags of those commands override it)."""
+
+    family: str
+    tokenizer: str = "sim"
+    """A folder with tokenizer files, a tokenizer.json, a Hugging Face hub id, or `sim`."""
+    chat_template: str | None = None
+    """A Jinja file to use instead of the tokenizer's own chat template."""
+    template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    trust_remote_code: bool = False
+    """Needed by tokenizers that ship their own code (Kimi's tiktoken tokenizer)."""
+
+    @field_validator("family")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        from regen.reconstruct.families import FAMILIES
+
+        if v not in FAMILIES:
+            raise ValueError(f"unknown template family {v!r} (allowed: {', '.join(FAMILIES)})")
+        return v
+
+
 class Job(_Model):
     """A whole job file."""
 
@@ -281,6 +304,7 @@ class Job(_Model):
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
     lanes: list[LaneConfig] = Field(default_factory=list)
     datasets: list[DatasetConfig] = Field(min_length=1)
+    reconstruct: ReconstructConfig | None = None
     base_dir: str = Field(default=".", exclude=True)
     """The job file's folder; set by load_job, not by the file."""
 

@@ -15,9 +15,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from regen.audit import Checks, rebuilt, sample_problems
 from regen.conversation import seeded_unit
 from regen.errors import StateError
-from regen.store import ExportRow, Store
+from regen.reconstruct import ReconstructError, Sample, Target
+from regen.store import ExportRow, Store, pack_ids
 
 
 def _specforge_message(m: dict[str, Any]) -> dict[str, Any]:
@@ -169,6 +171,10 @@ class ExportOptions:
     """Only answers stored after the previous export to the same folder, as a new part."""
     shard_rows: int = 100_000
     """Tokenized: rows per Parquet file."""
+    drop_failed_audit: bool = False
+    """Drop samples that fail `regen audit`'s checks (structure, length against the bill)."""
+    max_sample_diff: int = 3
+    """With drop_failed_audit: the largest rebuilt-minus-billed completion difference kept."""
 
 
 def _drop_reason(row: ExportRow, opts: ExportOptions) -> str | None:
@@ -198,6 +204,8 @@ class _Counts:
     completion_tokens: int = 0
     cost_usd: float = 0.0
     dropped: Counter[str] = field(default_factory=Counter)
+    sources: Counter[str] = field(default_factory=Counter)
+    """Tokenized samples written, by where their ids came from: exact or reconstructed."""
 
 
 class _JsonlShards:
@@ -295,22 +303,34 @@ def TOKENIZED_SCHEMA() -> Any:  # noqa: N802 - a constant, built late (pyarrow l
     )
 
 
-def tokenized_record(row: ExportRow, dataset: str) -> dict[str, Any] | None:
+def tokenized_record(
+    row: ExportRow, dataset: str, sample: Sample | ReconstructError | None
+) -> dict[str, Any] | str:
     """input_ids = prompt ids + completion ids, loss_mask 0 over the prompt and 1 over the
-    answer. Only answers with exact ids (vLLM/SGLang `token_ids`) have them so far; the others
-    need reconstruction (issue 9) and are counted as `no_token_ids`."""
-    prompt, completion = row.prompt_token_ids, row.completion_token_ids
-    if prompt is None or completion is None:
-        return None
+    answer; the ids exact where the server returned them, else rebuilt. Returns the reason
+    when there are none."""
+    if isinstance(sample, ReconstructError):
+        return "reconstruct_error"
+    if sample is None:  # no target: only exact ids can be written
+        if row.prompt_token_ids is None or row.completion_token_ids is None:
+            raise StateError(
+                f"answer {row.item_id} ({dataset}) has no exact token ids: give --family "
+                "(or a [reconstruct] section in the job) to rebuild them"
+            )
+        prompt, completion = row.prompt_token_ids, row.completion_token_ids
+        source = "exact"
+    else:
+        prompt, completion = pack_ids(sample.prompt_ids), pack_ids(sample.completion_ids)
+        source = sample.source
     n_prompt, n_completion = len(prompt) // 4, len(completion) // 4
     return {
         "id": row.item_id,
         "dataset": dataset,
-        "input_ids": prompt + completion,  # stored uint32 little-endian bytes, joined
+        "input_ids": prompt + completion,  # uint32 little-endian bytes, joined
         "loss_mask": b"\x00" * n_prompt + b"\x01" * n_completion,
         "n_prompt": n_prompt,
         "n_completion": n_completion,
-        "source": "exact",
+        "source": source,
     }
 
 
@@ -325,9 +345,20 @@ def _previous_manifest(to: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def export_job(store: Store, datasets: list[str], to: Path, opts: ExportOptions) -> dict[str, Any]:
+def export_job(
+    store: Store,
+    datasets: list[str],
+    to: Path,
+    opts: ExportOptions,
+    target: Target | None = None,
+    checks: Checks | None = None,
+) -> dict[str, Any]:
     """Write the export into `to` and return its manifest. Files are written into a temporary
-    folder and moved into place only when all are complete; the manifest goes last."""
+    folder and moved into place only when all are complete; the manifest goes last. `target`
+    rebuilds ids (needed by `tokenized` for answers without exact ids, and by the audit
+    filter)."""
+    if opts.drop_failed_audit and (target is None or checks is None):
+        raise StateError("dropping failed-audit samples needs a template family: give --family")
     if opts.format not in FORMATS:
         raise StateError(f"unknown export format {opts.format!r} (allowed: {', '.join(FORMATS)})")
     previous = _previous_manifest(to)
@@ -365,10 +396,13 @@ def export_job(store: Store, datasets: list[str], to: Path, opts: ExportOptions)
             else _JsonlShards(tmp, suffix)
         )
         for name in datasets:
-            until = max(until, _export_dataset(store, name, since, opts, writer, counts, seen))
+            until = max(
+                until,
+                _export_dataset(store, name, since, opts, writer, counts, seen, target, checks),
+            )
         writer.close()
         files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
-        manifest = _manifest(store, opts, counts, files, until, since, part, previous)
+        manifest = _manifest(store, opts, counts, files, until, since, part, previous, target)
         write_json_atomic(tmp / "manifest.json", manifest)
         if to.exists():
             os.rename(to, old)
@@ -394,6 +428,8 @@ def _export_dataset(
     writer: _JsonlShards | _ParquetShards,
     counts: dict[str, _Counts],
     seen: set[str],
+    target: Target | None = None,
+    checks: Checks | None = None,
 ) -> float:
     """Write one dataset's samples; return the latest answer time seen."""
     c = counts.setdefault(name, _Counts())
@@ -401,14 +437,29 @@ def _export_dataset(
     cap = opts.caps.get(name)
     written = 0
     until = 0.0
-    for row in store.export_rows(name, since):
+    rows: Iterable[tuple[ExportRow, Sample | ReconstructError | None]]
+    rows = (
+        rebuilt(store, name, target, since)
+        if target is not None
+        else ((row, None) for row in store.export_rows(name, since))
+    )
+    for row, sample in rows:
         until = max(until, row.created_at)
         reason = _drop_reason(row, opts)
+        if (
+            reason is None
+            and opts.drop_failed_audit
+            and sample is not None
+            and target is not None
+            and checks is not None
+            and sample_problems(row, sample, target, checks)
+        ):
+            reason = "failed_audit"
         rec: dict[str, Any] | None = None
         if reason is None:
             if opts.format == "tokenized":
-                rec = tokenized_record(row, name)
-                reason = None if rec is not None else "no_token_ids"
+                made = tokenized_record(row, name, sample)
+                rec, reason = (made, None) if isinstance(made, dict) else (None, made)
             else:
                 rec = RECORDS[opts.format](row)
         if reason is None and rec is not None and opts.dedup:
@@ -441,6 +492,8 @@ def _export_dataset(
                 c.dropped["cap"] += 1
                 break
             writer.write(split, name, rec)
+            if opts.format == "tokenized":
+                c.sources[rec["source"]] += 1
             written += 1
             c.samples[split] += 1
             c.prompt_tokens += row.prompt_tokens
@@ -458,6 +511,7 @@ def _manifest(
     since: float | None,
     part: int,
     previous: dict[str, Any] | None,
+    target: Target | None = None,
 ) -> dict[str, Any]:
     from regen import __version__
 
@@ -473,6 +527,7 @@ def _manifest(
         "part": part,
         "parts": parts,
         "filters": options,
+        "reconstruct": asdict(target.spec) if target is not None else None,
         "datasets": {
             name: {
                 "samples": c.samples,
@@ -480,6 +535,7 @@ def _manifest(
                 "completion_tokens": c.completion_tokens,
                 "cost_usd": round(c.cost_usd, 8),
                 "dropped": dict(sorted(c.dropped.items())),
+                "ids": dict(sorted(c.sources.items())),
             }
             for name, c in counts.items()
         },

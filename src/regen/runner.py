@@ -104,6 +104,19 @@ def _make_body(job: Job, endpoint: EndpointConfig) -> Callable[[Request, int], d
     return make
 
 
+def reconstruct_meta(job: Job) -> dict[str, object]:
+    """`[reconstruct]` with its paths made absolute (audit and export run from anywhere)."""
+    assert job.reconstruct is not None
+    meta = job.reconstruct.model_dump(exclude_none=True)
+    for key in ("tokenizer", "chat_template"):
+        value = meta.get(key)
+        if value and value != "sim":
+            path = Path(job.base_dir) / Path(value).expanduser()
+            if path.exists():
+                meta[key] = str(path.resolve())
+    return meta
+
+
 async def check_routes(
     job: Job, clients: Mapping[str, JsonGetter], console: Console
 ) -> dict[str, frozenset[str]]:
@@ -243,6 +256,10 @@ async def dispatch(
             book.count_unrecorded(r.difference_usd)
         prices = await resolve_prices(job, clients)
         excluded = await check_routes(job, clients, console)
+        # What `regen audit` and `regen export` need to rebuild and check ids later.
+        store.set_meta("excluded_providers", json.dumps(sorted(set().union(*excluded.values()))))
+        if job.reconstruct is not None:
+            store.set_meta("reconstruct", json.dumps(reconstruct_meta(job)))
         if book.needs_prices:
             unpriced = [name for name, p in prices.items() if p is None]
             if unpriced:

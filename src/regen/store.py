@@ -14,11 +14,11 @@ import sqlite3
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from regen.conversation import (
     BadRow,
@@ -204,7 +204,11 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
 ]
 
 
-def pack_ids(ids: tuple[int, ...] | None) -> bytes | None:
+@overload
+def pack_ids(ids: Sequence[int]) -> bytes: ...
+@overload
+def pack_ids(ids: None) -> None: ...
+def pack_ids(ids: Sequence[int] | None) -> bytes | None:
     """Token ids as little-endian uint32 bytes (4 bytes an id, a tenth of their JSON)."""
     if ids is None:
         return None

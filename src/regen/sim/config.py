@@ -122,7 +122,16 @@ class SimEndpoint(_Model):
 
 class SimModel(_Model):
     id: str
-    family: Literal["kimi-k2.5", "qwen3"] = "kimi-k2.5"
+    family: Literal[
+        "kimi-k2.5",
+        "kimi-k2",
+        "qwen3",
+        "deepseek-v3",
+        "deepseek-r1",
+        "glm-4.5",
+        "gpt-oss",
+        "chatml",
+    ] = "kimi-k2.5"
     """The completion grammar (and so the token layout) of the model's answers."""
     context_length: int = 262144
     reasoning: bool = True
@@ -198,6 +207,35 @@ def _default_models() -> list[SimModel]:
                     context_length=40960,
                 ),
             ],
+        ),
+        *(
+            SimModel(
+                id=model_id,
+                family=family,
+                reasoning=reasoning,
+                mean_completion_tokens=200.0,
+                endpoints=[
+                    e(
+                        provider_name=provider,
+                        tag=provider.lower(),
+                        quantization="fp8",
+                        prompt_price=0.3 * m,
+                        completion_price=1.2 * m,
+                        ttft_s=0.2,
+                        tokens_per_s=100,
+                        capacity=300,
+                    )
+                ],
+            )
+            # One model for each other family the simulator speaks (each with its grammar).
+            for model_id, family, reasoning, provider in (
+                ("moonshotai/kimi-k2", "kimi-k2", False, "Groq"),
+                ("deepseek/deepseek-chat-v3", "deepseek-v3", False, "DeepSeek"),
+                ("deepseek/deepseek-r1", "deepseek-r1", True, "DeepSeek"),
+                ("z-ai/glm-4.5", "glm-4.5", True, "Z.AI"),
+                ("openai/gpt-oss-120b", "gpt-oss", True, "Cerebras"),
+                ("sim/chatml", "chatml", False, "Sim"),
+            )
         ),
     ]
 

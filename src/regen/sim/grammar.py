@@ -62,7 +62,7 @@ class Grammar(Protocol):
 
 
 def _text(v: Any) -> str:
-    return v if isinstance(v, str) else ("" if v is None else json.dumps(v))
+    return v if isinstance(v, str) else ("" if v is None else json.dumps(v, ensure_ascii=False))
 
 
 def _special(tok: Tokenizer, token: str) -> int:
@@ -141,7 +141,8 @@ class KimiK25:
     def render_prompt(self, messages: list[Any], tools: list[Any], thinking: bool) -> str:
         out = []
         if tools:
-            out.append(f"<|im_system|>tool_declare<|im_middle|>{json.dumps(tools)}<|im_end|>")
+            decls = json.dumps(tools, ensure_ascii=False)  # as a template's tojson writes them
+            out.append(f"<|im_system|>tool_declare<|im_middle|>{decls}<|im_end|>")
         msgs = [m for m in messages if isinstance(m, dict)]
         if not msgs or msgs[0].get("role") != "system":
             out.append(f"<|im_system|>system<|im_middle|>{KIMI_DEFAULT_SYSTEM}<|im_end|>")
@@ -242,7 +243,7 @@ class Qwen3:
         msgs = [m for m in messages if isinstance(m, dict)]
         system = _text(msgs[0].get("content")) if msgs and msgs[0].get("role") == "system" else ""
         if tools:
-            decls = "\n".join(json.dumps(t) for t in tools)
+            decls = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
             system = (system + "\n\n" if system else "") + f"# Tools\n<tools>\n{decls}\n</tools>"
         if system:
             out.append(f"<|im_start|>system\n{system}<|im_end|>\n")
@@ -250,15 +251,9 @@ class Qwen3:
             role, content = m.get("role"), _text(m.get("content"))
             if role in ("user", "assistant"):
                 calls = "".join(
-                    "\n<tool_call>\n"
-                    + json.dumps(
-                        {
-                            "name": (c.get("function") or {}).get("name"),
-                            "arguments": (c.get("function") or {}).get("arguments"),
-                        }
-                    )
-                    + "\n</tool_call>"
-                    for c in m.get("tool_calls") or []
+                    f'\n<tool_call>\n{{"name": "{fn.get("name")}", "arguments": '
+                    f"{_text(fn.get('arguments'))}}}\n</tool_call>"
+                    for fn in ((c.get("function") or {}) for c in m.get("tool_calls") or [])
                 )
                 out.append(f"<|im_start|>{role}\n{content}{calls}<|im_end|>\n")
             elif role == "tool":
@@ -308,14 +303,20 @@ class Qwen3:
         return Parsed(reasoning, content, calls, reasoning_tokens, complete)
 
 
-FAMILIES = ("kimi-k2.5", "qwen3")
+FAMILIES = (
+    "kimi-k2.5", "kimi-k2", "qwen3", "deepseek-v3", "deepseek-r1", "glm-4.5", "gpt-oss", "chatml"
+)  # fmt: skip
 
 
 @cache
 def grammar(family: str) -> Grammar:
+    from regen.sim.text_grammars import TEXT_GRAMMARS
+
     tok = sim_tokenizer()
     if family == "kimi-k2.5":
         return KimiK25(tok)
     if family == "qwen3":
         return Qwen3(tok)
+    if family in TEXT_GRAMMARS:
+        return TEXT_GRAMMARS[family](tok)
     raise ValueError(f"unknown family {family!r} (allowed: {', '.join(FAMILIES)})")

@@ -1,0 +1,248 @@
+"""Completion grammars: how each model family writes an answer as text, token for token.
+
+A family knows what its generation prompt leaves open (Kimi-K2.5 pre-fills `<think>`,
+DeepSeek-R1 `<think>\\n`, gpt-oss stops at `<|start|>assistant`), so the completion is exactly
+what the model produced after the prompt: reasoning, its closing marker, content, the tool-call
+section with the arguments verbatim, and the end-of-turn token. An answer cut at max_tokens
+(`finish_reason == "length"`) has no end token, and only its reasoning when it was cut there.
+
+`thinking` is whether the prompt was rendered with thinking on: with it off, the families that
+pre-fill an empty think block (Kimi-K2.5, Qwen3, GLM-4.5) leave it out of the completion.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+Call = dict[str, Any]
+"""A tool call in OpenAI form: {"id", "type", "function": {"name", "arguments"}}."""
+
+
+def call_parts(call: Call) -> tuple[str, str]:
+    """(name, arguments text): arguments as the model wrote them when they came as text."""
+    fn = call.get("function") or {}
+    args = fn.get("arguments")
+    text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    return str(fn.get("name") or ""), text
+
+
+@dataclass(frozen=True)
+class Answer:
+    reasoning: str
+    content: str
+    calls: Sequence[Call]
+    truncated: bool
+    thinking: bool
+
+    @property
+    def cut_in_reasoning(self) -> bool:
+        return self.truncated and not self.content and not self.calls
+
+
+def _end(a: Answer, text: str, end: str) -> str:
+    return text if a.truncated else text + end
+
+
+# Kimi --------------------------------------------------------------------------------------
+
+
+def _kimi_section(calls: Sequence[Call]) -> str:
+    if not calls:
+        return ""
+    parts = []
+    for i, c in enumerate(calls):
+        name, args = call_parts(c)
+        cid = c.get("id") or f"functions.{name}:{i}"
+        parts.append(f"<|tool_call_begin|>{cid}<|tool_call_argument_begin|>{args}<|tool_call_end|>")
+    return "<|tool_calls_section_begin|>" + "".join(parts) + "<|tool_calls_section_end|>"
+
+
+def kimi_k25(a: Answer) -> str:
+    """`<think>` is in the prompt: `{reasoning}</think>{content}[section]<|im_end|>`."""
+    if not a.thinking:  # the prompt closed the think block already
+        return _end(a, a.content + _kimi_section(a.calls), "<|im_end|>")
+    if a.cut_in_reasoning:
+        return a.reasoning
+    return _end(a, f"{a.reasoning}</think>{a.content}{_kimi_section(a.calls)}", "<|im_end|>")
+
+
+def kimi_k2(a: Answer) -> str:
+    """The prompt ends at the assistant header; K2-Thinking writes `<think>` itself."""
+    think = ""
+    if a.reasoning:
+        if a.cut_in_reasoning:
+            return f"<think>{a.reasoning}"
+        think = f"<think>{a.reasoning}</think>"
+    return _end(a, think + a.content + _kimi_section(a.calls), "<|im_end|>")
+
+
+# ChatML, Qwen3 -----------------------------------------------------------------------------
+
+
+def _hermes_calls(calls: Sequence[Call]) -> str:
+    out = ""
+    for c in calls:
+        name, args = call_parts(c)
+        out += f'\n<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>'
+    return out
+
+
+def qwen3(a: Answer) -> str:
+    """Thinking on: `<think>\\n{reasoning}\\n</think>\\n\\n{content}`; calls in Hermes form."""
+    if not a.thinking:  # `<think>\n\n</think>\n\n` was pre-filled by the prompt
+        return _end(a, a.content + _hermes_calls(a.calls), "<|im_end|>")
+    if a.cut_in_reasoning:
+        return f"<think>\n{a.reasoning}"
+    text = f"<think>\n{a.reasoning}\n</think>\n\n{a.content}{_hermes_calls(a.calls)}"
+    return _end(a, text, "<|im_end|>")
+
+
+def chatml(a: Answer) -> str:
+    return _end(a, a.content + _hermes_calls(a.calls), "<|im_end|>")
+
+
+# DeepSeek ----------------------------------------------------------------------------------
+
+DS_EOS = "<｜end▁of▁sentence｜>"
+
+
+def _deepseek_calls(calls: Sequence[Call]) -> str:
+    if not calls:
+        return ""
+    parts = []
+    for c in calls:
+        name, args = call_parts(c)
+        parts.append(
+            f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n{args}\n```"
+            "<｜tool▁call▁end｜>"
+        )
+    return "<｜tool▁calls▁begin｜>" + "\n".join(parts) + "<｜tool▁calls▁end｜>"
+
+
+def deepseek_v3(a: Answer) -> str:
+    """The prompt ends at `<｜Assistant｜>`: `{content}[calls]<｜end▁of▁sentence｜>`."""
+    return _end(a, a.content + _deepseek_calls(a.calls), DS_EOS)
+
+
+def deepseek_r1(a: Answer) -> str:
+    """The prompt ends at `<｜Assistant｜><think>\\n`: `{reasoning}</think>{content}...`, the
+    reasoning and content verbatim as the server split them (whitespace included)."""
+    if a.cut_in_reasoning:
+        return a.reasoning
+    return _end(a, f"{a.reasoning}</think>{a.content}{_deepseek_calls(a.calls)}", DS_EOS)
+
+
+# GLM-4.5 -----------------------------------------------------------------------------------
+
+
+def _glm_calls(calls: Sequence[Call]) -> str:
+    out = ""
+    for c in calls:
+        name, args = call_parts(c)
+        try:
+            obj = json.loads(args)
+        except json.JSONDecodeError:
+            obj = None
+        out += f"\n<tool_call>{name}\n"
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                value = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+                out += f"<arg_key>{k}</arg_key>\n<arg_value>{value}</arg_value>\n"
+        out += "</tool_call>"
+    return out
+
+
+def glm45(a: Answer) -> str:
+    """The prompt ends at `<|assistant|>` (plus `\\n<think></think>` with thinking off). The
+    model stops on `<|observation|>` after tool calls and on `<|user|>` otherwise; arguments
+    are written key by key, so they are rebuilt from the parsed object."""
+    text = ""
+    if a.thinking:
+        if a.cut_in_reasoning:
+            return f"\n<think>{a.reasoning}"
+        text = f"\n<think>{a.reasoning}</think>"
+    if a.content:
+        text += "\n" + a.content
+    text += _glm_calls(a.calls)
+    return _end(a, text, "<|observation|>" if a.calls else "<|user|>")
+
+
+# gpt-oss (harmony) -------------------------------------------------------------------------
+
+
+def gpt_oss(a: Answer) -> str:
+    """The prompt ends at `<|start|>assistant`: an analysis message with the reasoning, then
+    the final message (`<|return|>`) or a commentary tool call (`<|call|>`)."""
+    text = f"<|channel|>analysis<|message|>{a.reasoning}"  # gpt-oss always reasons
+    if a.cut_in_reasoning:
+        return text
+    text += "<|end|><|start|>assistant"
+    if a.calls:
+        if a.content:
+            text += f"<|channel|>commentary<|message|>{a.content}<|end|><|start|>assistant"
+        calls = []
+        for c in a.calls:
+            name, args = call_parts(c)
+            calls.append(
+                f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{args}"
+            )
+        body = "<|call|><|start|>assistant".join(calls)
+        return _end(a, text + body, "<|call|>")
+    return _end(a, f"{text}<|channel|>final<|message|>{a.content}", "<|return|>")
+
+
+# The families -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    layout: Callable[[Answer], str]
+    thinking_kwarg: str | None
+    """The chat template's switch for thinking, set from the job's reasoning setting."""
+    markers: tuple[str, ...]
+    """Control text that must never appear in parsed content or reasoning."""
+    reasoning_key: str = "reasoning_content"
+    """Where the chat template reads a history turn's reasoning."""
+    arguments_as_object: bool = False
+    """The template iterates over a call's arguments, so they go in parsed (as vLLM and
+    SGLang hand them to it), not as the JSON text."""
+
+
+_KIMI = (
+    "<think>",
+    "</think>",
+    "<|im_end|>",
+    "<|tool_calls_section_begin|>",
+    "<|tool_call_begin|>",
+)
+_QWEN = ("<think>", "</think>", "<|im_end|>", "<tool_call>", "</tool_call>")
+_DS = ("<think>", "</think>", DS_EOS, "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>")
+_GLM = ("<think>", "</think>", "<tool_call>", "<arg_key>", "<|observation|>", "<|user|>")
+_HARMONY = ("<|channel|>", "<|message|>", "<|end|>", "<|start|>", "<|call|>", "<|return|>")
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family("kimi-k2.5", kimi_k25, "thinking", _KIMI),
+        Family("kimi-k2", kimi_k2, None, _KIMI),
+        Family("qwen3", qwen3, "enable_thinking", _QWEN),
+        Family("deepseek-v3", deepseek_v3, None, _DS),
+        Family("deepseek-r1", deepseek_r1, None, _DS),
+        Family("glm-4.5", glm45, "enable_thinking", _GLM, arguments_as_object=True),
+        Family("gpt-oss", gpt_oss, None, _HARMONY, reasoning_key="thinking"),
+        Family("chatml", chatml, None, ("<|im_start|>", "<|im_end|>")),
+    )
+}
+
+
+def family(name: str) -> Family:
+    from regen.errors import ConfigError
+
+    f = FAMILIES.get(name)
+    if f is None:
+        raise ConfigError(f"unknown template family {name!r} (allowed: {', '.join(FAMILIES)})")
+    return f

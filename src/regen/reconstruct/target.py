@@ -1,0 +1,283 @@
+"""The target's token ids for each stored answer: prompt ids from the tokenizer's own chat
+template, completion ids from the family's grammar, or the server's exact ids where it
+returned them.
+
+The prompt is rendered once per answer from the messages the request sent (the history with
+its reasoning, the tools) with the generation prompt, and never from a re-rendered finished
+conversation: Kimi's template drops the reasoning of earlier turns, so that would lose the
+very tokens the drafter must learn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from regen.errors import ConfigError
+from regen.reconstruct.families import Answer, Family, family
+from regen.store import ExportRow, unpack_ids
+
+SIM_TEMPLATES = ("kimi-k2.5", "kimi-k2", "qwen3", "deepseek-v3", "deepseek-r1", "glm-4.5",
+                 "gpt-oss", "chatml")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """How to rebuild ids: `[reconstruct]` in the job file, or `regen audit/export` flags."""
+
+    family: str
+    tokenizer: str = "sim"
+    """`sim` (the simulator's tokenizer with the family's template), a folder with
+    tokenizer files, a tokenizer.json, or a Hugging Face hub id."""
+    chat_template: str | None = None
+    """A Jinja file that replaces the tokenizer's own chat template."""
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    thinking: bool = True
+    """Whether the requests asked for reasoning (from `[generation] reasoning`)."""
+    trust_remote_code: bool = False
+
+
+@cache
+def _hf_tokenizer(spec: str, trust_remote_code: bool) -> Any:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no notice about PyTorch
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    try:
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+        if spec == "sim":
+            path = resources.files("regen.sim").joinpath("tokenizer")
+            return AutoTokenizer.from_pretrained(str(path))
+        p = Path(spec).expanduser()
+        if p.is_file():
+            return PreTrainedTokenizerFast(tokenizer_file=str(p))  # type: ignore[no-untyped-call]
+        if p.is_dir():
+            return AutoTokenizer.from_pretrained(str(p), trust_remote_code=trust_remote_code)
+        if spec.startswith(("/", ".", "~")) or spec.endswith(".json"):
+            raise ConfigError(f"tokenizer {spec!r}: no such file or folder")
+        return AutoTokenizer.from_pretrained(spec, trust_remote_code=trust_remote_code)
+    except ConfigError:
+        raise
+    except Exception as exc:  # the library raises many kinds; each becomes one line
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"tokenizer {spec!r}: cannot load: {first}") from exc
+
+
+def sim_template(family_name: str) -> str:
+    """The chat template that goes with the simulator's rendering of a family's prompts."""
+    path = resources.files("regen.sim").joinpath("tokenizer", "templates", f"{family_name}.jinja")
+    return path.read_text(encoding="utf-8")
+
+
+@dataclass
+class Sample:
+    """One answer as training ids: `input_ids` = prompt + completion, loss on the completion."""
+
+    item_id: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    source: str
+    """`exact` (the server's ids) or `reconstructed`."""
+    prompt_diff: int
+    """Rebuilt minus billed prompt tokens."""
+    completion_diff: int
+    """Rebuilt minus billed completion tokens."""
+
+    @property
+    def input_ids(self) -> list[int]:
+        return self.prompt_ids + self.completion_ids
+
+    @property
+    def loss_mask(self) -> list[int]:
+        return [0] * len(self.prompt_ids) + [1] * len(self.completion_ids)
+
+
+class Target:
+    """A tokenizer, its chat template and a family: rebuilds the ids of stored answers."""
+
+    def __init__(self, spec: TargetSpec) -> None:
+        self.spec = spec
+        self.family: Family = family(spec.family)
+        self.tok = _hf_tokenizer(spec.tokenizer, spec.trust_remote_code)
+        template: str | None
+        if spec.chat_template:
+            try:
+                template = Path(spec.chat_template).expanduser().read_text(encoding="utf-8")
+            except OSError as exc:
+                raise ConfigError(f"chat_template {spec.chat_template!r}: {exc}") from exc
+        elif spec.tokenizer == "sim":
+            template = sim_template(spec.family)
+        else:
+            template = getattr(self.tok, "chat_template", None)
+            if isinstance(template, dict):  # several named templates: the default one
+                template = template.get("default") or next(iter(template.values()), None)
+        if not template:
+            raise ConfigError(
+                f"tokenizer {spec.tokenizer!r} has no chat template; give one with "
+                "--chat-template FILE (or chat_template in [reconstruct])"
+            )
+        self.template: str = template
+        self.kwargs = self._template_kwargs()
+        backend = getattr(self.tok, "backend_tokenizer", None) if self.tok.is_fast else None
+        self._backend = backend
+
+    def _template_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {}
+        if self.family.thinking_kwarg:
+            kwargs[self.family.thinking_kwarg] = self.spec.thinking
+        kwargs.update(self.spec.template_kwargs)
+        return kwargs
+
+    # ids ----------------------------------------------------------------------------------
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text, special-token text read as control tokens, nothing added."""
+        if self._backend is not None:
+            encoded = self._backend.encode_batch(texts, add_special_tokens=False)
+            return [list(e.ids) for e in encoded]
+        return [list(self.tok.encode(t, add_special_tokens=False)) for t in texts]
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tok.decode(ids, skip_special_tokens=False))
+
+    # text ---------------------------------------------------------------------------------
+
+    def _message(self, m: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": m["role"], "content": m.get("content") or ""}
+        if m.get("reasoning"):
+            out[self.family.reasoning_key] = m["reasoning"]
+        for key in ("tool_call_id", "name"):
+            if m.get(key) is not None:
+                out[key] = m[key]
+        if m.get("tool_calls"):
+            out["tool_calls"] = [self._call(c) for c in m["tool_calls"]]
+        return out
+
+    def _call(self, call: dict[str, Any]) -> dict[str, Any]:
+        fn = call.get("function") or {}
+        args = fn.get("arguments")
+        if self.family.arguments_as_object and isinstance(args, str):
+            # Text that is not JSON is left as it is: the template shows what it does with it.
+            with contextlib.suppress(json.JSONDecodeError):
+                args = json.loads(args)
+        return {**call, "function": {**fn, "arguments": args}}
+
+    def prompt_text(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> str:
+        """The prompt as the server renders it: history, tools, and the generation prompt."""
+        try:
+            text = self.tok.apply_chat_template(
+                [self._message(m) for m in messages],
+                tools=tools or None,
+                chat_template=self.template,
+                add_generation_prompt=True,
+                tokenize=False,
+                **self.kwargs,
+            )
+        except Exception as exc:  # a template's raise_exception, or a Jinja error
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ReconstructError(f"chat template: {first}") from exc
+        return str(text)
+
+    def completion_text(self, row: ExportRow) -> str:
+        answer = Answer(
+            reasoning=row.reasoning or "",
+            content=row.content or "",
+            calls=row.tool_calls,
+            truncated=row.finish_reason == "length",
+            thinking=self.spec.thinking,
+        )
+        return self.family.layout(answer)
+
+    @staticmethod
+    def history(row: ExportRow) -> list[dict[str, Any]]:
+        """The messages the request sent: the history, with sequential mode's regenerated
+        turns in place of the original ones."""
+        history: list[dict[str, Any]] = row.conversation["messages"][: row.turn_index]
+        if row.regenerated:
+            history = [row.regenerated.get(i, m) for i, m in enumerate(history)]
+        return history
+
+    # samples ------------------------------------------------------------------------------
+
+    def samples(self, rows: list[ExportRow]) -> list[Sample | ReconstructError]:
+        """Each row's sample, or why it could not be built (one bad row never stops a batch).
+        The texts of a batch are encoded together."""
+        texts: list[str] = []
+        plan: list[tuple[ExportRow, list[int] | None, list[int] | None] | ReconstructError] = []
+        for row in rows:
+            exact_p = unpack_ids(row.prompt_token_ids)
+            exact_c = unpack_ids(row.completion_token_ids)
+            try:
+                if exact_p is None:
+                    texts.append(self.prompt_text(self.history(row), row.conversation.get("tools")))
+                if exact_c is None:
+                    texts.append(self.completion_text(row))
+            except ReconstructError as exc:
+                plan.append(ReconstructError(f"{row.item_id}: {exc}"))
+                continue
+            plan.append((row, exact_p, exact_c))
+        encoded = iter(self.encode_batch(texts))
+        out: list[Sample | ReconstructError] = []
+        for p in plan:
+            if isinstance(p, ReconstructError):
+                out.append(p)
+                continue
+            row, exact_p, exact_c = p
+            prompt = exact_p if exact_p is not None else next(encoded)
+            completion = exact_c if exact_c is not None else next(encoded)
+            out.append(
+                Sample(
+                    item_id=row.item_id,
+                    prompt_ids=prompt,
+                    completion_ids=completion,
+                    source="exact"
+                    if exact_c is not None and exact_p is not None
+                    else "reconstructed",
+                    prompt_diff=len(prompt) - row.prompt_tokens,
+                    completion_diff=len(completion) - row.completion_tokens,
+                )
+            )
+        return out
+
+
+class ReconstructError(Exception):
+    """One answer's ids cannot be built (its prompt does not render)."""
+
+
+def spec_from_store(
+    meta: dict[str, Any] | None, generation: dict[str, Any] | None, **overrides: Any
+) -> TargetSpec:
+    """The spec a job recorded (`[reconstruct]`, and whether it asked for reasoning), with
+    command-line overrides (None leaves a value as recorded)."""
+    base: dict[str, Any] = dict(meta or {})
+    base.update({k: v for k, v in overrides.items() if v is not None})
+    if not base.get("family"):
+        raise ConfigError(
+            "no template family: give --family (or family in the job's [reconstruct] section)"
+        )
+    reasoning = (generation or {}).get("reasoning") or {}
+    thinking = not (reasoning.get("enabled") is False or reasoning.get("effort") == "none")
+    kwargs = base.get("template_kwargs") or {}
+    if isinstance(kwargs, str):
+        try:
+            kwargs = json.loads(kwargs)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--template-kwargs is not JSON: {exc}") from exc
+    if not isinstance(kwargs, dict):
+        raise ConfigError("template_kwargs must be a JSON object")
+    effort = reasoning.get("effort")
+    if base.get("family") == "gpt-oss" and effort and "reasoning_effort" not in kwargs:
+        kwargs = {**kwargs, "reasoning_effort": reasoning["effort"]}
+    return TargetSpec(
+        family=str(base["family"]),
+        tokenizer=str(base.get("tokenizer") or "sim"),
+        chat_template=base.get("chat_template"),
+        template_kwargs=kwargs,
+        thinking=bool(base["thinking"]) if "thinking" in base else thinking,
+        trust_remote_code=bool(base.get("trust_remote_code")),
+    )

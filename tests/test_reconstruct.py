@@ -1,0 +1,285 @@
+"""Reconstruction: each family's completion decodes to the exact expected text; on the
+simulator (whose grammars and prompt renderers are its own code) the rebuilt ids of every
+family match the billed counts exactly, tool loops and reasoning included; and over random
+answers the simulator's ids, parsed as a server parses them and rebuilt, come back the same."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from regen.reconstruct import FAMILIES, Answer, Target, TargetSpec, family
+from regen.sim import SimConfig, sim_in_thread
+from regen.sim.grammar import Call, grammar
+from tests.conftest import run_cli, write_job, write_rows
+
+FIXTURES = Path(__file__).parent / "sources" / "fixtures"
+CALL = {
+    "id": "call_0",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+}
+
+
+def _text(name: str, reasoning: str, content: str, calls: list, *, cut: bool = False,
+          thinking: bool = True) -> str:  # fmt: skip
+    return family(name).layout(Answer(reasoning, content, calls, cut, thinking))
+
+
+@pytest.mark.parametrize(
+    ("name", "thinking", "expected"),
+    [
+        ("kimi-k2.5", True, "R</think>A<|im_end|>"),
+        ("kimi-k2.5", False, "A<|im_end|>"),
+        ("kimi-k2", True, "<think>R</think>A<|im_end|>"),
+        ("qwen3", True, "<think>\nR\n</think>\n\nA<|im_end|>"),
+        ("qwen3", False, "A<|im_end|>"),
+        ("deepseek-v3", True, "A<｜end▁of▁sentence｜>"),
+        ("deepseek-r1", True, "R</think>A<｜end▁of▁sentence｜>"),
+        ("glm-4.5", True, "\n<think>R</think>\nA<|user|>"),
+        ("glm-4.5", False, "\nA<|user|>"),
+        (
+            "gpt-oss",
+            True,
+            "<|channel|>analysis<|message|>R<|end|><|start|>assistant<|channel|>final"
+            "<|message|>A<|return|>",
+        ),
+        ("chatml", True, "A<|im_end|>"),
+    ],
+)
+def test_each_family_decodes_to_its_layout(name: str, thinking: bool, expected: str) -> None:
+    target = Target(TargetSpec(family=name, thinking=thinking))
+    text = _text(name, "R" if name != "deepseek-v3" else "", "A", [], thinking=thinking)
+    assert text == expected
+    [ids] = target.encode_batch([text])
+    assert target.decode(ids) == expected
+    # The end-of-turn marker is one control token, not its characters.
+    assert target.decode(ids[-1:]) in (
+        "<|im_end|>",
+        "<｜end▁of▁sentence｜>",
+        "<|user|>",
+        "<|return|>",
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        (
+            "kimi-k2.5",
+            "R</think><|tool_calls_section_begin|><|tool_call_begin|>call_0"
+            '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|>'
+            "<|tool_calls_section_end|><|im_end|>",
+        ),
+        (
+            "qwen3",
+            '<think>\nR\n</think>\n\n\n<tool_call>\n{"name": "get_weather", "arguments": '
+            '{"city": "Paris"}}\n</tool_call><|im_end|>',
+        ),
+        (
+            "deepseek-r1",
+            "R</think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather"
+            '\n```json\n{"city": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>'
+            "<｜end▁of▁sentence｜>",
+        ),
+        (
+            "glm-4.5",
+            "\n<think>R</think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n"
+            "<arg_value>Paris</arg_value>\n</tool_call><|observation|>",
+        ),
+        (
+            "gpt-oss",
+            "<|channel|>analysis<|message|>R<|end|><|start|>assistant<|channel|>commentary "
+            'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>',
+        ),
+    ],
+)
+def test_tool_call_sections(name: str, expected: str) -> None:
+    assert _text(name, "R", "", [CALL]) == expected
+    target = Target(TargetSpec(family=name))
+    assert target.decode(target.encode_batch([expected])[0]) == expected
+
+
+def test_a_cut_answer_has_no_end_token() -> None:
+    assert _text("kimi-k2.5", "still thinking", "", [], cut=True) == "still thinking"
+    assert _text("qwen3", "hm", "", [], cut=True) == "<think>\nhm"
+    assert _text("gpt-oss", "hm", "", [], cut=True) == "<|channel|>analysis<|message|>hm"
+    assert _text("kimi-k2.5", "r", "half an ans", [], cut=True) == "r</think>half an ans"
+
+
+# On the simulator ----------------------------------------------------------------------------
+
+TOOL_LOOP_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a city, déjà vu",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+
+
+def _tool_loop(i: int) -> dict:
+    """user -> call -> result -> answer -> user -> call -> result -> answer."""
+    call = {
+        "id": f"call_{i}",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": f'{{"city": "Paris", "days": {i}}}'},
+    }
+    return {
+        "tools": TOOL_LOOP_TOOLS,
+        "messages": [
+            {"role": "system", "content": "You check the weather."},
+            {"role": "user", "content": f"Weather in Paris for {i} days? Explain."},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"call_{i}", "content": "sunny"},
+            {"role": "assistant", "content": "Sunny."},
+            {"role": "user", "content": "And in Oslo? Step by step."},
+            {"role": "assistant", "content": "", "tool_calls": [{**call, "id": f"call_{i}b"}]},
+            {"role": "tool", "tool_call_id": f"call_{i}b", "content": "snow"},
+            {"role": "assistant", "content": "Snow."},
+        ],
+    }
+
+
+MODELS = {
+    "kimi-k2.5": "moonshotai/kimi-k2.5",
+    "kimi-k2": "moonshotai/kimi-k2",
+    "qwen3": "qwen/qwen3-8b",
+    "deepseek-v3": "deepseek/deepseek-chat-v3",
+    "deepseek-r1": "deepseek/deepseek-r1",
+    "glm-4.5": "z-ai/glm-4.5",
+    "gpt-oss": "openai/gpt-oss-120b",
+    "chatml": "sim/chatml",
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "thinking"),
+    [(f, True) for f in MODELS] + [("glm-4.5", False), ("kimi-k2.5", False)],
+)
+def test_every_family_matches_the_bill_on_the_simulator(
+    tmp_path: Path, name: str, thinking: bool
+) -> None:
+    assert set(MODELS) == set(FAMILIES)
+    write_rows(tmp_path / "loops.jsonl", [_tool_loop(i) for i in range(6)])
+    shutil.copy(FIXTURES / "b1_glaive.json", tmp_path / "glaive.json")
+    rows = [{"messages": [{"role": "user", "content": f"Prove claim {i}"}]} for i in range(12)]
+    write_rows(tmp_path / "chat.jsonl", rows)
+    with sim_in_thread(SimConfig(seed=3, time_scale=0.0)) as sim:
+        job = write_job(
+            tmp_path,
+            sim.base_url,
+            datasets=[
+                ("chat", "chat.jsonl", "openai"),
+                ("glaive", "glaive.json", "glaive"),
+                ("loops", "loops.jsonl", "openai"),
+            ],
+            extra=f'[reconstruct]\nfamily = "{name}"\n',
+        )
+        text = job.read_text().replace("moonshotai/kimi-k2.5", MODELS[name])
+        text = text.replace("max_tokens = 512", "max_tokens = 4000")
+        if not thinking:
+            text = text.replace(
+                "temperature = 0.7", "temperature = 0.7\nreasoning = {enabled = false}"
+            )
+        # Every assistant turn of the glaive rows and the tool loops, with its history.
+        text = text.replace('format = "glaive"', 'format = "glaive"\nmode = "each_turn"')
+        job.write_text(text + 'mode = "each_turn"\n')
+        res = run_cli("run", str(job))
+        assert res.returncode == 0, res.stdout + res.stderr
+    res = run_cli("audit", str(tmp_path / "out"), "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads(res.stdout)
+    by_name = {d["name"]: d for d in data["datasets"]}
+    assert by_name["loops"]["samples"] >= 20  # four turns each, minus cut answers
+    overall = data["overall"]
+    assert overall["match_share"] == 1.0 and overall["max_abs_diff"] == 0, overall["worst"]
+    assert overall["prompt_match_share"] == 1.0 and overall["prompt_max_abs_diff"] == 0
+    assert overall["failed"] == 0, overall["problems"]
+    # The tokenized export carries the same ids; every answer is rebuilt.
+    res = run_cli("export", str(tmp_path / "out"), "--format", "tokenized")
+    assert res.returncode == 0, res.stdout + res.stderr
+    manifest = json.loads((tmp_path / "out" / "export" / "tokenized" / "manifest.json").read_text())
+    written = sum(sum(d["samples"].values()) for d in manifest["datasets"].values())
+    assert written == overall["samples"]
+    ids = sum((Counter(d["ids"]) for d in manifest["datasets"].values()), Counter())
+    assert ids == {"reconstructed": written}
+
+
+# Over random answers ---------------------------------------------------------------------------
+
+TEXT = st.text(
+    alphabet=st.sampled_from(list("abcdefghij XYZ0123456789.,;:!?'\"()[]{}-_\nçé中🙂\t")),
+    max_size=60,
+)
+ARG_VALUE = st.one_of(st.integers(-1000, 1000), st.booleans(), st.text("abcxyz é", max_size=8))
+ARGS = st.dictionaries(st.sampled_from(["city", "n", "flag", "q"]), ARG_VALUE, max_size=3)
+THINKING = {"deepseek-r1": True, "gpt-oss": True, "kimi-k2": False, "deepseek-v3": False}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    name=st.sampled_from(sorted(FAMILIES)),
+    reasoning=TEXT,
+    content=TEXT,
+    calls=st.lists(st.tuples(st.sampled_from(["get_weather", "search"]), ARGS), max_size=2),
+    thinking=st.booleans(),
+)
+def test_simulated_answers_round_trip(
+    name: str, reasoning: str, content: str, calls: list, thinking: bool
+) -> None:
+    thinking = THINKING.get(name, thinking)
+    if name == "chatml":
+        thinking = False
+    if not thinking:
+        reasoning = ""
+    if name == "gpt-oss":
+        calls = calls[:1]  # a harmony turn ends at its first call
+    g = grammar(name)
+    sim_calls = [Call(n, json.dumps(a)) for n, a in calls]
+    ids = g.completion_ids(reasoning, content, sim_calls, thinking)
+    parsed = g.parse(ids, thinking)
+    assert parsed.complete
+    prefix = "functions." if name.startswith("kimi") else "call_"
+    openai_calls = [
+        {
+            "id": f"{prefix}{c.name}:{i}" if prefix == "functions." else f"call_{i}",
+            "type": "function",
+            "function": {"name": c.name, "arguments": c.arguments},
+        }
+        for i, c in enumerate(parsed.calls)
+    ]
+    target = Target(TargetSpec(family=name, thinking=thinking))
+    text = target.family.layout(
+        Answer(parsed.reasoning, parsed.content, openai_calls, False, thinking)
+    )
+    assert target.encode_batch([text])[0] == ids, (text, target.decode(ids))
+
+
+def test_cut_in_reasoning_round_trips() -> None:
+    for name in ("kimi-k2.5", "deepseek-r1", "gpt-oss", "qwen3", "glm-4.5"):
+        g = grammar(name)
+        ids = g.completion_ids("one two three four five six", "the answer", [], True)
+        checked = 0
+        for cut in range(2, 12):
+            parsed = g.parse(ids[:cut], True)
+            if parsed.content or not parsed.reasoning:  # past the reasoning, or in a header
+                continue
+            target = Target(TargetSpec(family=name))
+            text = target.family.layout(Answer(parsed.reasoning, "", [], True, True))
+            assert target.encode_batch([text])[0] == ids[:cut], (name, cut, text)
+            checked += 1
+        assert checked >= 3, name
