@@ -120,18 +120,14 @@ class SimEndpoint(_Model):
         return self.tag.split("/", 1)[0]
 
 
+FamilyName = Literal[
+    "kimi-k2.5", "kimi-k2", "qwen3", "deepseek-v3", "deepseek-r1", "glm-4.5", "gpt-oss", "chatml"
+]
+
+
 class SimModel(_Model):
     id: str
-    family: Literal[
-        "kimi-k2.5",
-        "kimi-k2",
-        "qwen3",
-        "deepseek-v3",
-        "deepseek-r1",
-        "glm-4.5",
-        "gpt-oss",
-        "chatml",
-    ] = "kimi-k2.5"
+    family: FamilyName = "kimi-k2.5"
     """The completion grammar (and so the token layout) of the model's answers."""
     context_length: int = 262144
     reasoning: bool = True
@@ -227,17 +223,20 @@ def _default_models() -> list[SimModel]:
                     )
                 ],
             )
-            # One model for each other family the simulator speaks (each with its grammar).
-            for model_id, family, reasoning, provider in (
-                ("moonshotai/kimi-k2", "kimi-k2", False, "Groq"),
-                ("deepseek/deepseek-chat-v3", "deepseek-v3", False, "DeepSeek"),
-                ("deepseek/deepseek-r1", "deepseek-r1", True, "DeepSeek"),
-                ("z-ai/glm-4.5", "glm-4.5", True, "Z.AI"),
-                ("openai/gpt-oss-120b", "gpt-oss", True, "Cerebras"),
-                ("sim/chatml", "chatml", False, "Sim"),
-            )
+            for model_id, family, reasoning, provider in _OTHER_FAMILIES
         ),
     ]
+
+
+_OTHER_FAMILIES: list[tuple[str, FamilyName, bool, str]] = [
+    ("moonshotai/kimi-k2", "kimi-k2", False, "Groq"),
+    ("deepseek/deepseek-chat-v3", "deepseek-v3", False, "DeepSeek"),
+    ("deepseek/deepseek-r1", "deepseek-r1", True, "DeepSeek"),
+    ("z-ai/glm-4.5", "glm-4.5", True, "Z.AI"),
+    ("openai/gpt-oss-120b", "gpt-oss", True, "Cerebras"),
+    ("sim/chatml", "chatml", False, "Sim"),
+]
+"""One model for each other family the simulator speaks (each with its grammar)."""
 
 
 class SimConfig(_Model):
