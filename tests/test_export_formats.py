@@ -213,6 +213,7 @@ def test_tokenized_parquet_loads_with_datasets_and_incremental_parts(tmp_path: P
     assert prompt.startswith("<|im_start|>user\n") and prompt.endswith("<|im_start|>assistant\n")
     row = next(r for r in ds if r["source"] == "exact")
     assert row["input_ids"] == [1, 2, 3, 7, 8] and row["loss_mask"] == [0, 0, 0, 1, 1]
+    assert (row["prompt_diff"], row["completion_diff"]) == (0, 0)  # billed 3 and 2
     assert (row["n_prompt"], row["n_completion"], row["source"]) == (3, 2, "exact")
     assert set(ds.column_names) == {
         "id",
@@ -222,6 +223,8 @@ def test_tokenized_parquet_loads_with_datasets_and_incremental_parts(tmp_path: P
         "n_prompt",
         "n_completion",
         "source",
+        "prompt_diff",
+        "completion_diff",
     }
     # Incremental: only what came after the last export, as a new part; nothing twice.
     time.sleep(0.01)

@@ -279,6 +279,8 @@ class _ParquetShards:
             pa.array([r["n_prompt"] for r in rows], pa.int32()),
             pa.array([r["n_completion"] for r in rows], pa.int32()),
             pa.array([r["source"] for r in rows], pa.string()),
+            pa.array([r["prompt_diff"] for r in rows], pa.int32()),
+            pa.array([r["completion_diff"] for r in rows], pa.int32()),
         ]
         pq.write_table(pa.Table.from_arrays(columns, schema=TOKENIZED_SCHEMA()), path)
 
@@ -299,6 +301,9 @@ def TOKENIZED_SCHEMA() -> Any:  # noqa: N802 - a constant, built late (pyarrow l
             ("n_prompt", pa.int32()),
             ("n_completion", pa.int32()),
             ("source", pa.string()),
+            # Rebuilt (or exact) minus billed tokens: 0 when the ids match the provider's count.
+            ("prompt_diff", pa.int32()),
+            ("completion_diff", pa.int32()),
         ]
     )
 
@@ -331,6 +336,8 @@ def tokenized_record(
         "n_prompt": n_prompt,
         "n_completion": n_completion,
         "source": source,
+        "prompt_diff": n_prompt - row.prompt_tokens,
+        "completion_diff": n_completion - row.completion_tokens,
     }
 
 
