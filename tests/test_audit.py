@@ -173,3 +173,66 @@ def test_an_unknown_family_or_tokenizer_is_one_line(tmp_path: Path) -> None:
         res = run_cli("audit", str(out), *flags)
         assert res.returncode == 1 and res.stderr.startswith("error: "), res.stderr
         assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_the_run_audits_as_it_goes_and_status_flags_drift(tmp_path: Path) -> None:
+    right = tmp_path / "right"
+    right.mkdir()
+    out = _run(right, "moonshotai/kimi-k2.5", extra='[reconstruct]\nfamily = "kimi-k2.5"\n')
+    res = run_cli("status", str(out), "--json")
+    live = json.loads(res.stdout)["live_audit"]
+    assert live["family"] == "kimi-k2.5" and live["checked"] >= 20
+    assert live["failed"] == 0 and live["mean_abs_diff"] == 0.0
+    assert "live audit (kimi-k2.5)" in run_cli("status", str(out)).stdout
+    # The wrong family: every sample drifts; the run says so, finishes, and status shows it.
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    out = _run(wrong, "moonshotai/kimi-k2.5", extra='[reconstruct]\nfamily = "qwen3"\n')
+    log = (out / "run.log").read_text()
+    assert "audit: chat item " in log and "length_off_billed" in log
+    live = json.loads(run_cli("status", str(out), "--json").stdout)["live_audit"]
+    assert live["failed"] == live["checked"] > 0 and live["recent_drifts"]
+    text = run_cli("status", str(out)).stdout
+    assert "failing" in text and "billed" in text
+
+
+def test_a_live_audit_that_cannot_start_leaves_the_run_alone(tmp_path: Path) -> None:
+    extra = '[reconstruct]\nfamily = "kimi-k2.5"\ntokenizer = "./no/such/tokenizer.json"\n'
+    out = _run(tmp_path, "moonshotai/kimi-k2.5", extra=extra)  # asserts exit 0
+    assert "live audit off: tokenizer" in (out / "run.log").read_text()
+
+
+def test_a_tokenizer_folder_with_its_own_chat_template(tmp_path: Path) -> None:
+    from importlib import resources
+
+    from regen.reconstruct import sim_template
+
+    out = _run(tmp_path, "moonshotai/kimi-k2.5")
+    folder = tmp_path / "kimi-tok"  # tokenizer.json and tokenizer_config.json, as on the hub
+    shutil.copytree(str(resources.files("regen.sim").joinpath("tokenizer")), folder)
+    shutil.rmtree(folder / "templates")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    # Without a chat template: one line that says what to give.
+    res = run_cli("audit", str(out), "--family", "kimi-k2.5", "--tokenizer", str(folder))
+    assert res.returncode == 1 and "has no chat template" in res.stderr
+    config["chat_template"] = sim_template("kimi-k2.5")
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    res = run_cli("audit", str(out), "--family", "kimi-k2.5", "--tokenizer", str(folder), "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    overall = json.loads(res.stdout)["overall"]
+    assert overall["match_share"] == 1.0 and overall["prompt_match_share"] == 1.0
+
+
+def test_export_drops_samples_that_fail_the_audit(tmp_path: Path) -> None:
+    out = _run(tmp_path, "moonshotai/kimi-k2.5", extra='[reconstruct]\nfamily = "kimi-k2.5"\n')
+
+    def dropped(*flags: str) -> dict[str, int]:
+        res = run_cli("export", str(out), "--drop-failed-audit", *flags)
+        assert res.returncode == 0, res.stdout + res.stderr
+        manifest = json.loads((out / "export" / "specforge" / "manifest.json").read_text())
+        assert manifest["filters"]["drop_failed_audit"] is True
+        return manifest["datasets"]["chat"]["dropped"]
+
+    assert "failed_audit" not in dropped()
+    # Rebuilt in the wrong grammar, every answer is off the bill and fails.
+    assert dropped("--family", "qwen3").get("failed_audit", 0) >= 30

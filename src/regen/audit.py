@@ -262,3 +262,77 @@ def _one(a: DatasetAudit) -> dict[str, Any]:
         "problems": dict(sorted(a.problems.items())),
         "finish_reasons": dict(sorted(a.finish_reasons.items())),
     }
+
+
+@dataclass
+class Drift:
+    """A sample the live audit flagged."""
+
+    dataset: str
+    item_id: str
+    rebuilt: int
+    billed: int
+    problems: list[str]
+
+    def line(self) -> str:
+        return (
+            f"audit: {self.dataset} item {self.item_id}: rebuilt {self.rebuilt} completion "
+            f"tokens, billed {self.billed} ({', '.join(self.problems)})"
+        )
+
+
+class LiveAudit:
+    """The audit as a run goes: every step rebuilds up to `sample` of the answers committed
+    since the previous step (the first ones; the rest are skipped) and keeps the tally. Runs
+    in a worker thread with its own read-only connection; costs a few milliseconds a step."""
+
+    def __init__(self, out: Path, target: Target, checks: Checks, sample: int = 32) -> None:
+        self.out, self.target, self.checks, self.sample = out, target, checks, sample
+        self.tally = DatasetAudit("live")
+        self.drifts: list[Drift] = []
+        self._cursor = 0
+
+    def step(self) -> list[Drift]:
+        """Audit the next sample; return the samples that failed."""
+        store = Store.open_readonly(self.out)
+        try:
+            found = store.results_after(self._cursor, self.sample)
+            self._cursor = max(store.last_result_rowid(), self._cursor)
+        finally:
+            store.close()
+        rows = [row for _, _, row in found if row.finish_reason != "length"]
+        names = {row.item_id: name for _, name, row in found}
+        new: list[Drift] = []
+        for row, sample in zip(rows, self.target.samples(rows), strict=True):
+            problems = sample_problems(row, sample, self.target, self.checks)
+            if isinstance(sample, ReconstructError):
+                self.tally.samples += 1
+                self.tally.failed += 1
+                self.tally.problems.update(problems)
+                new.append(
+                    Drift(names[row.item_id], row.item_id, 0, row.completion_tokens, problems)
+                )
+                continue
+            self.tally.add(sample, problems, 5)
+            if problems:
+                rebuilt_n = len(sample.completion_ids)
+                new.append(
+                    Drift(
+                        names[row.item_id], row.item_id, rebuilt_n, row.completion_tokens, problems
+                    )
+                )
+        self.drifts = (self.drifts + new)[-20:]
+        return new
+
+    def summary(self) -> dict[str, Any]:
+        t = self.tally
+        return {
+            "family": self.target.spec.family,
+            "checked": t.samples,
+            "failed": t.failed,
+            "mean_abs_diff": round(t.mean_abs_diff, 4),
+            "max_abs_diff": t.max_abs_diff,
+            "prompt_mean_abs_diff": round(t.prompt_mean_abs_diff, 4),
+            "problems": dict(sorted(t.problems.items())),
+            "recent_drifts": [d.__dict__ for d in self.drifts[-5:]],
+        }

@@ -282,6 +282,10 @@ class ReconstructConfig(_Model):
     template_kwargs: dict[str, Any] = Field(default_factory=dict)
     trust_remote_code: bool = False
     """Needed by tokenizers that ship their own code (Kimi's tiktoken tokenizer)."""
+    live_audit: bool = True
+    """Audit a sample of the answers while the job runs; failing samples are printed."""
+    live_audit_sample: int = Field(default=32, ge=1)
+    """Answers checked per progress interval (the first ones of each interval)."""
 
     @field_validator("family")
     @classmethod

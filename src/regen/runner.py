@@ -16,6 +16,7 @@ from typing import Any
 from rich.console import Console
 
 from regen import __version__
+from regen.audit import Checks, LiveAudit
 from regen.billing import (
     Account,
     Reconciliation,
@@ -34,7 +35,7 @@ from regen.conversation import (
     Request,
     canonical_json,
 )
-from regen.errors import ConfigError, StateError
+from regen.errors import ConfigError, RegenError, StateError
 from regen.export import export_specforge
 from regen.ingest import ingest, lane_rules
 from regen.lock import RunLock
@@ -45,6 +46,7 @@ from regen.progress import (
     reconciliation_line,
 )
 from regen.providers import excluded_names, fetch_endpoints, verdicts
+from regen.reconstruct import Target, spec_from_store
 from regen.report import write_report
 from regen.scheduler import (
     DatasetStats,
@@ -102,6 +104,71 @@ def _make_body(job: Job, endpoint: EndpointConfig) -> Callable[[Request, int], d
         return chat_body(req, job.generation, endpoint, max_tokens)
 
     return make
+
+
+class LiveAuditTask:
+    """`regen audit` as the run goes (with `[reconstruct]` and `live_audit` on): a sample of
+    each interval's answers is rebuilt in a worker thread; a failing one is printed and logged,
+    and the tally is kept in state.db for `regen status`. It never stops a run: a tokenizer
+    that cannot load turns it off with one line."""
+
+    def __init__(self, job: Job, store: Store, console: Console, excluded: frozenset[str]) -> None:
+        self.job, self.store, self.console, self.excluded = job, store, console, excluded
+        self.live: LiveAudit | None = None
+        self.off = False
+        self._starting: asyncio.Future[LiveAudit] | None = None
+
+    def _say(self, line: str) -> None:
+        self.console.print(line, markup=False)
+        with contextlib.suppress(StateError):
+            append_log(self.job.output_path / "run.log", [line])
+
+    def _start(self) -> LiveAudit:
+        assert self.job.reconstruct is not None
+        spec = spec_from_store(reconstruct_meta(self.job), self.job.generation.model_dump())
+        checks = Checks(excluded_providers=self.excluded)
+        return LiveAudit(
+            self.job.output_path, Target(spec), checks, self.job.reconstruct.live_audit_sample
+        )
+
+    async def step(self) -> None:
+        if self.live is None:
+            return
+        try:
+            drifts = await asyncio.to_thread(self.live.step)
+        except Exception as exc:  # noqa: BLE001 - an audit problem must not stop a run
+            self._say(f"live audit stopped: {str(exc).splitlines()[0] if str(exc) else exc!r}")
+            self.live = None
+            return
+        for d in drifts[:3]:
+            self._say(d.line())
+        if len(drifts) > 3:
+            self._say(f"audit: {len(drifts) - 3} more failing samples in this check")
+        self.store.set_meta("live_audit", json.dumps(self.live.summary()))
+
+    async def _ensure_started(self) -> None:
+        if self.live is not None or self.off:
+            return
+        # One start, whoever waits for it: a cancelled wait leaves the thread loading the
+        # tokenizer, and a second load beside it would see transformers half imported.
+        if self._starting is None:
+            self._starting = asyncio.get_running_loop().run_in_executor(None, self._start)
+        try:
+            self.live = await asyncio.shield(self._starting)
+        except RegenError as exc:
+            self.off = True
+            self._say(f"live audit off: {exc}")
+
+    async def run(self) -> None:
+        await self._ensure_started()
+        while self.live is not None:
+            await asyncio.sleep(self.job.run.progress_interval_s)
+            await self.step()
+
+    async def finish(self) -> None:
+        """A last look when dispatch ends (a short run may end before the first interval)."""
+        await self._ensure_started()
+        await self.step()
 
 
 def reconstruct_meta(job: Job) -> dict[str, object]:
@@ -287,6 +354,10 @@ async def dispatch(
             stats, console, job.run.progress_interval_s, job.output_path / "run.log"
         )
         tasks.append(asyncio.create_task(reporter.run()))
+        auditor = None
+        if job.reconstruct is not None and job.reconstruct.live_audit:
+            auditor = LiveAuditTask(job, store, console, frozenset(set().union(*excluded.values())))
+            tasks.append(asyncio.create_task(auditor.run()))
         metrics = None
         if job.run.metrics_port is not None:
             from regen.metrics import serve_metrics
@@ -321,6 +392,8 @@ async def dispatch(
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if auditor is not None:
+                await auditor.finish()
             if metrics is not None:
                 await metrics.cleanup()
             for sig in signals:

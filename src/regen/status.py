@@ -7,6 +7,7 @@ and from run.lock (whether a run holds the directory, and its pid).
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -36,6 +37,8 @@ class Snapshot:
     bad_row_reasons: list[tuple[str, str, int]]
     progress: dict[str, str]
     """The fields of run.log's last progress line (empty before the first)."""
+    live_audit: dict[str, Any] | None = None
+    """The live audit's tally (`[reconstruct] live_audit`), as the run last wrote it."""
 
 
 def take_snapshot(out_dir: Path) -> Snapshot:
@@ -50,9 +53,20 @@ def take_snapshot(out_dir: Path) -> Snapshot:
             store.top_failure_reasons(),
             store.bad_row_reasons(),
             _last_progress(out_dir / "run.log"),
+            _live_audit(store.get_meta("live_audit")),
         )
     finally:
         store.close()
+
+
+def _live_audit(raw: str | None) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _last_progress(log: Path, tail_bytes: int = 65536) -> dict[str, str]:
@@ -93,6 +107,7 @@ def snapshot_json(s: Snapshot) -> dict[str, Any]:
             {"dataset": d, "reason": r, "rows": n} for d, r, n in s.bad_row_reasons
         ],
         "progress": s.progress,
+        "live_audit": s.live_audit,
     }
 
 
@@ -146,6 +161,21 @@ def snapshot_view(s: Snapshot) -> Group:
             errors_text(errs),
         )
     parts: list[Any] = [Text(head), table]
+    a = s.live_audit
+    if a:
+        line = (
+            f"live audit ({a.get('family')}): {a.get('checked', 0)} answers checked, "
+            f"{a.get('failed', 0)} failing, mean |diff| {a.get('mean_abs_diff', 0):.2f} "
+            f"completion / {a.get('prompt_mean_abs_diff', 0):.2f} prompt tokens"
+        )
+        parts.append(Text(line, style="red" if a.get("failed") else ""))
+        for d in a.get("recent_drifts") or []:
+            parts.append(
+                Text(
+                    f"  {d.get('dataset')} item {d.get('item_id')}: rebuilt {d.get('rebuilt')}, "
+                    f"billed {d.get('billed')} ({', '.join(d.get('problems') or [])})"
+                )
+            )
     if s.recent_failures:
         recent = Table(title="last failed attempts", title_justify="left")
         for col in ("when (UTC)", "dataset", "item", "class", "status", "message"):

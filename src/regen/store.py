@@ -327,6 +327,14 @@ class FailedAttempt:
     message: str | None
 
 
+_EXPORT_COLUMNS = (
+    "r.item_id, i.turn_index, c.data, r.content, r.reasoning, r.tool_calls, r.finish_reason, "
+    "i.after_item, c.id, r.provider, r.prompt_tokens, r.completion_tokens, r.cost_usd, "
+    "r.created_at, r.prompt_token_ids, r.completion_token_ids"
+)
+"""What an ExportRow is read from (results r, items i, conversations c)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ExportRow:
     """A done item with its conversation, as export needs it."""
@@ -880,38 +888,51 @@ class Store:
         """Done items of a dataset (answered after `since`, if given), in source row order,
         each exactly once."""
         cur = self._db.execute(
-            "SELECT r.item_id, i.turn_index, c.data, r.content, r.reasoning, r.tool_calls, "
-            "r.finish_reason, i.after_item, c.id, r.provider, r.prompt_tokens, "
-            "r.completion_tokens, r.cost_usd, r.created_at, r.prompt_token_ids, "
-            "r.completion_token_ids FROM results r JOIN items i ON i.id = r.item_id "
+            f"SELECT {_EXPORT_COLUMNS} FROM results r JOIN items i ON i.id = r.item_id "
             "JOIN conversations c ON c.id = i.conversation_id "
             "WHERE r.dataset = ? AND r.created_at > ? ORDER BY c.row_index, i.turn_index",
             (dataset, -1.0 if since is None else since),
         )
         for r in cur:
-            regenerated = None
-            if r[7] is not None:
-                regenerated = {
-                    t: m.to_dict() for t, m in self.regenerated_turns(r[8], r[1]).items()
-                }
-            yield ExportRow(
-                item_id=r[0],
-                turn_index=r[1],
-                conversation=json.loads(r[2]),
-                content=r[3],
-                reasoning=r[4],
-                tool_calls=json.loads(r[5]) if r[5] else [],
-                finish_reason=r[6],
-                regenerated=regenerated,
-                conversation_id=r[8],
-                provider=r[9],
-                prompt_tokens=r[10],
-                completion_tokens=r[11],
-                cost_usd=r[12],
-                created_at=r[13],
-                prompt_token_ids=r[14],
-                completion_token_ids=r[15],
-            )
+            yield self._export_row(r)
+
+    def _export_row(self, r: Sequence[Any]) -> ExportRow:
+        regenerated = None
+        if r[7] is not None:
+            regenerated = {t: m.to_dict() for t, m in self.regenerated_turns(r[8], r[1]).items()}
+        return ExportRow(
+            item_id=r[0],
+            turn_index=r[1],
+            conversation=json.loads(r[2]),
+            content=r[3],
+            reasoning=r[4],
+            tool_calls=json.loads(r[5]) if r[5] else [],
+            finish_reason=r[6],
+            regenerated=regenerated,
+            conversation_id=r[8],
+            provider=r[9],
+            prompt_tokens=r[10],
+            completion_tokens=r[11],
+            cost_usd=r[12],
+            created_at=r[13],
+            prompt_token_ids=r[14],
+            completion_token_ids=r[15],
+        )
+
+    def results_after(self, rowid: int, limit: int) -> list[tuple[int, str, ExportRow]]:
+        """Up to `limit` answers stored after the answer with this rowid, oldest first, as
+        (rowid, dataset, row): a cheap cursor over what a run commits."""
+        rows = self._db.execute(
+            f"SELECT {_EXPORT_COLUMNS}, r.rowid, r.dataset FROM results r "
+            "JOIN items i ON i.id = r.item_id JOIN conversations c ON c.id = i.conversation_id "
+            "WHERE r.rowid > ? ORDER BY r.rowid LIMIT ?",
+            (rowid, limit),
+        ).fetchall()
+        return [(r[16], r[17], self._export_row(r)) for r in rows]
+
+    def last_result_rowid(self) -> int:
+        row = self._db.execute("SELECT max(rowid) FROM results").fetchone()
+        return int(row[0] or 0)
 
     def regenerated_turns(self, conversation_id: str, before_turn: int) -> dict[int, Message]:
         """The done answers of a conversation's turns before `before_turn`, as assistant
