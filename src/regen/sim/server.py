@@ -102,7 +102,27 @@ class Simulator:
         for prefix in ("/api/v1", "/v1"):
             app.router.add_post(f"{prefix}/chat/completions", self.chat_completions)
         Catalogue(self.config, self.account).add_routes(app)
+        app.router.add_get("/_sim/stats", self.stats)
         return app
+
+    async def stats(self, request: web.Request) -> web.Response:
+        """What the simulator served (not an OpenRouter route: for benchmarks that run it as
+        its own process). `distinct_billed` counts billed requests of distinct content, so
+        `billed - distinct_billed` is answers paid for twice."""
+        chats = self.chat_log()
+        billed = [e for e in chats if e.billed]
+        return web.json_response(
+            {
+                "chat_requests": len(chats),
+                "by_status": {
+                    str(k): v for k, v in sorted(Counter(e.status for e in chats).items())
+                },
+                "billed": len(billed),
+                "distinct_billed": len({e.digest for e in billed}),
+                "billed_usd": self.billed_usd(),
+                "peak_in_flight": self.peak_in_flight,
+            }
+        )
 
     def billed_usd(self) -> float:
         return self.account.used_usd
