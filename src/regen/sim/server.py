@@ -151,7 +151,11 @@ class Simulator:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         entry = LoggedRequest(time.time(), request.path, 0, request.headers.get("Authorization"))
         self.log.append(entry)
-        response = await self._chat(request, entry)
+        try:
+            response = await self._chat(request, entry)
+        except ConnectionResetError:  # the client went away mid-answer (aiohttp's is one too)
+            entry.status = 499  # as nginx logs it; the answer stays billed if it was
+            return web.Response(status=499)
         entry.status = response.status
         return response
 
