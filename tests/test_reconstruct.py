@@ -283,3 +283,25 @@ def test_cut_in_reasoning_round_trips() -> None:
             assert target.encode_batch([text])[0] == ids[:cut], (name, cut, text)
             checked += 1
         assert checked >= 3, name
+
+
+def test_the_thinking_switch_follows_what_the_requests_sent() -> None:
+    from regen.reconstruct import spec_from_store
+
+    meta = {"family": "kimi-k2.5"}
+    assert spec_from_store(meta, {"reasoning": None}).thinking is True
+    off = spec_from_store(meta, {"reasoning": {"enabled": False}})
+    assert off.thinking is False and off.template_kwargs == {}
+    assert spec_from_store(meta, {"reasoning": {"effort": "none"}}).thinking is False
+    # vLLM/SGLang: the endpoint's chat_template_kwargs are what the server rendered with.
+    served = spec_from_store(meta, None, {"thinking": False})
+    assert served.thinking is False and served.template_kwargs == {"thinking": False}
+    # A hand-set switch wins over the server's.
+    hand = spec_from_store({**meta, "template_kwargs": '{"thinking": true}'}, None, {"thinking": 0})
+    assert hand.thinking is True
+    oss = spec_from_store({"family": "gpt-oss"}, {"reasoning": {"effort": "high"}})
+    assert oss.template_kwargs == {"reasoning_effort": "high"}
+    with pytest.raises(Exception, match="no template family"):
+        spec_from_store(None, None)
+    with pytest.raises(Exception, match="not JSON"):
+        spec_from_store({**meta, "template_kwargs": "{oops"}, None)

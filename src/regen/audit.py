@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -190,10 +190,24 @@ def rebuilt(
 def target_for(store: Store, **overrides: Any) -> Target:
     """The job's recorded `[reconstruct]` settings with command-line overrides."""
     meta = store.get_meta("reconstruct")
-    fields = store.get_meta("fingerprint_fields")
-    generation = json.loads(fields).get("generation") if fields else None
-    spec: TargetSpec = spec_from_store(json.loads(meta) if meta else None, generation, **overrides)
+    fields = json.loads(store.get_meta("fingerprint_fields") or "{}")
+    spec: TargetSpec = spec_from_store(
+        json.loads(meta) if meta else None,
+        fields.get("generation"),
+        server_kwargs(e.get("extra") for e in fields.get("endpoints") or []),
+        **overrides,
+    )
     return Target(spec)
+
+
+def server_kwargs(extra_bodies: Iterable[dict[str, Any] | None]) -> dict[str, Any]:
+    """The `chat_template_kwargs` the job's endpoints send in `extra_body` (vLLM, SGLang)."""
+    out: dict[str, Any] = {}
+    for extra in extra_bodies:
+        kwargs = (extra or {}).get("chat_template_kwargs")
+        if isinstance(kwargs, dict):
+            out.update(kwargs)
+    return out
 
 
 def checks_for(store: Store, **kwargs: Any) -> Checks:

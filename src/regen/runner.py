@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 
 from regen import __version__
-from regen.audit import Checks, LiveAudit
+from regen.audit import Checks, LiveAudit, server_kwargs
 from regen.billing import (
     Account,
     Reconciliation,
@@ -125,7 +125,11 @@ class LiveAuditTask:
 
     def _start(self) -> LiveAudit:
         assert self.job.reconstruct is not None
-        spec = spec_from_store(reconstruct_meta(self.job), self.job.generation.model_dump())
+        spec = spec_from_store(
+            reconstruct_meta(self.job),
+            self.job.generation.model_dump(),
+            server_kwargs(e.extra_body for e in self.job.endpoint_pool),
+        )
         checks = Checks(excluded_providers=self.excluded)
         return LiveAudit(
             self.job.output_path, Target(spec), checks, self.job.reconstruct.live_audit_sample

@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from regen.errors import ConfigError
+
 Call = dict[str, Any]
 """A tool call in OpenAI form: {"id", "type", "function": {"name", "arguments"}}."""
 
@@ -240,8 +242,6 @@ FAMILIES: dict[str, Family] = {
 
 
 def family(name: str) -> Family:
-    from regen.errors import ConfigError
-
     f = FAMILIES.get(name)
     if f is None:
         raise ConfigError(f"unknown template family {name!r} (allowed: {', '.join(FAMILIES)})")

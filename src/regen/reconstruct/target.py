@@ -23,9 +23,6 @@ from regen.errors import ConfigError
 from regen.reconstruct.families import Answer, Family, family
 from regen.store import ExportRow, unpack_ids
 
-SIM_TEMPLATES = ("kimi-k2.5", "kimi-k2", "qwen3", "deepseek-v3", "deepseek-r1", "glm-4.5",
-                 "gpt-oss", "chatml")  # fmt: skip
-
 
 @dataclass(frozen=True)
 class TargetSpec:
@@ -250,10 +247,14 @@ class ReconstructError(Exception):
 
 
 def spec_from_store(
-    meta: dict[str, Any] | None, generation: dict[str, Any] | None, **overrides: Any
+    meta: dict[str, Any] | None,
+    generation: dict[str, Any] | None,
+    server_kwargs: dict[str, Any] | None = None,
+    **overrides: Any,
 ) -> TargetSpec:
     """The spec a job recorded (`[reconstruct]`, and whether it asked for reasoning), with
-    command-line overrides (None leaves a value as recorded)."""
+    command-line overrides (None leaves a value as recorded). `server_kwargs` are the
+    `chat_template_kwargs` the requests sent (vLLM, SGLang): the server rendered with them."""
     base: dict[str, Any] = dict(meta or {})
     base.update({k: v for k, v in overrides.items() if v is not None})
     if not base.get("family"):
@@ -270,14 +271,18 @@ def spec_from_store(
             raise ConfigError(f"--template-kwargs is not JSON: {exc}") from exc
     if not isinstance(kwargs, dict):
         raise ConfigError("template_kwargs must be a JSON object")
+    kwargs = {**(server_kwargs or {}), **kwargs}
     effort = reasoning.get("effort")
-    if base.get("family") == "gpt-oss" and effort and "reasoning_effort" not in kwargs:
+    if base["family"] == "gpt-oss" and effort and "reasoning_effort" not in kwargs:
         kwargs = {**kwargs, "reasoning_effort": reasoning["effort"]}
+    switch = family(str(base["family"])).thinking_kwarg
+    if switch and switch in kwargs:  # the template's own switch, set by hand, decides
+        thinking = bool(kwargs[switch])
     return TargetSpec(
         family=str(base["family"]),
         tokenizer=str(base.get("tokenizer") or "sim"),
         chat_template=base.get("chat_template"),
         template_kwargs=kwargs,
-        thinking=bool(base["thinking"]) if "thinking" in base else thinking,
+        thinking=thinking,
         trust_remote_code=bool(base.get("trust_remote_code")),
     )
