@@ -146,3 +146,25 @@ def test_health_cools_down_after_three_failures_in_a_row() -> None:
     assert not h.healthy
     clock.now += 5.0
     assert h.healthy
+
+
+def test_a_trickle_of_503s_does_not_hold_the_limit_down() -> None:
+    clock = Clock()
+    lim = AdaptiveLimit(1000, 100, clock=clock)
+    answer(lim, "ok", 400)
+    start = lim.limit
+    # One 503 in every 300 answers (0.3%), spread over many round trips: no decrease.
+    for _ in range(20):
+        answer(lim, "ok", 299)
+        clock.now += 1.0
+        answer(lim, "strained")
+    assert lim.limit >= start and lim.epoch == 0
+    # A burst of them (over 1% of the requests since the last decrease) decreases.
+    clock.now += 1.0
+    answer(lim, "strained", 80)
+    assert lim.epoch == 1 and lim.limit < 1000
+    # A 429 decreases at once.
+    clock.now += 1.0
+    before = lim.limit
+    answer(lim, "overload")
+    assert lim.epoch == 2 and lim.limit < before

@@ -10,6 +10,11 @@ nor decrease again: the reaction to their burst has happened. (Counting answers 
 requests would be biased: a 429 comes back at once, a success only after a round trip.) The
 factor stays between `min_decrease` (a storm halves the limit at most) and `decrease` (a lone
 429 after a good stretch costs 5%). The limit stays between 1 and the lane's concurrency.
+
+A 503 or 529 (`strained`) says overloaded too, but providers also send them now and then when
+nothing is saturated: it counts among the refusals, and decreases only once the refusals are
+at least `noise_floor` (1%) of the epoch's requests. Otherwise a steady trickle of them holds
+the limit far below what the endpoint takes (half of it, in bench/compare.py, before this).
 Against a fixed capacity it saws between 95% and 100% of it (bench/engine.py capacity).
 
 Waiters are handed their slot directly when one frees up, so the limit is never exceeded, and
@@ -37,6 +42,7 @@ class AdaptiveLimit:
         min_decrease: float = 0.5,
         probe: float = 4.0,
         slow_start_step: float = 1.0,
+        noise_floor: float = 0.01,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_limit = max_limit
@@ -48,6 +54,7 @@ class AdaptiveLimit:
         self._min_decrease = min_decrease
         self._probe = probe
         self._slow_start_step = slow_start_step
+        self._noise_floor = noise_floor
         self.epoch = 0
         """Counts the decreases: each slot is handed out with the epoch it belongs to."""
         self._sent = 0
@@ -93,8 +100,8 @@ class AdaptiveLimit:
         latency_s: float | None = None,
         retry_after_s: float | None = None,
     ) -> None:
-        """Give the slot back, saying how it went: `ok`, `overload`, `paused` or `other`,
-        with the epoch `acquire` gave (None: the current one)."""
+        """Give the slot back, saying how it went: `ok`, `overload` (429), `strained` (503,
+        529), `paused` or `other`, with the epoch `acquire` gave (None: the current one)."""
         current = epoch is None or epoch == self.epoch
         if outcome == "ok" and self.adaptive:
             if latency_s is not None:
@@ -102,15 +109,16 @@ class AdaptiveLimit:
                 self._rtt_s = latency_s if rtt is None else 0.8 * rtt + 0.2 * latency_s
             step = self._slow_start_step if self._slow_start else self._probe / max(self.limit, 1.0)
             self.limit = min(float(self.max_limit), self.limit + step)
-        elif outcome in ("overload", "paused"):
+        elif outcome in ("overload", "strained", "paused"):
             self.overloads += 1
             now = self._clock()
             # One decrease per round trip; 0.1 s until a round trip has been seen.
             cooldown = 0.1 if self._rtt_s is None else self._rtt_s
             if current:
                 self._refused += 1
-            if self.adaptive and current and now - self._last_decrease >= cooldown:
-                share = self._refused / max(self._sent, self._refused)
+            share = self._refused / max(self._sent, self._refused, 1)
+            noise = outcome == "strained" and share < self._noise_floor
+            if self.adaptive and current and not noise and now - self._last_decrease >= cooldown:
                 factor = min(self._decrease, max(self._min_decrease, 1.0 - share))
                 self.limit = max(1.0, self.limit * factor)
                 self._slow_start = False

@@ -39,8 +39,9 @@ from regen.limiter import AdaptiveLimit, EndpointHealth
 from regen.modes import build_request
 from regen.store import PendingItem, Store
 
-# Signals for the limiter: these say the endpoint is full, not that the request was bad.
-OVERLOAD = frozenset({"rate_limited", "overloaded"})
+# Signals for the limiter, by failure class: a 429 says the endpoint is full; a 503 or 529
+# says so too, but also comes now and then when it is not (see limiter.py).
+LIMIT_SIGNALS = {"rate_limited": "overload", "overloaded": "strained"}
 # These say the endpoint itself is unwell: enough in a row cool it down.
 UNHEALTHY = frozenset({"server", "connection", "timeout", "stalled"})
 
@@ -534,7 +535,7 @@ class Scheduler:
                 signal, latency = "ok", result.latency_s
             except EndpointError as exc:
                 cls = exc.failure_class
-                signal = "overload" if cls in OVERLOAD else "other"
+                signal = LIMIT_SIGNALS.get(cls, "other")
                 attempts.append(
                     Attempt(
                         number,
