@@ -472,10 +472,11 @@ def scale(args: argparse.Namespace) -> None:
         "| peak RSS MB | RSS KB per in-flight request |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    for conc in args.levels:
-        # Answers slow enough that `conc` are on the wire together; no capacity limit, no faults.
+    for conc, time_scale in zip(args.levels, args.level_time_scales, strict=True):
+        # Answers slow enough that `conc` are on the wire together at the rate the client and
+        # the simulator keep up (about 800 a second here); no capacity limit, no faults.
         sim = SIM.format(
-            seed=1, faults="", time_scale=args.time_scale, model=MODEL, mean=args.mean_tokens,
+            seed=1, faults="", time_scale=time_scale, model=MODEL, mean=args.mean_tokens,
             capacity=0,
         )  # fmt: skip
         proc, url = simproc.start_sim(sim, tmp)
@@ -519,6 +520,13 @@ def main() -> None:
     ap.add_argument("--cap-fraction", type=float, default=0.5)
     ap.add_argument("--runners", nargs="+", default=list(RUNNERS))
     ap.add_argument("--levels", type=int, nargs="+", default=[2000, 10000])
+    ap.add_argument(
+        "--level-time-scales",
+        type=float,
+        nargs="+",
+        default=[0.4, 2.0],
+        help="scale: the simulator's time scale at each level (answers of 2.5 s and 12.5 s)",
+    )
     args = ap.parse_args()
     if args.mode == "scale":
         args.requests = args.requests or 100_000
