@@ -35,7 +35,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import random
 import signal
 import statistics
@@ -397,8 +396,7 @@ def report(
     n = args.requests
     print()
     print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-        f"{platform.python_version()}, {platform.system()} {platform.release()}; "
+        f"{simproc.machine_line()}; "
         f"{n} requests, concurrency {args.concurrency}, provider capacity {args.capacity}, "
         f"time scale {args.time_scale}, {args.rounds} rounds (medians)"
     )
@@ -463,10 +461,7 @@ def report(
 
 def scale(args: argparse.Namespace) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="regen-scale-"))
-    print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-        f"{platform.python_version()}, {platform.system()} {platform.release()}"
-    )
+    print(simproc.machine_line())
     print(
         "| requests | lane concurrency | peak in flight | done | wall s | CPU ms per request "
         "| peak RSS MB | RSS KB per in-flight request |"

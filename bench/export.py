@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import random
 import resource
 import subprocess
@@ -21,6 +19,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import simproc
 
 from regen.config import load_job
 from regen.conversation import Attempt, Message, Outcome, Result, Usage
@@ -100,10 +100,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--samples", type=int, default=100_000)
     args = ap.parse_args()
-    print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-        f"{platform.python_version()}, {platform.system()} {platform.release()}"
-    )
+    print(simproc.machine_line())
     with tempfile.TemporaryDirectory() as d:
         t0 = time.monotonic()
         out = build(Path(d), args.samples)

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import random
 import resource
 import subprocess
@@ -26,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import simproc
 
 from regen.config import load_job
 from regen.conversation import Attempt, Message, Outcome, Result, ToolCall, Usage
@@ -127,10 +127,7 @@ def main() -> None:
     ap.add_argument("--family", choices=sorted(MODELS), default="kimi-k2.5")
     ap.add_argument("--mean", type=int, default=1000, help="mean completion length drawn")
     args = ap.parse_args()
-    print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-        f"{platform.python_version()}, {platform.system()} {platform.release()}"
-    )
+    print(simproc.machine_line())
     with tempfile.TemporaryDirectory() as d:
         t0 = time.monotonic()
         out, answers, tokens = build(Path(d), args.tokens, args.family, args.mean)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import platform
 import subprocess
 import sys
 import time
@@ -32,3 +34,11 @@ def start_sim(config_toml: str, tmp: Path) -> tuple[subprocess.Popen[str], str]:
     assert proc.stdout is not None
     # The first line is "regen sim listening on http://127.0.0.1:PORT/api/v1".
     return proc, proc.stdout.readline().rsplit(" ", 1)[1].strip()
+
+
+def machine_line() -> str:
+    """The machine a benchmark ran on, for its report."""
+    return (
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}, {platform.system()} {platform.release()}"
+    )

@@ -72,6 +72,15 @@ def _calls_of(m: dict[str, Any]) -> list[tuple[str, str, str]]:
     return out
 
 
+def _leading_think(text: str, opener: str) -> tuple[str, str]:
+    """(reasoning, the rest) of a completion that may open with a think block; a block cut
+    before its `</think>` is all reasoning."""
+    if not text.startswith(opener):
+        return "", text
+    reasoning, sep, rest = text[len(opener) :].partition("</think>")
+    return reasoning, rest if sep else ""
+
+
 def _tools_json(tools: list[Any]) -> str:
     return "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
 
@@ -104,10 +113,7 @@ class KimiK2(TextGrammar):
         return out
 
     def split(self, text: str, thinking: bool) -> tuple[str, str, list[Call]]:
-        reasoning = ""
-        if text.startswith("<think>"):
-            reasoning, sep, rest = text[len("<think>") :].partition("</think>")
-            text = rest if sep else ""
+        reasoning, text = _leading_think(text, "<think>")
         content, _, section = text.partition("<|tool_calls_section_begin|>")
         calls = [
             Call(cid.removeprefix("functions.").rsplit(":", 1)[0], args)
@@ -255,10 +261,7 @@ class Glm45(TextGrammar):
         return out + "".join(self._call(c.name, c.arguments) for c in calls)
 
     def split(self, text: str, thinking: bool) -> tuple[str, str, list[Call]]:
-        reasoning = ""
-        if text.startswith("\n<think>"):
-            reasoning, sep, rest = text[len("\n<think>") :].partition("</think>")
-            text = rest if sep else ""
+        reasoning, text = _leading_think(text, "\n<think>")
         head, _, _ = text.partition("\n<tool_call>")
         calls = []
         for name, body in _GLM_CALL.findall(text):
