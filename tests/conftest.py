@@ -12,8 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from regen.sim import RunningSim, SimConfig, sim_in_thread
+
+# Property tests draw the same examples on every run (CI and here): a failure reproduces.
+settings.register_profile("regen", derandomize=True)
+settings.load_profile("regen")
 
 SECRET_KEY = "sk-or-v1-test-SECRET-7f3a9c"
 

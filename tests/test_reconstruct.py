@@ -248,6 +248,11 @@ def test_simulated_answers_round_trip(
         reasoning = ""
     if name == "gpt-oss":
         calls = calls[:1]  # a harmony turn ends at its first call
+    if name == "qwen3":
+        # Its parser strips newlines around reasoning and content (as servers do): text that
+        # starts or ends with one cannot be told from text that does not, and the audit
+        # measures that as a difference to the bill.
+        reasoning, content = reasoning.strip("\n"), content.strip("\n")
     g = grammar(name)
     sim_calls = [Call(n, json.dumps(a)) for n, a in calls]
     ids = g.completion_ids(reasoning, content, sim_calls, thinking)
