@@ -106,6 +106,13 @@ def _make_body(job: Job, endpoint: EndpointConfig) -> Callable[[Request, int], d
     return make
 
 
+def _one_line(exc: BaseException) -> str:
+    """An exception as one line: regen's own as they are, others with their type."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    return first if isinstance(exc, RegenError) and first else f"{type(exc).__name__}: {first}"
+
+
 class LiveAuditTask:
     """`regen audit` as the run goes (with `[reconstruct]` and `live_audit` on): a sample of
     each interval's answers is rebuilt in a worker thread; a failing one is printed and logged,
@@ -141,7 +148,7 @@ class LiveAuditTask:
         try:
             drifts = await asyncio.to_thread(self.live.step)
         except Exception as exc:  # noqa: BLE001 - an audit problem must not stop a run
-            self._say(f"live audit stopped: {str(exc).splitlines()[0] if str(exc) else exc!r}")
+            self._say(f"live audit stopped: {_one_line(exc)}")
             self.live = None
             return
         for d in drifts[:3]:
@@ -159,9 +166,9 @@ class LiveAuditTask:
             self._starting = asyncio.get_running_loop().run_in_executor(None, self._start)
         try:
             self.live = await asyncio.shield(self._starting)
-        except RegenError as exc:
+        except Exception as exc:  # noqa: BLE001 - an audit that cannot start leaves the run be
             self.off = True
-            self._say(f"live audit off: {exc}")
+            self._say(f"live audit off: {_one_line(exc)}")
 
     async def run(self) -> None:
         await self._ensure_started()
