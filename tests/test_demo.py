@@ -6,7 +6,7 @@ import json
 import re
 from pathlib import Path
 
-from tests.conftest import run_cli
+from tests.conftest import query, run_cli
 
 
 def test_demo_prints_a_summary_that_matches_its_exports(tmp_path: Path) -> None:
@@ -28,6 +28,14 @@ def test_demo_prints_a_summary_that_matches_its_exports(tmp_path: Path) -> None:
         assert int(cells[4]) == len(lines) == int(cells[-1])
         assert int(cells[5]) == 0
     assert sum(exported.values()) >= 250
+    # Every exported answer rebuilt as token ids, each matching what the simulator billed.
+    audit = re.search(
+        r"audit: (\d+) answers rebuilt .*?; ([\d.]+)% match .*?, ([\d.]+)% the", proc.stdout
+    )
+    assert audit, proc.stdout
+    [(whole,)] = query(out, "SELECT count(*) FROM results WHERE finish_reason != 'length'")
+    assert int(audit.group(1)) == whole >= 250  # answers cut at max_tokens are left out
+    assert audit.group(2) == audit.group(3) == "100.0"
     # A second demo starts fresh in the same folder.
     again = run_cli("demo", "--out", str(out))
     assert again.returncode == 0, again.stderr

@@ -720,4 +720,16 @@ def _demo(args: argparse.Namespace, console: Console) -> int:
             print(f"error: {exc}; pass --out DIR", file=sys.stderr)
             return EXIT_USER
         report = run_job(job, console=console, api_key=DEMO_KEY)
-    return _finish(report, console)
+    code = _finish(report, console)
+    from regen.audit import audit, audit_json
+
+    overall = audit_json(audit(args.out.resolve())[0])["overall"]
+    console.print(
+        f"audit: {overall['samples']} answers rebuilt as Kimi-K2.5 token ids; "
+        f"{overall['match_share']:.1%} match the billed completion tokens, "
+        f"{overall['prompt_match_share']:.1%} the prompt tokens "
+        f"(regen audit {args.out}; regen export {args.out} --format tokenized)",
+        markup=False,
+        soft_wrap=True,
+    )
+    return code
