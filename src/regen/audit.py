@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -37,6 +37,26 @@ class Checks:
 
 
 @dataclass
+class Diffs:
+    """Rebuilt-minus-billed differences of one kind of token (prompt or completion)."""
+
+    abs_sum: int = 0
+    max_abs: int = 0
+    matches: int = 0
+
+    def add(self, diff: int) -> None:
+        d = abs(diff)
+        self.abs_sum += d
+        self.max_abs = max(self.max_abs, d)
+        self.matches += d == 0
+
+    def merge(self, other: Diffs) -> None:
+        self.abs_sum += other.abs_sum
+        self.max_abs = max(self.max_abs, other.max_abs)
+        self.matches += other.matches
+
+
+@dataclass
 class DatasetAudit:
     name: str
     samples: int = 0
@@ -44,12 +64,8 @@ class DatasetAudit:
     """Answers cut at max_tokens, left out unless asked for: exports drop them by default, and
     a cut inside a tool call loses text the server's parser drops."""
     exact_ids: int = 0
-    abs_diff_sum: int = 0
-    max_abs_diff: int = 0
-    matches: int = 0
-    prompt_abs_diff_sum: int = 0
-    prompt_max_abs_diff: int = 0
-    prompt_matches: int = 0
+    completion: Diffs = field(default_factory=Diffs)
+    prompt: Diffs = field(default_factory=Diffs)
     failed: int = 0
     """Samples with a structural problem or a completion difference over the limit."""
     worst: list[tuple[int, str, int, int, int]] = field(default_factory=list)
@@ -57,49 +73,32 @@ class DatasetAudit:
     problems: Counter[str] = field(default_factory=Counter)
     finish_reasons: Counter[str] = field(default_factory=Counter)
 
-    @property
-    def mean_abs_diff(self) -> float:
-        return self.abs_diff_sum / self.samples if self.samples else 0.0
+    def per_sample(self, n: int) -> float:
+        return n / self.samples if self.samples else 0.0
 
-    @property
-    def prompt_mean_abs_diff(self) -> float:
-        return self.prompt_abs_diff_sum / self.samples if self.samples else 0.0
-
-    @property
-    def match_share(self) -> float:
-        return self.matches / self.samples if self.samples else 0.0
-
-    def add(self, sample: Sample, problems: list[str], keep_worst: int) -> None:
+    def add(self, sample: Sample | ReconstructError, problems: list[str], keep_worst: int) -> None:
+        """Count one answer: its differences (none when it could not be rebuilt) and problems."""
         self.samples += 1
+        self.failed += bool(problems)
+        self.problems.update(problems)
+        if isinstance(sample, ReconstructError):
+            return
         self.exact_ids += sample.source == "exact"
-        diff, pdiff = abs(sample.completion_diff), abs(sample.prompt_diff)
-        self.abs_diff_sum += diff
-        self.max_abs_diff = max(self.max_abs_diff, diff)
-        self.matches += diff == 0
-        self.prompt_abs_diff_sum += pdiff
-        self.prompt_max_abs_diff = max(self.prompt_max_abs_diff, pdiff)
-        self.prompt_matches += pdiff == 0
+        self.completion.add(sample.completion_diff)
+        self.prompt.add(sample.prompt_diff)
+        diff = abs(sample.completion_diff)
         if diff and (len(self.worst) < keep_worst or diff > self.worst[-1][0]):
             billed = len(sample.completion_ids) - sample.completion_diff
             entry = (diff, sample.item_id, len(sample.completion_ids), billed, sample.prompt_diff)
             self.worst = sorted([*self.worst, entry], reverse=True)[:keep_worst]
-        self.failed += bool(problems)
-        self.problems.update(problems)
 
     def merge(self, other: DatasetAudit) -> None:
-        for name in (
-            "samples",
-            "truncated",
-            "exact_ids",
-            "abs_diff_sum",
-            "matches",
-            "prompt_abs_diff_sum",
-            "prompt_matches",
-            "failed",
-        ):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.max_abs_diff = max(self.max_abs_diff, other.max_abs_diff)
-        self.prompt_max_abs_diff = max(self.prompt_max_abs_diff, other.prompt_max_abs_diff)
+        self.samples += other.samples
+        self.truncated += other.truncated
+        self.exact_ids += other.exact_ids
+        self.failed += other.failed
+        self.completion.merge(other.completion)
+        self.prompt.merge(other.prompt)
         self.problems.update(other.problems)
         self.finish_reasons.update(other.finish_reasons)
         self.worst = sorted([*self.worst, *other.worst], reverse=True)[:5]
@@ -174,17 +173,31 @@ def sample_problems(
 
 
 def rebuilt(
-    store: Store, dataset: str, target: Target, since: float | None = None
-) -> Iterator[tuple[ExportRow, Sample | ReconstructError]]:
-    """Each answer of a dataset with its rebuilt sample, in source order, in batches."""
+    store: Store,
+    dataset: str,
+    target: Target,
+    since: float | None = None,
+    wanted: Callable[[ExportRow], bool] = lambda row: True,
+) -> Iterator[tuple[ExportRow, Sample | ReconstructError | None]]:
+    """Each answer of a dataset with its rebuilt sample, in source order, rebuilt in batches;
+    an answer `wanted` turns down comes with None, unbuilt."""
+    rows: list[ExportRow] = []
     batch: list[ExportRow] = []
+
+    def flush() -> Iterator[tuple[ExportRow, Sample | ReconstructError | None]]:
+        samples = iter(target.samples(batch))
+        for row in rows:
+            yield row, (next(samples) if wanted(row) else None)
+        rows.clear()
+        batch.clear()
+
     for row in store.export_rows(dataset, since):
-        batch.append(row)
-        if len(batch) == BATCH:
-            yield from zip(batch, target.samples(batch), strict=True)
-            batch = []
-    if batch:
-        yield from zip(batch, target.samples(batch), strict=True)
+        rows.append(row)
+        if wanted(row):
+            batch.append(row)
+            if len(batch) == BATCH:
+                yield from flush()
+    yield from flush()
 
 
 def target_for(store: Store, **overrides: Any) -> Target:
@@ -228,22 +241,20 @@ def audit(
     try:
         tgt = target_for(store, **target)
         chk = checks_for(store, **(checks or {}))
+
+        def counted(row: ExportRow) -> bool:
+            return include_truncated or row.finish_reason != "length"
+
         audits = []
         for p in store.dataset_progress():
             a = DatasetAudit(p.name)
             audits.append(a)
-            for row, sample in rebuilt(store, p.name, tgt):
+            for row, sample in rebuilt(store, p.name, tgt, wanted=counted):
                 a.finish_reasons[row.finish_reason or "none"] += 1
-                if row.finish_reason == "length" and not include_truncated:
+                if sample is None:
                     a.truncated += 1
-                    continue
-                problems = sample_problems(row, sample, tgt, chk)
-                if isinstance(sample, ReconstructError):
-                    a.samples += 1
-                    a.failed += 1
-                    a.problems.update(problems)
-                    continue
-                a.add(sample, problems, worst)
+                else:
+                    a.add(sample, sample_problems(row, sample, tgt, chk), worst)
     finally:
         store.close()
     return audits, tgt
@@ -262,12 +273,12 @@ def _one(a: DatasetAudit) -> dict[str, Any]:
         "samples": a.samples,
         "truncated_left_out": a.truncated,
         "exact_ids": a.exact_ids,
-        "mean_abs_diff": round(a.mean_abs_diff, 4),
-        "max_abs_diff": a.max_abs_diff,
-        "match_share": round(a.match_share, 4),
-        "prompt_mean_abs_diff": round(a.prompt_mean_abs_diff, 4),
-        "prompt_max_abs_diff": a.prompt_max_abs_diff,
-        "prompt_match_share": round(a.prompt_matches / a.samples, 4) if a.samples else 0.0,
+        "mean_abs_diff": round(a.per_sample(a.completion.abs_sum), 4),
+        "max_abs_diff": a.completion.max_abs,
+        "match_share": round(a.per_sample(a.completion.matches), 4),
+        "prompt_mean_abs_diff": round(a.per_sample(a.prompt.abs_sum), 4),
+        "prompt_max_abs_diff": a.prompt.max_abs,
+        "prompt_match_share": round(a.per_sample(a.prompt.matches), 4),
         "failed": a.failed,
         "worst": [
             {"abs_diff": d, "item_id": i, "rebuilt": r, "billed": b, "prompt_diff": p}
@@ -319,34 +330,24 @@ class LiveAudit:
         new: list[Drift] = []
         for row, sample in zip(rows, self.target.samples(rows), strict=True):
             problems = sample_problems(row, sample, self.target, self.checks)
-            if isinstance(sample, ReconstructError):
-                self.tally.samples += 1
-                self.tally.failed += 1
-                self.tally.problems.update(problems)
-                new.append(
-                    Drift(names[row.item_id], row.item_id, 0, row.completion_tokens, problems)
-                )
-                continue
             self.tally.add(sample, problems, 5)
             if problems:
-                rebuilt_n = len(sample.completion_ids)
+                n = 0 if isinstance(sample, ReconstructError) else len(sample.completion_ids)
                 new.append(
-                    Drift(
-                        names[row.item_id], row.item_id, rebuilt_n, row.completion_tokens, problems
-                    )
+                    Drift(names[row.item_id], row.item_id, n, row.completion_tokens, problems)
                 )
         self.drifts = (self.drifts + new)[-20:]
         return new
 
     def summary(self) -> dict[str, Any]:
-        t = self.tally
+        tally = _one(self.tally)
         return {
             "family": self.target.spec.family,
-            "checked": t.samples,
-            "failed": t.failed,
-            "mean_abs_diff": round(t.mean_abs_diff, 4),
-            "max_abs_diff": t.max_abs_diff,
-            "prompt_mean_abs_diff": round(t.prompt_mean_abs_diff, 4),
-            "problems": dict(sorted(t.problems.items())),
+            "checked": tally["samples"],
+            **{
+                k: tally[k]
+                for k in ("failed", "mean_abs_diff", "max_abs_diff", "prompt_mean_abs_diff")
+            },
+            "problems": tally["problems"],
             "recent_drifts": [d.__dict__ for d in self.drifts[-5:]],
         }

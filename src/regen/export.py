@@ -446,7 +446,8 @@ def _export_dataset(
     until = 0.0
     rows: Iterable[tuple[ExportRow, Sample | ReconstructError | None]]
     rows = (
-        rebuilt(store, name, target, since)
+        # Answers the filters drop are not rebuilt.
+        rebuilt(store, name, target, since, wanted=lambda row: _drop_reason(row, opts) is None)
         if target is not None
         else ((row, None) for row in store.export_rows(name, since))
     )
