@@ -335,7 +335,8 @@ async def dispatch(
         prices = await resolve_prices(job, clients)
         excluded = await check_routes(job, clients, console)
         # What `regen audit` and `regen export` need to rebuild and check ids later.
-        store.set_meta("excluded_providers", json.dumps(sorted(set().union(*excluded.values()))))
+        excluded_anywhere = frozenset(set().union(*excluded.values()))
+        store.set_meta("excluded_providers", json.dumps(sorted(excluded_anywhere)))
         if job.reconstruct is not None:
             store.set_meta("reconstruct", json.dumps(reconstruct_meta(job)))
         if book.needs_prices:
@@ -367,7 +368,7 @@ async def dispatch(
         tasks.append(asyncio.create_task(reporter.run()))
         auditor = None
         if job.reconstruct is not None and job.reconstruct.live_audit:
-            auditor = LiveAuditTask(job, store, console, frozenset(set().union(*excluded.values())))
+            auditor = LiveAuditTask(job, store, console, excluded_anywhere)
             tasks.append(asyncio.create_task(auditor.run()))
         metrics = None
         if job.run.metrics_port is not None:

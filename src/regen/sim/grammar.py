@@ -100,6 +100,47 @@ def _encode(tok: Tokenizer, text: str) -> list[int]:
     return list(tok.encode(text, add_special_tokens=False).ids)
 
 
+def render_kimi(messages: list[Any], tools: list[Any], think: bool | None) -> str:
+    """A Kimi prompt: no newlines between turns, tool declarations as JSON. With `think` set
+    (K2.5), assistant turns carry `<think>...</think>`, with reasoning kept only after the last
+    assistant turn without tool calls, and the prompt pre-fills `<think>` (thinking on) or
+    `<think></think>` (off). With `think` None (K2), neither."""
+    out = []
+    if tools:
+        decls = json.dumps(tools, ensure_ascii=False)  # as a template's tojson writes them
+        out.append(f"<|im_system|>tool_declare<|im_middle|>{decls}<|im_end|>")
+    msgs = [m for m in messages if isinstance(m, dict)]
+    if not msgs or msgs[0].get("role") != "system":
+        out.append(f"<|im_system|>system<|im_middle|>{KIMI_DEFAULT_SYSTEM}<|im_end|>")
+    last_plain = max(
+        (i for i, m in enumerate(msgs) if m.get("role") == "assistant" and not m.get("tool_calls")),
+        default=-1,
+    )
+    for i, m in enumerate(msgs):
+        role, content = m.get("role"), _text(m.get("content"))
+        if role == "system":
+            out.append(f"<|im_system|>system<|im_middle|>{content}<|im_end|>")
+        elif role == "user":
+            out.append(f"<|im_user|>user<|im_middle|>{content}<|im_end|>")
+        elif role == "assistant":
+            block = ""
+            if think is not None:
+                reasoning = _text(m.get("reasoning") or m.get("reasoning_content"))
+                block = f"<think>{reasoning if i > last_plain else ''}</think>"
+            section = KimiK25._section(m.get("tool_calls") or [])
+            out.append(f"<|im_assistant|>assistant<|im_middle|>{block}{content}{section}<|im_end|>")
+        elif role == "tool":
+            name = m.get("name") or "tool"
+            out.append(
+                f"<|im_system|>{name}<|im_middle|>## Return of {m.get('tool_call_id')}\n"
+                f"{content}<|im_end|>"
+            )
+    out.append("<|im_assistant|>assistant<|im_middle|>")
+    if think is not None:
+        out.append("<think>" if think else "<think></think>")
+    return "".join(out)
+
+
 class KimiK25:
     """`<think>` is pre-filled by the prompt; the completion is
     `{reasoning}</think>{content}[<|tool_calls_section_begin|>...<|tool_calls_section_end|>]<|im_end|>`.
@@ -139,45 +180,7 @@ class KimiK25:
         return "<|tool_calls_section_begin|>" + "".join(parts) + "<|tool_calls_section_end|>"
 
     def render_prompt(self, messages: list[Any], tools: list[Any], thinking: bool) -> str:
-        out = []
-        if tools:
-            decls = json.dumps(tools, ensure_ascii=False)  # as a template's tojson writes them
-            out.append(f"<|im_system|>tool_declare<|im_middle|>{decls}<|im_end|>")
-        msgs = [m for m in messages if isinstance(m, dict)]
-        if not msgs or msgs[0].get("role") != "system":
-            out.append(f"<|im_system|>system<|im_middle|>{KIMI_DEFAULT_SYSTEM}<|im_end|>")
-        # Reasoning is kept only after the last assistant turn without tool calls.
-        last_plain = max(
-            (
-                i
-                for i, m in enumerate(msgs)
-                if m.get("role") == "assistant" and not m.get("tool_calls")
-            ),
-            default=-1,
-        )
-        for i, m in enumerate(msgs):
-            role, content = m.get("role"), _text(m.get("content"))
-            if role == "system":
-                out.append(f"<|im_system|>system<|im_middle|>{content}<|im_end|>")
-            elif role == "user":
-                out.append(f"<|im_user|>user<|im_middle|>{content}<|im_end|>")
-            elif role == "assistant":
-                reasoning = _text(m.get("reasoning") or m.get("reasoning_content"))
-                think = reasoning if i > last_plain else ""
-                section = self._section(m.get("tool_calls") or [])
-                out.append(
-                    f"<|im_assistant|>assistant<|im_middle|><think>{think}</think>"
-                    f"{content}{section}<|im_end|>"
-                )
-            elif role == "tool":
-                name = m.get("name") or "tool"
-                out.append(
-                    f"<|im_system|>{name}<|im_middle|>## Return of {m.get('tool_call_id')}\n"
-                    f"{content}<|im_end|>"
-                )
-        out.append("<|im_assistant|>assistant<|im_middle|>")
-        out.append("<think>" if thinking else "<think></think>")
-        return "".join(out)
+        return render_kimi(messages, tools, thinking)
 
     def completion_ids(
         self, reasoning: str, content: str, calls: list[Call], thinking: bool

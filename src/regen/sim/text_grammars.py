@@ -15,7 +15,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from regen.sim.grammar import KIMI_DEFAULT_SYSTEM, Call, Parsed, _encode, _special, _text
+from regen.sim.grammar import Call, KimiK25, Parsed, _encode, _special, _text, render_kimi
 
 
 class TextGrammar:
@@ -100,17 +100,8 @@ class KimiK2(TextGrammar):
     ends = ("<|im_end|>",)
 
     def text(self, reasoning: str, content: str, calls: list[Call], thinking: bool) -> str:
-        out = f"<think>{reasoning}</think>" if thinking else ""
-        out += content
-        if calls:
-            out += "<|tool_calls_section_begin|>"
-            for i, c in enumerate(calls):
-                out += (
-                    f"<|tool_call_begin|>functions.{c.name}:{i}<|tool_call_argument_begin|>"
-                    f"{c.arguments}<|tool_call_end|>"
-                )
-            out += "<|tool_calls_section_end|>"
-        return out
+        think = f"<think>{reasoning}</think>" if thinking else ""
+        return think + content + KimiK25._section(calls)
 
     def split(self, text: str, thinking: bool) -> tuple[str, str, list[Call]]:
         reasoning, text = _leading_think(text, "<think>")
@@ -122,34 +113,7 @@ class KimiK2(TextGrammar):
         return reasoning, content, calls
 
     def render_prompt(self, messages: list[Any], tools: list[Any], thinking: bool) -> str:
-        out = []
-        if tools:
-            decls = json.dumps(tools, ensure_ascii=False)
-            out.append(f"<|im_system|>tool_declare<|im_middle|>{decls}<|im_end|>")
-        msgs = _msgs(messages)
-        if not msgs or msgs[0].get("role") != "system":
-            out.append(f"<|im_system|>system<|im_middle|>{KIMI_DEFAULT_SYSTEM}<|im_end|>")
-        for m in msgs:
-            role, content = m.get("role"), _text(m.get("content"))
-            if role == "system":
-                out.append(f"<|im_system|>system<|im_middle|>{content}<|im_end|>")
-            elif role == "user":
-                out.append(f"<|im_user|>user<|im_middle|>{content}<|im_end|>")
-            elif role == "assistant":
-                section = "".join(
-                    f"<|tool_call_begin|>{cid}<|tool_call_argument_begin|>{args}<|tool_call_end|>"
-                    for cid, _, args in _calls_of(m)
-                )
-                if section:
-                    section = f"<|tool_calls_section_begin|>{section}<|tool_calls_section_end|>"
-                out.append(f"<|im_assistant|>assistant<|im_middle|>{content}{section}<|im_end|>")
-            elif role == "tool":
-                out.append(
-                    f"<|im_system|>{m.get('name') or 'tool'}<|im_middle|>## Return of "
-                    f"{m.get('tool_call_id')}\n{content}<|im_end|>"
-                )
-        out.append("<|im_assistant|>assistant<|im_middle|>")
-        return "".join(out)
+        return render_kimi(messages, tools, None)
 
 
 # DeepSeek ----------------------------------------------------------------------------------
