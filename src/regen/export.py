@@ -37,9 +37,7 @@ def _specforge_message(m: dict[str, Any]) -> dict[str, Any]:
 
 def specforge_record(row: ExportRow) -> dict[str, Any]:
     """`{"id", "conversations": [...], "tools"?}` with the regenerated turn in place."""
-    history = row.conversation["messages"][: row.turn_index]
-    if row.regenerated:
-        history = [row.regenerated.get(i, m) for i, m in enumerate(history)]
+    history = row.history()
     turn: dict[str, Any] = {"role": "assistant", "content": row.content}
     if row.reasoning:
         turn["reasoning_content"] = row.reasoning

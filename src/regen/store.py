@@ -358,6 +358,14 @@ class ExportRow:
     completion_token_ids: bytes | None = None
     """Exact ids as stored (store.unpack_ids), when the server returned them."""
 
+    def history(self) -> list[dict[str, Any]]:
+        """The messages the request sent: the turns before this one, with sequential mode's
+        regenerated answers in place of the original ones."""
+        history: list[dict[str, Any]] = self.conversation["messages"][: self.turn_index]
+        if self.regenerated:
+            history = [self.regenerated.get(i, m) for i, m in enumerate(history)]
+        return history
+
 
 def _hint(exc: sqlite3.Error) -> str:
     """What a storage error most likely means, in the user's terms."""

@@ -190,15 +190,6 @@ class Target:
         )
         return self.family.layout(answer)
 
-    @staticmethod
-    def history(row: ExportRow) -> list[dict[str, Any]]:
-        """The messages the request sent: the history, with sequential mode's regenerated
-        turns in place of the original ones."""
-        history: list[dict[str, Any]] = row.conversation["messages"][: row.turn_index]
-        if row.regenerated:
-            history = [row.regenerated.get(i, m) for i, m in enumerate(history)]
-        return history
-
     # samples ------------------------------------------------------------------------------
 
     def samples(self, rows: list[ExportRow]) -> list[Sample | ReconstructError]:
@@ -211,7 +202,7 @@ class Target:
             exact_c = unpack_ids(row.completion_token_ids)
             try:
                 if exact_p is None:
-                    texts.append(self.prompt_text(self.history(row), row.conversation.get("tools")))
+                    texts.append(self.prompt_text(row.history(), row.conversation.get("tools")))
                 if exact_c is None:
                     texts.append(self.completion_text(row))
             except ReconstructError as exc:
