@@ -189,12 +189,15 @@ async def _openai_worker(url: str, n: int, concurrency: int) -> dict[str, Any]:
     return {"ok": ok, "failed": failed, "cpu_s": time.process_time() - cpu0}
 
 
-async def _regen_client_worker(url: str, n: int, concurrency: int, stream: bool) -> dict[str, Any]:
-    from regen.client import ChatClient
+async def _regen_client_worker(
+    url: str, n: int, concurrency: int, stream: bool, read_interval_s: float = 0.0
+) -> dict[str, Any]:
+    from regen.client import ChatClient, Timeouts
     from regen.errors import EndpointError
 
     sem = asyncio.Semaphore(concurrency)
     ok = failed = 0
+    timeouts = Timeouts(read_interval_s=read_interval_s)
     async with ChatClient(url, KEY, concurrency=concurrency) as client:
 
         async def one(i: int) -> None:
@@ -206,7 +209,7 @@ async def _regen_client_worker(url: str, n: int, concurrency: int, stream: bool)
             }
             async with sem:
                 try:
-                    await client.chat(str(i), body, stream=stream)
+                    await client.chat(str(i), body, stream=stream, timeouts=timeouts)
                     ok += 1
                 except EndpointError:
                     failed += 1
@@ -220,15 +223,20 @@ async def _regen_client_worker(url: str, n: int, concurrency: int, stream: bool)
 
 def worker_main(argv: list[str]) -> None:
     kind, url, n, conc = argv[0], argv[1], int(argv[2]), int(argv[3])
+    interval = float(argv[4]) if len(argv) > 4 else 0.0
     if kind == "openai":
         res = asyncio.run(_openai_worker(url, n, conc))
     else:
-        res = asyncio.run(_regen_client_worker(url, n, conc, stream=kind == "regen-stream"))
+        stream = kind == "regen-stream"
+        res = asyncio.run(_regen_client_worker(url, n, conc, stream, interval))
     print(json.dumps(res))
 
 
-def worker(kind: str, url: str, n: int, concurrency: int) -> dict[str, Any]:
-    res = child_usage([sys.executable, str(HERE), "_worker", kind, url, str(n), str(concurrency)])
+def worker(
+    kind: str, url: str, n: int, concurrency: int, read_interval_s: float = 0.0
+) -> dict[str, Any]:
+    args = [kind, url, str(n), str(concurrency), str(read_interval_s)]
+    res = child_usage([sys.executable, str(HERE), "_worker", *args])
     inner = json.loads(res["stdout"].strip().splitlines()[-1])
     return {**res, **inner}
 
@@ -271,26 +279,42 @@ def bench_cpu(tmp: Path, n: int, rounds: int) -> list[str]:
     return out
 
 
-def bench_stream(tmp: Path, n: int, rounds: int) -> list[str]:
-    proc, url = start_sim(tmp, time_scale=1.0, mean=300, ttft=0.1, tps=400.0)
-    vals, chunk_counts, fails = [], [], 0
+def bench_stream(tmp: Path, n: int, rounds: int, intervals: list[float]) -> list[str]:
+    """Streams of two lengths against two simulators, for each read interval: the CPU of the
+    long run per chunk, and the marginal CPU per chunk (long minus short run, over the
+    difference in chunks), which leaves out what a request costs whatever its length."""
+    short, short_url = start_sim(tmp, time_scale=1.0, mean=100, ttft=0.1, tps=400.0)
+    long, long_url = start_sim(tmp, time_scale=1.0, mean=600, ttft=0.1, tps=400.0)
+    rows = []
     try:
-        for _ in range(rounds):
-            r = worker("regen-stream", url, n, 200)
-            vals.append(r["cpu_s"] / max(r["chunks"], 1) * 1e6)
-            chunk_counts.append(r["chunks"])
-            fails += r["failed"]
+        for interval in intervals:
+            per, marginal, chunks, fails, wall = [], [], [], 0, []
+            for _ in range(rounds):
+                a = worker("regen-stream", short_url, n, 200, interval)
+                b = worker("regen-stream", long_url, n, 200, interval)
+                per.append(b["cpu_s"] / max(b["chunks"], 1) * 1e6)
+                marginal.append((b["cpu_s"] - a["cpu_s"]) / max(b["chunks"] - a["chunks"], 1) * 1e6)
+                chunks.append(b["chunks"])
+                wall.append(b["wall_s"])
+                fails += a["failed"] + b["failed"]
+            rows.append(
+                f"| {interval:g} | {n} | 200 | {statistics.median(chunks):.0f} | "
+                f"{statistics.median(wall):.1f} | {statistics.median(per):.2f} | "
+                f"{', '.join(f'{v:.2f}' for v in per)} | {statistics.median(marginal):.2f} | "
+                f"{', '.join(f'{v:.2f}' for v in marginal)} | {fails} |"
+            )
     finally:
-        proc.terminate()
-        proc.wait()
-    parse = assembler_us_per_chunk()
+        for proc in (short, long):
+            proc.terminate()
+            proc.wait()
     return [
-        "| streams | in flight | chunks (per round) | client CPU us per chunk (median) | "
-        "rounds | failed | SSE parsing alone, us per chunk |",
-        "|---|---|---|---|---|---|---|",
-        f"| {n} | 200 | {statistics.median(chunk_counts):.0f} | "
-        f"{statistics.median(vals):.2f} | {', '.join(f'{v:.2f}' for v in vals)} | {fails} | "
-        f"{parse:.2f} |",
+        "| read interval s | streams | in flight | chunks (long run) | wall s (long run) | "
+        "CPU us per chunk (long run, median) | rounds | marginal CPU us per chunk (median) | "
+        "rounds | failed |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        f"SSE parsing alone: {assembler_us_per_chunk():.2f} us per chunk",
     ]
 
 
@@ -382,6 +406,11 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--capacity-requests", type=int, default=30000)
+    ap.add_argument(
+        "--read-intervals",
+        default="0,0.1,0.25",
+        help="stream read intervals to compare (comma-separated seconds)",
+    )
     args = ap.parse_args()
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
@@ -393,7 +422,8 @@ def main() -> None:
         if args.which in ("all", "cpu"):
             print("\n## cpu\n" + "\n".join(bench_cpu(tmp, args.requests, args.rounds)))
         if args.which in ("all", "stream"):
-            print("\n## stream\n" + "\n".join(bench_stream(tmp, 3000, args.rounds)))
+            intervals = [float(v) for v in args.read_intervals.split(",")]
+            print("\n## stream\n" + "\n".join(bench_stream(tmp, 2000, args.rounds, intervals)))
         if args.which in ("all", "inflight"):
             print("\n## inflight\n" + "\n".join(bench_inflight(tmp, 10000)))
         if args.which in ("all", "capacity"):

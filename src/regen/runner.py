@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import signal
 import sqlite3
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -264,6 +265,7 @@ def build_lanes(
                 connect_s=job.run.connect_timeout_s,
                 ttfb_s=job.run.ttfb_timeout_s,
                 idle_s=job.run.idle_timeout_s,
+                read_interval_s=job.run.stream_read_interval_s,
             ),
             endpoints=[runtimes[n] for n in lane.endpoints or list(runtimes)],
             datasets=[d for d in order if lane.datasets is None or d in lane.datasets],
@@ -464,6 +466,24 @@ def check_fingerprint(store: Store, job: Job, *, force: bool) -> list[str]:
     return notes
 
 
+@contextlib.contextmanager
+def quiet_gc() -> Iterator[None]:
+    """Keep Python's cyclic garbage collector out of the dispatch loop's way. What was loaded
+    before (modules, config, tokenizers: often millions of objects) is frozen, so collections
+    do not walk it again and again, and collections run every 50,000 allocations rather than
+    700: with thousands of requests in flight they otherwise take a sixth of the CPU. A
+    request leaves about one small cycle behind, so memory stays bounded."""
+    threshold = gc.get_threshold()
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*threshold)
+        gc.unfreeze()
+
+
 def run_job(
     job: Job, *, console: Console, api_key: str | None = None, force: bool = False
 ) -> RunReport:
@@ -523,7 +543,8 @@ def _run_locked(
     budget_lines: list[str] = []
     budget_stop = False
     try:
-        done = asyncio.run(dispatch(job, store, keys, console))
+        with quiet_gc():
+            done = asyncio.run(dispatch(job, store, keys, console))
         stop_reason, budget_stop = done.stats.stop_reason, done.stats.budget_stop
         reconciliations, budget_lines = done.reconciliations, done.budget_lines
     except (KeyboardInterrupt, asyncio.CancelledError):
