@@ -221,11 +221,67 @@ async def _regen_client_worker(
     return {"ok": ok, "failed": failed, "cpu_s": cpu, "chunks": chunks}
 
 
+async def _aiohttp_worker(
+    url: str, n: int, concurrency: int, stream: bool, read_interval_s: float = 0.0
+) -> dict[str, Any]:
+    """The floor: aiohttp alone, a pool sized to the concurrency, the body read and not
+    parsed (a stream's chunks are counted). With a read interval it pauses the transport
+    between reads as regen does."""
+    import aiohttp
+
+    sem = asyncio.Semaphore(concurrency)
+    ok = failed = chunks = 0
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=0)
+    async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
+
+        async def one(i: int) -> None:
+            nonlocal ok, failed, chunks
+            body = {
+                "model": "bench/model",
+                "max_tokens": 4096,
+                "messages": [{"role": "user", "content": f"request {i}"}],
+                **({"stream": True} if stream else {}),
+            }
+            async with sem:
+                try:
+                    async with session.post(f"{url}/chat/completions", json=body) as resp:
+                        if not stream:
+                            await resp.read()
+                        else:
+                            transport = resp.connection.transport if resp.connection else None
+                            piece = await resp.content.readany()
+                            while piece:
+                                chunks += piece.count(b"data: {")
+                                if read_interval_s and transport is not None:
+                                    transport.pause_reading()
+                                    loop = asyncio.get_running_loop()
+                                    h = loop.call_later(read_interval_s, transport.resume_reading)
+                                    try:
+                                        piece = await resp.content.readany()
+                                    finally:
+                                        h.cancel()
+                                        transport.resume_reading()
+                                else:
+                                    piece = await resp.content.readany()
+                        ok += resp.status == 200
+                        failed += resp.status != 200
+                except aiohttp.ClientError:
+                    failed += 1
+
+        cpu0 = time.process_time()
+        await asyncio.gather(*(one(i) for i in range(n)))
+        cpu = time.process_time() - cpu0
+    return {"ok": ok, "failed": failed, "cpu_s": cpu, "chunks": chunks}
+
+
 def worker_main(argv: list[str]) -> None:
     kind, url, n, conc = argv[0], argv[1], int(argv[2]), int(argv[3])
     interval = float(argv[4]) if len(argv) > 4 else 0.0
     if kind == "openai":
         res = asyncio.run(_openai_worker(url, n, conc))
+    elif kind.startswith("aiohttp"):
+        res = asyncio.run(_aiohttp_worker(url, n, conc, kind == "aiohttp-stream", interval))
     else:
         stream = kind == "regen-stream"
         res = asyncio.run(_regen_client_worker(url, n, conc, stream, interval))
@@ -246,7 +302,12 @@ def worker(
 
 def bench_cpu(tmp: Path, n: int, rounds: int) -> list[str]:
     proc, url = start_sim(tmp, mean=50)
-    rows: dict[str, list[float]] = {"regen run": [], "regen client": [], "openai SDK": []}
+    rows: dict[str, list[float]] = {
+        "regen run": [],
+        "regen client": [],
+        "aiohttp alone": [],
+        "openai SDK": [],
+    }
     fails: dict[str, int] = dict.fromkeys(rows, 0)
     try:
         small = max(200, n // 10)
@@ -258,7 +319,11 @@ def bench_cpu(tmp: Path, n: int, rounds: int) -> list[str]:
             fails["regen run"] += db(
                 big["out"], "SELECT COUNT(*) FROM items WHERE status != 'done'"
             )[0][0]
-            for name, kind in (("regen client", "regen"), ("openai SDK", "openai")):
+            for name, kind in (
+                ("regen client", "regen"),
+                ("aiohttp alone", "aiohttp"),
+                ("openai SDK", "openai"),
+            ):
                 r = worker(kind, url, n, 2000)
                 rows[name].append(r["cpu_s"] / max(r["ok"], 1) * 1000)
                 fails[name] += r["failed"]
@@ -280,38 +345,47 @@ def bench_cpu(tmp: Path, n: int, rounds: int) -> list[str]:
 
 
 def bench_stream(tmp: Path, n: int, rounds: int, intervals: list[float]) -> list[str]:
-    """Streams of two lengths against two simulators, for each read interval: the CPU of the
-    long run per chunk, and the marginal CPU per chunk (long minus short run, over the
-    difference in chunks), which leaves out what a request costs whatever its length."""
+    """Streams of two lengths against two simulators, for each client and read interval: the
+    CPU of the long run per chunk, and the marginal CPU per chunk (long minus short run, over
+    the difference in chunks), which leaves out what a request costs whatever its length.
+    `aiohttp alone` reads the same streams and counts their chunks without parsing them: the
+    floor under regen's client."""
     short, short_url = start_sim(tmp, time_scale=1.0, mean=100, ttft=0.1, tps=400.0)
     long, long_url = start_sim(tmp, time_scale=1.0, mean=600, ttft=0.1, tps=400.0)
     rows = []
     try:
         for interval in intervals:
-            per, marginal, chunks, fails, wall = [], [], [], 0, []
-            for _ in range(rounds):
-                a = worker("regen-stream", short_url, n, 200, interval)
-                b = worker("regen-stream", long_url, n, 200, interval)
-                per.append(b["cpu_s"] / max(b["chunks"], 1) * 1e6)
-                marginal.append((b["cpu_s"] - a["cpu_s"]) / max(b["chunks"] - a["chunks"], 1) * 1e6)
-                chunks.append(b["chunks"])
-                wall.append(b["wall_s"])
-                fails += a["failed"] + b["failed"]
-            rows.append(
-                f"| {interval:g} | {n} | 200 | {statistics.median(chunks):.0f} | "
-                f"{statistics.median(wall):.1f} | {statistics.median(per):.2f} | "
-                f"{', '.join(f'{v:.2f}' for v in per)} | {statistics.median(marginal):.2f} | "
-                f"{', '.join(f'{v:.2f}' for v in marginal)} | {fails} |"
-            )
+            for name, kind in (
+                ("regen client", "regen-stream"),
+                ("aiohttp alone", "aiohttp-stream"),
+            ):
+                per, marginal, chunks, fails, wall = [], [], [], 0, []
+                for _ in range(rounds):
+                    a = worker(kind, short_url, n, 200, interval)
+                    b = worker(kind, long_url, n, 200, interval)
+                    per.append(b["cpu_s"] / max(b["chunks"], 1) * 1e6)
+                    extra = max(b["chunks"] - a["chunks"], 1)
+                    marginal.append((b["cpu_s"] - a["cpu_s"]) / extra * 1e6)
+                    chunks.append(b["chunks"])
+                    wall.append(b["wall_s"])
+                    fails += a["failed"] + b["failed"]
+                rows.append(
+                    f"| {name} | {interval:g} | {statistics.median(chunks):.0f} | "
+                    f"{statistics.median(wall):.1f} | {statistics.median(per):.2f} | "
+                    f"{', '.join(f'{v:.2f}' for v in per)} | {statistics.median(marginal):.2f} | "
+                    f"{', '.join(f'{v:.2f}' for v in marginal)} | {fails} |"
+                )
     finally:
         for proc in (short, long):
             proc.terminate()
             proc.wait()
     return [
-        "| read interval s | streams | in flight | chunks (long run) | wall s (long run) | "
+        f"{n} streams a run, 200 in flight; long runs of about 150 chunks a stream, short of 25.",
+        "",
+        "| client | read interval s | chunks (long run) | wall s (long run) | "
         "CPU us per chunk (long run, median) | rounds | marginal CPU us per chunk (median) | "
         "rounds | failed |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
         f"SSE parsing alone: {assembler_us_per_chunk():.2f} us per chunk",
@@ -408,7 +482,7 @@ def main() -> None:
     ap.add_argument("--capacity-requests", type=int, default=30000)
     ap.add_argument(
         "--read-intervals",
-        default="0,0.1,0.25",
+        default="0,0.1,0.25,1",
         help="stream read intervals to compare (comma-separated seconds)",
     )
     args = ap.parse_args()

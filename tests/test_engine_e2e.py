@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from regen.runner import quiet_gc
 from regen.sim import SimConfig, sim_in_thread
 from regen.sim.config import SimFaults
 from tests.conftest import SECRET_KEY, chat_rows, query, run_cli, write_job, write_rows
@@ -128,3 +130,10 @@ def test_insufficient_credits_stops_the_run_cleanly(tmp_path: Path) -> None:
     assert 0 < done < 200
     (cost,) = query(out, "SELECT SUM(cost_usd) FROM ledger")[0]
     assert abs(float(cost) - billed) < 1e-9  # type: ignore[arg-type]
+
+
+def test_the_run_gives_the_garbage_collector_back_as_it_found_it() -> None:
+    before, frozen = gc.get_threshold(), gc.get_freeze_count()
+    with quiet_gc():
+        assert gc.get_threshold()[0] == 50_000 and gc.get_freeze_count() > frozen
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
