@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from dataclasses import dataclass
 from types import TracebackType
@@ -47,6 +48,7 @@ class ChatClient:
         timeout_s: float = 600.0,
         connect_timeout_s: float = 30.0,
         headers: dict[str, str] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.url = f"{self.base_url}/chat/completions"
@@ -54,6 +56,8 @@ class ChatClient:
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._concurrency = concurrency
+        self._ssl: ssl.SSLContext | bool = ssl_context or True
+        """Verified TLS: the system's CAs (SSL_CERT_FILE works), or this context."""
         self.default_timeouts = Timeouts(total_s=timeout_s, connect_s=connect_timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self._side: aiohttp.ClientSession | None = None
@@ -66,7 +70,9 @@ class ChatClient:
 
     async def __aenter__(self) -> ChatClient:
         # aiohttp's default pool caps at 100 connections: size it to the concurrency instead.
-        connector = aiohttp.TCPConnector(limit=self._concurrency, limit_per_host=0)
+        connector = aiohttp.TCPConnector(
+            limit=self._concurrency, limit_per_host=0, ssl=self._ssl
+        )
         self._session = aiohttp.ClientSession(
             connector=connector,
             headers=self._headers,
@@ -184,7 +190,8 @@ class ChatClient:
         assert self._session is not None, "use ChatClient as an async context manager"
         if self._side is None:
             self._side = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=2), headers=self._session.headers
+                connector=aiohttp.TCPConnector(limit=2, ssl=self._ssl),
+                headers=self._session.headers,
             )
         try:
             async with self._side.get(
