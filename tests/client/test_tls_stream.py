@@ -25,9 +25,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
         return web.json_response(
             {
                 "id": "gen-1",
-                "choices": [
-                    {"index": 0, "finish_reason": "stop", "message": {"content": "whole"}}
-                ],
+                "choices": [{"index": 0, "finish_reason": "stop", "message": {"content": "whole"}}],
                 "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
             }
         )

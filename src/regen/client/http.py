@@ -70,9 +70,7 @@ class ChatClient:
 
     async def __aenter__(self) -> ChatClient:
         # aiohttp's default pool caps at 100 connections: size it to the concurrency instead.
-        connector = aiohttp.TCPConnector(
-            limit=self._concurrency, limit_per_host=0, ssl=self._ssl
-        )
+        connector = aiohttp.TCPConnector(limit=self._concurrency, limit_per_host=0, ssl=self._ssl)
         self._session = aiohttp.ClientSession(
             connector=connector,
             headers=self._headers,
