@@ -30,9 +30,9 @@ class Timeouts:
     idle_s: float = 60.0
     read_interval_s: float = 0.0
     """Read a stream at most this often (0: every chunk as it comes). Between reads the
-    connection's transport is paused, so the kernel gathers the chunks and one wake-up of the
-    event loop takes them all: that wake-up, not the parsing, is what a chunk costs. A stream
-    then ends up to this much later."""
+    connection's transport is paused, so the kernel (or the TLS layer) gathers the chunks and
+    one wake-up of the event loop takes them all; a wake-up per chunk costs far more than
+    parsing it. A stream then ends up to this much later."""
 
 
 class ChatClient:
