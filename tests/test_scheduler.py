@@ -362,3 +362,11 @@ async def test_a_batch_never_written_is_reported_with_how_many_answers_it_held(
         with pytest.raises(StateError, match=r"disk is full; \d+ finished answers could not be"):
             await run(job, store, srv.url)
     assert rows(store, "SELECT COUNT(*) FROM results") == [(0,)]
+
+
+def test_lanes_read_streams_at_the_configured_interval(tmp_path: Path) -> None:
+    job, store = make_job(tmp_path, 1, extra="stream_read_interval_s = 0.5")
+    store.close()
+    client = ChatClient("http://127.0.0.1:9/v1", None, concurrency=1)
+    (lane,) = build_lanes(job, {e.name: client for e in job.endpoint_pool})
+    assert lane.timeouts.read_interval_s == 0.5
