@@ -160,6 +160,14 @@ def db(out: Path, sql: str) -> list[tuple[Any, ...]]:
 # worker modes (run in the child process)
 
 
+def request_body(i: int) -> dict[str, Any]:
+    return {
+        "model": "bench/model",
+        "max_tokens": 4096,
+        "messages": [{"role": "user", "content": f"request {i}"}],
+    }
+
+
 async def _openai_worker(url: str, n: int, concurrency: int) -> dict[str, Any]:
     import httpx2
     import openai
@@ -175,11 +183,7 @@ async def _openai_worker(url: str, n: int, concurrency: int) -> dict[str, Any]:
         nonlocal ok, failed
         async with sem:
             try:
-                await client.chat.completions.create(
-                    model="bench/model",
-                    max_tokens=4096,
-                    messages=[{"role": "user", "content": f"request {i}"}],
-                )
+                await client.chat.completions.create(**request_body(i))
                 ok += 1
             except openai.OpenAIError:
                 failed += 1
@@ -202,14 +206,9 @@ async def _regen_client_worker(
 
         async def one(i: int) -> None:
             nonlocal ok, failed
-            body = {
-                "model": "bench/model",
-                "max_tokens": 4096,
-                "messages": [{"role": "user", "content": f"request {i}"}],
-            }
             async with sem:
                 try:
-                    await client.chat(str(i), body, stream=stream, timeouts=timeouts)
+                    await client.chat(str(i), request_body(i), stream=stream, timeouts=timeouts)
                     ok += 1
                 except EndpointError:
                     failed += 1
@@ -237,12 +236,7 @@ async def _aiohttp_worker(
 
         async def one(i: int) -> None:
             nonlocal ok, failed, chunks
-            body = {
-                "model": "bench/model",
-                "max_tokens": 4096,
-                "messages": [{"role": "user", "content": f"request {i}"}],
-                **({"stream": True} if stream else {}),
-            }
+            body = {**request_body(i), **({"stream": True} if stream else {})}
             async with sem:
                 try:
                     async with session.post(f"{url}/chat/completions", json=body) as resp:
