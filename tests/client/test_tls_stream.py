@@ -80,8 +80,7 @@ async def test_paced_reads_over_tls_take_every_chunk_and_keep_the_connection(
         whole = await c.chat("c", BODY, timeouts=Timeouts(read_interval_s=0.1))
     assert every.message.content == paced.message.content == expected
     assert paced.usage.completion_tokens == WORDS and paced.finish_reason == "stop"
-    assert reads > WORDS / 2  # about a read per chunk
-    assert paced_reads <= WORDS / 4  # 600 ms of chunks in reads 100 ms apart
+    assert paced_reads <= WORDS / 4 < reads  # 600 ms of chunks in reads 100 ms apart
     assert whole.message.content == "whole"
 
 
