@@ -225,8 +225,10 @@ async def _aiohttp_worker(
 ) -> dict[str, Any]:
     """The floor: aiohttp alone, a pool sized to the concurrency, the body read and not
     parsed (a stream's chunks are counted). With a read interval it pauses the transport
-    between reads as regen does."""
+    between reads with regen's own helper."""
     import aiohttp
+
+    from regen.client.http import read_later
 
     sem = asyncio.Semaphore(concurrency)
     ok = failed = chunks = 0
@@ -248,14 +250,9 @@ async def _aiohttp_worker(
                             while piece:
                                 chunks += piece.count(b"data: {")
                                 if read_interval_s and transport is not None:
-                                    transport.pause_reading()
-                                    loop = asyncio.get_running_loop()
-                                    h = loop.call_later(read_interval_s, transport.resume_reading)
-                                    try:
-                                        piece = await resp.content.readany()
-                                    finally:
-                                        h.cancel()
-                                        transport.resume_reading()
+                                    piece = await read_later(
+                                        transport, resp.content, read_interval_s
+                                    )
                                 else:
                                     piece = await resp.content.readany()
                         ok += resp.status == 200

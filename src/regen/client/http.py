@@ -159,7 +159,7 @@ class ChatClient:
                     if transport is None or assembler.finish_reason is not None:
                         piece = await resp.content.readany()
                     else:
-                        piece = await _read_later(transport, resp.content, pace)
+                        piece = await read_later(transport, resp.content, pace)
                 self.chunks_received += assembler.chunks
                 return result_from_body(
                     item_id, assembler.body(), status=200, latency_s=time.monotonic() - started
@@ -202,7 +202,7 @@ class ChatClient:
             return None
 
 
-async def _read_later(
+async def read_later(
     transport: asyncio.Transport, content: aiohttp.StreamReader, delay_s: float
 ) -> bytes:
     """The stream's next bytes, read no sooner than `delay_s` from now: the transport is
