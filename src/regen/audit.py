@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from regen.reconstruct import ReconstructError, Sample, Target, TargetSpec, spec_from_store
+from regen.reconstruct.parse import first_difference, parse, server_form
 from regen.store import ExportRow, Store
 
 BATCH = 256
@@ -72,15 +73,26 @@ class DatasetAudit:
     """(abs diff, item id, rebuilt, billed, prompt diff), largest first."""
     problems: Counter[str] = field(default_factory=Counter)
     finish_reasons: Counter[str] = field(default_factory=Counter)
+    reparse: list[tuple[str, str]] = field(default_factory=list)
+    """(item id, first difference) of the first answers whose rebuilt completion does not
+    parse back to the stored answer."""
 
     def per_sample(self, n: int) -> float:
         return n / self.samples if self.samples else 0.0
 
-    def add(self, sample: Sample | ReconstructError, problems: list[str], keep_worst: int) -> None:
+    def add(
+        self,
+        sample: Sample | ReconstructError,
+        problems: list[str],
+        keep_worst: int,
+        reparse: str | None = None,
+    ) -> None:
         """Count one answer: its differences (none when it could not be rebuilt) and problems."""
         self.samples += 1
         self.failed += bool(problems)
         self.problems.update(problems)
+        if reparse is not None and len(self.reparse) < keep_worst:
+            self.reparse.append((sample.item_id if isinstance(sample, Sample) else "?", reparse))
         if isinstance(sample, ReconstructError):
             return
         self.exact_ids += sample.source == "exact"
@@ -102,6 +114,7 @@ class DatasetAudit:
         self.problems.update(other.problems)
         self.finish_reasons.update(other.finish_reasons)
         self.worst = sorted([*self.worst, *other.worst], reverse=True)[:5]
+        self.reparse = [*self.reparse, *other.reparse][:5]
 
 
 @lru_cache(maxsize=4096)
@@ -160,16 +173,35 @@ def structure(row: ExportRow, markers: tuple[str, ...], checks: Checks) -> list[
     return problems
 
 
+def reparse(row: ExportRow, sample: Sample, target: Target) -> str | None:
+    """Decode the rebuilt completion, parse it as the servers' parsers would, and say where
+    it first differs from the stored answer (None when it gives the answer back). Answers cut
+    at max_tokens are not checked: a cut can fall inside a call, which the parser drops."""
+    if row.finish_reason == "length":
+        return None
+    name = target.family.name
+    answer = target.answer(row, sample.prefill)
+    try:
+        got = parse(name, target.decode(sample.completion_ids), answer)
+    except ValueError:
+        return None  # a family without a parser
+    return first_difference(got, server_form(name, answer))
+
+
 def sample_problems(
     row: ExportRow, sample: Sample | ReconstructError, target: Target, checks: Checks
-) -> list[str]:
-    """Everything wrong with one answer: its structure, and its rebuilt length."""
+) -> tuple[list[str], str | None]:
+    """Everything wrong with one answer: its structure, its rebuilt length, and whether it
+    parses back; with the first difference when it does not."""
     if isinstance(sample, ReconstructError):
-        return ["reconstruct_error"]
+        return ["reconstruct_error"], None
     problems = structure(row, target.family.markers, checks)
     if abs(sample.completion_diff) > checks.max_sample_diff:
         problems.append("length_off_billed")
-    return problems
+    diff = reparse(row, sample, target)
+    if diff is not None:
+        problems.append("reparse_mismatch")
+    return problems, diff
 
 
 def rebuilt(
@@ -254,7 +286,8 @@ def audit(
                 if sample is None:
                     a.truncated += 1
                 else:
-                    a.add(sample, sample_problems(row, sample, tgt, chk), worst)
+                    problems, diff = sample_problems(row, sample, tgt, chk)
+                    a.add(sample, problems, worst, diff)
     finally:
         store.close()
     return audits, tgt
@@ -286,6 +319,7 @@ def _one(a: DatasetAudit) -> dict[str, Any]:
         ],
         "problems": dict(sorted(a.problems.items())),
         "finish_reasons": dict(sorted(a.finish_reasons.items())),
+        "reparse": [{"item_id": i, "first_difference": d} for i, d in a.reparse],
     }
 
 
@@ -329,8 +363,8 @@ class LiveAudit:
         names = {row.item_id: name for _, name, row in found}
         new: list[Drift] = []
         for row, sample in zip(rows, self.target.samples(rows), strict=True):
-            problems = sample_problems(row, sample, self.target, self.checks)
-            self.tally.add(sample, problems, 5)
+            problems, diff = sample_problems(row, sample, self.target, self.checks)
+            self.tally.add(sample, problems, 5, diff)
             if problems:
                 n = 0 if isinstance(sample, ReconstructError) else len(sample.completion_ids)
                 new.append(

@@ -440,6 +440,11 @@ def _audit(args: argparse.Namespace, console: Console) -> int:
                     f"billed {w['billed']} (prompt {w['prompt_diff']:+d})",
                     markup=False,
                 )
+            for r in d["reparse"][:3]:
+                console.print(
+                    f"does not parse back {d['name']}: {r['item_id']}: {r['first_difference']}",
+                    markup=False,
+                )
         for b in broken:
             console.print(f"audit failed: {b}", markup=False)
     return EXIT_FAILED_ITEMS if broken else EXIT_OK

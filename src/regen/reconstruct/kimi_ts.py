@@ -117,7 +117,8 @@ class _Function:
         lines = []
         if schema.get("description"):
             lines.append(_comment(schema["description"], indent))
-        keys = _CONSTRAINTS.get(schema.get("type"), ()) if isinstance(schema.get("type"), str) else ()
+        kind = schema.get("type")
+        keys = _CONSTRAINTS.get(kind, ()) if isinstance(kind, str) else ()
         found = sorted(k for k in keys if k in schema)
         if found:
             lines.append(f"{indent}// " + ", ".join(f"{k}: {schema[k]}" for k in found))

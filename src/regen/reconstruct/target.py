@@ -10,10 +10,11 @@ very tokens the drafter must learn.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 
 from regen.errors import ConfigError
 from regen.reconstruct.families import Answer, Family, family
+from regen.reconstruct.kimi_ts import sorted_keys, tools_typescript
 from regen.store import ExportRow, unpack_ids
 
 
@@ -52,6 +54,10 @@ def _hf_tokenizer(spec: str, trust_remote_code: bool) -> Any:
             return AutoTokenizer.from_pretrained(str(path))
         p = Path(spec).expanduser()
         if p.is_file():
+            if (p.parent / "tokenizer_config.json").is_file():  # its special tokens are there
+                return AutoTokenizer.from_pretrained(
+                    str(p.parent), tokenizer_file=str(p), trust_remote_code=trust_remote_code
+                )
             return PreTrainedTokenizerFast(tokenizer_file=str(p))  # type: ignore[no-untyped-call]
         if p.is_dir():
             return AutoTokenizer.from_pretrained(str(p), trust_remote_code=trust_remote_code)
@@ -84,6 +90,8 @@ class Sample:
     """Rebuilt minus billed prompt tokens."""
     completion_diff: int
     """Rebuilt minus billed completion tokens."""
+    prefill: str = ""
+    """What the prompt pre-filled of the answer (the family's `prefills`)."""
 
     @property
     def input_ids(self) -> list[int]:
@@ -120,6 +128,7 @@ class Target:
             )
         self.template: str = template
         self.kwargs = self._template_kwargs()
+        self.warnings: list[str] = self._unset_variables()
         backend = getattr(self.tok, "backend_tokenizer", None) if self.tok.is_fast else None
         self._backend = backend
 
@@ -129,6 +138,40 @@ class Target:
             kwargs[self.family.thinking_kwarg] = self.spec.thinking
         kwargs.update(self.spec.template_kwargs)
         return kwargs
+
+    def _unset_variables(self) -> list[str]:
+        """What the chat template reads that nothing here sets: a variable the model's own
+        tokenizer code would pass (Kimi-K2.5's `tools_ts_str` is one regen does set), or a
+        special token a bare tokenizer.json does not name. Each is one line saying what to
+        set; a `bos_token` the template starts with is an error, not a warning."""
+        import jinja2
+        import jinja2.meta
+
+        try:
+            env = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
+            names = jinja2.meta.find_undeclared_variables(env.parse(self.template))
+        except jinja2.TemplateSyntaxError as exc:
+            raise ConfigError(f"chat template of {self.spec.tokenizer!r}: {exc}") from exc
+        special = {k: v for k, v in self.tok.special_tokens_map.items() if v is not None}
+        known = set(_RENDER_VARIABLES) | set(self.kwargs) | set(special)
+        known |= _OPTIONAL_KWARGS.get(self.family.name, frozenset())
+        if self.family.name == "kimi-k2.5":
+            known.add("tools_ts_str")
+        missing = sorted(names - known)
+        where = self.spec.chat_template or f"the chat template of {self.spec.tokenizer!r}"
+        for token in ("bos_token", "eos_token"):
+            if token in missing:
+                raise ConfigError(
+                    f"{where} reads {token}, which tokenizer {self.spec.tokenizer!r} does not "
+                    "name: put the model's tokenizer_config.json beside its tokenizer.json, or "
+                    f'set {token} in [reconstruct] template_kwargs (e.g. {{"{token}": "..."}})'
+                )
+        return [
+            f"{where} reads `{name}`, which regen does not set: if the model's own tokenizer "
+            f"code sets it (trust_remote_code), set it in [reconstruct] template_kwargs, or "
+            "the rebuilt prompts may differ from the server's"
+            for name in missing
+        ]
 
     # ids ----------------------------------------------------------------------------------
 
@@ -144,7 +187,7 @@ class Target:
 
     # text ---------------------------------------------------------------------------------
 
-    def _message(self, m: dict[str, Any]) -> dict[str, Any]:
+    def _message(self, m: dict[str, Any], parse_arguments: bool) -> dict[str, Any]:
         out: dict[str, Any] = {"role": m["role"], "content": m.get("content") or ""}
         if m.get("reasoning"):
             out[self.family.reasoning_key] = m["reasoning"]
@@ -152,43 +195,75 @@ class Target:
             if m.get(key) is not None:
                 out[key] = m[key]
         if m.get("tool_calls"):
-            out["tool_calls"] = [self._call(c) for c in m["tool_calls"]]
+            out["tool_calls"] = [_call(c, parse_arguments) for c in m["tool_calls"]]
         return out
 
-    def _call(self, call: dict[str, Any]) -> dict[str, Any]:
-        fn = call.get("function") or {}
-        args = fn.get("arguments")
-        if self.family.arguments_as_object and isinstance(args, str):
-            # Text that is not JSON is left as it is: the template shows what it does with it.
-            with contextlib.suppress(json.JSONDecodeError):
-                args = json.loads(args)
-        return {**call, "function": {**fn, "arguments": args}}
+    def prompt_text(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[Any] | None,
+        when: float | None = None,
+    ) -> str:
+        """The prompt as the server renders it: history, tools, and the generation prompt.
 
-    def prompt_text(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> str:
-        """The prompt as the server renders it: history, tools, and the generation prompt."""
+        As vLLM and SGLang do, each history tool call's arguments go to the template parsed;
+        a template that cannot take them parsed (DeepSeek-V3's joins them as text) gets the
+        text, the only form a server could have rendered it with. `when` (the answer's time)
+        is the date a template asks `strftime_now` for (gpt-oss's `Current date:`)."""
+        kwargs = dict(self.kwargs)
+        template = self.template
+        if when is not None and "strftime_now" in template:
+            template = dated(template, when)
+        if tools and self.family.name.startswith("kimi"):
+            tools = sorted_keys(tools)  # Kimi's tokenizer sorts every key of the tools
+            if self.family.name == "kimi-k2.5" and "tools_ts_str" not in kwargs:
+                ts = tools_typescript(tools)
+                if ts is not None:  # else the template writes JSON, as Kimi's code leaves it
+                    kwargs["tools_ts_str"] = ts
         try:
-            text = self.tok.apply_chat_template(
-                [self._message(m) for m in messages],
-                tools=tools or None,
-                chat_template=self.template,
-                add_generation_prompt=True,
-                tokenize=False,
-                **self.kwargs,
-            )
+            try:
+                return self._render(template, messages, tools, kwargs, parse_arguments=True)
+            except TypeError:  # a template that concatenates arguments as text
+                return self._render(template, messages, tools, kwargs, parse_arguments=False)
         except Exception as exc:  # a template's raise_exception, or a Jinja error
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise ReconstructError(f"chat template: {first}") from exc
+
+    def _render(
+        self,
+        template: str,
+        messages: list[dict[str, Any]],
+        tools: list[Any] | None,
+        kwargs: dict[str, Any],
+        parse_arguments: bool,
+    ) -> str:
+        text = self.tok.apply_chat_template(
+            [self._message(m, parse_arguments) for m in messages],
+            tools=tools or None,
+            chat_template=template,
+            add_generation_prompt=True,
+            tokenize=False,
+            **kwargs,
+        )
         return str(text)
 
-    def completion_text(self, row: ExportRow) -> str:
-        answer = Answer(
+    def completion_text(self, row: ExportRow, prefill: str = "") -> str:
+        return self.family.layout(self.answer(row, prefill))
+
+    def answer(self, row: ExportRow, prefill: str = "") -> Answer:
+        return Answer(
             reasoning=row.reasoning or "",
             content=row.content or "",
             calls=row.tool_calls,
             truncated=row.finish_reason == "length",
             thinking=self.spec.thinking,
+            calls_before=sum(len(m.get("tool_calls") or []) for m in row.history()),
+            prefill=prefill,
         )
-        return self.family.layout(answer)
+
+    def prefill(self, prompt: str) -> str:
+        """The longest of the family's pre-fills the prompt ends with."""
+        return next((p for p in self.family.prefills if prompt.endswith(p)), "")
 
     # samples ------------------------------------------------------------------------------
 
@@ -196,41 +271,92 @@ class Target:
         """Each row's sample, or why it could not be built (one bad row never stops a batch).
         The texts of a batch are encoded together."""
         texts: list[str] = []
-        plan: list[tuple[ExportRow, list[int] | None, list[int] | None] | ReconstructError] = []
+        plan: list[tuple[ExportRow, list[int] | None, list[int] | None, str] | ReconstructError]
+        plan = []
         for row in rows:
             exact_p = unpack_ids(row.prompt_token_ids)
             exact_c = unpack_ids(row.completion_token_ids)
             try:
                 if exact_p is None:
-                    texts.append(self.prompt_text(row.history(), row.conversation.get("tools")))
+                    tools = row.conversation.get("tools")
+                    prompt = self.prompt_text(row.history(), tools, row.created_at or None)
+                    texts.append(prompt)
+                else:
+                    prompt = self.decode(exact_p[-8:]) if self.family.prefills else ""
+                prefill = self.prefill(prompt)
                 if exact_c is None:
-                    texts.append(self.completion_text(row))
+                    texts.append(self.completion_text(row, prefill))
             except ReconstructError as exc:
                 plan.append(ReconstructError(f"{row.item_id}: {exc}"))
                 continue
-            plan.append((row, exact_p, exact_c))
+            plan.append((row, exact_p, exact_c, prefill))
         encoded = iter(self.encode_batch(texts))
         out: list[Sample | ReconstructError] = []
         for p in plan:
             if isinstance(p, ReconstructError):
                 out.append(p)
                 continue
-            row, exact_p, exact_c = p
-            prompt = exact_p if exact_p is not None else next(encoded)
+            row, exact_p, exact_c, prefill = p
+            prompt_ids = exact_p if exact_p is not None else next(encoded)
             completion = exact_c if exact_c is not None else next(encoded)
             out.append(
                 Sample(
                     item_id=row.item_id,
-                    prompt_ids=prompt,
+                    prompt_ids=prompt_ids,
                     completion_ids=completion,
                     source="exact"
                     if exact_c is not None and exact_p is not None
                     else "reconstructed",
-                    prompt_diff=len(prompt) - row.prompt_tokens,
+                    prompt_diff=len(prompt_ids) - row.prompt_tokens,
                     completion_diff=len(completion) - row.completion_tokens,
+                    prefill=prefill,
                 )
             )
         return out
+
+
+_STRFTIME = re.compile(r"""strftime_now\(\s*(['"])(.*?)\1\s*\)""")
+
+
+def dated(template: str, when: float) -> str:
+    """The template with each `strftime_now("FORMAT")` replaced by that time's text (UTC):
+    the prompt an answer was generated from carried the date of its generation, not the
+    date it is rebuilt on. (transformers passes template variables as plain data, so the
+    function itself cannot be swapped.)"""
+    day = datetime.fromtimestamp(when, tz=UTC)
+    return _STRFTIME.sub(lambda m: json.dumps(day.strftime(m.group(2))), template)
+
+
+def _call(call: dict[str, Any], parse: bool) -> dict[str, Any]:
+    """A history tool call as the template gets it. Parsed, as vLLM does: text that is not
+    JSON, or none, becomes `{}` (SGLang refuses such a request; either way no server renders
+    the text)."""
+    fn = call.get("function") or {}
+    args = fn.get("arguments")
+    if parse and not isinstance(args, dict | list):
+        try:
+            args = json.loads(args) if isinstance(args, str) and args else {}
+        except json.JSONDecodeError:
+            args = {}
+    return {**call, "function": {**fn, "arguments": args}}
+
+
+_RENDER_VARIABLES = frozenset(
+    {
+        # what apply_chat_template passes and the Jinja environment defines
+        "messages", "tools", "documents", "add_generation_prompt", "raise_exception",
+        "strftime_now", "namespace", "range", "dict", "lipsum", "cycler", "joiner",
+        "bos_token", "eos_token", "unk_token", "pad_token", "additional_special_tokens",
+    }
+)  # fmt: skip
+_OPTIONAL_KWARGS: dict[str, frozenset[str]] = {
+    # switches the published templates read with a default of their own
+    "qwen3": frozenset({"enable_thinking"}),
+    "glm-4.5": frozenset({"enable_thinking"}),
+    "kimi-k2.5": frozenset({"thinking"}),
+    "deepseek-v3.1": frozenset({"thinking"}),
+    "gpt-oss": frozenset({"reasoning_effort", "builtin_tools", "model_identity"}),
+}
 
 
 class ReconstructError(Exception):

@@ -1,0 +1,204 @@
+"""Parse a rebuilt completion back, as the servers' reasoning and tool-call parsers read model
+output, and compare it with the answer that was stored: the audit's check for mistakes that
+keep the token count (a `\\n\\n` that became `\\n\\n\\n` is one token either way).
+
+`parse` splits the text the way vLLM's parsers do (qwen3 + hermes, deepseek_r1 / deepseek_v3 /
+deepseek_v31, kimi_k2, glm45, harmony), which keep whitespace as the model wrote it. `server_form`
+puts a stored answer in that same form: a provider that strips fields (OpenRouter's, older
+SGLang) loses the newlines the chat template fixes, and those come back from the template's
+layout. The two are written apart from the completion grammars in families.py, so a separator
+that the grammar gets wrong shows up here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from regen.reconstruct.families import DS_EOS, Answer, call_parts
+
+
+@dataclass(frozen=True)
+class Parsed:
+    reasoning: str
+    content: str
+    calls: tuple[tuple[str, Any], ...]
+    """(name, arguments): parsed JSON where the arguments are JSON, else their text."""
+
+
+def _args(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, TypeError):
+        return text
+
+
+def _calls(pairs: list[tuple[str, str]]) -> tuple[tuple[str, Any], ...]:
+    return tuple((name.strip(), _args(args)) for name, args in pairs)
+
+
+_HERMES = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+_DS3 = re.compile(
+    r"<｜tool▁call▁begin｜>(?:function)?<｜tool▁sep｜>(.*?)\n```json\n(.*?)\n```<｜tool▁call▁end｜>",
+    re.S,
+)
+_DS31 = re.compile(r"<｜tool▁call▁begin｜>(.*?)<｜tool▁sep｜>(.*?)<｜tool▁call▁end｜>", re.S)
+_KIMI = re.compile(
+    r"<\|tool_call_begin\|>\s*(.*?)\s*<\|tool_call_argument_begin\|>(.*?)<\|tool_call_end\|>", re.S
+)
+_GLM = re.compile(r"<tool_call>([^\n]*)\n(.*?)</tool_call>", re.S)
+_GLM_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
+
+
+def _hermes(text: str) -> tuple[str, tuple[tuple[str, Any], ...]]:
+    i = text.find("<tool_call>")
+    if i < 0:
+        return text, ()
+    pairs = []
+    for body in _HERMES.findall(text[i:]):
+        obj = _args(body.strip())
+        if isinstance(obj, dict):
+            pairs.append((str(obj.get("name", "")), obj.get("arguments")))
+        else:
+            pairs.append(("", body))
+    return text[:i], tuple(pairs)
+
+
+def _before(text: str, marker: str) -> tuple[str, str]:
+    i = text.find(marker)
+    return (text, "") if i < 0 else (text[:i], text[i:])
+
+
+def _kimi_name(cid: str) -> str:
+    return cid.split(":")[0].split(".")[-1]
+
+
+def parse(family: str, text: str, a: Answer) -> Parsed:
+    """The reasoning, content and calls a server's parsers read in a completion's text (its
+    end-of-turn token included or not), given what the prompt pre-filled (`a.prefill`) and
+    whether thinking was on."""
+    for end in ("<|im_end|>", DS_EOS, "<|return|>", "<|call|>", "<|user|>", "<|observation|>"):
+        text = text.removesuffix(end)
+    reasoning = ""
+    open_think = a.thinking and "</think>" not in a.prefill  # the model writes its reasoning
+    if family in ("qwen3", "chatml"):
+        if family == "qwen3" and open_think:
+            reasoning, _, text = text.removeprefix("<think>").partition("</think>")
+        content, calls = _hermes(text)
+        return Parsed(reasoning, content, calls)
+    if family in ("deepseek-v3", "deepseek-r1", "deepseek-v3.1"):
+        if family == "deepseek-r1" or (family == "deepseek-v3.1" and a.prefill == "<think>"):
+            reasoning, _, text = text.removeprefix("<think>").partition("</think>")
+        content, section = _before(text, "<｜tool▁calls▁begin｜>")
+        pattern = _DS31 if family == "deepseek-v3.1" else _DS3
+        return Parsed(reasoning, content, _calls(pattern.findall(section)))
+    if family in ("kimi-k2", "kimi-k2.5"):
+        if text.startswith("<think>") or (family == "kimi-k2.5" and open_think):
+            head, section = _before(text.removeprefix("<think>"), "<|tool_calls_section_begin|>")
+            reasoning, sep, content = head.partition("</think>")
+            if not sep:  # reasoning ended where the calls began
+                reasoning, content = head, ""
+            text = content + section
+        content, section = _before(text, "<|tool_calls_section_begin|>")
+        pairs = [(_kimi_name(cid), args) for cid, args in _KIMI.findall(section)]
+        return Parsed(reasoning, content, _calls(pairs))
+    if family == "glm-4.5":
+        if a.thinking and "</think>" in text:
+            head, _, text = text.partition("</think>")
+            reasoning = head.partition("<think>")[2]
+        content, section = _before(text, "<tool_call>")
+        pairs = []
+        for name, body in _GLM.findall(section):
+            args = {k.strip(): _glm_value(v.strip()) for k, v in _GLM_ARG.findall(body)}
+            pairs.append((name, args))
+        return Parsed(reasoning, content, tuple((n.strip(), a) for n, a in pairs))
+    if family == "gpt-oss":
+        return _harmony(text)
+    raise ValueError(f"no parser for family {family!r}")
+
+
+def _glm_value(v: str) -> Any:
+    try:
+        return json.loads(v)
+    except json.JSONDecodeError:
+        return v
+
+
+_HEADER_TO = re.compile(r"to=(\S+)")
+
+
+def _harmony(text: str) -> Parsed:
+    """Harmony messages: analysis is the reasoning, final (or a commentary preamble) the
+    content, a message to `functions.NAME` (recipient in the header, before or after the
+    channel) a call."""
+    reasoning, content, calls = "", "", []
+    for message in re.split(r"<\|start\|>assistant", text):
+        message = message.removesuffix("<|end|>").removesuffix("<|call|>")
+        header, sep, body = message.partition("<|message|>")
+        if not sep:
+            continue
+        body = body.removesuffix("<|end|>")
+        to = _HEADER_TO.search(header)
+        if to and to.group(1).startswith("functions."):
+            calls.append((to.group(1).removeprefix("functions."), _args(body)))
+        elif "<|channel|>analysis" in header:
+            reasoning = body
+        else:
+            content = body
+    return Parsed(reasoning, content, tuple(calls))
+
+
+def _sep(body: str, calls: bool) -> str:
+    """The newline Qwen's templates put between text and a first call."""
+    return "\n" if calls and body and not body.endswith("\n") else ""
+
+
+def server_form(family: str, a: Answer) -> Parsed:
+    """A stored answer as a whitespace-keeping parser returns it for the text the model writes
+    (the chat template's layout) after what the prompt pre-filled."""
+    calls = tuple((name, _args(args)) for name, args in map(call_parts, a.calls))
+    r, c = a.reasoning, a.content
+    open_think = a.thinking and "</think>" not in a.prefill
+    if family == "qwen3" and open_think:
+        r = ("" if r.startswith("\n") else "\n") + r + ("" if r.endswith("\n") else "\n")
+        r = r.removeprefix("\n") if a.prefill.endswith("\n") else r
+        c = c if c.startswith("\n") else "\n\n" + c
+        return Parsed(r, c + _sep(c, bool(calls)), calls)
+    if family in ("qwen3", "chatml"):
+        return Parsed("", c + _sep(c, bool(calls)), calls)
+    if family == "deepseek-r1":
+        r = r if r.endswith("\n") else r + "\n"
+        if not a.prefill and not r.startswith("\n"):
+            r = "\n" + r  # after a `<think>` the model wrote itself
+        return Parsed(r, c if c.startswith("\n") else "\n\n" + c, calls)
+    if family == "deepseek-v3.1":
+        return Parsed(r if a.prefill == "<think>" else "", c, calls)
+    if family == "glm-4.5":
+        body = "\n" + c.strip() if c.strip() else ""
+        return Parsed(r.strip() if a.thinking else "", body + ("\n" if calls else ""), calls)
+    if family == "deepseek-v3":
+        return Parsed("", c, calls)
+    if family == "kimi-k2.5" and not open_think:
+        return Parsed("", c, calls)
+    return Parsed(r, c, calls)
+
+
+def first_difference(got: Parsed, want: Parsed) -> str | None:
+    """Where a parsed completion first differs from the stored answer, in one line."""
+    for name in ("reasoning", "content"):
+        g, w = getattr(got, name), getattr(want, name)
+        if g != w:
+            at = next((i for i, (x, y) in enumerate(zip(g, w, strict=False)) if x != y), None)
+            at = min(len(g), len(w)) if at is None else at
+            return (
+                f"{name} differs at character {at}: rebuilt {g[at : at + 12]!r}, "
+                f"stored {w[at : at + 12]!r} ({len(g)} vs {len(w)} characters)"
+            )
+    if len(got.calls) != len(want.calls):
+        return f"{len(got.calls)} tool calls rebuilt, {len(want.calls)} stored"
+    for i, (g, w) in enumerate(zip(got.calls, want.calls, strict=True)):
+        if g != w:
+            return f"tool call {i}: rebuilt {g!r}, stored {w!r}"
+    return None

