@@ -100,7 +100,8 @@ def test_kimi_layout_of_reasoning_content_and_a_tool_call() -> None:
         }
     ]
     k25 = family("kimi-k2.5").layout
-    text = k25(Answer("think", "ok", calls, truncated=False, thinking=True))
+    # The prompt pre-fills `<think>` (`<think></think>` with thinking off).
+    text = k25(Answer("think", "ok", calls, truncated=False, thinking=True, prefill="<think>"))
     assert text == (
         "think</think>ok<|tool_calls_section_begin|><|tool_call_begin|>functions.lookup:0"
         '<|tool_call_argument_begin|>{"q": "x"}<|tool_call_end|><|tool_calls_section_end|>'
@@ -108,10 +109,10 @@ def test_kimi_layout_of_reasoning_content_and_a_tool_call() -> None:
     )
     [ids] = target.encode_batch([text])
     assert target.decode(ids) == text
-    assert k25(Answer("thinking stopped", "", [], truncated=True, thinking=True)) == (
-        "thinking stopped"
-    )
-    assert k25(Answer("", "hi", [], truncated=False, thinking=False)) == "hi<|im_end|>"
+    cut = Answer("thinking stopped", "", [], truncated=True, thinking=True, prefill="<think>")
+    assert k25(cut) == "thinking stopped"
+    off = Answer("", "hi", [], truncated=False, thinking=False, prefill="<think></think>")
+    assert k25(off) == "hi<|im_end|>"
 
 
 def _row(content: str, calls: list[dict], tools: list[dict], **kw: object) -> ExportRow:

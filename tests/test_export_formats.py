@@ -210,7 +210,9 @@ def test_tokenized_parquet_loads_with_datasets_and_incremental_parts(tmp_path: P
     answer = target.decode(rebuilt["input_ids"][n_prompt:])
     assert answer.startswith("answer ") and answer.endswith("<|im_end|>")
     prompt = target.decode(rebuilt["input_ids"][:n_prompt])
-    assert prompt.startswith("<|im_start|>user\n") and prompt.endswith("<|im_start|>assistant\n")
+    # Qwen2.5's published template (the chatml family's) adds its default system prompt.
+    assert prompt.startswith("<|im_start|>system\nYou are Qwen") and "<|im_start|>user\n" in prompt
+    assert prompt.endswith("<|im_start|>assistant\n")
     row = next(r for r in ds if r["source"] == "exact")
     assert row["input_ids"] == [1, 2, 3, 7, 8] and row["loss_mask"] == [0, 0, 0, 1, 1]
     assert (row["prompt_diff"], row["completion_diff"]) == (0, 0)  # billed 3 and 2

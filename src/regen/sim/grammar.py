@@ -1,6 +1,6 @@
-"""Model-family grammars on the simulator's side: how a prompt is rendered (to count its
-tokens), how a completion is laid out as token ids, and how a server parses those ids back
-into reasoning, content and tool calls.
+"""How a server parses a completion's token ids back into reasoning, content and tool calls,
+for each model family the simulator speaks (the text itself comes from the published chat
+templates: chat.py).
 
 This is the simulator's own implementation, kept apart from regen's reconstruction code, so
 that an audit of one against the other tests something.
@@ -9,7 +9,6 @@ that an audit of one against the other tests something.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -18,8 +17,6 @@ from typing import Any, Protocol
 from tokenizers import Tokenizer
 
 from regen.sim.words import WORDS
-
-KIMI_DEFAULT_SYSTEM = "You are Kimi, an AI assistant created by Moonshot AI."
 
 
 @cache
@@ -51,12 +48,7 @@ class Parsed:
 
 class Grammar(Protocol):
     name: str
-
-    def render_prompt(self, messages: list[Any], tools: list[Any], thinking: bool) -> str: ...
-
-    def completion_ids(
-        self, reasoning: str, content: str, calls: list[Call], thinking: bool
-    ) -> list[int]: ...
+    tok: Tokenizer
 
     def parse(self, ids: list[int], thinking: bool) -> Parsed: ...
 
@@ -100,47 +92,6 @@ def _encode(tok: Tokenizer, text: str) -> list[int]:
     return list(tok.encode(text, add_special_tokens=False).ids)
 
 
-def render_kimi(messages: list[Any], tools: list[Any], think: bool | None) -> str:
-    """A Kimi prompt: no newlines between turns, tool declarations as JSON. With `think` set
-    (K2.5), assistant turns carry `<think>...</think>`, with reasoning kept only after the last
-    assistant turn without tool calls, and the prompt pre-fills `<think>` (thinking on) or
-    `<think></think>` (off). With `think` None (K2), neither."""
-    out = []
-    if tools:
-        decls = json.dumps(tools, ensure_ascii=False)  # as a template's tojson writes them
-        out.append(f"<|im_system|>tool_declare<|im_middle|>{decls}<|im_end|>")
-    msgs = [m for m in messages if isinstance(m, dict)]
-    if not msgs or msgs[0].get("role") != "system":
-        out.append(f"<|im_system|>system<|im_middle|>{KIMI_DEFAULT_SYSTEM}<|im_end|>")
-    last_plain = max(
-        (i for i, m in enumerate(msgs) if m.get("role") == "assistant" and not m.get("tool_calls")),
-        default=-1,
-    )
-    for i, m in enumerate(msgs):
-        role, content = m.get("role"), _text(m.get("content"))
-        if role == "system":
-            out.append(f"<|im_system|>system<|im_middle|>{content}<|im_end|>")
-        elif role == "user":
-            out.append(f"<|im_user|>user<|im_middle|>{content}<|im_end|>")
-        elif role == "assistant":
-            block = ""
-            if think is not None:
-                reasoning = _text(m.get("reasoning") or m.get("reasoning_content"))
-                block = f"<think>{reasoning if i > last_plain else ''}</think>"
-            section = KimiK25._section(m.get("tool_calls") or [])
-            out.append(f"<|im_assistant|>assistant<|im_middle|>{block}{content}{section}<|im_end|>")
-        elif role == "tool":
-            name = m.get("name") or "tool"
-            out.append(
-                f"<|im_system|>{name}<|im_middle|>## Return of {m.get('tool_call_id')}\n"
-                f"{content}<|im_end|>"
-            )
-    out.append("<|im_assistant|>assistant<|im_middle|>")
-    if think is not None:
-        out.append("<think>" if think else "<think></think>")
-    return "".join(out)
-
-
 class KimiK25:
     """`<think>` is pre-filled by the prompt; the completion is
     `{reasoning}</think>{content}[<|tool_calls_section_begin|>...<|tool_calls_section_end|>]<|im_end|>`.
@@ -161,35 +112,6 @@ class KimiK25:
         self.call_begin = sid("<|tool_call_begin|>")
         self.arg_begin = sid("<|tool_call_argument_begin|>")
         self.call_end = sid("<|tool_call_end|>")
-
-    @staticmethod
-    def _section(calls: Sequence[dict[str, Any] | Call]) -> str:
-        if not calls:
-            return ""
-        parts = []
-        for i, c in enumerate(calls):
-            if isinstance(c, Call):
-                cid, args = f"functions.{c.name}:{i}", c.arguments
-            else:
-                fn = c.get("function") or {}
-                cid = c.get("id") or f"functions.{fn.get('name')}:{i}"
-                args = _text(fn.get("arguments"))
-            parts.append(
-                f"<|tool_call_begin|>{cid}<|tool_call_argument_begin|>{args}<|tool_call_end|>"
-            )
-        return "<|tool_calls_section_begin|>" + "".join(parts) + "<|tool_calls_section_end|>"
-
-    def render_prompt(self, messages: list[Any], tools: list[Any], thinking: bool) -> str:
-        return render_kimi(messages, tools, thinking)
-
-    def completion_ids(
-        self, reasoning: str, content: str, calls: list[Call], thinking: bool
-    ) -> list[int]:
-        ids = _encode(self.tok, reasoning) + [self.think_end] if thinking else []
-        ids += _encode(self.tok, content)
-        if calls:
-            ids += _encode(self.tok, self._section(calls))
-        return ids + [self.im_end]
 
     def parse(self, ids: list[int], thinking: bool) -> Parsed:
         dec = self.tok.decode
@@ -241,44 +163,6 @@ class Qwen3:
         self.call_begin = _special(tok, "<tool_call>")
         self.call_end = _special(tok, "</tool_call>")
 
-    def render_prompt(self, messages: list[Any], tools: list[Any], thinking: bool) -> str:
-        out = []
-        msgs = [m for m in messages if isinstance(m, dict)]
-        system = _text(msgs[0].get("content")) if msgs and msgs[0].get("role") == "system" else ""
-        if tools:
-            decls = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
-            system = (system + "\n\n" if system else "") + f"# Tools\n<tools>\n{decls}\n</tools>"
-        if system:
-            out.append(f"<|im_start|>system\n{system}<|im_end|>\n")
-        for m in msgs:
-            role, content = m.get("role"), _text(m.get("content"))
-            if role in ("user", "assistant"):
-                calls = "".join(
-                    f'\n<tool_call>\n{{"name": "{fn.get("name")}", "arguments": '
-                    f"{_text(fn.get('arguments'))}}}\n</tool_call>"
-                    for fn in ((c.get("function") or {}) for c in m.get("tool_calls") or [])
-                )
-                out.append(f"<|im_start|>{role}\n{content}{calls}<|im_end|>\n")
-            elif role == "tool":
-                out.append(
-                    f"<|im_start|>user\n<tool_response>\n{content}\n</tool_response><|im_end|>\n"
-                )
-        out.append("<|im_start|>assistant\n")
-        if not thinking:
-            out.append("<think>\n\n</think>\n\n")
-        return "".join(out)
-
-    @staticmethod
-    def _call_text(c: Call) -> str:
-        return f'\n<tool_call>\n{{"name": "{c.name}", "arguments": {c.arguments}}}\n</tool_call>'
-
-    def completion_ids(
-        self, reasoning: str, content: str, calls: list[Call], thinking: bool
-    ) -> list[int]:
-        text = f"<think>\n{reasoning}\n</think>\n\n" if thinking else ""
-        text += content + "".join(self._call_text(c) for c in calls)
-        return _encode(self.tok, text) + [self.im_end]
-
     def parse(self, ids: list[int], thinking: bool) -> Parsed:
         dec = self.tok.decode
         complete = bool(ids) and ids[-1] == self.im_end
@@ -299,7 +183,8 @@ class Qwen3:
             try:
                 obj = json.loads(dec(section[b + 1 : e], skip_special_tokens=False))
                 # vLLM's hermes parser re-serializes the arguments object.
-                calls.append(Call(str(obj["name"]), json.dumps(obj["arguments"])))
+                args = json.dumps(obj["arguments"], ensure_ascii=False)
+                calls.append(Call(str(obj["name"]), args))
             except (json.JSONDecodeError, KeyError, TypeError):
                 pass
             section = section[e + 1 :]

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import jinja2
 from aiohttp import web
 
 from regen.sim.account import Account
@@ -221,7 +222,10 @@ class Simulator:
         )
         raw_tools = body.get("tools")
         tools: list[Any] = raw_tools if isinstance(raw_tools, list) else []
-        prompt_tokens = count_prompt_tokens(model.family, messages, tools, thinking)
+        try:
+            prompt_tokens = count_prompt_tokens(model.family, messages, tools, thinking)
+        except (jinja2.TemplateError, TypeError, ValueError) as exc:  # as a server's would
+            return error_response(400, f"chat template error: {exc}")
         entry.prompt_tokens = prompt_tokens
         params = {p for p in REQUEST_PARAMETERS if p in body}
         candidates = route(

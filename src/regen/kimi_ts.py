@@ -146,7 +146,7 @@ class _Function:
         if isinstance(kind, list):
             if any(k not in _LIST_TYPES for k in kind):
                 raise _Unsupported(f"type list {kind}")
-            return " | ".join(_IN_LIST.get(k, k) for k in kind)
+            return " | ".join(_IN_LIST.get(k, str(k)) for k in kind)
         if kind == "object":
             return self.object(schema, indent)
         if kind == "array":

@@ -1,0 +1,185 @@
+"""The simulator's prompts and completions as text, from each family's published chat template
+(tokenizer/templates/, SOURCES.md), rendered the way an OpenAI-compatible server renders them:
+a Jinja sandbox like transformers', and a request's history prepared as vLLM prepares it (each
+history tool call's arguments parsed, reasoning under the name templates read).
+
+A completion is what the template writes for the answer after the generation prompt, where the
+template shows it. Where it does not, the rule used is the model's published output form:
+- DeepSeek-R1's template drops every answer's reasoning: `<think>\\n{reasoning}\\n</think>\\n\\n`
+  before the content it writes;
+- Kimi-K2.5's drops it for an answer without calls: `{reasoning}</think>` after its `<think>`;
+- GLM's writes no stop token: `<|observation|>` after calls, `<|user|>` otherwise (its
+  generation config's stop tokens);
+- DeepSeek-V3/R1's cannot write a second call turn in a conversation: the answer is written
+  as after a lone user turn;
+- gpt-oss samples a call's recipient after the channel (`<|channel|>commentary to=functions.X
+  <|constrain|>json<|message|>`, harmony's format docs), where the template writes it after the
+  role.
+
+None of this comes from regen's reconstruction code, so an audit of one against the other
+checks something.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import UTC, datetime
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.sandbox
+
+from regen.kimi_ts import sorted_keys, tools_typescript
+
+DS_BOS = "<｜begin▁of▁sentence｜>"
+END = {
+    "kimi-k2.5": "<|im_end|>",
+    "kimi-k2": "<|im_end|>",
+    "qwen3": "<|im_end|>",
+    "chatml": "<|im_end|>",
+    "deepseek-v3": "<｜end▁of▁sentence｜>",
+    "deepseek-r1": "<｜end▁of▁sentence｜>",
+    "gpt-oss": "<|return|>",
+}
+SWITCH = {"qwen3": "enable_thinking", "glm-4.5": "enable_thinking", "kimi-k2.5": "thinking"}
+
+
+def _raise(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
+            sort_keys: bool = False) -> str:  # fmt: skip
+    return json.dumps(
+        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+@cache
+def template(family: str) -> jinja2.Template:
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now(UTC).strftime(fmt)
+    path = resources.files("regen.sim").joinpath("tokenizer", "templates", f"{family}.jinja")
+    return env.from_string(path.read_text(encoding="utf-8"))
+
+
+def server_messages(messages: list[Any], parse: bool) -> list[dict[str, Any]]:
+    out = []
+    for m in messages:
+        if not isinstance(m, dict):
+            continue
+        m = copy.deepcopy(m)
+        if m.get("content") is None:
+            m["content"] = ""
+        if not m.get("tool_calls"):
+            m.pop("tool_calls", None)  # vLLM drops an empty list; templates test the key
+        reasoning = m.pop("reasoning", None) or m.get("reasoning_content")
+        if reasoning:
+            m["reasoning_content"] = m["thinking"] = reasoning
+        for call in m.get("tool_calls") or []:
+            fn = call.get("function") or {}
+            args = fn.get("arguments")
+            if parse and not isinstance(args, dict | list):
+                try:
+                    fn["arguments"] = json.loads(args) if isinstance(args, str) and args else {}
+                except json.JSONDecodeError:
+                    fn["arguments"] = {}
+        out.append(m)
+    return out
+
+
+def _kwargs(family: str, tools: list[Any], thinking: bool) -> dict[str, Any]:
+    kw: dict[str, Any] = {"bos_token": DS_BOS} if family.startswith("deepseek") else {}
+    if family in SWITCH:
+        kw[SWITCH[family]] = thinking
+    if family == "kimi-k2.5" and tools:
+        ts = tools_typescript(tools)
+        if ts:
+            kw["tools_ts_str"] = ts
+    return kw
+
+
+def render(
+    family: str, messages: list[Any], tools: list[Any], thinking: bool, generation: bool
+) -> str:
+    if family.startswith("kimi") and tools:
+        tools = sorted_keys(tools)  # Kimi's tokenizer sorts every key first
+    kw = _kwargs(family, tools, thinking)
+    t = template(family)
+    try:
+        msgs = server_messages(messages, parse=True)
+        return t.render(messages=msgs, tools=tools or None, add_generation_prompt=generation, **kw)
+    except TypeError:  # DeepSeek's templates join the arguments as text
+        msgs = server_messages(messages, parse=False)
+        return t.render(messages=msgs, tools=tools or None, add_generation_prompt=generation, **kw)
+
+
+def render_prompt(family: str, messages: list[Any], tools: list[Any], thinking: bool) -> str:
+    return render(family, messages, tools, thinking, generation=True)
+
+
+def completion_text(
+    family: str,
+    messages: list[Any],
+    tools: list[Any],
+    thinking: bool,
+    answer: dict[str, Any],
+) -> str:
+    """What the model writes after the generation prompt for `answer` (an assistant message
+    with `reasoning`, `content`, `tool_calls`), end-of-turn token included."""
+    reasoning = answer.get("reasoning") or ""
+    calls = answer.get("tool_calls") or []
+    if family == "gpt-oss" and calls:
+        return _harmony_call(reasoning, answer.get("content") or "", calls[0]["function"])
+    prompt = render_prompt(family, messages, tools, thinking)
+    full = render(family, [*messages, answer], tools, thinking, generation=False)
+    if family == "gpt-oss":  # the answer's own turn, after its `<|start|>assistant`
+        opener = "<|channel|>analysis" if reasoning else "<|channel|>final"
+        at = full.rindex("<|start|>assistant" + opener) + len("<|start|>assistant")
+        return full[at:]
+    if family == "kimi-k2.5" and thinking and not calls:
+        turn = full.rsplit("<|im_assistant|>assistant<|im_middle|>", 1)[1]
+        turn = turn.removeprefix("<think></think>")
+        return f"{reasoning}</think>{turn[: turn.index(END[family]) + len(END[family])]}"
+    if family.startswith("deepseek") and prompt.endswith("<｜tool▁outputs▁end｜>") and calls:
+        # The prompt closes the tool results; the template writes a call turn unclosed.
+        head = prompt.removesuffix("<｜tool▁outputs▁end｜>")
+        return full[len(head) :].removeprefix("<｜Assistant｜>")
+    if family == "deepseek-r1":
+        tail = full[len(prompt) :]
+        think = f"<think>\n{reasoning}\n</think>\n\n"  # R1 always opens its reasoning
+        return think + tail[: tail.index(END[family]) + len(END[family])]
+    if not full.startswith(prompt):
+        # A template that cannot write this answer after this history (DeepSeek-V3/R1 never
+        # reset the flag of their first call turn, so a second one loses its header): the
+        # model writes it as the template writes such an answer after a lone user turn.
+        users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+        if not users or len(messages) == 1:
+            raise ValueError(f"{family}: the template's prompt is not a prefix of its answer")
+        return completion_text(family, users[-1:], tools, thinking, answer)
+    tail = full[len(prompt) :]
+    if family == "glm-4.5":
+        return tail + ("<|observation|>" if calls else "<|user|>")
+    return tail[: tail.index(END[family]) + len(END[family])]
+
+
+def _harmony_call(reasoning: str, preamble: str, fn: dict[str, Any]) -> str:
+    """A gpt-oss call as the model samples it: the recipient after the channel, after its
+    analysis and a commentary preamble."""
+    out = ""
+    if reasoning:
+        out = f"<|channel|>analysis<|message|>{reasoning}<|end|><|start|>assistant"
+    if preamble:
+        out += f"<|channel|>commentary<|message|>{preamble}<|end|><|start|>assistant"
+    return (
+        f"{out}<|channel|>commentary to=functions.{fn['name']} <|constrain|>json"
+        f"<|message|>{fn['arguments']}<|call|>"
+    )

@@ -1,0 +1,115 @@
+"""What the audit and the target see that a token count cannot: a completion that does not
+parse back to the stored answer, a template that reads a special token the tokenizer does not
+name, and variables a template reads that regen does not set."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from regen.audit import Checks, reparse, sample_problems
+from regen.errors import ConfigError
+from regen.reconstruct import FAMILIES, Target, TargetSpec
+from regen.reconstruct.families import Family
+from regen.store import ExportRow
+from tests.reconstruct import vocab
+from tests.reconstruct.corpus import PARIS, USER, WEATHER, call
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory: pytest.TempPathFactory) -> Target:
+    folder = vocab.qwen_folder(tmp_path_factory.mktemp("qwen"))
+    spec = TargetSpec(
+        family="qwen3", tokenizer=str(folder), chat_template=str(TEMPLATES / "qwen3.jinja")
+    )
+    return Target(spec)
+
+
+def call_only(content: str = "", reasoning: str = "Need the tool.") -> ExportRow:
+    return ExportRow(
+        item_id="call-only",
+        turn_index=1,
+        conversation={"messages": [USER, {"role": "assistant", "content": ""}], "tools": [WEATHER]},
+        content=content,
+        reasoning=reasoning,
+        tool_calls=[call("call_1", "get_weather", PARIS)],
+        finish_reason="tool_calls",
+    )
+
+
+def test_the_audit_sees_a_newline_that_keeps_the_count(
+    qwen: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    [good] = qwen.samples([call_only()])
+    row = replace(call_only(), completion_tokens=len(good.completion_ids))  # the bill
+    assert reparse(row, good, qwen) is None
+    # Inject the old mistake: a newline before a call-only answer's first <tool_call>.
+    real = FAMILIES["qwen3"]
+
+    def layout(a):  # type: ignore[no-untyped-def]
+        return real.layout(a).replace("</think>\n\n<tool_call>", "</think>\n\n\n<tool_call>")
+
+    monkeypatch.setattr(qwen, "family", Family("qwen3", layout, real.thinking_kwarg, real.markers))
+    [bad] = qwen.samples([row])
+    assert bad.completion_ids != good.completion_ids
+    assert len(bad.completion_ids) == len(good.completion_ids)  # `\n\n` 271 -> `\n\n\n` 1406
+    diff = reparse(row, bad, qwen)
+    assert diff is not None and diff.startswith("content differs at character 2"), diff
+    problems, detail = sample_problems(row, bad, qwen, Checks())
+    assert "reparse_mismatch" in problems and "length_off_billed" not in problems
+    assert detail == diff
+
+
+def test_both_forms_of_a_stored_answer_parse_back(qwen: Target) -> None:
+    """vLLM hands back reasoning and content verbatim; a provider may strip them."""
+    for row in (call_only(), call_only("\n\n", "\nNeed the tool.\n")):
+        [sample] = qwen.samples([row])
+        assert reparse(row, sample, qwen) is None
+
+
+def test_a_bare_tokenizer_json_without_bos_token_is_refused(tmp_path: Path) -> None:
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(vocab.deepseek_folder() / "tokenizer.json", bare / "tokenizer.json")
+    spec = TargetSpec(
+        family="deepseek-v3",
+        tokenizer=str(bare / "tokenizer.json"),
+        chat_template=str(TEMPLATES / "deepseek-v3.jinja"),
+    )
+    with pytest.raises(ConfigError, match="reads bos_token.*tokenizer_config.json"):
+        Target(spec)
+    # With the model's tokenizer_config.json beside it, or bos_token set by hand, it renders.
+    beside = tmp_path / "beside"
+    shutil.copytree(bare, beside)
+    shutil.copy(vocab.deepseek_folder() / "tokenizer_config.json", beside)
+    spec_beside = replace(spec, tokenizer=str(beside / "tokenizer.json"))
+    prompt = Target(spec_beside).prompt_text([USER], None)
+    assert prompt.startswith("<｜begin▁of▁sentence｜><｜User｜>")
+    by_hand = replace(spec, template_kwargs={"bos_token": "<｜begin▁of▁sentence｜>"})
+    assert Target(by_hand).prompt_text([USER], None) == prompt
+
+
+def test_a_variable_set_by_model_code_is_named(tmp_path: Path) -> None:
+    template = tmp_path / "t.jinja"
+    template.write_text(
+        "{% if tools_ts_str %}{{ tools_ts_str }}{% endif %}{{ house_style }}"
+        "{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
+    target = Target(TargetSpec(family="kimi-k2", chat_template=str(template)))
+    names = " ".join(target.warnings)
+    assert "`house_style`" in names and "`tools_ts_str`" in names
+    assert all("template_kwargs" in w for w in target.warnings)
+    # Kimi-K2.5's own variable is one regen sets itself, and a set kwarg is not warned about.
+    k25 = TargetSpec(
+        family="kimi-k2.5", chat_template=str(template), template_kwargs={"house_style": 1}
+    )
+    assert Target(k25).warnings == []
+    # The published templates need nothing regen does not set.
+    for name, fam in (("qwen3", "qwen3"), ("kimi-k2.5", "kimi-k2.5"), ("gpt-oss", "gpt-oss")):
+        t = Target(TargetSpec(family=fam, chat_template=str(TEMPLATES / f"{name}.jinja")))
+        assert t.warnings == [], (name, t.warnings)
