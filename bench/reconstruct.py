@@ -1,13 +1,13 @@
 """How long reconstruction and the audit take for 10M completion tokens.
 
 Builds a state.db as a run against the simulator would leave it: conversations ingested from
-JSONL (a third with tools declared), each answered by the simulator's own Kimi-K2.5 grammar
-(reasoning, content, tool calls; cut at max_tokens now and then) and billed as the simulator
-bills (its prompt renderer and its completion ids), until the completions add up to the
-target. Then times, each as its own process the way a user runs them:
+JSONL (a third with tools declared), each answered by the simulator (the published Kimi-K2.5
+template's text for its answer: reasoning, content, tool calls; cut at max_tokens now and then)
+and billed as the simulator bills, until the completions add up to the target. Then times, each as its own process the way a user runs them:
 
 - `regen audit OUT --family kimi-k2.5 --json`: every prompt rendered through the chat
-  template and every completion laid out, all tokenized and checked against the bill;
+  template and every completion laid out, all tokenized and checked against the bill, and
+  every completion decoded and parsed back;
 - `regen export OUT --format tokenized --family kimi-k2.5`: the same ids written to Parquet.
 
 Run: .venv/bin/python bench/reconstruct.py [--tokens 10000000] [--family kimi-k2.5]
@@ -144,7 +144,8 @@ def main() -> None:
         result = (
             f"{overall['samples']} samples, match {overall['match_share']:.2%}, "
             f"prompt match {overall['prompt_match_share']:.2%}, "
-            f"mean abs diff {overall['mean_abs_diff']}"
+            f"mean abs diff {overall['mean_abs_diff']}, "
+            f"parse-back mismatches {overall['problems'].get('reparse_mismatch', 0)}"
         )
         print(f"| audit | {wall:.1f} | {cpu:.1f} | {tokens / wall:,.0f} | {result} |", flush=True)
         wall, cpu, _, _ = timed(

@@ -123,7 +123,25 @@ def render(
 
 
 def render_prompt(family: str, messages: list[Any], tools: list[Any], thinking: bool) -> str:
-    return render(family, messages, tools, thinking, generation=True)
+    """The prompt's text. A request is billed and then answered from the same prompt: the
+    last few renderings are kept (by the request's content) so it is rendered once."""
+    key = json.dumps([family, messages, tools, thinking], sort_keys=True, default=str)
+    return _prompt_cached(key, family, messages, tools, thinking)
+
+
+_PROMPTS: dict[str, str] = {}
+
+
+def _prompt_cached(
+    key: str, family: str, messages: list[Any], tools: list[Any], thinking: bool
+) -> str:
+    text = _PROMPTS.get(key)
+    if text is None:
+        text = render(family, messages, tools, thinking, generation=True)
+        if len(_PROMPTS) >= 512:
+            _PROMPTS.pop(next(iter(_PROMPTS)))  # the oldest
+        _PROMPTS[key] = text
+    return text
 
 
 def completion_text(
