@@ -337,10 +337,11 @@ async def test_a_batch_that_cannot_be_written_stops_dispatch_and_is_saved_when_i
     store.commit_outcomes = commit  # type: ignore[method-assign]
     async with scripted_server(lambda n, _: Reply()) as srv:
         stats = await run(job, store, srv.url)
-    # The first failed write stopped dispatch; the answers it held were written on a retry.
+    # The first failed write stopped dispatch; the answers it held were written on a retry
+    # (all 40 may be in that batch when they all come back before the first write).
     assert stats.stop_reason is not None and "disk is full" in stats.stop_reason
     done = stats.datasets["chat"].done
-    assert 0 < done < 40
+    assert 0 < done <= 40
     assert rows(store, "SELECT COUNT(*) FROM results") == [(done,)]
     assert rows(store, "SELECT COUNT(*) FROM ledger") == [(done,)]
 

@@ -320,6 +320,7 @@ class Scheduler:
                     grace_end = self._stopped_at + self._run.stop_grace_s
                     wait_s = min(wait_s, max(0.0, grace_end - time.monotonic()))
                 await asyncio.wait(set(self._lookups), timeout=wait_s)
+            self._flush()  # answers finished since the last tick: a failed write is retried too
             await self._retry_unsaved()
         finally:
             lookups = list(self._lookups)
