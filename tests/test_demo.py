@@ -36,6 +36,7 @@ def test_demo_prints_a_summary_that_matches_its_exports(tmp_path: Path) -> None:
     [(whole,)] = query(out, "SELECT count(*) FROM results WHERE finish_reason != 'length'")
     assert int(audit.group(1)) == whole >= 250  # answers cut at max_tokens are left out
     assert audit.group(2) == audit.group(3) == "100.0"
+    assert ", 0 do not parse back" in proc.stdout
     # A second demo starts fresh in the same folder.
     again = run_cli("demo", "--out", str(out))
     assert again.returncode == 0, again.stderr

@@ -736,8 +736,10 @@ def _demo(args: argparse.Namespace, console: Console) -> int:
     console.print(
         f"audit: {overall['samples']} answers rebuilt as Kimi-K2.5 token ids; "
         f"{overall['match_share']:.1%} match the billed completion tokens, "
-        f"{overall['prompt_match_share']:.1%} the prompt tokens "
-        f"(regen audit {args.out}; regen export {args.out} --format tokenized)",
+        f"{overall['prompt_match_share']:.1%} the prompt tokens, "
+        f"{overall['problems'].get('reparse_mismatch', 0)} do not parse back "
+        f"(the simulator bills from the published chat templates; "
+        f"regen audit {args.out}; regen export {args.out} --format tokenized)",
         markup=False,
         soft_wrap=True,
     )
