@@ -3,7 +3,8 @@
 Builds a state.db as a run against the simulator would leave it: conversations ingested from
 JSONL (a third with tools declared), each answered by the simulator (the published Kimi-K2.5
 template's text for its answer: reasoning, content, tool calls; cut at max_tokens now and then)
-and billed as the simulator bills, until the completions add up to the target. Then times, each as its own process the way a user runs them:
+and billed as the simulator bills, until the completions add up to the target. Then times,
+each as its own process the way a user runs them:
 
 - `regen audit OUT --family kimi-k2.5 --json`: every prompt rendered through the chat
   template and every completion laid out, all tokenized and checked against the bill, and
