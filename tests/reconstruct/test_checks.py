@@ -113,3 +113,37 @@ def test_a_variable_set_by_model_code_is_named(tmp_path: Path) -> None:
     for name, fam in (("qwen3", "qwen3"), ("kimi-k2.5", "kimi-k2.5"), ("gpt-oss", "gpt-oss")):
         t = Target(TargetSpec(family=fam, chat_template=str(TEMPLATES / f"{name}.jinja")))
         assert t.warnings == [], (name, t.warnings)
+
+
+@pytest.mark.parametrize(
+    ("family", "reasoning", "args", "name"),
+    [
+        ("glm-4.5", "Look it up.", '{"zip": "10001", "flag": "true", "n": 3}', "lookup"),
+        ("deepseek-r1", "", '{"q": "x"}', "lookup"),  # empty reasoning, stripped
+        ("deepseek-r1", "\nR\n", '{"q": "x"}', "lookup"),  # verbatim reasoning
+        ("kimi-k2.5", "R", '{"q": "x"}', "mcp.search"),  # a name with a dot
+    ],
+)
+def test_correct_answers_parse_back(family: str, reasoning: str, args: str, name: str) -> None:
+    """Answers rebuilt right are not reported: strings that look like JSON stay strings, a
+    dotted tool name stays whole, and empty or verbatim reasoning keeps its newlines."""
+    target = Target(TargetSpec(family=family, chat_template=str(_template(family))))
+    row = replace(call_only("", reasoning), tool_calls=[call("call_9", name, args)])
+    [sample] = target.samples([row])
+    assert not isinstance(sample, Exception), sample
+    assert reparse(row, sample, target) is None
+
+
+def _template(family: str) -> Path:
+    return TEMPLATES / {"glm-4.5": "glm-4.6.jinja"}.get(family, f"{family}.jinja")
+
+
+def test_a_generation_block_is_read_through(tmp_path: Path) -> None:
+    """transformers' `{% generation %}` tag parses, and what it reads is checked."""
+    template = tmp_path / "t.jinja"
+    template.write_text(
+        "{% for m in messages %}{% generation %}{{ m.content }}{{ house }}{% endgeneration %}"
+        "{% endfor %}"
+    )
+    target = Target(TargetSpec(family="chatml", chat_template=str(template)))
+    assert ["`house`" in w for w in target.warnings] == [True]

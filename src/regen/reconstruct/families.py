@@ -181,7 +181,8 @@ def deepseek_r1(a: Answer) -> str:
     template (`<｜Assistant｜><think>\\n`) and written by the model under the first one. vLLM's
     parser keeps both sides verbatim (reasoning `R\\n`, content `\\n\\nC`); stripped fields get
     those newlines back."""
-    opener = "<think>" if a.reasoning.startswith("\n") else "<think>\n"
+    # Verbatim reasoning after a `<think>` the model wrote itself keeps its own newline.
+    opener = "<think>" if a.reasoning.startswith("\n") and not a.prefill else "<think>\n"
     if a.cut_in_reasoning:
         return _after(a, opener + a.reasoning)
     r = a.reasoning if a.reasoning.endswith("\n") else a.reasoning + "\n"

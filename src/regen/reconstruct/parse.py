@@ -72,7 +72,8 @@ def _before(text: str, marker: str) -> tuple[str, str]:
 
 
 def _kimi_name(cid: str) -> str:
-    return cid.split(":")[0].split(".")[-1]
+    """`functions.NAME:IDX` -> NAME (a name may hold dots: `functions.mcp.search:0`)."""
+    return cid.removeprefix("functions.").rsplit(":", 1)[0]
 
 
 def parse(family: str, text: str, a: Answer) -> Parsed:
@@ -111,7 +112,7 @@ def parse(family: str, text: str, a: Answer) -> Parsed:
         content, section = _before(text, "<tool_call>")
         pairs = []
         for name, body in _GLM.findall(section):
-            args = {k.strip(): _glm_value(v.strip()) for k, v in _GLM_ARG.findall(body)}
+            args = {k.strip(): v for k, v in _GLM_ARG.findall(body)}  # compared as text
             pairs.append((name, args))
         return Parsed(reasoning, content, tuple((n.strip(), a) for n, a in pairs))
     if family == "gpt-oss":
@@ -119,11 +120,12 @@ def parse(family: str, text: str, a: Answer) -> Parsed:
     raise ValueError(f"no parser for family {family!r}")
 
 
-def _glm_value(v: str) -> Any:
-    try:
-        return json.loads(v)
-    except json.JSONDecodeError:
-        return v
+def _glm_text(args: Any) -> Any:
+    if not isinstance(args, dict):
+        return args
+    return {
+        k: v if isinstance(v, str) else json.dumps(v, ensure_ascii=False) for k, v in args.items()
+    }
 
 
 _HEADER_TO = re.compile(r"to=(\S+)")
@@ -169,13 +171,14 @@ def server_form(family: str, a: Answer) -> Parsed:
     if family in ("qwen3", "chatml"):
         return Parsed("", c + _sep(c, bool(calls)), calls)
     if family == "deepseek-r1":
-        r = r if r.endswith("\n") else r + "\n"
-        if not a.prefill and not r.startswith("\n"):
-            r = "\n" + r  # after a `<think>` the model wrote itself
+        head = "" if a.prefill or r.startswith("\n") else "\n"  # after a `<think>` it wrote
+        r = head + (r if r.endswith("\n") else r + "\n")
         return Parsed(r, c if c.startswith("\n") else "\n\n" + c, calls)
     if family == "deepseek-v3.1":
         return Parsed(r if a.prefill == "<think>" else "", c, calls)
     if family == "glm-4.5":
+        # Values as the model writes them, text as it is and others as JSON.
+        calls = tuple((n, _glm_text(a)) for n, a in calls)
         body = "\n" + c.strip() if c.strip() else ""
         return Parsed(r.strip() if a.thinking else "", body + ("\n" if calls else ""), calls)
     if family == "deepseek-v3":

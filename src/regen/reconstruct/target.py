@@ -149,7 +149,8 @@ class Target:
         import jinja2.nodes
 
         try:
-            env = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
+            tags = _generation_tag()
+            env = jinja2.Environment(extensions=["jinja2.ext.loopcontrols", tags])
             ast = env.parse(self.template)
             # Names the template sets itself anywhere (jinja2.meta also reports a name that is
             # set in one branch or loop and read in another) are not inputs.
@@ -319,6 +320,22 @@ class Target:
                 )
             )
         return out
+
+
+def _generation_tag() -> type:
+    import jinja2.ext
+
+    class GenerationTag(jinja2.ext.Extension):
+        """transformers' `{% generation %}...{% endgeneration %}` (assistant masks): only
+        its body matters for which variables a template reads."""
+
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            next(parser.stream)
+            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+    return GenerationTag
 
 
 _STRFTIME = re.compile(r"""strftime_now\(\s*(['"])(.*?)\1\s*\)""")

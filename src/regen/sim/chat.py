@@ -84,8 +84,13 @@ def server_messages(messages: list[Any], parse: bool) -> list[dict[str, Any]]:
         reasoning = m.pop("reasoning", None) or m.get("reasoning_content")
         if reasoning:
             m["reasoning_content"] = m["thinking"] = reasoning
+        m["tool_calls"] = [c for c in m.get("tool_calls") or [] if isinstance(c, dict)]
+        if not m["tool_calls"]:
+            m.pop("tool_calls")
         for call in m.get("tool_calls") or []:
-            fn = call.get("function") or {}
+            if not isinstance(call.get("function"), dict):
+                call["function"] = {}
+            fn = call["function"]
             args = fn.get("arguments")
             if parse and not isinstance(args, dict | list):
                 try:

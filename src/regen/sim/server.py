@@ -22,7 +22,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import jinja2
 from aiohttp import web
 
 from regen.sim.account import Account
@@ -224,7 +223,7 @@ class Simulator:
         tools: list[Any] = raw_tools if isinstance(raw_tools, list) else []
         try:
             prompt_tokens = count_prompt_tokens(model.family, messages, tools, thinking)
-        except (jinja2.TemplateError, TypeError, ValueError) as exc:  # as a server's would
+        except Exception as exc:  # noqa: BLE001 - any history the template cannot render
             return error_response(400, f"chat template error: {exc}")
         entry.prompt_tokens = prompt_tokens
         params = {p for p in REQUEST_PARAMETERS if p in body}
@@ -331,15 +330,18 @@ class Simulator:
                     metadata={"provider_name": endpoint.provider_name},
                 )
 
-        comp = generate(
-            rng_for(digest),
-            family=model.family,
-            messages=chat.messages,
-            tools=chat.tools,
-            max_tokens=min(chat.max_tokens, endpoint.max_completion_tokens),
-            mean_tokens=model.mean_completion_tokens,
-            thinking=chat.thinking,
-        )
+        try:
+            comp = generate(
+                rng_for(digest),
+                family=model.family,
+                messages=chat.messages,
+                tools=chat.tools,
+                max_tokens=min(chat.max_tokens, endpoint.max_completion_tokens),
+                mean_tokens=model.mean_completion_tokens,
+                thinking=chat.thinking,
+            )
+        except Exception as exc:  # noqa: BLE001 - a history the template cannot answer: a 400
+            return error_response(400, f"chat template error: {exc}")
         if "cold_start" in faults:
             comp = Completion("", "", [], 0, 0, "stop", [])
         created = int(time.time())
