@@ -94,20 +94,25 @@ def test_a_bare_tokenizer_json_without_bos_token_is_refused(tmp_path: Path) -> N
     assert Target(by_hand).prompt_text([USER], None) == prompt
 
 
-def test_a_variable_set_by_model_code_is_named(tmp_path: Path) -> None:
+def written(tmp_path: Path, text: str) -> str:
+    """A chat template file of this text."""
     template = tmp_path / "t.jinja"
-    template.write_text(
+    template.write_text(text)
+    return str(template)
+
+
+def test_a_variable_set_by_model_code_is_named(tmp_path: Path) -> None:
+    template = written(
+        tmp_path,
         "{% if tools_ts_str %}{{ tools_ts_str }}{% endif %}{{ house_style }}"
-        "{% for m in messages %}{{ m.content }}{% endfor %}"
+        "{% for m in messages %}{{ m.content }}{% endfor %}",
     )
-    target = Target(TargetSpec(family="kimi-k2", chat_template=str(template)))
+    target = Target(TargetSpec(family="kimi-k2", chat_template=template))
     names = " ".join(target.warnings)
     assert "`house_style`" in names and "`tools_ts_str`" in names
     assert all("template_kwargs" in w for w in target.warnings)
     # Kimi-K2.5's own variable is one regen sets itself, and a set kwarg is not warned about.
-    k25 = TargetSpec(
-        family="kimi-k2.5", chat_template=str(template), template_kwargs={"house_style": 1}
-    )
+    k25 = TargetSpec(family="kimi-k2.5", chat_template=template, template_kwargs={"house_style": 1})
     assert Target(k25).warnings == []
     # The published templates need nothing regen does not set.
     for name, fam in (("qwen3", "qwen3"), ("kimi-k2.5", "kimi-k2.5"), ("gpt-oss", "gpt-oss")):
@@ -140,10 +145,10 @@ def _template(family: str) -> Path:
 
 def test_a_generation_block_is_read_through(tmp_path: Path) -> None:
     """transformers' `{% generation %}` tag parses, and what it reads is checked."""
-    template = tmp_path / "t.jinja"
-    template.write_text(
+    template = written(
+        tmp_path,
         "{% for m in messages %}{% generation %}{{ m.content }}{{ house }}{% endgeneration %}"
-        "{% endfor %}"
+        "{% endfor %}",
     )
-    target = Target(TargetSpec(family="chatml", chat_template=str(template)))
+    target = Target(TargetSpec(family="chatml", chat_template=template))
     assert ["`house`" in w for w in target.warnings] == [True]

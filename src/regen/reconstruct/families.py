@@ -91,19 +91,11 @@ def _kimi_section(calls: Sequence[Call], base: int) -> str:
 def kimi_k25(a: Answer) -> str:
     """`{reasoning}</think>{content}[section]<|im_end|>` after the `<think>` the template
     pre-fills (`<think></think>` with thinking off)."""
-    if not a.thinking:
-        return _after(
-            a,
-            _end(
-                a,
-                "<think></think>" + a.content + _kimi_section(a.calls, a.calls_before),
-                "<|im_end|>",
-            ),
-        )
-    if a.cut_in_reasoning:
+    if a.thinking and a.cut_in_reasoning:
         return _after(a, "<think>" + a.reasoning)
-    section = _kimi_section(a.calls, a.calls_before)
-    return _after(a, _end(a, f"<think>{a.reasoning}</think>{a.content}{section}", "<|im_end|>"))
+    think = f"<think>{a.reasoning}</think>" if a.thinking else "<think></think>"
+    text = think + a.content + _kimi_section(a.calls, a.calls_before)
+    return _after(a, _end(a, text, "<|im_end|>"))
 
 
 def kimi_k2(a: Answer) -> str:
