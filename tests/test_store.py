@@ -51,6 +51,7 @@ def test_migrations_are_recorded_once(tmp_path: Path) -> None:
         (3, "m003_ledger_sources"),
         (4, "m004_sources"),
         (5, "m005_token_ids"),
+        (6, "m006_usage_source"),
     ]
     assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from regen.config import DatasetConfig, EndpointConfig
 from regen.conversation import Usage
@@ -306,12 +306,7 @@ def fill_cost(usage: Usage, prices: Prices | None) -> Usage:
     """The usage with its cost: the provider's when it gave one, else from the prices."""
     if usage.cost_usd is not None or prices is None:
         return usage
-    return Usage(
-        usage.prompt_tokens,
-        usage.completion_tokens,
-        usage.reasoning_tokens,
-        prices.cost(usage.prompt_tokens, usage.completion_tokens),
-    )
+    return replace(usage, cost_usd=prices.cost(usage.prompt_tokens, usage.completion_tokens))
 
 
 def configured_prices(endpoint: EndpointConfig) -> Prices | None:

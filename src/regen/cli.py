@@ -17,7 +17,7 @@ from rich.console import Console
 
 from regen import __version__
 from regen.billing import Reconciliation
-from regen.errors import RegenError
+from regen.errors import ConfigError, RegenError
 
 EXIT_OK, EXIT_USER, EXIT_USAGE, EXIT_FAILED_ITEMS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -217,10 +217,22 @@ def _parser() -> argparse.ArgumentParser:
     )
     insp.add_argument("--json", action="store_true", help="print rows and request bodies as JSON")
 
-    sim = sub.add_parser("sim", help="serve the simulated OpenRouter API on 127.0.0.1")
+    sim = sub.add_parser(
+        "sim", help="serve a simulated OpenRouter, vLLM or SGLang server on 127.0.0.1"
+    )
     sim.add_argument("--port", type=int, default=8787)
     sim.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     sim.add_argument("--config", type=Path, help="sim config (TOML)")
+    sim.add_argument(
+        "--dialect",
+        choices=("openrouter", "vllm", "sglang"),
+        help="which server to be (default: the config's, else openrouter)",
+    )
+    sim.add_argument(
+        "--served-model-name",
+        metavar="MODEL",
+        help="vllm/sglang: the model served (default: the config's first model)",
+    )
 
     demo = sub.add_parser("demo", help="run the bundled demo job against an in-process simulator")
     demo.add_argument("--out", type=Path, default=Path("demo-out"))
@@ -551,7 +563,6 @@ def _providers(args: argparse.Namespace, console: Console) -> int:
 
     from regen.client import ChatClient
     from regen.config import EndpointConfig, load_job
-    from regen.errors import ConfigError
     from regen.providers import EndpointInfo, fetch_endpoints, verdicts, warnings
 
     endpoint = EndpointConfig()
@@ -701,9 +712,22 @@ def _sim(args: argparse.Namespace, console: Console) -> int:
     from regen.sim import load_sim_config, start_sim
 
     config = load_sim_config(args.config)
+    overrides = {"dialect": args.dialect, "served_model": args.served_model_name}
+    config = config.model_copy(update={k: v for k, v in overrides.items() if v is not None})
+    if config.served_model is not None and config.model(config.served_model) is None:
+        known = ", ".join(m.id for m in config.models)
+        raise ConfigError(
+            f"--served-model-name {config.served_model}: the sim has no such model (known: {known})"
+        )
 
     async def serve() -> None:
-        running, runner = await start_sim(config, args.host, args.port)
+        try:
+            running, runner = await start_sim(config, args.host, args.port)
+        except OSError as exc:  # a busy port, an address this machine does not have
+            raise ConfigError(
+                f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; "
+                "pick another --port (or stop what uses it)"
+            ) from None
         console.print(f"regen sim listening on {running.base_url}", markup=False)
         try:
             await asyncio.Event().wait()

@@ -134,6 +134,9 @@ class Usage:
     completion_tokens: int = 0
     reasoning_tokens: int = 0
     cost_usd: float | None = None
+    source: str = "server"
+    """Where the counts come from: `server` (its usage), `ids` (counted from the token ids it
+    returned, when it sent no usage) or `estimate` (neither: estimated from the text)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,9 +100,11 @@ def api_key_from_env(endpoint: EndpointConfig) -> str | None:
     return key or None
 
 
-def _make_body(job: Job, endpoint: EndpointConfig) -> Callable[[Request, int], dict[str, Any]]:
-    def make(req: Request, max_tokens: int) -> dict[str, Any]:
-        return chat_body(req, job.generation, endpoint, max_tokens)
+def _make_body(
+    job: Job, endpoint: EndpointConfig
+) -> Callable[[Request, int, bool], dict[str, Any]]:
+    def make(req: Request, max_tokens: int, stream: bool) -> dict[str, Any]:
+        return chat_body(req, job.generation, endpoint, max_tokens, stream=stream)
 
     return make
 

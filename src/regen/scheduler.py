@@ -22,6 +22,7 @@ from regen.budget import BudgetBook, Lease, Prices, fill_cost
 from regen.client.account import generation_charge
 from regen.client.errors import RETRYABLE, STOPS_RUN
 from regen.client.http import Timeouts
+from regen.client.response import counted_usage
 from regen.config import RunConfig
 from regen.conversation import (
     Attempt,
@@ -69,8 +70,8 @@ class EndpointRuntime:
 
     name: str
     sender: Sender
-    make_body: Callable[[Request, int], dict[str, Any]]
-    """The request body for a request, given the lane's max_tokens."""
+    make_body: Callable[[Request, int, bool], dict[str, Any]]
+    """The request body for a request, given the lane's max_tokens and whether it streams."""
     weight: float = 1.0
     health: EndpointHealth = field(default_factory=EndpointHealth)
     prices: Prices | None = None
@@ -502,10 +503,11 @@ class Scheduler:
                 try:
                     result = await ep.sender.chat(
                         item.id,
-                        ep.make_body(req, lane.max_tokens),
+                        ep.make_body(req, lane.max_tokens, lane.stream),
                         stream=lane.stream,
                         timeouts=lane.timeouts,
                     )
+                    result = counted_usage(result, item.prompt_tokens_est)
                     result = replace(result, usage=fill_cost(result.usage, ep.prices))
                     billed = result.usage
                     ok = True

@@ -195,12 +195,19 @@ def m005_token_ids(db: sqlite3.Connection) -> None:
     )
 
 
+def m006_usage_source(db: sqlite3.Connection) -> None:
+    """Where an answer's token counts come from when the server sent no usage: `ids` (counted
+    from its token ids) or `estimate` (from the text); NULL: the server's usage."""
+    _script(db, "ALTER TABLE results ADD COLUMN usage_source TEXT")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m001_initial,
     m002_lanes,
     m003_ledger_sources,
     m004_sources,
     m005_token_ids,
+    m006_usage_source,
 ]
 
 
@@ -754,6 +761,7 @@ class Store:
                         now,
                         pack_ids(r.prompt_token_ids),
                         pack_ids(r.completion_token_ids),
+                        None if u.source == "server" else u.source,
                     )
                 )
                 done.append((len(o.attempts), now, o.item_id))
@@ -787,7 +795,7 @@ class Store:
                 "INSERT INTO results (item_id, dataset, content, reasoning, tool_calls, "
                 "finish_reason, prompt_tokens, completion_tokens, reasoning_tokens, cost_usd, "
                 "provider, model, generation_id, latency_s, created_at, prompt_token_ids, "
-                "completion_token_ids) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "completion_token_ids, usage_source) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 results,
             )
             db.executemany(

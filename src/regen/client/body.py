@@ -17,10 +17,17 @@ def history_message(m: Message, dialect: str) -> dict[str, Any]:
 
 
 def chat_body(
-    req: Request, gen: GenerationConfig, endpoint: EndpointConfig, max_tokens: int | None = None
+    req: Request,
+    gen: GenerationConfig,
+    endpoint: EndpointConfig,
+    max_tokens: int | None = None,
+    *,
+    stream: bool = False,
 ) -> dict[str, Any]:
     """The JSON body of one chat completion request. `max_tokens` is always explicit: the lane's
-    if given, else [generation].max_tokens."""
+    if given, else [generation].max_tokens. A stream asks for its usage where the server sends
+    it only when asked (vLLM, SGLang, OpenAI: `stream_options.include_usage`); OpenRouter
+    always sends it."""
     body: dict[str, Any] = {
         "model": gen.model,
         "messages": [history_message(m, endpoint.dialect) for m in req.messages],
@@ -40,5 +47,9 @@ def chat_body(
         body["return_token_ids"] = True
         if endpoint.dialect == "sglang":
             body["return_prompt_token_ids"] = True
+    if stream:
+        body["stream"] = True
+        if endpoint.dialect != "openrouter":
+            body["stream_options"] = {"include_usage": True}
     body.update(endpoint.extra_body)
     return body

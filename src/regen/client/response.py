@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -59,6 +60,35 @@ def result_from_body(item_id: str, body: Any, *, status: int, latency_s: float) 
         # vLLM puts the prompt's ids on the response, SGLang on the choice.
         prompt_token_ids=_ids(body.get("prompt_token_ids", choice.get("prompt_token_ids"))),
         completion_token_ids=_ids(choice.get("token_ids")),
+    )
+
+
+def counted_usage(result: Result, prompt_tokens_est: int) -> Result:
+    """An answer with text never counts 0 tokens. A server that sent no usage (a stream
+    without `stream_options.include_usage`, a proxy that drops it) is counted from the token
+    ids it returned, else estimated (about 4 bytes a token for the answer; the item's own
+    estimate for the prompt), and the usage says which (`source`)."""
+    u, m = result.usage, result.message
+    has_text = bool(m.content or m.reasoning or m.tool_calls)
+    if not has_text or (u.completion_tokens > 0 and u.prompt_tokens > 0):
+        return result
+    source = "ids"
+    completion, prompt = u.completion_tokens, u.prompt_tokens
+    if completion <= 0:
+        if result.completion_token_ids:
+            completion = len(result.completion_token_ids)
+        else:
+            text = (m.reasoning or "") + m.content
+            text += "".join(c.name + c.arguments for c in m.tool_calls)
+            completion, source = max(1, round(len(text.encode()) / 4)), "estimate"
+    if prompt <= 0:
+        if result.prompt_token_ids:
+            prompt = len(result.prompt_token_ids)
+        else:
+            prompt, source = max(1, prompt_tokens_est), "estimate"
+    return replace(
+        result,
+        usage=replace(u, prompt_tokens=prompt, completion_tokens=completion, source=source),
     )
 
 

@@ -239,9 +239,23 @@ _OTHER_FAMILIES: list[tuple[str, FamilyName, bool, str]] = [
 """One model for each other family the simulator speaks (each with its grammar)."""
 
 
+SimDialect = Literal["openrouter", "vllm", "sglang"]
+
+
 class SimConfig(_Model):
     """`regen sim --config sim.toml`; every field has a default."""
 
+    dialect: SimDialect = "openrouter"
+    """Which server to be: OpenRouter (every model of `models`, routed among their provider
+    endpoints), or one self-hosted vLLM or SGLang server of one model (selfhosted.py)."""
+    served_model: str | None = None
+    """The model a self-hosted server serves (its `--served-model-name`): the first of
+    `models` by default. Its first endpoint's speed is the server's."""
+    max_num_seqs: int = Field(default=256, ge=1)
+    """Self-hosted: requests generated at once; more wait in the server's queue (no 429)."""
+    loading_s: float = Field(default=0.0, ge=0)
+    """Self-hosted: for this long after start (real seconds) the server is still loading its
+    weights: `/health` and chat requests answer 503."""
     seed: int = 0
     time_scale: float = Field(default=1.0, ge=0)
     """Multiplies every simulated delay: 0 answers at once, 0.1 is ten times faster."""

@@ -65,6 +65,9 @@ class LoggedRequest:
     """Hex digest of the request's content: equal for a retry of the same request."""
     body: dict[str, Any] | None = None
     """The request body, kept only with `log_bodies = true`."""
+    prompt_ids: list[int] | None = None
+    completion_ids: list[int] | None = None
+    """The token ids a self-hosted server generated, kept only with `log_bodies = true`."""
 
 
 @dataclass(frozen=True)
@@ -439,14 +442,21 @@ class RunningSim:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}/api/v1"
+        path = "/api/v1" if self.simulator.config.dialect == "openrouter" else "/v1"
+        return f"http://{self.host}:{self.port}{path}"
 
 
 async def start_sim(
     config: SimConfig, host: str = "127.0.0.1", port: int = 0
 ) -> tuple[RunningSim, web.AppRunner]:
     """Start serving in the running loop; port 0 picks a free port."""
-    sim = Simulator(config)
+    sim: Simulator
+    if config.dialect == "openrouter":
+        sim = Simulator(config)
+    else:
+        from regen.sim.selfhosted import SelfHostedSim
+
+        sim = SelfHostedSim(config)
     runner = web.AppRunner(sim.app(), access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=4096)

@@ -1,0 +1,553 @@
+"""A simulated self-hosted server: one vLLM or SGLang process serving one model through its
+OpenAI-compatible API (`regen sim --dialect vllm|sglang`).
+
+What differs from the OpenRouter dialect, as each server documents and implements it:
+- one model (`--served-model-name`); `/v1/models`, `/health`; no `/key`, `/credits` or
+  `/generation`; no `provider` and no `cost` anywhere;
+- `chat_template_kwargs` reaches the chat template (the thinking switch of Qwen3, GLM, Kimi);
+- token ids on request: vLLM's `return_token_ids` puts `prompt_token_ids` on the response
+  (in a stream: on the first chunk) and `token_ids` on each choice (in a stream: each chunk's
+  share); SGLang's `return_prompt_token_ids` and `return_token_ids` put both on the choice and
+  are refused on streams;
+- reasoning as `reasoning` (vLLM) or `reasoning_content` (SGLang, which also counts
+  `usage.reasoning_tokens`); tool calls as the servers' tool parsers return them;
+- usage in a stream only with `stream_options.include_usage` (a last chunk with no choices),
+  and on every chunk with `continuous_usage_stats`;
+- errors in each server's own shape: vLLM `{"error": {message, type, param, code}}`, SGLang
+  the flat `{"object": "error", message, type, param, code}`;
+- a full server queues (latency grows) instead of answering 429; while its weights load it
+  answers 503.
+Faults as in the OpenRouter dialect where a server can show them: 5xx, a cut connection, a
+stall, a mid-stream error. A crash is the process being killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from regen.sim.chat import SWITCH, render_prompt
+from regen.sim.config import SimConfig, SimModel
+from regen.sim.faults import draw_faults, forced_faults
+from regen.sim.generate import Completion, generate, request_digest, rng_for
+from regen.sim.grammar import sim_tokenizer
+from regen.sim.server import LoggedRequest, Simulator
+from regen.sim.stream import pieces
+
+# The kinds of fault a self-hosted server can show (no routing, billing or proxy quirks).
+_FAULTS = frozenset({"500", "502", "503", "reset", "stall", "midstream_error"})
+_ERROR_TYPES = {
+    400: "BadRequestError",
+    401: "Unauthorized",
+    404: "NotFoundError",
+    500: "InternalServerError",
+    502: "BadGateway",
+    503: "ServiceUnavailableError",
+}
+
+
+class ApiError(Exception):
+    """An error answer, in the dialect's shape."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """A validated request."""
+
+    model: SimModel
+    messages: list[Any]
+    tools: list[Any]
+    max_tokens: int
+    thinking: bool
+    stream: bool
+    token_ids: bool
+    prompt_ids: bool
+    include_usage: bool
+    continuous_usage: bool
+    include_reasoning: bool
+    prompt: list[int]
+    faults: set[str]
+    digest: bytes
+    occurrence: int
+
+
+class SelfHostedSim(Simulator):
+    """vLLM (`dialect = "vllm"`) or SGLang (`"sglang"`) serving `served_model`."""
+
+    def __init__(self, config: SimConfig) -> None:
+        super().__init__(config)
+        model = config.model(config.served_model) if config.served_model else config.models[0]
+        if model is None:
+            raise ValueError(f"served_model {config.served_model!r} is not among the models")
+        self.served = model
+        self.dialect = config.dialect
+        self.started = time.monotonic()
+        self.queued = 0
+        """Requests waiting for a slot (above max_num_seqs)."""
+        self._slots: asyncio.Semaphore | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        if self.dialect == "sglang":
+            app.router.add_get("/health_generate", self.health)
+            app.router.add_get("/get_model_info", self.model_info)
+        app.router.add_get("/_sim/stats", self.stats)
+        return app
+
+    @property
+    def loading(self) -> bool:
+        return time.monotonic() - self.started < self.config.loading_s
+
+    # side routes ---------------------------------------------------------------------------
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=503 if self.loading else 200)
+
+    async def models(self, request: web.Request) -> web.Response:
+        if self.loading:
+            return self._error(ApiError(503, "The server is still loading the model"))
+        card: dict[str, Any] = {
+            "id": self.served.id,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": self.dialect,
+            "root": self.served.id,
+            "parent": None,
+            "max_model_len": self.served.context_length,
+        }
+        if self.dialect == "vllm":
+            card["permission"] = [
+                {
+                    "id": f"modelperm-{uuid.uuid4().hex}",
+                    "object": "model_permission",
+                    "created": card["created"],
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ]
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"model_path": self.served.id, "tokenizer_path": self.served.id, "is_generation": True}
+        )
+
+    # errors --------------------------------------------------------------------------------
+
+    def _error(self, err: ApiError) -> web.Response:
+        info = {
+            "message": err.message,
+            "type": _ERROR_TYPES.get(err.status, "BadRequestError"),
+            "param": err.param,
+            "code": err.status,
+        }
+        body = {"object": "error", **info} if self.dialect == "sglang" else {"error": info}
+        return web.json_response(body, status=err.status)
+
+    # chat ----------------------------------------------------------------------------------
+
+    async def _chat(self, request: web.Request, entry: LoggedRequest) -> web.StreamResponse:
+        if self.config.api_keys:  # `--api-key`: every request must carry one of them
+            header = request.headers.get("Authorization", "")
+            if header.removeprefix("Bearer ").strip() not in self.config.api_keys:
+                return web.json_response({"error": "Unauthorized"}, status=401)
+        try:
+            ask = self._validate(request, await request.read(), entry)
+        except ApiError as err:
+            return self._error(err)
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.config.max_num_seqs)
+        self.queued += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self.queued -= 1
+        tag = self.served.endpoints[0].tag
+        self.in_flight[tag] += 1
+        self.max_in_flight[tag] = max(self.max_in_flight[tag], self.in_flight[tag])
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight[tag])
+        try:
+            return await self._serve_ask(request, ask, entry)
+        finally:
+            self.in_flight[tag] -= 1
+            self._slots.release()
+
+    def _validate(self, request: web.Request, raw: bytes, entry: LoggedRequest) -> _Ask:
+        if self.loading:
+            raise ApiError(503, "The server is still loading the model")
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ApiError(400, f"JSON decode error: {exc}") from exc
+        if not isinstance(body, dict):
+            raise ApiError(400, "the request body must be a JSON object")
+        if self.config.log_bodies:
+            entry.body = body
+        stream = bool(body.get("stream"))
+        entry.stream = stream
+        name = body.get("model")
+        if name is not None and name != self.served.id:
+            raise ApiError(404, f"The model `{name}` does not exist.", "model")
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ApiError(400, "messages: a non-empty list is required", "messages")
+        sglang = self.dialect == "sglang"
+        want_ids = bool(body.get("return_token_ids"))
+        want_prompt_ids = bool(body.get("return_prompt_token_ids")) if sglang else want_ids
+        if sglang and stream and (want_ids or want_prompt_ids):
+            flag = "return_token_ids" if want_ids else "return_prompt_token_ids"
+            raise ApiError(
+                400, f"{flag} is not supported with streaming. Please set stream=false.", flag
+            )
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        if max_tokens is not None and (
+            not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
+        ):
+            raise ApiError(400, "max_tokens must be at least 1", "max_tokens")
+        kwargs = body.get("chat_template_kwargs")
+        kwargs = kwargs if isinstance(kwargs, dict) else {}
+        switch = SWITCH.get(self.served.family)
+        thinking = self.served.reasoning
+        if switch is not None and switch in kwargs:
+            thinking = bool(kwargs[switch])
+        raw_tools = body.get("tools")
+        tools: list[Any] = raw_tools if isinstance(raw_tools, list) else []
+        try:
+            text = render_prompt(self.served.family, messages, tools, thinking)
+        except Exception as exc:  # noqa: BLE001 - any history the template cannot render
+            raise ApiError(400, f"chat template error: {exc}") from exc
+        prompt = list(sim_tokenizer().encode(text, add_special_tokens=False).ids)
+        entry.prompt_tokens = len(prompt)
+        context = self.served.context_length
+        if max_tokens is None:
+            max_tokens = max(1, context - len(prompt))
+        if len(prompt) + max_tokens > context:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {context} tokens. However, you "
+                f"requested {len(prompt) + max_tokens} tokens ({len(prompt)} in the messages, "
+                f"{max_tokens} in the completion). Please reduce the length of the messages or "
+                "completion.",
+                "max_tokens",
+            )
+        forced = forced_faults(request.headers.get("X-Sim-Fault"))
+        if isinstance(forced, str):
+            raise ApiError(400, forced)
+        digest = request_digest(self.config.seed, body)
+        entry.digest = digest.hex()
+        occurrence = self._seen[digest]
+        self._seen[digest] += 1
+        faults = forced or draw_faults(self.config.faults, rng_for(digest, occurrence, 1))
+        faults &= _FAULTS
+        entry.faults = tuple(sorted(faults))
+        options = body.get("stream_options")
+        options = options if isinstance(options, dict) else {}
+        return _Ask(
+            model=self.served,
+            messages=messages,
+            tools=tools,
+            max_tokens=max_tokens,
+            thinking=thinking,
+            stream=stream,
+            token_ids=want_ids,
+            prompt_ids=want_prompt_ids,
+            include_usage=bool(options.get("include_usage")),
+            continuous_usage=bool(options.get("continuous_usage_stats")),
+            include_reasoning=body.get("include_reasoning", True) is not False
+            and body.get("separate_reasoning", True) is not False,
+            prompt=prompt,
+            faults=faults,
+            digest=digest,
+            occurrence=occurrence,
+        )
+
+    async def _serve_ask(
+        self, request: web.Request, ask: _Ask, entry: LoggedRequest
+    ) -> web.StreamResponse:
+        speed = ask.model.endpoints[0]
+        entry.model = ask.model.id
+        for code in ("500", "502", "503"):
+            if code in ask.faults:
+                await self._sleep(speed.ttft_s)
+                return self._error(ApiError(int(code), "The engine failed to generate a response"))
+        try:
+            comp = generate(
+                rng_for(ask.digest),
+                family=ask.model.family,
+                messages=ask.messages,
+                tools=ask.tools,
+                max_tokens=ask.max_tokens,
+                mean_tokens=ask.model.mean_completion_tokens,
+                thinking=ask.thinking,
+            )
+        except Exception as exc:  # noqa: BLE001 - a history the template cannot answer
+            return self._error(ApiError(400, f"chat template error: {exc}"))
+        entry.completion_tokens = comp.completion_tokens
+        if self.config.log_bodies:
+            entry.prompt_ids, entry.completion_ids = ask.prompt, comp.ids
+        entry.billed = True  # the GPU did the work, whether or not the client gets it
+        hex_id = f"{rng_for(ask.digest, ask.occurrence, 3).getrandbits(128):032x}"
+        gen_id = f"chatcmpl-{hex_id}" if self.dialect == "vllm" else hex_id
+        meta: dict[str, Any] = {
+            "id": gen_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": ask.model.id,
+        }
+        entry.generation_id = gen_id
+        calls = _calls(comp, self.dialect, ask.model.family)
+        if ask.stream:
+            return await self._stream(request, ask, meta, comp, calls)
+        await self._sleep(speed.ttft_s + comp.completion_tokens / speed.tokens_per_s)
+        body = self._body(ask, meta, comp, calls)
+        if not ({"reset", "stall", "midstream_error"} & ask.faults):
+            return web.json_response(body)
+        if "midstream_error" in ask.faults:  # the engine died while generating
+            return self._error(ApiError(500, "The engine failed while generating"))
+        payload = json.dumps(body).encode()
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        resp.content_length = len(payload)
+        await resp.prepare(request)
+        await resp.write(payload[: len(payload) // 2])
+        if "stall" in ask.faults:
+            await asyncio.sleep(self.config.faults.stall_s)
+        if "reset" in ask.faults and request.transport is not None:
+            request.transport.abort()
+            return resp
+        await resp.write(payload[len(payload) // 2 :])
+        await resp.write_eof()
+        return resp
+
+    def _usage(self, ask: _Ask, comp: Completion, completion_tokens: int) -> dict[str, Any]:
+        usage: dict[str, Any] = {
+            "prompt_tokens": len(ask.prompt),
+            "total_tokens": len(ask.prompt) + completion_tokens,
+            "completion_tokens": completion_tokens,
+            "prompt_tokens_details": None,
+        }
+        if self.dialect == "sglang":
+            usage["reasoning_tokens"] = comp.reasoning_tokens
+        return usage
+
+    def _body(
+        self, ask: _Ask, meta: dict[str, Any], comp: Completion, calls: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        reasoning = comp.reasoning if ask.include_reasoning and comp.reasoning else None
+        finish = comp.finish_reason
+        if self.dialect == "vllm":
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": comp.content or None,
+                "refusal": None,
+                "annotations": None,
+                "audio": None,
+                "function_call": None,
+                "tool_calls": calls,
+                "reasoning": reasoning,
+            }
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": finish,
+                "stop_reason": None,
+                "token_ids": comp.ids if ask.token_ids else None,
+            }
+            return {
+                **meta,
+                "choices": [choice],
+                "service_tier": None,
+                "system_fingerprint": None,
+                "usage": self._usage(ask, comp, comp.completion_tokens),
+                "prompt_logprobs": None,
+                "prompt_token_ids": ask.prompt if ask.token_ids else None,
+                "kv_transfer_params": None,
+            }
+        message = {
+            "role": "assistant",
+            "content": comp.content or None,
+            "reasoning_content": reasoning,
+            "tool_calls": calls or None,
+        }
+        choice = {
+            "index": 0,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": finish,
+            "matched_stop": comp.ids[-1] if finish != "length" and comp.ids else None,
+        }
+        if ask.prompt_ids:
+            choice["prompt_token_ids"] = ask.prompt
+        if ask.token_ids:
+            choice["token_ids"] = comp.ids
+        return {
+            **meta,
+            "choices": [choice],
+            "usage": self._usage(ask, comp, comp.completion_tokens),
+            "metadata": {"weight_version": "default"},
+        }
+
+    async def _stream(
+        self,
+        request: web.Request,
+        ask: _Ask,
+        meta: dict[str, Any],
+        comp: Completion,
+        calls: list[dict[str, Any]],
+    ) -> web.StreamResponse:
+        """The completion as SSE, at the server's speed. Each chunk carries its share of the
+        completion's ids (with `return_token_ids`), so they join back to all of them."""
+        speed = ask.model.endpoints[0]
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await resp.prepare(request)
+        writer = _Writer(resp, self.config.time_scale)
+        head = {**meta, "object": "chat.completion.chunk"}
+        reasoning_key = "reasoning" if self.dialect == "vllm" else "reasoning_content"
+        show_reasoning = ask.include_reasoning
+        deltas: list[dict[str, Any]] = []
+        if show_reasoning:
+            deltas += [{reasoning_key: p} for p in pieces(comp.reasoning, 4)]
+        deltas += [{"content": p} for p in pieces(comp.content, 4)]
+        for call in calls:
+            first = {k: call[k] for k in ("id", "type", "index")}
+            deltas.append(
+                {"tool_calls": [{**first, "function": {"name": call["function"]["name"]}}]}
+            )
+            args = call["function"]["arguments"]
+            deltas += [
+                {
+                    "tool_calls": [
+                        {"index": call["index"], "function": {"arguments": args[i : i + 12]}}
+                    ]
+                }
+                for i in range(0, len(args), 12)
+            ]
+        ids = comp.ids
+        n = len(deltas) + 1  # the finish chunk takes the last share
+        cuts = [len(ids) * i // n for i in range(n + 1)]
+        sent_tokens = 0
+
+        def choice(delta: dict[str, Any], i: int, finish: str | None) -> dict[str, Any]:
+            c: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None}
+            c["finish_reason"] = finish
+            if self.dialect == "vllm":
+                c["stop_reason"] = None
+                if ask.token_ids:
+                    c["token_ids"] = ids[cuts[i] : cuts[i + 1]] if i >= 0 else []
+            elif finish is not None:
+                c["matched_stop"] = ids[-1] if finish != "length" and ids else None
+            return c
+
+        def emit(chunk: dict[str, Any]) -> None:
+            if ask.include_usage and ask.continuous_usage:
+                chunk["usage"] = self._usage(ask, comp, sent_tokens)
+            elif self.dialect == "vllm":
+                chunk.setdefault("usage", None)
+            writer.send(chunk)
+
+        first = {**head, "choices": [choice({"role": "assistant", "content": ""}, -1, None)]}
+        if ask.token_ids and self.dialect == "vllm":
+            first["prompt_token_ids"] = ask.prompt
+        await writer.pace(speed.ttft_s)
+        emit(first)
+        per_chunk_s = 4 / speed.tokens_per_s
+        for i, delta in enumerate(deltas):
+            if i == len(deltas) // 2:
+                if "stall" in ask.faults:
+                    await writer.flush()
+                    await asyncio.sleep(self.config.faults.stall_s)
+                if "reset" in ask.faults:
+                    await writer.flush()
+                    if request.transport is not None:
+                        request.transport.abort()
+                    return resp
+                if "midstream_error" in ask.faults:
+                    info = {
+                        "message": "The engine failed while generating",
+                        "type": "InternalServerError",
+                        "param": None,
+                        "code": 500,
+                    }
+                    writer.send(
+                        {"error": info} if self.dialect == "vllm" else {"object": "error", **info}
+                    )
+                    writer.raw(b"data: [DONE]\n\n")
+                    await writer.flush()
+                    await resp.write_eof()
+                    return resp
+            sent_tokens = cuts[i + 1]
+            emit({**head, "choices": [choice(delta, i, None)]})
+            await writer.pace(per_chunk_s)
+        sent_tokens = len(ids)
+        emit({**head, "choices": [choice({"content": ""}, len(deltas), comp.finish_reason)]})
+        if ask.include_usage:
+            writer.send({**head, "choices": [], "usage": self._usage(ask, comp, len(ids))})
+        writer.raw(b"data: [DONE]\n\n")
+        await writer.flush()
+        await resp.write_eof()
+        return resp
+
+
+class _Writer:
+    """SSE lines written in batches: chunks within 10 ms of each other go out in one write."""
+
+    def __init__(self, resp: web.StreamResponse, time_scale: float) -> None:
+        self._resp, self._scale = resp, time_scale
+        self._buf: list[bytes] = []
+        self._owed_s = 0.0
+
+    def send(self, obj: dict[str, Any]) -> None:
+        self._buf.append(b"data: " + json.dumps(obj).encode() + b"\n\n")
+
+    def raw(self, line: bytes) -> None:
+        self._buf.append(line)
+
+    async def flush(self) -> None:
+        if self._buf:
+            await self._resp.write(b"".join(self._buf))
+            self._buf.clear()
+
+    async def pace(self, seconds: float) -> None:
+        self._owed_s += seconds * self._scale
+        if self._owed_s >= 0.01:
+            await self.flush()
+            await asyncio.sleep(self._owed_s)
+            self._owed_s = 0.0
+
+
+def _calls(comp: Completion, dialect: str, family: str) -> list[dict[str, Any]]:
+    """The answer's calls as the server's tool parser returns them: Kimi's parsers keep the
+    model's `functions.NAME:IDX` ids; otherwise vLLM makes `chatcmpl-tool-...` ids and SGLang
+    `call_...` ones."""
+    out = []
+    for call in comp.tool_calls:
+        cid = call["id"]
+        if not family.startswith("kimi"):
+            suffix = cid.removeprefix("call_")
+            cid = f"chatcmpl-tool-{suffix}" if dialect == "vllm" else f"call_{suffix}"
+        out.append(
+            {"id": cid, "type": "function", "index": call["index"], "function": call["function"]}
+        )
+    return out

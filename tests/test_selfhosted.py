@@ -1,0 +1,189 @@
+"""regen against the simulator's vLLM and SGLang dialects (`regen sim --dialect`), streamed and
+not, with tool calls and reasoning: the server's own token ids are stored as exact, usage is
+never 0, and budgets hold.
+
+The simulator logs the ids it sent (`log_bodies`), so what regen stored is compared with what
+the server said, not with anything regen computes.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from regen.config import load_job
+from regen.runner import run_job
+from regen.sim import SimConfig, sim_in_thread
+from regen.store import unpack_ids
+from tests.conftest import query, write_rows
+
+MODEL = "qwen/qwen3-8b"
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def rows(n: int) -> list[dict[str, Any]]:
+    """Half plain questions, half with a tool the model may call."""
+    out = []
+    for i in range(n):
+        row: dict[str, Any] = {
+            "messages": [
+                {"role": "user", "content": f"Question {i}: what is the weather in city {i}?"},
+                {"role": "assistant", "content": "old answer"},
+            ]
+        }
+        if i % 2:
+            row["tools"] = [WEATHER]
+        out.append(row)
+    return out
+
+
+def job_file(
+    tmp: Path, base_url: str, dialect: str, *, stream: bool, token_ids: bool, extra: str = ""
+) -> Path:
+    write_rows(tmp / "chat.jsonl", rows(24))
+    job = tmp / "job.toml"
+    job.write_text(
+        f"""
+[job]
+output_dir = "out"
+
+[endpoint]
+base_url = "{base_url}"
+dialect = "{dialect}"
+api_key_env = "REGEN_NO_KEY_NEEDED"
+token_ids = {str(token_ids).lower()}
+
+[generation]
+model = "{MODEL}"
+max_tokens = 400
+
+[run]
+concurrency = 8
+progress_interval_s = 0.5
+
+[[lanes]]
+name = "main"
+stream = {str(stream).lower()}
+
+[[datasets]]
+name = "chat"
+path = "chat.jsonl"
+{extra}
+"""
+    )
+    return job
+
+
+def run(job: Path) -> str:
+    out = io.StringIO()
+    report = run_job(load_job(job), console=Console(file=out, width=200))
+    assert report.failed == 0 and not report.stop_reason, out.getvalue()
+    return out.getvalue()
+
+
+def sent_ids(log: list[Any]) -> dict[str, tuple[list[int], list[int]]]:
+    """What the server sent, by answer id: (prompt ids, completion ids)."""
+    return {
+        e.generation_id: (e.prompt_ids, e.completion_ids)
+        for e in log
+        if e.status == 200 and e.generation_id is not None
+    }
+
+
+CASES = [
+    ("vllm", False, True),
+    ("vllm", True, True),
+    ("vllm", True, False),
+    ("sglang", False, True),
+    ("sglang", True, False),
+]
+
+
+@pytest.mark.parametrize(("dialect", "stream", "token_ids"), CASES)
+def test_a_self_hosted_run_stores_the_servers_ids_and_usage(
+    tmp_path: Path, dialect: str, stream: bool, token_ids: bool
+) -> None:
+    config = SimConfig(
+        dialect=dialect,  # type: ignore[arg-type]
+        served_model=MODEL,
+        seed=3,
+        time_scale=0.0,
+        log_bodies=True,
+    )
+    with sim_in_thread(config) as sim:
+        run(job_file(tmp_path, sim.base_url, dialect, stream=stream, token_ids=token_ids))
+        log = list(sim.simulator.chat_log())
+    bodies = [e.body for e in log if e.body is not None]
+    assert bodies and all(b["model"] == MODEL for b in bodies)
+    if stream:  # usage is asked for where the servers send it only when asked
+        assert all(b["stream_options"] == {"include_usage": True} for b in bodies)
+    assert all("provider" not in b for b in bodies)
+    results = query(
+        tmp_path / "out",
+        "SELECT generation_id, prompt_tokens, completion_tokens, reasoning_tokens, cost_usd, "
+        "prompt_token_ids, completion_token_ids, usage_source, tool_calls, reasoning "
+        "FROM results",
+    )
+    assert len(results) == 24
+    sent = sent_ids(log)
+    with_calls = sum(1 for r in results if r[8])
+    assert with_calls, "the seeded run has answers with tool calls"
+    assert all(r[9] for r in results), "every answer keeps its reasoning"
+    for gen_id, prompt, completion, _, cost, p_ids, c_ids, source, _, _ in results:
+        assert prompt > 0 and completion > 0 and source is None  # the server's own usage
+        assert cost is None  # a self-hosted server bills nothing and no price is set
+        server_prompt, server_completion = sent[gen_id]
+        assert (prompt, completion) == (len(server_prompt), len(server_completion))
+        if token_ids:
+            assert unpack_ids(p_ids) == server_prompt
+            assert unpack_ids(c_ids) == server_completion
+        else:
+            assert p_ids is None and c_ids is None
+
+
+def test_a_stream_without_usage_is_counted_from_the_servers_ids(tmp_path: Path) -> None:
+    """A server that sends no usage (here: the job turns it off) never leaves 0 tokens."""
+    config = SimConfig(dialect="vllm", served_model=MODEL, seed=4, time_scale=0.0, log_bodies=True)
+    extra_body = "extra_body = { stream_options = { include_usage = false } }"
+    with sim_in_thread(config) as sim:
+        job = job_file(tmp_path, sim.base_url, "vllm", stream=True, token_ids=True)
+        job.write_text(
+            job.read_text().replace("token_ids = true", f"token_ids = true\n{extra_body}")
+        )
+        run(job)
+        sent = sent_ids(sim.simulator.chat_log())
+    results = query(
+        tmp_path / "out", "SELECT generation_id, completion_tokens, usage_source FROM results"
+    )
+    assert {r[2] for r in results} == {"ids"}
+    for gen_id, completion, _ in results:
+        assert completion == len(sent[gen_id][1]) > 0
+
+
+def test_a_token_budget_holds_on_a_vllm_server(tmp_path: Path) -> None:
+    config = SimConfig(dialect="vllm", served_model=MODEL, seed=5, time_scale=0.0)
+    with sim_in_thread(config) as sim:
+        job = job_file(
+            tmp_path, sim.base_url, "vllm", stream=True, token_ids=True, extra="token_budget = 2000"
+        )
+        text = job.read_text().replace('name = "main"', 'name = "main"\nconcurrency = 2')
+        job.write_text(text)
+        out = run(job)
+    spent = query(tmp_path / "out", "SELECT SUM(completion_tokens), COUNT(*) FROM results")[0]
+    assert 2000 <= spent[0] < 2000 + 2 * 400, out  # at most what was in flight over it
+    assert spent[1] < 24
