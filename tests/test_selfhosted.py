@@ -187,3 +187,68 @@ def test_a_token_budget_holds_on_a_vllm_server(tmp_path: Path) -> None:
     spent = query(tmp_path / "out", "SELECT SUM(completion_tokens), COUNT(*) FROM results")[0]
     assert 2000 <= spent[0] < 2000 + 2 * 400, out  # at most what was in flight over it
     assert spent[1] < 24
+
+
+FAMILY_MODELS = [
+    ("qwen/qwen3-8b", "qwen3"),
+    ("moonshotai/kimi-k2.5", "kimi-k2.5"),
+    ("moonshotai/kimi-k2", "kimi-k2"),
+    ("deepseek/deepseek-chat-v3", "deepseek-v3"),
+    ("deepseek/deepseek-r1", "deepseek-r1"),
+    ("z-ai/glm-4.5", "glm-4.5"),
+    ("openai/gpt-oss-120b", "gpt-oss"),
+    ("sim/chatml", "chatml"),
+]
+
+
+def served_run(tmp: Path, model: str, family: str, *, stream: bool = False) -> Path:
+    """A vLLM run of `model` with token ids and `[reconstruct]`; its output folder."""
+    config = SimConfig(dialect="vllm", served_model=model, seed=6, time_scale=0.0)
+    with sim_in_thread(config) as sim:
+        job = job_file(tmp, sim.base_url, "vllm", stream=stream, token_ids=True)
+        text = job.read_text().replace(MODEL, model)
+        job.write_text(text + f'\n[reconstruct]\nfamily = "{family}"\ntokenizer = "sim"\n')
+        run(job)
+    return tmp / "out"
+
+
+@pytest.mark.parametrize(("model", "family"), FAMILY_MODELS)
+def test_the_servers_ids_prove_each_familys_rebuild(
+    tmp_path: Path, model: str, family: str
+) -> None:
+    """The rebuild of every answer (template for the prompt, grammar for the completion)
+    equals the ids the server generated, token for token."""
+    from regen.audit import audit, audit_json
+
+    out = served_run(tmp_path, model, family)
+    overall = audit_json(audit(out, include_truncated=True)[0])["overall"]
+    cut = query(out, "SELECT COUNT(*) FROM results WHERE finish_reason = 'length'")[0][0]
+    assert overall["server_ids_checked"] == 24
+    assert overall["server_ids_divergences"] == [], overall["server_ids_divergences"]
+    assert overall["server_ids_match_share"] == 1.0
+    assert overall["exact_ids"] == 24 and cut < 24
+
+
+def test_a_wrong_grammar_is_caught_by_the_servers_ids(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One newline too many after Qwen3's reasoning: the audit names the first token where
+    the rebuild leaves the server's ids, and the answer's exact ids still export."""
+    from regen import reconstruct
+    from regen.audit import audit, audit_json
+    from regen.reconstruct.families import Family
+
+    out = served_run(tmp_path, MODEL, "qwen3")
+    real = reconstruct.family("qwen3")
+
+    def layout(a: Any) -> str:
+        return real.layout(a).replace("</think>\n\n", "</think>\n\n\n", 1)
+
+    wrong = Family("qwen3", layout, real.thinking_kwarg, real.markers, real.prefills)
+    monkeypatch.setattr("regen.reconstruct.target.family", lambda name: wrong)
+    overall = audit_json(audit(out)[0])["overall"]
+    assert overall["server_ids_checked"] > 0
+    assert overall["server_ids_match_share"] == 0.0
+    first = overall["server_ids_divergences"][0]["first_divergence"]
+    assert first.startswith("completion token ") and "server" in first, first
+    assert overall["problems"]["rebuild_differs_from_server"] == overall["server_ids_checked"]

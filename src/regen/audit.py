@@ -76,6 +76,12 @@ class DatasetAudit:
     reparse: list[tuple[str, str]] = field(default_factory=list)
     """(item id, first difference) of the first answers whose rebuilt completion does not
     parse back to the stored answer."""
+    oracle_checked: int = 0
+    """Answers with the server's own ids that were also rebuilt from their text."""
+    oracle_matches: int = 0
+    """... whose rebuilt prompt and completion ids equal the server's, token for token."""
+    oracle_divergences: list[tuple[str, str]] = field(default_factory=list)
+    """(item id, first divergence) of the first that do not."""
 
     def per_sample(self, n: int) -> float:
         return n / self.samples if self.samples else 0.0
@@ -86,9 +92,16 @@ class DatasetAudit:
         problems: list[str],
         keep_worst: int,
         reparse: str | None = None,
+        oracle: str | None = None,
     ) -> None:
-        """Count one answer: its differences (none when it could not be rebuilt) and problems."""
+        """Count one answer: its differences (none when it could not be rebuilt), problems,
+        and how its rebuild compares with the server's ids where it has them."""
         self.samples += 1
+        if isinstance(sample, Sample) and sample.rebuilt_completion_ids is not None:
+            self.oracle_checked += 1
+            self.oracle_matches += oracle is None
+            if oracle is not None and len(self.oracle_divergences) < keep_worst:
+                self.oracle_divergences.append((sample.item_id, oracle))
         self.failed += bool(problems)
         self.problems.update(problems)
         if reparse is not None and len(self.reparse) < keep_worst:
@@ -115,6 +128,9 @@ class DatasetAudit:
         self.finish_reasons.update(other.finish_reasons)
         self.worst = sorted([*self.worst, *other.worst], reverse=True)[:5]
         self.reparse = [*self.reparse, *other.reparse][:5]
+        self.oracle_checked += other.oracle_checked
+        self.oracle_matches += other.oracle_matches
+        self.oracle_divergences = [*self.oracle_divergences, *other.oracle_divergences][:5]
 
 
 @lru_cache(maxsize=4096)
@@ -188,20 +204,69 @@ def reparse(row: ExportRow, sample: Sample, target: Target) -> str | None:
     return first_difference(got, server_form(name, answer))
 
 
+def divergence(server: list[int], rebuilt: list[int], decode: Callable[[list[int]], str]) -> str:
+    """Where two id sequences first differ, with the tokens' text on each side."""
+    i = next((k for k, (a, b) in enumerate(zip(server, rebuilt, strict=False)) if a != b), None)
+    if i is None:
+        i = min(len(server), len(rebuilt))
+    before = decode(server[max(0, i - 6) : i])
+
+    def tok(ids: list[int]) -> str:
+        return f"{ids[i]} {decode([ids[i]])!r}" if i < len(ids) else "(end)"
+
+    return (
+        f"token {i} of {len(server)} (rebuilt: {len(rebuilt)}), after {before!r}: "
+        f"server {tok(server)}, rebuilt {tok(rebuilt)}"
+    )
+
+
+def oracle_difference(sample: Sample, target: Target) -> str | None:
+    """Where the rebuild of an answer first differs from the server's own ids (None when it
+    equals them, or the server gave none)."""
+    server_c, rebuilt_c = sample.completion_ids, sample.rebuilt_completion_ids
+    if rebuilt_c is None or sample.source != "exact":
+        return None
+    rebuilt_p = sample.rebuilt_prompt_ids
+    if rebuilt_p is not None and rebuilt_p != sample.prompt_ids:
+        return "prompt " + divergence(sample.prompt_ids, rebuilt_p, target.decode)
+    if rebuilt_c != server_c:
+        return "completion " + divergence(server_c, rebuilt_c, target.decode)
+    return None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What is wrong with one answer, with the first difference of each check that says
+    where."""
+
+    problems: list[str]
+    reparse: str | None = None
+    oracle: str | None = None
+
+    @property
+    def problems_of_the_answer(self) -> list[str]:
+        """The problems that make the sample unfit for training. A rebuild that differs from
+        the server's ids says the grammar is wrong, not the answer: its ids are the server's."""
+        return [p for p in self.problems if p != "rebuild_differs_from_server"]
+
+
 def sample_problems(
     row: ExportRow, sample: Sample | ReconstructError, target: Target, checks: Checks
-) -> tuple[list[str], str | None]:
-    """Everything wrong with one answer: its structure, its rebuilt length, and whether it
-    parses back; with the first difference when it does not."""
+) -> Verdict:
+    """Everything wrong with one answer: its structure, its rebuilt length, whether it parses
+    back, and whether its rebuild equals the server's ids where it has them."""
     if isinstance(sample, ReconstructError):
-        return ["reconstruct_error"], None
+        return Verdict(["reconstruct_error"])
     problems = structure(row, target.family.markers, checks)
     if abs(sample.completion_diff) > checks.max_sample_diff:
         problems.append("length_off_billed")
     diff = reparse(row, sample, target)
     if diff is not None:
         problems.append("reparse_mismatch")
-    return problems, diff
+    oracle = oracle_difference(sample, target) if row.finish_reason != "length" else None
+    if oracle is not None:
+        problems.append("rebuild_differs_from_server")
+    return Verdict(problems, diff, oracle)
 
 
 def rebuilt(
@@ -286,8 +351,8 @@ def audit(
                 if sample is None:
                     a.truncated += 1
                 else:
-                    problems, diff = sample_problems(row, sample, tgt, chk)
-                    a.add(sample, problems, worst, diff)
+                    v = sample_problems(row, sample, tgt, chk)
+                    a.add(sample, v.problems, worst, v.reparse, v.oracle)
     finally:
         store.close()
     return audits, tgt
@@ -320,6 +385,13 @@ def _one(a: DatasetAudit) -> dict[str, Any]:
         "problems": dict(sorted(a.problems.items())),
         "finish_reasons": dict(sorted(a.finish_reasons.items())),
         "reparse": [{"item_id": i, "first_difference": d} for i, d in a.reparse],
+        "server_ids_checked": a.oracle_checked,
+        "server_ids_match_share": round(a.oracle_matches / a.oracle_checked, 4)
+        if a.oracle_checked
+        else None,
+        "server_ids_divergences": [
+            {"item_id": i, "first_divergence": d} for i, d in a.oracle_divergences
+        ],
     }
 
 
@@ -363,8 +435,9 @@ class LiveAudit:
         names = {row.item_id: name for _, name, row in found}
         new: list[Drift] = []
         for row, sample in zip(rows, self.target.samples(rows), strict=True):
-            problems, diff = sample_problems(row, sample, self.target, self.checks)
-            self.tally.add(sample, problems, 5, diff)
+            v = sample_problems(row, sample, self.target, self.checks)
+            problems = v.problems
+            self.tally.add(sample, problems, 5, v.reparse, v.oracle)
             if problems:
                 n = 0 if isinstance(sample, ReconstructError) else len(sample.completion_ids)
                 new.append(

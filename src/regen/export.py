@@ -458,7 +458,7 @@ def _export_dataset(
             and sample is not None
             and target is not None
             and checks is not None
-            and sample_problems(row, sample, target, checks)[0]
+            and sample_problems(row, sample, target, checks).problems_of_the_answer
         ):
             reason = "failed_audit"
         rec: dict[str, Any] | None = None

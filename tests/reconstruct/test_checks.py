@@ -60,9 +60,10 @@ def test_the_audit_sees_a_newline_that_keeps_the_count(
     assert len(bad.completion_ids) == len(good.completion_ids)  # `\n\n` 271 -> `\n\n\n` 1406
     diff = reparse(row, bad, qwen)
     assert diff is not None and diff.startswith("content differs at character 2"), diff
-    problems, detail = sample_problems(row, bad, qwen, Checks())
-    assert "reparse_mismatch" in problems and "length_off_billed" not in problems
-    assert detail == diff
+    verdict = sample_problems(row, bad, qwen, Checks())
+    assert "reparse_mismatch" in verdict.problems
+    assert "length_off_billed" not in verdict.problems
+    assert verdict.reparse == diff
 
 
 def test_both_forms_of_a_stored_answer_parse_back(qwen: Target) -> None:

@@ -77,6 +77,14 @@ def sim_template(family_name: str) -> str:
     return path.read_text(encoding="utf-8")
 
 
+def sim_special_tokens(family_name: str) -> dict[str, str]:
+    """The special tokens the simulator's one tokenizer names for a family (as each model's
+    own tokenizer_config.json does): DeepSeek's templates start with its `bos_token`."""
+    path = resources.files("regen.sim").joinpath("tokenizer", "special_tokens.json")
+    table: dict[str, dict[str, str]] = json.loads(path.read_text(encoding="utf-8"))
+    return table.get(family_name, {})
+
+
 @dataclass
 class Sample:
     """One answer as training ids: `input_ids` = prompt + completion, loss on the completion."""
@@ -92,6 +100,10 @@ class Sample:
     """Rebuilt minus billed completion tokens."""
     prefill: str = ""
     """What the prompt pre-filled of the answer (the family's `prefills`)."""
+    rebuilt_prompt_ids: list[int] | None = None
+    rebuilt_completion_ids: list[int] | None = None
+    """Where the ids are the server's: the same answer rebuilt from its text (template and
+    grammar), to compare with them (None where the server gave no ids, or it failed)."""
 
     @property
     def input_ids(self) -> list[int]:
@@ -134,6 +146,8 @@ class Target:
 
     def _template_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {}
+        if self.spec.tokenizer == "sim":
+            kwargs.update(sim_special_tokens(self.family.name))
         if self.family.thinking_kwarg:
             kwargs[self.family.thinking_kwarg] = self.spec.thinking
         kwargs.update(self.spec.template_kwargs)
@@ -276,50 +290,69 @@ class Target:
 
     def samples(self, rows: list[ExportRow]) -> list[Sample | ReconstructError]:
         """Each row's sample, or why it could not be built (one bad row never stops a batch).
-        The texts of a batch are encoded together."""
+        The texts of a batch are encoded together.
+
+        Where the server returned ids, the sample uses them, and the answer is also rebuilt
+        (prompt through the template, completion through the family's grammar) into
+        `rebuilt_prompt_ids` and `rebuilt_completion_ids`: the server's ids are the oracle
+        that proves the rebuild."""
         texts: list[str] = []
-        plan: list[tuple[ExportRow, list[int] | None, list[int] | None, str] | ReconstructError]
-        plan = []
+        plan: list[_Plan | ReconstructError] = []
         for row in rows:
             exact_p = unpack_ids(row.prompt_token_ids)
             exact_c = unpack_ids(row.completion_token_ids)
             try:
-                if exact_p is None:
-                    tools = row.conversation.get("tools")
-                    prompt = self.prompt_text(row.history(), tools, row.created_at or None)
-                    texts.append(prompt)
-                else:
-                    prompt = self.decode(exact_p[-8:]) if self.family.prefills else ""
+                tools = row.conversation.get("tools")
+                prompt = self.prompt_text(row.history(), tools, row.created_at or None)
                 prefill = self.prefill(prompt)
-                if exact_c is None:
-                    texts.append(self.completion_text(row, prefill))
+                at = len(texts)
+                texts += [prompt, self.completion_text(row, prefill)]
             except ReconstructError as exc:
-                plan.append(ReconstructError(f"{row.item_id}: {exc}"))
-                continue
-            plan.append((row, exact_p, exact_c, prefill))
-        encoded = iter(self.encode_batch(texts))
+                if exact_p is None or exact_c is None:
+                    plan.append(ReconstructError(f"{row.item_id}: {exc}"))
+                    continue
+                at, prefill = -1, ""  # the server's ids stand; no rebuild to compare
+            if exact_p is not None and self.family.prefills:
+                prefill = self.prefill(self.decode(exact_p[-8:]))
+            plan.append(_Plan(row, exact_p, exact_c, prefill, at))
+        encoded = self.encode_batch(texts)
         out: list[Sample | ReconstructError] = []
         for p in plan:
             if isinstance(p, ReconstructError):
                 out.append(p)
                 continue
-            row, exact_p, exact_c, prefill = p
-            prompt_ids = exact_p if exact_p is not None else next(encoded)
-            completion = exact_c if exact_c is not None else next(encoded)
+            row = p.row
+            rebuilt_p = encoded[p.at] if p.at >= 0 else None
+            rebuilt_c = encoded[p.at + 1] if p.at >= 0 else None
+            prompt_ids = p.exact_prompt if p.exact_prompt is not None else rebuilt_p
+            completion = p.exact_completion if p.exact_completion is not None else rebuilt_c
+            assert prompt_ids is not None and completion is not None
+            exact = p.exact_prompt is not None and p.exact_completion is not None
             out.append(
                 Sample(
                     item_id=row.item_id,
                     prompt_ids=prompt_ids,
                     completion_ids=completion,
-                    source="exact"
-                    if exact_c is not None and exact_p is not None
-                    else "reconstructed",
+                    source="exact" if exact else "reconstructed",
                     prompt_diff=len(prompt_ids) - row.prompt_tokens,
                     completion_diff=len(completion) - row.completion_tokens,
-                    prefill=prefill,
+                    prefill=p.prefill,
+                    rebuilt_prompt_ids=rebuilt_p if p.exact_prompt is not None else None,
+                    rebuilt_completion_ids=rebuilt_c if p.exact_completion is not None else None,
                 )
             )
         return out
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A row of a batch: its exact ids if any, and where its rebuilt texts are (-1: none)."""
+
+    row: ExportRow
+    exact_prompt: list[int] | None
+    exact_completion: list[int] | None
+    prefill: str
+    at: int
 
 
 def _generation_tag() -> type:

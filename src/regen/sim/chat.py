@@ -35,7 +35,6 @@ import jinja2.sandbox
 
 from regen.kimi_ts import sorted_keys, tools_typescript
 
-DS_BOS = "<｜begin▁of▁sentence｜>"
 END = {
     "kimi-k2.5": "<|im_end|>",
     "kimi-k2": "<|im_end|>",
@@ -57,6 +56,15 @@ def _tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: 
     return json.dumps(
         x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
     )
+
+
+@cache
+def special_tokens(family: str) -> dict[str, str]:
+    """The family's special tokens, as its tokenizer_config.json names them (the sim's one
+    tokenizer stands in for every family's: tokenizer/special_tokens.json)."""
+    path = resources.files("regen.sim").joinpath("tokenizer", "special_tokens.json")
+    table: dict[str, dict[str, str]] = json.loads(path.read_text(encoding="utf-8"))
+    return table.get(family, {})
 
 
 @cache
@@ -102,7 +110,7 @@ def server_messages(messages: list[Any], parse: bool) -> list[dict[str, Any]]:
 
 
 def _kwargs(family: str, tools: list[Any], thinking: bool) -> dict[str, Any]:
-    kw: dict[str, Any] = {"bos_token": DS_BOS} if family.startswith("deepseek") else {}
+    kw: dict[str, Any] = dict(special_tokens(family))
     if family in SWITCH:
         kw[SWITCH[family]] = thinking
     if family == "kimi-k2.5" and tools:
