@@ -24,6 +24,7 @@ a waiter that is cancelled after being handed a slot gives it back.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -150,6 +151,20 @@ class EndpointHealth:
     @property
     def healthy(self) -> bool:
         return self._clock() >= self.cool_until
+
+    @property
+    def drained(self) -> bool:
+        """Out of rotation until a health probe says the server is back."""
+        return self.cool_until == math.inf
+
+    def drain(self) -> None:
+        """Take the endpoint out of rotation at once (its server refused a connection or is
+        loading); `revive` puts it back."""
+        self.cool_until = math.inf
+
+    def revive(self) -> None:
+        self.consecutive_failures = 0
+        self.cool_until = 0.0
 
     def record(self, ok: bool) -> None:
         if ok:

@@ -85,6 +85,8 @@ class RunReport:
     """Per dataset with a budget: what it used, and why it stopped if it did."""
     budget_stop: bool = False
     """Stopped at the job's dollar cap or credit floor: a planned end."""
+    drained: dict[str, int] = field(default_factory=dict)
+    """Per endpoint of a pool: times it was taken out (its server down or loading)."""
 
     @property
     def failed(self) -> int:
@@ -98,6 +100,11 @@ def api_key_from_env(endpoint: EndpointConfig) -> str | None:
     if not key and endpoint.dialect not in SELF_HOSTED:
         raise ConfigError(f"set {name} or name another variable in [endpoint].api_key_env")
     return key or None
+
+
+def health_url(base_url: str) -> str:
+    """A vLLM or SGLang server's `/health`, at the root beside its `/v1`."""
+    return base_url.rstrip("/").removesuffix("/v1") + "/health"
 
 
 def _make_body(
@@ -256,6 +263,7 @@ def build_lanes(
             prices=prices.get(e.name),
             generation_records=e.dialect == "openrouter",
             excluded_providers=excluded.get(e.name, frozenset()),
+            health_url=health_url(e.base_url) if e.dialect in SELF_HOSTED else None,
         )
         for e in job.endpoint_pool
     }
@@ -526,6 +534,13 @@ def prepare(
     return unassigned
 
 
+def drained_line(endpoint: str, times: int) -> str:
+    return (
+        f"endpoint {endpoint}: taken out of the pool {times} time(s) (server down or loading) "
+        "and probed until it was back; its requests went to the other servers"
+    )
+
+
 def endpoint_keys(job: Job, api_key: str | None = None) -> dict[str, str | None]:
     """Each endpoint's key: `api_key` when given, else its environment variable."""
     return {
@@ -547,14 +562,21 @@ def _run_locked(
     reconciliations: list[Reconciliation] = []
     budget_lines: list[str] = []
     budget_stop = False
+    drained: dict[str, int] = {}
     try:
         with quiet_gc():
             done = asyncio.run(dispatch(job, store, keys, console))
         stop_reason, budget_stop = done.stats.stop_reason, done.stats.budget_stop
         reconciliations, budget_lines = done.reconciliations, done.budget_lines
+        drained = done.stats.drained
     except (KeyboardInterrupt, asyncio.CancelledError):
         aborted, stop_reason = True, "interrupted"
-    append_log(out / "run.log", budget_lines + [reconciliation_line(r) for r in reconciliations])
+    append_log(
+        out / "run.log",
+        budget_lines
+        + [reconciliation_line(r) for r in reconciliations]
+        + [drained_line(name, n) for name, n in drained.items()],
+    )
     names = [d.name for d in job.datasets]
     exports = export_specforge(store, names, out / "export")
     try:
@@ -575,4 +597,5 @@ def _run_locked(
         reconciliations=reconciliations,
         budget_lines=budget_lines,
         budget_stop=budget_stop,
+        drained=drained,
     )

@@ -59,9 +59,16 @@ class Sender(Protocol):
 
     async def get_json(self, path: str) -> Any: ...
 
+    async def probe(self, url: str) -> bool: ...
+
 
 # When to ask for a cut-short generation's bill: its record lags a little behind the answer.
 BILL_LOOKUP_WAITS_S = (1.0, 1.0, 2.0, 4.0, 8.0)
+# A drained server's /health is probed this often, doubling up to the second figure.
+PROBE_EVERY_S = (0.5, 2.0)
+FAILOVERS_PER_ENDPOINT = 8
+"""An item moved off failing servers more than this many times per endpoint of its lane
+counts the next failures against its attempts again (so a fleet that is gone ends it)."""
 
 
 @dataclass
@@ -82,6 +89,13 @@ class EndpointRuntime:
     excluded_providers: frozenset[str] = frozenset()
     """Provider display names that only endpoints the job excludes carry: an answer naming one
     is paid for but not used (`excluded_provider`)."""
+    health_url: str | None = None
+    """A self-hosted server's `/health`: a server that refuses connections, drops them or
+    answers 503 (loading) is drained at once and probed there until it is back."""
+    outstanding: int = 0
+    """Attempts that picked this endpoint and have not finished (all lanes): the pool sends
+    the next one to the endpoint with the fewest, for its weight."""
+    probing: asyncio.Task[None] | None = None
 
 
 @dataclass
@@ -168,6 +182,8 @@ class RunStats:
     """The account's remaining credit, as last read (None: not known)."""
     budget_stop: bool = False
     """The run stopped because the job's dollar cap or the credit floor was reached."""
+    drained: dict[str, int] = field(default_factory=dict)
+    """Times each endpoint was taken out of its pool (a server down or loading)."""
     recent_failures: deque[int] = field(default_factory=lambda: deque(maxlen=200))
     budget_left: Callable[[str], tuple[float | None, float | None]] | None = None
     """What a dataset's token budget and dollar cap still allow (set when budgets apply)."""
@@ -254,6 +270,7 @@ class Scheduler:
         self._fed: Counter[str] = Counter()
         self._charges: list[Charge] = []
         self._lookups: set[asyncio.Task[None]] = set()
+        self._probes: set[asyncio.Task[None]] = set()
         self._lanes = {lane.name: lane for lane in lanes}
         self._run = run
         self.stats = stats
@@ -324,7 +341,7 @@ class Scheduler:
             self._flush()  # answers finished since the last tick: a failed write is retried too
             await self._retry_unsaved()
         finally:
-            lookups = list(self._lookups)
+            lookups = list(self._lookups) + list(self._probes)
             for t in tasks + workers + lookups:
                 t.cancel()
             await asyncio.gather(*tasks, *workers, *lookups, return_exceptions=True)
@@ -456,13 +473,46 @@ class Scheduler:
         return self._budget is not None and self._budget.datasets[dataset].met is not None
 
     def _pick(self, lane: LaneRuntime) -> EndpointRuntime:
+        """The healthy endpoint with the fewest attempts outstanding for its weight (ties:
+        at random); when none is healthy, the one that cools down first."""
         eps = lane.endpoints
         if len(eps) == 1:
             return eps[0]
         healthy = [e for e in eps if e.health.healthy]
         if not healthy:
-            return min(eps, key=lambda e: e.health.cool_until)
-        return self._rng.choices(healthy, weights=[e.weight for e in healthy], k=1)[0]
+            return min(eps, key=lambda e: (e.health.cool_until, self._rng.random()))
+        return min(healthy, key=lambda e: ((e.outstanding + 1) / e.weight, self._rng.random()))
+
+    def _drain(self, lane: LaneRuntime, ep: EndpointRuntime, exc: EndpointError) -> bool:
+        """A self-hosted server that refused or dropped a connection, or is loading (503),
+        leaves the pool until its health probe passes. True when the attempt is a failover:
+        the server was drained and another of the lane's endpoints is healthy, so the item
+        goes there at once without using up an attempt."""
+        if ep.health_url is None or len(lane.endpoints) == 1:
+            return False
+        if exc.failure_class != "connection" and exc.status != 503:
+            return False
+        if not ep.health.drained:
+            ep.health.drain()
+            self.stats.drained[ep.name] = self.stats.drained.get(ep.name, 0) + 1
+            if ep.probing is None or ep.probing.done():
+                ep.probing = asyncio.create_task(self._probe(ep))
+                self._probes.add(ep.probing)
+                ep.probing.add_done_callback(self._probes.discard)
+        return any(e.health.healthy for e in lane.endpoints if e is not ep)
+
+    async def _probe(self, ep: EndpointRuntime) -> None:
+        """Probe a drained server's /health until it answers 200, then put it back."""
+        assert ep.health_url is not None
+        wait, most = PROBE_EVERY_S
+        while not self.stopping:
+            await self._until_stop(self._sleep(wait))
+            if self.stopping:
+                return
+            if await ep.sender.probe(ep.health_url):
+                ep.health.revive()
+                return
+            wait = min(most, wait * 2)
 
     async def _process(self, lane: LaneRuntime, item: PendingItem) -> Outcome:
         conv = Conversation.from_dict(item.dataset, item.row_index, item.conversation)
@@ -477,13 +527,19 @@ class Scheduler:
         def ended(**kw: Any) -> Outcome:
             return Outcome(item.id, item.dataset, tuple(attempts), **kw)
 
-        number = failures = rate_limited = 0
+        number = failures = rate_limited = failovers = 0
         while True:
             number += 1
             ep = self._pick(lane)
             limit = lane.limits[ep.name]
-            admitted = await self._admit(lane, ep, limit, item, req)
+            ep.outstanding += 1
+            try:
+                admitted = await self._admit(lane, ep, limit, item, req)
+            except BaseException:
+                ep.outstanding -= 1
+                raise
             if admitted is None:
+                ep.outstanding -= 1
                 return ended(abandoned=True)
             lease, epoch = admitted
             billed: Usage | None = None
@@ -518,6 +574,7 @@ class Scheduler:
                     begun = exc.generation_id if maybe_billed else None
                     raise
                 finally:
+                    ep.outstanding -= 1
                     ds.in_flight -= 1
                     lane_stats.in_flight -= 1
                     t1 = time.monotonic()
@@ -552,13 +609,19 @@ class Scheduler:
                 )
                 ds.errors[cls] += 1
                 ep.health.record(cls not in UNHEALTHY)
-                if cls != "rate_limited":  # flow control, handled by the limit
+                failover = self._drain(lane, ep, exc)
+                if failover:
+                    failovers += 1
+                    failover = failovers <= FAILOVERS_PER_ENDPOINT * len(lane.endpoints)
+                if cls != "rate_limited" and not failover:  # the limit and the pool handle those
                     self._count_attempt(failed=True)
                 if cls in STOPS_RUN:
                     self.stop(f"{cls}: {exc.message}")
                 if cls == "rate_limited":
                     rate_limited += 1
                     exhausted = rate_limited > self._run.max_rate_limit_retries
+                elif failover:
+                    exhausted = False
                 else:
                     failures += 1
                     exhausted = failures >= self._run.max_attempts
@@ -568,6 +631,8 @@ class Scheduler:
                     return ended(abandoned=True)
                 limit.release(signal, epoch=epoch, retry_after_s=exc.retry_after_s)
                 signal = "released"
+                if failover:  # straight to another server
+                    continue
                 await self._backoff(
                     backoff_s(max(failures, rate_limited), exc.retry_after_s, self._rng)
                 )

@@ -182,17 +182,21 @@ class ChatClient:
             err = EndpointError("connection", type(exc).__name__ + _detail(exc))
             raise _begun(err, generation_id, assembler) from exc
 
-    async def get_json(self, path: str) -> Any:
-        """GET `{base_url}/{path}` and return its JSON, or None on any failure (these reads
-        are informative: a run never fails because one of them did)."""
+    def _side_session(self) -> aiohttp.ClientSession:
         assert self._session is not None, "use ChatClient as an async context manager"
         if self._side is None:
             self._side = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=2, ssl=self._ssl),
                 headers=self._session.headers,
             )
+        return self._side
+
+    async def get_json(self, path: str) -> Any:
+        """GET `{base_url}/{path}` and return its JSON, or None on any failure (these reads
+        are informative: a run never fails because one of them did)."""
+        side = self._side_session()
         try:
-            async with self._side.get(
+            async with side.get(
                 f"{self.base_url}/{path}", timeout=aiohttp.ClientTimeout(total=30)
             ) as resp:
                 if resp.status != 200:
@@ -200,6 +204,15 @@ class ChatClient:
                 return orjson.loads(await resp.read())
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
             return None
+
+    async def probe(self, url: str) -> bool:
+        """Whether a GET of `url` (a server's /health) answers 200 within 5 s."""
+        side = self._side_session()
+        try:
+            async with side.get(url, timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
 
 
 async def read_later(

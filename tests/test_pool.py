@@ -1,0 +1,159 @@
+"""An endpoint pool of three self-hosted servers (`regen sim --dialect vllm` processes), one
+killed with SIGKILL mid-run and restarted on its port: nothing is lost or answered twice, the
+run finishes on the other two, and it sends to the restarted server again.
+
+The test moves on events, not on time: it kills the server once a number of answers are
+committed, and restarts it once more are.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from tests.conftest import write_rows
+
+MODEL = "qwen/qwen3-8b"
+ITEMS = 600
+SIM_TOML = f"""
+dialect = "vllm"
+served_model = "{MODEL}"
+seed = 11
+time_scale = 0.2
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(tmp: Path, port: int) -> subprocess.Popen[bytes]:
+    """A simulator process, returned once it listens (it says so in its log)."""
+    cfg = tmp / "sim.toml"
+    cfg.write_text(SIM_TOML)
+    log = tmp / f"sim-{port}-{time.monotonic_ns()}.log"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "regen", "sim", "--config", str(cfg), "--port", str(port)],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 60
+    while "listening on" not in log.read_text():
+        assert proc.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, "the simulator did not start within 60 s"
+        time.sleep(0.02)
+    return proc
+
+
+def stats(port: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/_sim/stats", timeout=10) as resp:
+        data: dict[str, Any] = orjson.loads(resp.read())
+        return data
+
+
+def answers(out: Path) -> int:
+    if not (out / "state.db").exists():
+        return 0
+    db = sqlite3.connect(out / "state.db", timeout=30)
+    try:
+        return int(db.execute("SELECT COUNT(*) FROM results").fetchone()[0])
+    except sqlite3.OperationalError:  # not created yet
+        return 0
+    finally:
+        db.close()
+
+
+def wait_for(condition: Any, run: subprocess.Popen[bytes], what: str, limit_s: float = 120) -> None:
+    """Poll the run's state until `condition()` holds; fail if the run ends first."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert run.poll() is None, f"the run ended before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {limit_s:g} s"
+        time.sleep(0.05)
+
+
+@contextmanager
+def servers(tmp: Path, ports: list[int]) -> Iterator[dict[int, subprocess.Popen[bytes]]]:
+    procs = {port: start_server(tmp, port) for port in ports}
+    try:
+        yield procs
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=10)
+
+
+def test_a_pool_survives_a_killed_server_and_takes_it_back(tmp_path: Path) -> None:
+    write_rows(
+        tmp_path / "chat.jsonl",
+        [
+            {"messages": [{"role": "user", "content": f"Question {i}: say hello."}]}
+            for i in range(ITEMS)
+        ],
+    )
+    ports = [free_port() for _ in range(3)]
+    endpoints = "".join(
+        f'\n[[endpoints]]\nname = "gpu{i}"\nbase_url = "http://127.0.0.1:{port}/v1"\n'
+        'dialect = "vllm"\napi_key_env = "REGEN_NO_KEY_NEEDED"\ntoken_ids = true\n'
+        for i, port in enumerate(ports)
+    )
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'[job]\noutput_dir = "out"\n{endpoints}\n[generation]\nmodel = "{MODEL}"\n'
+        "max_tokens = 300\n[run]\nconcurrency = 24\nprogress_interval_s = 0.5\n"
+        '[[datasets]]\nname = "chat"\npath = "chat.jsonl"\n'
+    )
+    out = tmp_path / "out"
+    victim = ports[1]
+    env = {k: v for k, v in os.environ.items() if k != "REGEN_NO_KEY_NEEDED"}
+    with servers(tmp_path, ports) as procs:
+        run = subprocess.Popen(
+            [sys.executable, "-m", "regen", "run", str(job)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        try:
+            wait_for(lambda: answers(out) >= ITEMS // 6, run, f"{ITEMS // 6} answers")
+            procs[victim].send_signal(signal.SIGKILL)
+            procs[victim].wait(timeout=10)
+            killed_at = answers(out)
+            wait_for(lambda: answers(out) >= killed_at + ITEMS // 6, run, "answers after the kill")
+            procs[victim] = start_server(tmp_path, victim)
+            stdout, stderr = run.communicate(timeout=180)
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.communicate()
+        after_restart = stats(victim)
+        survivors = [stats(p) for p in ports if p != victim]
+    text = stdout.decode() + stderr.decode()
+    assert run.returncode == 0, text
+    db = sqlite3.connect(out / "state.db")
+    try:
+        done = db.execute("SELECT COUNT(*) FROM items WHERE status = 'done'").fetchone()[0]
+        results = db.execute("SELECT COUNT(*), COUNT(DISTINCT item_id) FROM results").fetchone()
+        exported = len((out / "export" / "chat.jsonl").read_text().splitlines())
+    finally:
+        db.close()
+    assert done == ITEMS, text  # nothing lost
+    assert results == (ITEMS, ITEMS) and exported == ITEMS  # nothing answered twice
+    assert after_restart["chat_requests"] > 0, "the restarted server got requests again"
+    assert all(s["chat_requests"] > 0 for s in survivors)
+    assert "endpoint gpu1: taken out of the pool" in text, text
