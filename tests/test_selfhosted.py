@@ -252,3 +252,47 @@ def test_a_wrong_grammar_is_caught_by_the_servers_ids(
     first = overall["server_ids_divergences"][0]["first_divergence"]
     assert first.startswith("completion token ") and "server" in first, first
     assert overall["problems"]["rebuild_differs_from_server"] == overall["server_ids_checked"]
+
+
+def test_gpu_hour_prices_add_up_to_the_servers_busy_time_and_a_cap_stops_it(
+    tmp_path: Path,
+) -> None:
+    """Each answer is charged the server's busy time since the previous one at gpus x
+    $/GPU-hour: the charges add up to no more than the run's wall time at that rate and no
+    less than its longest request. A job cap stops sending once the charges reach it."""
+    import time
+
+    rate_per_s = 4 * 36.0 / 3600  # 4 GPUs at $36 an hour: $0.04 a second
+    config = SimConfig(dialect="vllm", served_model=MODEL, seed=8, time_scale=0.05)
+    with sim_in_thread(config) as sim:
+        job = job_file(tmp_path, sim.base_url, "vllm", stream=False, token_ids=False)
+        text = job.read_text().replace(
+            "token_ids = false", "token_ids = false\nusd_per_gpu_hour = 36.0\ngpus = 4"
+        )
+        job.write_text(text)
+        started = time.monotonic()
+        run(job)
+        wall = time.monotonic() - started
+    costs = query(tmp_path / "out", "SELECT cost_usd, latency_s FROM results")
+    assert len(costs) == 24 and all(c > 0 for c, _ in costs)
+    total = sum(c for c, _ in costs)
+    assert max(lat for _, lat in costs) * rate_per_s <= total <= wall * rate_per_s
+
+    capped = tmp_path / "capped"
+    capped.mkdir()
+    cap = total / 3
+    with sim_in_thread(config) as sim:
+        job = job_file(capped, sim.base_url, "vllm", stream=False, token_ids=False)
+        text = job.read_text().replace(
+            "token_ids = false", "token_ids = false\nusd_per_gpu_hour = 36.0\ngpus = 4"
+        )
+        text = text.replace('name = "main"', 'name = "main"\nconcurrency = 2')
+        job.write_text(text + f"\n[budget]\nmax_cost_usd = {cap}\n")
+        out = io.StringIO()
+        report = run_job(load_job(job), console=Console(file=out, width=200))
+    assert report.budget_stop, out.getvalue()
+    spent = query(capped / "out", "SELECT SUM(cost_usd), COUNT(*) FROM results")[0]
+    assert spent[1] < 24
+    # Past the cap by at most what the requests in flight at the stop took to finish.
+    longest = max(lat for _, lat in costs)
+    assert cap <= spent[0] <= cap + longest * rate_per_s * 2, (spent, cap)

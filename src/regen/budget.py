@@ -26,6 +26,12 @@ class Prices:
 
     prompt: float
     completion: float
+    usd_per_s: float = 0.0
+    """A server priced by its time (self-hosted, by the GPU-hour): each answer is charged the
+    time the server was busy with the job since the previous answer, so the answers' costs add
+    up to its busy time at this rate. Such an attempt has no worst case of its own: a dollar
+    cap stops sending once the charges reach it, and the requests then in flight add at most
+    this rate times the time they take to finish."""
 
     def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
         return prompt_tokens * self.prompt + completion_tokens * self.completion
@@ -310,6 +316,9 @@ def fill_cost(usage: Usage, prices: Prices | None) -> Usage:
 
 
 def configured_prices(endpoint: EndpointConfig) -> Prices | None:
-    """An endpoint's prices from its per-million-token fields, if both are given."""
+    """An endpoint's prices from its per-million-token fields, if both are given, or from its
+    GPU-hour price."""
+    if endpoint.usd_per_gpu_hour is not None:
+        return Prices(0.0, 0.0, endpoint.usd_per_gpu_hour * endpoint.gpus / 3600)
     p, c = endpoint.prompt_usd_per_mtok, endpoint.completion_usd_per_mtok
     return None if p is None or c is None else Prices(p / 1e6, c / 1e6)

@@ -73,6 +73,11 @@ class EndpointConfig(_Model):
     completion_usd_per_mtok: float | None = Field(default=None, ge=0)
     """Prices, for answers without `usage.cost` and for dollar caps. OpenRouter's are read from
     its model endpoint list when not given (the highest of the model's endpoints)."""
+    usd_per_gpu_hour: float | None = Field(default=None, gt=0)
+    gpus: int = Field(default=1, ge=1)
+    """A self-hosted server priced by its time instead: `gpus` x `usd_per_gpu_hour` for each
+    hour it is busy with the job, shared among its answers (each is charged the busy time
+    since the server's previous answer)."""
     token_ids: bool = False
     """Ask a self-hosted server for the exact token ids of prompt and answer (vLLM
     `return_token_ids`; SGLang `return_token_ids` and `return_prompt_token_ids`, which it
@@ -84,6 +89,17 @@ class EndpointConfig(_Model):
         if not v.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
         return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _one_kind_of_price(self) -> EndpointConfig:
+        if self.usd_per_gpu_hour is not None:
+            if self.dialect == "openrouter":
+                raise ValueError("usd_per_gpu_hour: OpenRouter bills per token, not by the hour")
+            if self.prompt_usd_per_mtok is not None or self.completion_usd_per_mtok is not None:
+                raise ValueError(
+                    "give either usd_per_gpu_hour or per-token prices (*_usd_per_mtok), not both"
+                )
+        return self
 
     @model_validator(mode="after")
     def _token_ids_from_servers_that_give_them(self) -> EndpointConfig:

@@ -72,6 +72,28 @@ counts the next failures against its attempts again (so a fleet that is gone end
 
 
 @dataclass
+class BusyClock:
+    """The time a server had at least one of the job's requests on the wire, not yet charged
+    to an answer."""
+
+    on_wire: int = 0
+    since: float = 0.0
+    unbilled_s: float = 0.0
+
+    def change(self, now: float, delta: int) -> None:
+        if self.on_wire > 0:
+            self.unbilled_s += now - self.since
+        self.since = now
+        self.on_wire += delta
+
+    def take(self, now: float) -> float:
+        """The busy seconds since the last take."""
+        self.change(now, 0)
+        taken, self.unbilled_s = self.unbilled_s, 0.0
+        return taken
+
+
+@dataclass
 class EndpointRuntime:
     """One endpoint as a lane uses it: how to reach it, its share, its health."""
 
@@ -96,6 +118,8 @@ class EndpointRuntime:
     """Attempts that picked this endpoint and have not finished (all lanes): the pool sends
     the next one to the endpoint with the fewest, for its weight."""
     probing: asyncio.Task[None] | None = None
+    busy: BusyClock = field(default_factory=BusyClock)
+    """Its busy time not yet charged to an answer (for servers priced by the hour)."""
 
 
 @dataclass
@@ -551,6 +575,7 @@ class Scheduler:
             ds.in_flight += 1
             lane_stats.in_flight += 1
             lane_stats.wire.change(t0, +1)
+            ep.busy.change(t0, +1)
             flow = lane_stats.flow(item.dataset)
             wire_token = id(attempts)
             flow.on_wire[wire_token] = t0
@@ -564,6 +589,10 @@ class Scheduler:
                         timeouts=lane.timeouts,
                     )
                     result = counted_usage(result, item.prompt_tokens_est)
+                    if ep.prices is not None and ep.prices.usd_per_s:
+                        busy_s = ep.busy.take(time.monotonic())
+                        cost = busy_s * ep.prices.usd_per_s
+                        result = replace(result, usage=replace(result.usage, cost_usd=cost))
                     result = replace(result, usage=fill_cost(result.usage, ep.prices))
                     billed = result.usage
                     ok = True
@@ -579,6 +608,7 @@ class Scheduler:
                     lane_stats.in_flight -= 1
                     t1 = time.monotonic()
                     lane_stats.wire.change(t1, -1)
+                    ep.busy.change(t1, -1)
                     del flow.on_wire[wire_token]
                     if ok:
                         flow.add_latency(t1 - t0)
