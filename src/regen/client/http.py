@@ -258,6 +258,10 @@ def _http_error(status: int, raw: bytes, retry_after: float | None) -> EndpointE
         # The HTTP status wins over a `code` in the body that disagrees with it.
         error = {**body["error"], "code": status}
         return error_from_body(error, status=status, retry_after_s=retry_after)
+    if isinstance(body, dict) and body.get("object") == "error" and "message" in body:
+        # SGLang's (and older vLLM's) flat error: the fields at the top level.
+        error = {**body, "code": status}
+        return error_from_body(error, status=status, retry_after_s=retry_after)
     text = raw[:200].decode("utf-8", "replace").strip() or "no body"
     return EndpointError(
         class_of_status(status, text),

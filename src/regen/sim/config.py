@@ -255,7 +255,7 @@ class SimConfig(_Model):
     """Self-hosted: requests generated at once; more wait in the server's queue (no 429)."""
     loading_s: float = Field(default=0.0, ge=0)
     """Self-hosted: for this long after start (real seconds) the server is still loading its
-    weights: `/health` and chat requests answer 503."""
+    weights: vLLM does not listen yet; SGLang answers 503 on `/health` and chat requests."""
     seed: int = 0
     time_scale: float = Field(default=1.0, ge=0)
     """Multiplies every simulated delay: 0 answers at once, 0.1 is ten times faster."""

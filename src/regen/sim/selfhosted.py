@@ -15,8 +15,8 @@ What differs from the OpenRouter dialect, as each server documents and implement
   and on every chunk with `continuous_usage_stats`;
 - errors in each server's own shape: vLLM `{"error": {message, type, param, code}}`, SGLang
   the flat `{"object": "error", message, type, param, code}`;
-- a full server queues (latency grows) instead of answering 429; while its weights load it
-  answers 503.
+- a full server queues (latency grows) instead of answering 429; while its weights load,
+  vLLM does not listen yet (connections are refused) and SGLang answers 503.
 Faults as in the OpenRouter dialect where a server can show them: 5xx, a cut connection, a
 stall, a mid-stream error. A crash is the process being killed.
 """
@@ -103,6 +103,7 @@ class SelfHostedSim(Simulator):
         app.router.add_get("/health", self.health)
         if self.dialect == "sglang":
             app.router.add_get("/health_generate", self.health)
+            app.router.add_get("/model_info", self.model_info)
             app.router.add_get("/get_model_info", self.model_info)
         app.router.add_get("/_sim/stats", self.stats)
         return app
@@ -206,18 +207,27 @@ class SelfHostedSim(Simulator):
         stream = bool(body.get("stream"))
         entry.stream = stream
         name = body.get("model")
-        if name is not None and name != self.served.id:
+        if self.dialect == "vllm" and name not in (None, "", self.served.id):
             raise ApiError(404, f"The model `{name}` does not exist.", "model")
+        # SGLang does not check the name: it answers with the model named in the request.
+        entry.model = str(name) if self.dialect == "sglang" and name else self.served.id
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise ApiError(400, "messages: a non-empty list is required", "messages")
         sglang = self.dialect == "sglang"
         want_ids = bool(body.get("return_token_ids"))
         want_prompt_ids = bool(body.get("return_prompt_token_ids")) if sglang else want_ids
-        if sglang and stream and (want_ids or want_prompt_ids):
-            flag = "return_token_ids" if want_ids else "return_prompt_token_ids"
+        if sglang and stream and want_ids:
             raise ApiError(
-                400, f"{flag} is not supported with streaming. Please set stream=false.", flag
+                400,
+                "return_token_ids is not supported with streaming on /v1/chat/completions. "
+                "Please set stream=false when using return_token_ids=true.",
+            )
+        if sglang and stream and want_prompt_ids:
+            raise ApiError(
+                400,
+                "return_prompt_token_ids is not supported with streaming. Please set "
+                "stream=false when using return_prompt_token_ids=true.",
             )
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         if max_tokens is not None and (
@@ -228,6 +238,12 @@ class SelfHostedSim(Simulator):
         kwargs = kwargs if isinstance(kwargs, dict) else {}
         switch = SWITCH.get(self.served.family)
         thinking = self.served.reasoning
+        reasoning = body.get("reasoning")
+        off = isinstance(reasoning, dict) and (
+            reasoning.get("enabled") is False or reasoning.get("effort") == "none"
+        )
+        if sglang and off:  # SGLang maps OpenRouter's object to the template's switch too
+            thinking = False
         if switch is not None and switch in kwargs:
             thinking = bool(kwargs[switch])
         raw_tools = body.get("tools")
@@ -242,14 +258,7 @@ class SelfHostedSim(Simulator):
         if max_tokens is None:
             max_tokens = max(1, context - len(prompt))
         if len(prompt) + max_tokens > context:
-            raise ApiError(
-                400,
-                f"This model's maximum context length is {context} tokens. However, you "
-                f"requested {len(prompt) + max_tokens} tokens ({len(prompt)} in the messages, "
-                f"{max_tokens} in the completion). Please reduce the length of the messages or "
-                "completion.",
-                "max_tokens",
-            )
+            raise self._too_long(len(prompt), max_tokens, context)
         forced = forced_faults(request.headers.get("X-Sim-Fault"))
         if isinstance(forced, str):
             raise ApiError(400, forced)
@@ -281,11 +290,30 @@ class SelfHostedSim(Simulator):
             occurrence=occurrence,
         )
 
+    def _too_long(self, prompt: int, max_tokens: int, context: int) -> ApiError:
+        """Each server's words for a request past the model's context."""
+        if self.dialect == "vllm":
+            return ApiError(
+                400,
+                f"You passed {prompt} input tokens and requested {max_tokens} output tokens. "
+                f"However, the model's context length is only {context} tokens, resulting in a "
+                f"maximum input length of {context - max_tokens} tokens. Please reduce the "
+                f"length of the input prompt. (parameter=input_tokens, value={prompt})",
+                "input_tokens",
+            )
+        return ApiError(
+            400,
+            "Requested token count exceeds the model's maximum context length of "
+            f"{context} tokens. You requested a total of {prompt + max_tokens} tokens: "
+            f"{prompt} tokens from the input messages and {max_tokens} tokens for the "
+            "completion. Please reduce the number of tokens in the input messages or the "
+            "completion to fit within the limit.",
+        )
+
     async def _serve_ask(
         self, request: web.Request, ask: _Ask, entry: LoggedRequest
     ) -> web.StreamResponse:
         speed = ask.model.endpoints[0]
-        entry.model = ask.model.id
         for code in ("500", "502", "503"):
             if code in ask.faults:
                 await self._sleep(speed.ttft_s)
@@ -312,7 +340,7 @@ class SelfHostedSim(Simulator):
             "id": gen_id,
             "object": "chat.completion",
             "created": int(time.time()),
-            "model": ask.model.id,
+            "model": entry.model,
         }
         entry.generation_id = gen_id
         calls = _calls(comp, self.dialect, ask.model.family)
@@ -347,6 +375,8 @@ class SelfHostedSim(Simulator):
         }
         if self.dialect == "sglang":
             usage["reasoning_tokens"] = comp.reasoning_tokens
+        elif ask.model.reasoning:  # vLLM counts them with a reasoning parser
+            usage["completion_tokens_details"] = {"reasoning_tokens": comp.reasoning_tokens}
         return usage
 
     def _body(
@@ -385,7 +415,7 @@ class SelfHostedSim(Simulator):
             }
         message = {
             "role": "assistant",
-            "content": comp.content or None,
+            "content": comp.content,
             "reasoning_content": reasoning,
             "tool_calls": calls or None,
         }
@@ -415,8 +445,15 @@ class SelfHostedSim(Simulator):
         comp: Completion,
         calls: list[dict[str, Any]],
     ) -> web.StreamResponse:
-        """The completion as SSE, at the server's speed. Each chunk carries its share of the
-        completion's ids (with `return_token_ids`), so they join back to all of them."""
+        """The completion as SSE, at the server's speed, in each server's chunk shape.
+
+        vLLM (fields it leaves unset are left out): a role chunk (with `prompt_token_ids`),
+        content chunks each with its share of the completion's ids in `token_ids`, the finish
+        reason on the last of them; usage only with `include_usage` (on every chunk with
+        `continuous_usage_stats` as well). SGLang: a role chunk, content chunks whose delta
+        always names `reasoning_content`, tool-call chunks with every null shown, a separate
+        finish chunk with `matched_stop`; per-chunk usage with `continuous_usage_stats`
+        alone. Both end with a choiceless usage chunk when asked, then `[DONE]`."""
         speed = ask.model.endpoints[0]
         resp = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -424,90 +461,127 @@ class SelfHostedSim(Simulator):
         await resp.prepare(request)
         writer = _Writer(resp, self.config.time_scale)
         head = {**meta, "object": "chat.completion.chunk"}
-        reasoning_key = "reasoning" if self.dialect == "vllm" else "reasoning_content"
-        show_reasoning = ask.include_reasoning
-        deltas: list[dict[str, Any]] = []
-        if show_reasoning:
-            deltas += [{reasoning_key: p} for p in pieces(comp.reasoning, 4)]
-        deltas += [{"content": p} for p in pieces(comp.content, 4)]
-        for call in calls:
-            first = {k: call[k] for k in ("id", "type", "index")}
-            deltas.append(
-                {"tool_calls": [{**first, "function": {"name": call["function"]["name"]}}]}
-            )
-            args = call["function"]["arguments"]
-            deltas += [
-                {
-                    "tool_calls": [
-                        {"index": call["index"], "function": {"arguments": args[i : i + 12]}}
-                    ]
-                }
-                for i in range(0, len(args), 12)
-            ]
+        vllm = self.dialect == "vllm"
+        deltas = self._deltas(ask, comp, calls)
         ids = comp.ids
-        n = len(deltas) + 1  # the finish chunk takes the last share
+        n = max(1, len(deltas))
         cuts = [len(ids) * i // n for i in range(n + 1)]
-        sent_tokens = 0
+        matched = ids[-1] if comp.finish_reason != "length" and ids else None
 
-        def choice(delta: dict[str, Any], i: int, finish: str | None) -> dict[str, Any]:
-            c: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None}
-            c["finish_reason"] = finish
-            if self.dialect == "vllm":
-                c["stop_reason"] = None
-                if ask.token_ids:
-                    c["token_ids"] = ids[cuts[i] : cuts[i + 1]] if i >= 0 else []
-            elif finish is not None:
-                c["matched_stop"] = ids[-1] if finish != "length" and ids else None
-            return c
+        def usage_on(chunk: dict[str, Any], tokens: int, content: bool) -> dict[str, Any]:
+            if ask.continuous_usage and (ask.include_usage if vllm else content):
+                chunk["usage"] = self._usage(ask, comp, tokens)
+            return chunk
 
-        def emit(chunk: dict[str, Any]) -> None:
-            if ask.include_usage and ask.continuous_usage:
-                chunk["usage"] = self._usage(ask, comp, sent_tokens)
-            elif self.dialect == "vllm":
-                chunk.setdefault("usage", None)
-            writer.send(chunk)
-
-        first = {**head, "choices": [choice({"role": "assistant", "content": ""}, -1, None)]}
-        if ask.token_ids and self.dialect == "vllm":
-            first["prompt_token_ids"] = ask.prompt
+        role: dict[str, Any] = {"role": "assistant", "content": ""}
+        if not vllm:
+            role = {"reasoning_content": None, **role}
+        first = {
+            **head,
+            "choices": [{"index": 0, "delta": role, "logprobs": None, "finish_reason": None}],
+        }
+        if vllm:
+            first["prompt_token_ids"] = ask.prompt if ask.token_ids else None
+        else:
+            first["choices"][0]["matched_stop"] = None
         await writer.pace(speed.ttft_s)
-        emit(first)
+        writer.send(usage_on(first, 0, False))
         per_chunk_s = 4 / speed.tokens_per_s
-        for i, delta in enumerate(deltas):
-            if i == len(deltas) // 2:
-                if "stall" in ask.faults:
-                    await writer.flush()
-                    await asyncio.sleep(self.config.faults.stall_s)
-                if "reset" in ask.faults:
-                    await writer.flush()
-                    if request.transport is not None:
-                        request.transport.abort()
-                    return resp
-                if "midstream_error" in ask.faults:
-                    info = {
-                        "message": "The engine failed while generating",
-                        "type": "InternalServerError",
-                        "param": None,
-                        "code": 500,
-                    }
-                    writer.send(
-                        {"error": info} if self.dialect == "vllm" else {"object": "error", **info}
-                    )
-                    writer.raw(b"data: [DONE]\n\n")
-                    await writer.flush()
+        for i, delta in enumerate(deltas or [{"content": ""}]):
+            if i == len(deltas) // 2 and await self._fault(ask, request, writer):
+                if "reset" not in ask.faults:
                     await resp.write_eof()
-                    return resp
-            sent_tokens = cuts[i + 1]
-            emit({**head, "choices": [choice(delta, i, None)]})
+                return resp
+            last = i == n - 1
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None}
+            if vllm:
+                choice["finish_reason"] = comp.finish_reason if last else None
+                if last:
+                    choice["stop_reason"] = None
+                choice["token_ids"] = ids[cuts[i] : cuts[i + 1]] if ask.token_ids else None
+            else:
+                choice.update(finish_reason=None, matched_stop=None)
+            writer.send(usage_on({**head, "choices": [choice]}, cuts[i + 1], True))
             await writer.pace(per_chunk_s)
-        sent_tokens = len(ids)
-        emit({**head, "choices": [choice({"content": ""}, len(deltas), comp.finish_reason)]})
+        if not vllm:
+            finish = {
+                "index": 0,
+                "delta": {"reasoning_content": None},
+                "logprobs": None,
+                "finish_reason": "tool_calls" if calls else comp.finish_reason,
+                "matched_stop": matched,
+            }
+            writer.send({**head, "choices": [finish]})
         if ask.include_usage:
             writer.send({**head, "choices": [], "usage": self._usage(ask, comp, len(ids))})
         writer.raw(b"data: [DONE]\n\n")
         await writer.flush()
         await resp.write_eof()
         return resp
+
+    def _deltas(
+        self, ask: _Ask, comp: Completion, calls: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """The `delta` objects of a streamed answer: reasoning, content, then each call (its
+        name first, then its arguments in pieces)."""
+        vllm = self.dialect == "vllm"
+        key = "reasoning" if vllm else "reasoning_content"
+        out: list[dict[str, Any]] = []
+        if ask.include_reasoning:
+            out += [{key: p} for p in pieces(comp.reasoning, 4)]
+        out += [{"content": p} if vllm else {"reasoning_content": None, "content": p}
+                for p in pieces(comp.content, 4)]  # fmt: skip
+        for call in calls:
+            fn, idx = call["function"], call["index"]
+            args = fn["arguments"]
+            parts = [args[i : i + 12] for i in range(0, len(args), 12)] or [""]
+            for k, part in enumerate(parts):
+                if vllm:
+                    tc: dict[str, Any] = {"index": idx, "function": {"arguments": part}}
+                    if k == 0:
+                        tc = {"index": idx, "id": call["id"], "type": "function",
+                              "function": {"name": fn["name"], "arguments": part}}  # fmt: skip
+                    out.append({"tool_calls": [tc]})
+                else:
+                    tc = {
+                        "id": call["id"] if k == 0 else None,
+                        "index": idx,
+                        "type": "function",
+                        "function": {"name": fn["name"] if k == 0 else None, "arguments": part},
+                    }
+                    out.append(
+                        {
+                            "role": None,
+                            "content": None,
+                            "reasoning_content": None,
+                            "tool_calls": [tc],
+                        }  # fmt: skip
+                    )
+        return out
+
+    async def _fault(self, ask: _Ask, request: web.Request, writer: _Writer) -> bool:
+        """A fault part-way through a stream: a stall (then go on), a cut connection or an
+        error event (the stream ends: True)."""
+        if "stall" in ask.faults:
+            await writer.flush()
+            await asyncio.sleep(self.config.faults.stall_s)
+        if "reset" in ask.faults:
+            await writer.flush()
+            if request.transport is not None:
+                request.transport.abort()
+            return True
+        if "midstream_error" in ask.faults:
+            info = {
+                "message": "The engine failed while generating",
+                "type": "InternalServerError",
+                "param": None,
+                "code": 500,
+            }
+            writer.send({"error": info if self.dialect == "vllm" else {"object": "error", **info}})
+            writer.raw(b"data: [DONE]\n\n")
+            await writer.flush()
+            return True
+        return False
 
 
 class _Writer:

@@ -460,6 +460,9 @@ async def start_sim(
     runner = web.AppRunner(sim.app(), access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=4096)
+    if config.dialect == "vllm" and config.loading_s:
+        # vLLM loads the model before it serves: until then its port refuses connections.
+        await asyncio.sleep(config.loading_s)
     await site.start()
     bound = runner.addresses[0][1]
     return RunningSim(sim, host, bound), runner
