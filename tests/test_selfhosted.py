@@ -18,6 +18,7 @@ from rich.console import Console
 from regen.config import load_job
 from regen.runner import run_job
 from regen.sim import SimConfig, sim_in_thread
+from regen.sim.config import SimFaults
 from regen.store import unpack_ids
 from tests.conftest import query, write_rows
 
@@ -165,8 +166,9 @@ def test_a_stream_without_usage_is_counted_from_the_servers_ids(tmp_path: Path) 
         job.write_text(
             job.read_text().replace("token_ids = true", f"token_ids = true\n{extra_body}")
         )
-        run(job)
+        report = run_job(load_job(job), console=Console(file=io.StringIO()))
         sent = sent_ids(sim.simulator.chat_log())
+    assert report.counted_usage == {("chat", "ids"): 24}
     results = query(
         tmp_path / "out", "SELECT generation_id, completion_tokens, usage_source FROM results"
     )
@@ -296,3 +298,36 @@ def test_gpu_hour_prices_add_up_to_the_servers_busy_time_and_a_cap_stops_it(
     # Past the cap by at most what the requests in flight at the stop took to finish.
     longest = max(lat for _, lat in costs)
     assert cap <= spent[0] <= cap + longest * rate_per_s * 2, (spent, cap)
+
+
+@pytest.mark.parametrize("dialect", ["vllm", "sglang"])
+def test_a_self_hosted_run_rides_out_the_servers_faults(tmp_path: Path, dialect: str) -> None:
+    """5xx, connections cut mid-answer, mid-stream errors and stalls: every item ends done,
+    with the ids and usage of the attempt that succeeded."""
+    faults = SimFaults(http_5xx=0.1, http_5xx_codes=[500, 503], reset=0.1, midstream_error=0.1,
+                       stall=0.05, stall_s=0.5)  # fmt: skip
+    config = SimConfig(
+        dialect=dialect,  # type: ignore[arg-type]
+        served_model=MODEL,
+        seed=9,
+        time_scale=0.0,
+        log_bodies=True,
+        faults=faults,
+    )
+    with sim_in_thread(config) as sim:
+        stream = dialect == "vllm"
+        job = job_file(tmp_path, sim.base_url, dialect, stream=stream, token_ids=True)
+        text = job.read_text().replace("progress_interval_s = 0.5", "progress_interval_s = 0.5\n"
+                                       "idle_timeout_s = 0.2")  # fmt: skip
+        job.write_text(text)
+        run(job)
+        log = list(sim.simulator.chat_log())
+    assert {f for e in log for f in e.faults} >= {"reset", "midstream_error"}
+    sent = sent_ids(log)
+    rows = query(
+        tmp_path / "out",
+        "SELECT generation_id, completion_tokens, completion_token_ids FROM results",
+    )
+    assert len(rows) == 24
+    for gen_id, completion, ids in rows:
+        assert unpack_ids(ids) == sent[gen_id][1] and completion == len(sent[gen_id][1])

@@ -666,7 +666,7 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
 
 def _finish(report: object, console: Console) -> int:
     from regen.progress import summary_table
-    from regen.runner import RunReport, drained_line
+    from regen.runner import RunReport, counted_usage_line, drained_line
 
     assert isinstance(report, RunReport)
     console.print(summary_table(report.datasets, report.errors, report.exports))
@@ -677,6 +677,9 @@ def _finish(report: object, console: Console) -> int:
         console.print(_spend_line(r), markup=False, highlight=False, soft_wrap=True)
     for name, times in report.drained.items():
         console.print(drained_line(name, times), markup=False, highlight=False, soft_wrap=True)
+    for (ds, source), n in sorted(report.counted_usage.items()):
+        line = counted_usage_line(ds, source, n)
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     for ds, n in report.unassigned.items():
         print(
             f"warning: no lane selects {n} pending items of dataset '{ds}'; they were not sent",

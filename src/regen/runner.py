@@ -87,6 +87,8 @@ class RunReport:
     """Stopped at the job's dollar cap or credit floor: a planned end."""
     drained: dict[str, int] = field(default_factory=dict)
     """Per endpoint of a pool: times it was taken out (its server down or loading)."""
+    counted_usage: dict[tuple[str, str], int] = field(default_factory=dict)
+    """Answers whose server sent no usage, by (dataset, `ids` or `estimate`)."""
 
     @property
     def failed(self) -> int:
@@ -517,7 +519,7 @@ def prepare(
 ) -> dict[str, int]:
     """Before sending: check the fingerprint, ingest, re-queue transient failures, assign
     lanes, and say where each dataset stands. Returns pending items no lane selects."""
-    notes = check_fingerprint(store, job, force=force)
+    notes = check_fingerprint(store, job, force=force) + dialect_notes(job)
     if stale_pid is not None:
         notes.insert(0, f"took over the lock of pid {stale_pid}, which ended without releasing it")
     ingest(store, job)
@@ -532,6 +534,29 @@ def prepare(
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     append_log(job.output_path / "run.log", lines)
     return unassigned
+
+
+def dialect_notes(job: Job) -> list[str]:
+    """What a self-hosted server will not do of the job's settings, said before sending."""
+    reasoning = job.generation.reasoning or {}
+    notes = []
+    for e in job.endpoint_pool:
+        if e.dialect == "vllm" and reasoning and set(reasoning) - {"effort"}:
+            notes.append(
+                f"note: endpoint {e.name} (vllm) has no `reasoning` object: only its effort is "
+                "sent (reasoning_effort); switch thinking with extra_body = "
+                "{ chat_template_kwargs = { enable_thinking = false } } (Kimi: thinking)"
+            )
+    return notes
+
+
+def counted_usage_line(dataset: str, source: str, n: int) -> str:
+    how = (
+        "counted from the token ids it returned"
+        if source == "ids"
+        else "estimated from their text (about 4 bytes a token; budgets and prices use it)"
+    )
+    return f"dataset {dataset}: {n} answers came without usage from the server: {how}"
 
 
 def drained_line(endpoint: str, times: int) -> str:
@@ -598,4 +623,5 @@ def _run_locked(
         budget_lines=budget_lines,
         budget_stop=budget_stop,
         drained=drained,
+        counted_usage=store.usage_sources(),
     )

@@ -871,6 +871,15 @@ class Store:
             "FROM results"
         )
 
+    def usage_sources(self) -> dict[tuple[str, str], int]:
+        """Answers whose server sent no usage, by (dataset, how they were counted: `ids` or
+        `estimate`)."""
+        rows = self._db.execute(
+            "SELECT dataset, usage_source, COUNT(*) FROM results WHERE usage_source IS NOT NULL "
+            "GROUP BY dataset, usage_source"
+        ).fetchall()
+        return {(d, src): n for d, src, n in rows}
+
     def failure_counts(self) -> dict[tuple[str, str], int]:
         """Failed attempts by (dataset, class), from the attempt log."""
         rows = self._db.execute(

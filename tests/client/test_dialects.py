@@ -73,6 +73,27 @@ def test_request_bodies_per_dialect() -> None:
     assert "return_token_ids" not in plain and "provider" not in plain
 
 
+def test_openrouters_reasoning_object_goes_to_vllm_as_its_effort_only() -> None:
+    gen = GenerationConfig(model="m", reasoning={"effort": "high"})
+    vllm = chat_body(HISTORY, gen, EndpointConfig(dialect="vllm"))
+    assert vllm["reasoning_effort"] == "high" and "reasoning" not in vllm
+    off = GenerationConfig(model="m", reasoning={"enabled": False})
+    assert "reasoning_effort" not in chat_body(HISTORY, off, EndpointConfig(dialect="vllm"))
+    # SGLang maps the object itself; OpenRouter defines it.
+    for dialect in ("sglang", "openrouter"):
+        body = chat_body(HISTORY, off, EndpointConfig(dialect=dialect))  # type: ignore[arg-type]
+        assert body["reasoning"] == {"enabled": False}
+
+
+def test_a_stream_asks_for_its_usage_where_servers_send_it_only_when_asked() -> None:
+    for dialect in ("vllm", "sglang", "openai"):
+        body = chat_body(HISTORY, GEN, EndpointConfig(dialect=dialect), stream=True)  # type: ignore[arg-type]
+        assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    orouter = chat_body(HISTORY, GEN, EndpointConfig(), stream=True)
+    assert "stream_options" not in orouter  # OpenRouter always sends usage
+    assert "stream_options" not in chat_body(HISTORY, GEN, EndpointConfig(dialect="vllm"))
+
+
 def test_token_ids_only_where_servers_give_them() -> None:
     with pytest.raises(ValueError, match="only vllm and sglang servers return token ids"):
         EndpointConfig(dialect="openrouter", token_ids=True)

@@ -40,7 +40,13 @@ def chat_body(
         if value is not None:
             body[key] = value
     if gen.reasoning is not None:
-        body["reasoning"] = gen.reasoning
+        if endpoint.dialect == "vllm":
+            # vLLM has no `reasoning` object (it would ignore it): its field is the effort.
+            effort = gen.reasoning.get("effort")
+            if isinstance(effort, str):
+                body["reasoning_effort"] = effort
+        else:
+            body["reasoning"] = gen.reasoning
     if endpoint.dialect == "openrouter" and endpoint.provider is not None:
         body["provider"] = endpoint.provider
     if endpoint.token_ids:
