@@ -33,6 +33,7 @@ async def run_with(
     senders: Mapping[str, Sender],
     sleeps: list[float] | None = None,
     until: Callable[[Scheduler], bool] | None = None,
+    sequential: list[str] | None = None,
 ) -> tuple[RunStats, Scheduler]:
     stats = RunStats({p.name: DatasetStats(items=p.items) for p in store.dataset_progress()})
 
@@ -48,6 +49,7 @@ async def run_with(
         sleep=fake_sleep,
         rng=random.Random(0),
         commit_interval_s=0.01,
+        sequential=sequential or (),
     )
     await sched.run()
     return stats, sched
@@ -371,3 +373,78 @@ def test_lanes_read_streams_at_the_configured_interval(tmp_path: Path) -> None:
     client = ChatClient("http://127.0.0.1:9/v1", None, concurrency=1)
     (lane,) = build_lanes(job, {e.name: client for e in job.endpoint_pool})
     assert lane.timeouts.read_interval_s == 0.5
+
+
+TWO_LANES = """
+[[lanes]]
+name = "short"
+concurrency = {short}
+max_tokens = 100
+escalate_to = "long"
+
+[[lanes]]
+name = "long"
+concurrency = {long}
+max_tokens = 1000
+"""
+
+
+def escalating_job(
+    tmp: Path, rows_: list[dict[str, Any]], short: int, long: int, mode: str = "last_turn"
+) -> tuple[Job, Store]:
+    write_rows(tmp / "chat.jsonl", rows_)
+    job_file = write_job(tmp, "http://127.0.0.1:9/v1", datasets=[("chat", "chat.jsonl", "openai")])
+    text = job_file.read_text().replace(
+        "[[datasets]]", TWO_LANES.format(short=short, long=long) + "\n[[datasets]]", 1
+    )
+    job_file.write_text(text + f'mode = "{mode}"\n')
+    job = load_job(job_file)
+    store = Store.open(job.output_path)
+    ingest(store, job)
+    store.assign_lanes(lane_rules(job))
+    return job, store
+
+
+def cut_on_the_short_lane(n: int, body: dict[str, Any]) -> Reply:
+    """Every answer on the short lane hits max_tokens; the long lane answers."""
+    if body["max_tokens"] == 100:
+        truncated = {
+            "choices": [{"finish_reason": "length", "message": {"content": "cut"}}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 100, "cost": 0.001},
+        }
+        return Reply(body=truncated, delay_s=0.001)
+    return Reply(delay_s=0.005)
+
+
+async def test_every_escalated_item_is_sent_by_a_wide_long_lane(tmp_path: Path) -> None:
+    """The long lane's claim of escalated items must look past those already in flight: with
+    a lane of 64, its first claims are all items it already sent."""
+    job, store = escalating_job(tmp_path, chat_rows(400), short=64, long=64)
+    async with (
+        scripted_server(cut_on_the_short_lane) as srv,
+        ChatClient(srv.url, "k", concurrency=256) as c,
+    ):
+        stats, _ = await run_with(job, store, {"default": c})
+    assert rows(store, "SELECT status, COUNT(*) FROM items GROUP BY status") == [("done", 400)]
+    assert stats.lanes["short"].escalated == 400 and stats.lanes["long"].done == 400
+
+
+async def test_a_sequential_turn_after_an_escalated_turn_is_sent(tmp_path: Path) -> None:
+    conversations = [
+        {
+            "messages": [
+                {"role": "user", "content": f"first question {i}"},
+                {"role": "assistant", "content": "a"},
+                {"role": "user", "content": f"second question {i}"},
+                {"role": "assistant", "content": "b"},
+            ]
+        }
+        for i in range(20)
+    ]
+    job, store = escalating_job(tmp_path, conversations, short=4, long=4, mode="sequential")
+    async with (
+        scripted_server(cut_on_the_short_lane) as srv,
+        ChatClient(srv.url, "k", concurrency=16) as c,
+    ):
+        await run_with(job, store, {"default": c}, sequential=["chat"])
+    assert rows(store, "SELECT status, COUNT(*) FROM items GROUP BY status") == [("done", 40)]

@@ -399,37 +399,57 @@ class Scheduler:
 
     async def _feed(self, lane: LaneRuntime, queue: asyncio.Queue[PendingItem | None]) -> None:
         batch_size = max(64, min(2 * lane.concurrency, 4096))
-        for name in lane.datasets:
-            after = -1
-            while not self.stopping and not self._held_back(name):
-                batch = self._store.claim_batch(name, after, batch_size, lane=lane.name)
-                if not batch:
-                    break
-                for item in batch:
-                    if self.stopping or self._held_back(name):
+        # Items escalated to this lane go out as they come, beside the lane's own datasets: a
+        # sequential turn of this lane may wait for one of them.
+        escalated = asyncio.create_task(self._feed_escalated(lane, queue, batch_size))
+        try:
+            for name in lane.datasets:
+                after = -1
+                while not self.stopping and not self._held_back(name):
+                    batch = self._store.claim_batch(name, after, batch_size, lane=lane.name)
+                    if not batch:
                         break
-                    await self._put(queue, item)
-                after = batch[-1].order_key
-            await self._feed_waiting(lane, queue, name, batch_size)
-        sources = [s for s in self._lanes.values() if s.escalate_to == lane.name]
-        while sources and not self.stopping:
-            # Items escalated to this lane arrive while the lanes that send them still run.
-            finished = all(self._lane_done[s.name].is_set() for s in sources)
-            self._flush()
-            batch = [
-                i
-                for i in self._store.claim_escalated(lane.name, batch_size)
-                if i.id not in self._escalated_sent
-            ]
-            for item in batch:
-                self._escalated_sent.add(item.id)
-                await queue.put(item)
-            if not batch:
-                if finished:
-                    break
-                await asyncio.sleep(0.2)
+                    for item in batch:
+                        if self.stopping or self._held_back(name):
+                            break
+                        await self._put(queue, item)
+                    after = batch[-1].order_key
+                await self._feed_waiting(lane, queue, name, batch_size)
+            await escalated
+        finally:
+            escalated.cancel()
         for _ in range(lane.concurrency):
             await queue.put(None)
+
+    async def _feed_escalated(
+        self, lane: LaneRuntime, queue: asyncio.Queue[PendingItem | None], batch_size: int
+    ) -> None:
+        """Items escalated to this lane arrive while the lanes that send them still run.
+        Pass over them in pages (those already handed out are skipped, and on a wide lane
+        they fill whole pages) until a pass that began after those lanes finished finds
+        nothing new."""
+        sources = [s for s in self._lanes.values() if s.escalate_to == lane.name]
+        cursor: tuple[int, str] | None = None
+        sources_done = fed = False
+        while sources and not self.stopping:
+            if cursor is None:  # a new pass
+                sources_done = all(self._lane_done[s.name].is_set() for s in sources)
+                self._flush()
+                fed = False
+            page = self._store.claim_escalated(lane.name, batch_size, after=cursor)
+            for item in page:
+                if item.id not in self._escalated_sent:
+                    self._escalated_sent.add(item.id)
+                    fed = True
+                    await queue.put(item)
+            if len(page) == batch_size:
+                cursor = (page[-1].order_key, page[-1].id)
+                continue
+            cursor = None
+            if not fed:
+                if sources_done:
+                    return
+                await asyncio.sleep(0.2)
 
     async def _put(self, queue: asyncio.Queue[PendingItem | None], item: PendingItem) -> None:
         self._fed[item.dataset] += 1
@@ -474,6 +494,8 @@ class Scheduler:
                     fed += 1
                 after = batch[-1].order_key
             in_flight = any(ds == name for ds in self._unrecorded.values())
+            # A turn escalated to another lane unblocks the next turn when it is done there.
+            in_flight = in_flight or self._store.escalated_pending(name) > 0
             if not fed and not in_flight:
                 # Nothing in flight can unblock the rest: their earlier turns failed.
                 return

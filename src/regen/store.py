@@ -677,15 +677,27 @@ class Store:
         ).fetchall()
         return {ds: n for ds, n in rows}
 
-    def claim_escalated(self, lane: str, limit: int) -> list[PendingItem]:
-        """Pending items escalated to a lane, in dispatch order."""
+    def claim_escalated(
+        self, lane: str, limit: int, after: tuple[int, str] | None = None
+    ) -> list[PendingItem]:
+        """Pending items escalated to a lane, in dispatch order, after `(order_key, id)`
+        (keyset: the first page is mostly items already in flight on a wide lane)."""
+        key, item = after if after is not None else (-1, "")
         rows = self._db.execute(
             f"SELECT {_PENDING_COLUMNS} "
             "WHERE i.lane = ? AND i.escalated = 1 AND i.status = 'pending' "
-            "ORDER BY i.order_key LIMIT ?",
-            (lane, limit),
+            "AND (i.order_key, i.id) > (?, ?) ORDER BY i.order_key, i.id LIMIT ?",
+            (lane, key, item, limit),
         ).fetchall()
         return [_pending(r) for r in rows]
+
+    def escalated_pending(self, dataset: str) -> int:
+        """Items of a dataset escalated to another lane and not finished yet."""
+        row = self._db.execute(
+            "SELECT COUNT(*) FROM items WHERE dataset = ? AND escalated = 1 AND status = 'pending'",
+            (dataset,),
+        ).fetchone()
+        return int(row[0])
 
     def commit_outcomes(self, outcomes: Iterable[Outcome], charges: Iterable[Charge] = ()) -> None:
         """Commit finished items (each one's result or failure, attempts and ledger charge) and
