@@ -138,8 +138,9 @@ def test_a_dollar_cap_far_below_the_job_is_never_exceeded_with_500_in_flight(
         first_sent = len(sim.simulator.chat_log())
         again = run_cli("run", str(job))
         sent_again = len(sim.simulator.chat_log()) - first_sent
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode == 4, proc.stdout + proc.stderr  # stopped by the cap, items left
     assert "stopped: the job's dollar cap [budget].max_cost_usd = 2 is met" in proc.stdout
+    assert re.search(r"dataset chat: \d+ items not sent: the job's dollar cap", proc.stdout)
     out = tmp_path / "out"
     ((ledger, done),) = query(out, "SELECT SUM(cost_usd), COUNT(*) FROM ledger")
     assert float(ledger) <= cap
@@ -148,7 +149,7 @@ def test_a_dollar_cap_far_below_the_job_is_never_exceeded_with_500_in_flight(
     assert billed > 0.9 * cap  # the cap was used, not left mostly idle
     assert peak >= 400 and 0 < int(done) < 3000
     # Resuming at the cap sends nothing.
-    assert again.returncode == 0 and sent_again == 0, again.stdout + again.stderr
+    assert again.returncode == 4 and sent_again == 0, again.stdout + again.stderr
     assert "stopped: the job's dollar cap [budget].max_cost_usd = 2 is met" in again.stdout
 
 
@@ -203,7 +204,7 @@ def test_the_run_stops_when_the_accounts_credit_falls_below_the_floor(tmp_path: 
         )
         proc = run_cli("run", str(job))
         remaining = sim.simulator.account.remaining_usd
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode == 4, proc.stdout + proc.stderr
     assert "stopped: the account's credit ($0.5" in proc.stdout
     assert "is below [budget].stop_when_credits_below = 0.6" in proc.stdout
     assert remaining is not None and 0.45 < remaining < 0.6
@@ -236,7 +237,7 @@ def test_answers_cut_short_are_charged_what_the_provider_billed_and_the_cap_hold
         proc = run_cli("run", str(job))
         billed = {e.generation_id: e for e in sim.simulator.chat_log() if e.billed}
         billed_usd = sim.simulator.billed_usd()
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode == 4, proc.stdout + proc.stderr
     assert "stopped: the job's dollar cap [budget].max_cost_usd = 0.2 is met" in proc.stdout
     # What the provider billed stayed under the cap, the unseen bills included.
     assert billed_usd <= cap

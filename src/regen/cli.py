@@ -20,6 +20,10 @@ from regen.billing import Reconciliation
 from regen.errors import ConfigError, RegenError
 
 EXIT_OK, EXIT_USER, EXIT_USAGE, EXIT_FAILED_ITEMS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_CAP, EXIT_ITEMS_LEFT = 4, 5
+"""A run that ends with items left says so in its exit code: 4 when the job's dollar cap or
+the credit floor stopped it (a planned end), 5 for any other reason (the next run sends
+them). A dataset whose own budget is met is done: that is 0."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -666,7 +670,7 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
 
 def _finish(report: object, console: Console) -> int:
     from regen.progress import summary_table
-    from regen.runner import RunReport, counted_usage_line, drained_line
+    from regen.runner import RunReport, counted_usage_line, drained_line, unsent_line
 
     assert isinstance(report, RunReport)
     console.print(summary_table(report.datasets, report.errors, report.exports))
@@ -680,33 +684,32 @@ def _finish(report: object, console: Console) -> int:
     for (ds, source), n in sorted(report.counted_usage.items()):
         line = counted_usage_line(ds, source, n)
         console.print(line, markup=False, highlight=False, soft_wrap=True)
-    for ds, n in report.unassigned.items():
-        print(
-            f"warning: no lane selects {n} pending items of dataset '{ds}'; they were not sent",
-            file=sys.stderr,
-        )
-    for ds, n in report.blocked.items():
-        console.print(
-            f"dataset {ds}: {n} turns wait for an earlier turn of their conversation that failed;"
-            " the next run retries transient failures and then sends them",
-            markup=False,
-            soft_wrap=True,
-        )
+    for u in report.unsent:
+        console.print(unsent_line(u), markup=False, highlight=False, soft_wrap=True)
+    left = sum(u.items for u in report.unsent if u.kind == "left")
+    capped = sum(u.items for u in report.unsent if u.kind == "cap")
     if report.aborted:
         console.print(
             "aborted: requests in flight were cut short; run the same command again to resume"
         )
         return EXIT_INTERRUPTED
     if report.interrupted:
-        # A graceful stop is a normal end: everything that finished is kept.
+        # Everything that finished is kept; what is left is said, and so is the exit code.
         console.print("stopped: interrupted; run the same command again to resume")
-        return EXIT_OK
+        return EXIT_ITEMS_LEFT if left else EXIT_OK
     if report.budget_stop:
         console.print(f"stopped: {report.stop_reason}", markup=False, soft_wrap=True)
-        return EXIT_OK
-    if report.stop_reason:
+        if capped:
+            return EXIT_CAP
+    elif report.stop_reason:
         print(f"error: run stopped: {report.stop_reason}", file=sys.stderr)
         return EXIT_USER
+    if left:
+        console.print(
+            f"{left} items were not sent (above): run the same command again to send them",
+            markup=False,
+        )
+        return EXIT_ITEMS_LEFT
     return EXIT_FAILED_ITEMS if report.failed else EXIT_OK
 
 

@@ -89,6 +89,8 @@ class RunReport:
     """Per endpoint of a pool: times it was taken out (its server down or loading)."""
     counted_usage: dict[tuple[str, str], int] = field(default_factory=dict)
     """Answers whose server sent no usage, by (dataset, `ids` or `estimate`)."""
+    unsent: list[Unsent] = field(default_factory=list)
+    """The items left pending at the end, by dataset and why."""
 
     @property
     def failed(self) -> int:
@@ -298,6 +300,68 @@ def budget_book(job: Job, progress: list[DatasetProgress]) -> BudgetBook:
         job_max_cost_usd=job.budget.max_cost_usd,
         count_total=job.budget.budget_tokens == "total",
     )
+
+
+@dataclass(frozen=True)
+class Unsent:
+    """Items of a dataset left pending when a run ended, and why."""
+
+    dataset: str
+    items: int
+    reason: str
+    kind: str
+    """`budget`: the dataset's own budget is met (its planned end); `cap`: the job's dollar
+    cap or the credit floor stopped the run; `left`: anything else (the next run sends them)."""
+
+
+def unsent_items(
+    job: Job,
+    store: Store,
+    *,
+    stop_reason: str | None,
+    budget_stop: bool,
+    unassigned: dict[str, int],
+    blocked: dict[str, int],
+) -> list[Unsent]:
+    """Every item a run leaves pending, with the reason it was not sent. An item no reason
+    covers is said to be one: a run never ends with work left in silence."""
+    progress = store.dataset_progress()
+    book = budget_book(job, progress)
+    out: list[Unsent] = []
+    for p in progress:
+        n = p.pending
+        for reason, k in (
+            ("no lane selects them (see [[lanes]] datasets and prompt sizes)", unassigned),
+            ("they wait for an earlier turn of their conversation that failed", blocked),
+        ):
+            take = min(n, k.get(p.name, 0))
+            if take:
+                out.append(Unsent(p.name, take, reason, "left"))
+                n -= take
+        if n <= 0:
+            continue
+        state = book.datasets.get(p.name)
+        if state is None:
+            out.append(Unsent(p.name, n, "the dataset is no longer in the job file", "budget"))
+        elif state.met is not None:
+            out.append(Unsent(p.name, n, f"its budget is met: {state.met}", "budget"))
+        elif budget_stop and stop_reason:
+            out.append(Unsent(p.name, n, stop_reason, "cap"))
+        elif stop_reason == "interrupted":
+            out.append(Unsent(p.name, n, "the run was interrupted", "left"))
+        elif stop_reason:
+            out.append(Unsent(p.name, n, f"the run stopped: {stop_reason}", "left"))
+        else:
+            out.append(
+                Unsent(
+                    p.name,
+                    n,
+                    "not sent for a reason regen does not know (a bug: please report it with "
+                    "run.log)",
+                    "left",
+                )
+            )
+    return out
 
 
 @dataclass
@@ -536,6 +600,10 @@ def prepare(
     return unassigned
 
 
+def unsent_line(u: Unsent) -> str:
+    return f"dataset {u.dataset}: {u.items} items not sent: {u.reason}"
+
+
 def dialect_notes(job: Job) -> list[str]:
     """What a self-hosted server will not do of the job's settings, said before sending."""
     reasoning = job.generation.reasoning or {}
@@ -602,6 +670,16 @@ def _run_locked(
         + [reconciliation_line(r) for r in reconciliations]
         + [drained_line(name, n) for name, n in drained.items()],
     )
+    blocked = store.blocked_items()
+    unsent = unsent_items(
+        job,
+        store,
+        stop_reason=stop_reason,
+        budget_stop=budget_stop,
+        unassigned=unassigned,
+        blocked=blocked,
+    )
+    append_log(out / "run.log", [unsent_line(u) for u in unsent if u.kind != "budget"])
     names = [d.name for d in job.datasets]
     exports = export_specforge(store, names, out / "export")
     try:
@@ -618,10 +696,11 @@ def _run_locked(
         interrupted=stop_reason == "interrupted",
         aborted=aborted,
         unassigned=unassigned,
-        blocked=store.blocked_items(),
+        blocked=blocked,
         reconciliations=reconciliations,
         budget_lines=budget_lines,
         budget_stop=budget_stop,
         drained=drained,
         counted_usage=store.usage_sources(),
+        unsent=unsent,
     )
