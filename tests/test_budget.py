@@ -14,7 +14,7 @@ from regen.config import DatasetConfig
 from regen.conversation import Usage
 from regen.sim import SimConfig, sim_in_thread
 from regen.store import DatasetProgress
-from tests.conftest import chat_rows, query, run_cli, write_job, write_rows
+from tests.conftest import SECRET_KEY, chat_rows, query, run_cli, write_job, write_rows
 
 PRICES = Prices(0.5e-6, 2.0e-6)
 CHAT = [("chat", "chat.jsonl", "openai")]
@@ -255,3 +255,21 @@ def test_answers_cut_short_are_charged_what_the_provider_billed_and_the_cap_hold
     assert not {e.generation_id for e in unseen} & seen
     diff = re.findall(r"difference_usd=([0-9.-]+)", (out / "run.log").read_text())
     assert abs(float(diff[-1]) - sum(e.cost_usd for e in unseen)) < 2e-6
+
+
+def test_a_credit_floor_that_cannot_be_read_is_refused_before_sending(tmp_path: Path) -> None:
+    """A key without a credit limit, not a management key: its credit cannot be read, so a
+    floor would never fire. The run says so in one line and sends nothing."""
+    write_rows(tmp_path / "chat.jsonl", chat_rows(20))
+    with sim_in_thread(SimConfig(seed=3, time_scale=0.0)) as sim:  # no credit limit
+        job = write_job(tmp_path, sim.base_url, datasets=CHAT, concurrency=4)
+        job.write_text(job.read_text() + "\n[budget]\nstop_when_credits_below = 1000\n")
+        proc = run_cli("run", str(job))
+        sent = len(sim.simulator.chat_log())
+    assert proc.returncode == 1 and sent == 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "error: [budget].stop_when_credits_below = 1000 cannot work: the credit of the key in "
+        "REGEN_TEST_KEY cannot be read"
+    ), proc.stderr
+    assert "Traceback" not in proc.stderr and SECRET_KEY not in proc.stderr

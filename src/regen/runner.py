@@ -407,6 +407,7 @@ async def dispatch(
         for c in clients.values():
             await stack.enter_async_context(c)
         accounts = billing_accounts(job)
+        await check_credit_floor(job, accounts, clients)
         baselines = await take_baselines(store, accounts, clients)
         book = budget_book(job, progress)
         # Spend the provider reports beyond the ledger (answers lost in an earlier run's crash)
@@ -494,6 +495,30 @@ async def dispatch(
                     loop.remove_signal_handler(sig)
         reconciliations = await reconcile_accounts(store, accounts, baselines, clients)
     return Dispatched(stats, book.report(), reconciliations)
+
+
+async def check_credit_floor(
+    job: Job, accounts: list[Account], clients: Mapping[str, ChatClient]
+) -> None:
+    """A credit floor that could never fire is refused before anything is sent."""
+    floor = job.budget.stop_when_credits_below
+    if floor is None:
+        return
+    if not accounts:
+        raise ConfigError(
+            "[budget].stop_when_credits_below reads an OpenRouter account's credit, and no "
+            "endpoint of this job is OpenRouter: remove it (cap the spend with "
+            "[budget].max_cost_usd)"
+        )
+    for account in accounts:
+        if await remaining_credit(clients[account.endpoints[0]]) is None:
+            raise ConfigError(
+                f"[budget].stop_when_credits_below = {floor:g} cannot work: the credit of the "
+                f"key in {account.api_key_env} cannot be read ({account.base_url}/key shows no "
+                "limit, and /credits needs a management key). Give the key a credit limit "
+                "(openrouter.ai/settings/keys), or remove the floor and cap the job with "
+                "[budget].max_cost_usd"
+            )
 
 
 async def watch_credit(
