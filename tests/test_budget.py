@@ -273,3 +273,16 @@ def test_a_credit_floor_that_cannot_be_read_is_refused_before_sending(tmp_path: 
         "REGEN_TEST_KEY cannot be read"
     ), proc.stderr
     assert "Traceback" not in proc.stderr and SECRET_KEY not in proc.stderr
+
+
+def test_a_small_loss_is_not_hidden_by_the_reconciliation() -> None:
+    """A $0.00005 answer lost out of $10 shows, with its exact size; float noise does not."""
+    from regen.billing import Account, Reconciliation
+    from regen.cli import _spend_line
+
+    account = Account("https://openrouter.ai/api/v1", "K", ("default",))
+    lost = Reconciliation(account, 10.00005, 10.0)
+    assert not lost.agrees()
+    assert "$0.00005000 billed but not in the ledger" in _spend_line(lost)
+    noise = Reconciliation(account, 0.1 + 0.2, 0.3)
+    assert noise.agrees() and "they agree" in _spend_line(noise)

@@ -65,8 +65,12 @@ class Reconciliation:
         """Billed but not in the ledger (positive), e.g. answers lost to a crash."""
         return self.provider_usd - self.ledger_usd
 
-    def agrees(self, tolerance_usd: float = 5e-5) -> bool:
-        return abs(self.difference_usd) < tolerance_usd
+    RELATIVE_TOLERANCE = 1e-6
+    """Float noise: a millionth of the spend (a $0.00005 answer lost from $10 still shows)."""
+
+    def agrees(self) -> bool:
+        scale = max(abs(self.provider_usd), abs(self.ledger_usd))
+        return abs(self.difference_usd) <= max(1e-9, self.RELATIVE_TOLERANCE * scale)
 
 
 def reconcile(

@@ -719,13 +719,13 @@ def _spend_line(r: Reconciliation) -> str:
         f"provider ${r.provider_usd:.4f} ({r.account.base_url}/key)"
     )
     if r.agrees():
-        return f"{head}: they agree"
+        return f"{head}: they agree (difference ${r.difference_usd:+.8f})"
     if r.difference_usd > 0:
         return (
-            f"{head}: ${r.difference_usd:.4f} billed but not in the ledger (answers lost when "
+            f"{head}: ${r.difference_usd:.8f} billed but not in the ledger (answers lost when "
             "a run was killed or cut short, or other use of the same key)"
         )
-    return f"{head}: the ledger is ${-r.difference_usd:.4f} above the provider's usage"
+    return f"{head}: the ledger is ${-r.difference_usd:.8f} above the provider's usage"
 
 
 def _sim(args: argparse.Namespace, console: Console) -> int:

@@ -59,8 +59,8 @@ def reconciliation_line(r: Reconciliation) -> str:
     """`reconcile` key=value line: provider-billed spend against the ledger's, since the job
     started, for one account."""
     return (
-        f"reconcile account={r.account.base_url} provider_usd={r.provider_usd:.6f} "
-        f"ledger_usd={r.ledger_usd:.6f} difference_usd={r.difference_usd:.6f}"
+        f"reconcile account={r.account.base_url} provider_usd={r.provider_usd:.8f} "
+        f"ledger_usd={r.ledger_usd:.8f} difference_usd={r.difference_usd:.8f}"
     )
 
 
