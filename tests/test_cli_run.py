@@ -123,7 +123,7 @@ def test_a_high_error_rate_stops_the_run(tmp_path: Path, sim: RunningSim) -> Non
     job.write_text(job.read_text().replace('"moonshotai/kimi-k2.5"', '"no/such-model"'))
     proc = run_cli("run", str(job))
     assert proc.returncode == 1
-    assert "error: run stopped: error rate 100% over the last 20 attempts" in proc.stderr
+    assert "error: run stopped: error rate 100% over the last 20 items" in proc.stderr
     assert len(sim.simulator.chat_log()) < 30  # not all 300
 
 
@@ -140,3 +140,23 @@ def test_wrong_key_stops_the_run_with_a_clear_message(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stderr
     export = (tmp_path / "out" / "export" / "chat.jsonl").read_text().splitlines()
     assert len(export) == 20
+
+
+def test_a_provider_that_answers_four_in_five_never_stops_the_job(tmp_path: Path) -> None:
+    """20% fast 502s: they come back long before the first answers, and the error-rate stop
+    once judged them alone. It judges items after their retries."""
+    from regen.sim import SimConfig, sim_in_thread
+    from regen.sim.config import SimFaults
+    from tests.conftest import write_rows
+
+    write_rows(tmp_path / "chat.jsonl", chat_rows(200))
+    faults = SimFaults(http_5xx=0.2, http_5xx_codes=[502])
+    with sim_in_thread(SimConfig(seed=4, time_scale=0.05, faults=faults)) as sim:
+        job = write_job(
+            tmp_path, sim.base_url, datasets=[("chat", "chat.jsonl", "openai")], concurrency=64
+        )
+        proc = run_cli("run", str(job))
+        statuses = [e.status for e in sim.simulator.chat_log()]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert statuses.count(502) > 20  # the faults were there
+    assert "error rate" not in proc.stderr

@@ -146,9 +146,9 @@ class RunConfig(_Model):
     initial_limit: int = Field(default=64, ge=1)
     """Where the adaptive limit starts (it ramps up quickly until the first overload)."""
     stop_error_rate: float = Field(default=0.5, gt=0, le=1)
-    """Stop when this share of recent attempts failed (rate limits aside) ..."""
+    """Stop when this share of the last 200 items failed after all their retries ..."""
     stop_error_min_attempts: int = Field(default=20, ge=1)
-    """... once at least this many attempts were made."""
+    """... once at least this many items ended."""
     stop_grace_s: float = Field(default=60.0, ge=0)
     """On a stop, how long requests in flight may take to finish."""
     progress_interval_s: float = Field(default=10.0, gt=0)

@@ -665,8 +665,6 @@ class Scheduler:
                 if failover:
                     failovers += 1
                     failover = failovers <= FAILOVERS_PER_ENDPOINT * len(lane.endpoints)
-                if cls != "rate_limited" and not failover:  # the limit and the pool handle those
-                    self._count_attempt(failed=True)
                 if cls in STOPS_RUN:
                     self.stop(f"{cls}: {exc.message}")
                 if cls == "rate_limited":
@@ -727,14 +725,12 @@ class Scheduler:
                 )
                 ds.charge(result.usage)
                 ds.errors["excluded_provider"] += 1
-                self._count_attempt(failed=True)
                 failures += 1
                 if failures >= self._run.max_attempts or self.stopping:
                     return ended(failure_class="excluded_provider", failure_message=message)
                 await self._backoff(backoff_s(failures, None, self._rng))
                 continue
             ep.health.record(True)
-            self._count_attempt(failed=False)
             result = replace(result, attempts=number, endpoint=ep.name)
             if result.finish_reason == "length" and lane.escalate_to is not None:
                 return ended(result=result, escalate_to=lane.escalate_to)
@@ -825,16 +821,18 @@ class Scheduler:
             waiter.cancel()
             stopper.cancel()
 
-    def _count_attempt(self, *, failed: bool) -> None:
-        """Track recent attempts and stop when too many of them failed."""
+    def _count_item(self, *, failed: bool) -> None:
+        """Track how recent items ended, after their retries, and stop when too many failed.
+        Items, not attempts: fast 5xx replies come back long before the first answers, so
+        a provider that answers four requests in five once looked like one that answers none."""
         recent = self.stats.recent_failures
         recent.append(int(failed))
         if len(recent) >= self._run.stop_error_min_attempts:
             rate = sum(recent) / len(recent)
             if rate > self._run.stop_error_rate:
                 self.stop(
-                    f"error rate {rate:.0%} over the last {len(recent)} attempts "
-                    f"(above [run].stop_error_rate = {self._run.stop_error_rate:g})"
+                    f"error rate {rate:.0%} over the last {len(recent)} items, after their "
+                    f"retries (above [run].stop_error_rate = {self._run.stop_error_rate:g})"
                 )
 
     def _record(self, lane: LaneRuntime, outcome: Outcome) -> None:
@@ -860,8 +858,10 @@ class Scheduler:
         elif r is not None:
             ds.done += 1
             self.stats.lanes[lane.name].done += 1
+            self._count_item(failed=False)
         elif not outcome.abandoned:
             ds.failed += 1
+            self._count_item(failed=True)
         self._pending.append(outcome)
         self._unrecorded.pop(outcome.item_id, None)
         self._recorded[outcome.dataset] += 1
