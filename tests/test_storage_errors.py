@@ -113,3 +113,47 @@ def test_a_read_only_output_directory_is_one_line_and_changes_nothing(tmp_path: 
         assert run_cli("run", str(job)).returncode == 0
     assert sorted(set(exported_ids(out))) == sorted(exported_ids(out))
     assert len(exported_ids(out)) == 30
+
+
+def test_a_deleted_output_directory_stops_the_run_at_once(tmp_path: Path) -> None:
+    """A connection to a deleted state.db writes on into nothing: the run notices at the next
+    commit, stops sending, and says so in one line (it once sent all 2,011 requests)."""
+    import sqlite3
+    import time
+
+    write_rows(tmp_path / "chat.jsonl", chat_rows(2000))
+    out = tmp_path / "out"
+    with sim_in_thread(SimConfig(seed=1, time_scale=0.05)) as sim:
+        job = write_job(tmp_path, sim.base_url, datasets=CHAT, concurrency=16)
+        env = {**os.environ, "REGEN_TEST_KEY": SECRET_KEY}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "regen", "run", str(job)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+        def answers() -> int:
+            try:
+                db = sqlite3.connect(out / "state.db")
+                try:
+                    return int(db.execute("SELECT COUNT(*) FROM results").fetchone()[0])
+                finally:
+                    db.close()
+            except sqlite3.Error:
+                return 0
+
+        deadline = time.monotonic() + 60
+        while answers() < 20:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        shutil.rmtree(out)
+        sent_at_delete = len(sim.simulator.chat_log())
+        stdout, stderr = proc.communicate(timeout=60)
+        sent = len(sim.simulator.chat_log())
+    assert proc.returncode == 1, stdout + stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "was deleted or replaced while this run was using it" in lines[0]
+    assert sent - sent_at_delete <= 2 * 16 + 16  # what was in flight, and one commit's worth
+    assert sent < 500

@@ -21,6 +21,10 @@ class StateError(RegenError):
     """The output directory or state.db cannot be used."""
 
 
+class StateGone(StateError):
+    """state.db was deleted or replaced under a running job: nothing more can be saved."""
+
+
 class EndpointError(RegenError):
     """A request failed; `failure_class` is one of regen.client.errors.FAILURE_CLASSES."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import math
 import random
 import time
@@ -34,7 +35,7 @@ from regen.conversation import (
     Usage,
     prompt_tokens_bound,
 )
-from regen.errors import EndpointError, StateError
+from regen.errors import EndpointError, StateError, StateGone
 from regen.eta import Concurrency, Eta, Flow, combine, items_left, lane_eta
 from regen.limiter import AdaptiveLimit, EndpointHealth
 from regen.modes import build_request
@@ -305,6 +306,7 @@ class Scheduler:
         self._stopped_at = 0.0
         self._pending: list[Outcome] = []
         self._commit_error: StateError | None = None
+        self._gone = asyncio.Event()
         self._lane_done = {lane.name: asyncio.Event() for lane in lanes}
         self._escalated_sent: set[str] = set()
         self._sequential = set(sequential)
@@ -370,6 +372,8 @@ class Scheduler:
                 t.cancel()
             await asyncio.gather(*tasks, *workers, *lookups, return_exceptions=True)
             self._flush()
+        if isinstance(self._commit_error, StateGone):
+            raise self._commit_error
         if self._commit_error is not None:
             lost = sum(1 for o in self._pending if not o.abandoned)
             raise StateError(
@@ -381,7 +385,11 @@ class Scheduler:
         """Answers that could not be written (a full disk) are tried again until the stop's
         grace period ends: space freed meanwhile saves them."""
         deadline = self._stopped_at + self._run.stop_grace_s
-        while self._commit_error is not None and time.monotonic() < deadline:
+        while (
+            self._commit_error is not None
+            and not isinstance(self._commit_error, StateGone)
+            and time.monotonic() < deadline
+        ):
             await asyncio.sleep(self._commit_interval_s)
             self._flush()
 
@@ -393,7 +401,9 @@ class Scheduler:
         # After a stop, requests in flight get stop_grace_s to finish; then they are abandoned
         # (their items stay pending and are sent again by the next run).
         await self._stopping.wait()
-        await asyncio.sleep(self._run.stop_grace_s)
+        # Nothing can be saved once state.db is gone: no grace for requests in flight.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._gone.wait(), self._run.stop_grace_s)
         for w in workers:
             w.cancel()
 
@@ -887,5 +897,7 @@ class Scheduler:
             if self._commit_error is None:
                 self.stop(f"cannot write state: {exc}")
             self._commit_error = exc
+            if isinstance(exc, StateGone):
+                self._gone.set()
         else:
             self._commit_error = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import array
 import contextlib
 import json
+import os
 import re
 import sqlite3
 import sys
@@ -28,7 +29,7 @@ from regen.conversation import (
     ToolCall,
     estimate_prompt_tokens,
 )
-from regen.errors import StateError
+from regen.errors import StateError, StateGone
 
 STATE_FILE = "state.db"
 
@@ -209,6 +210,15 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m005_token_ids,
     m006_usage_source,
 ]
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of a file, or None when it is gone."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 @overload
@@ -402,6 +412,8 @@ class Store:
     def __init__(self, db: sqlite3.Connection, path: Path) -> None:
         self._db = db
         self.path = path
+        self._identity = _identity(path)
+        """The file opened (device, inode): each write checks it is still the one there."""
 
     @classmethod
     def open(cls, out_dir: Path) -> Store:
@@ -444,8 +456,19 @@ class Store:
     def close(self) -> None:
         self._db.close()
 
+    def check_in_place(self) -> None:
+        """Raise if state.db was deleted, moved or replaced since it was opened: a connection
+        to a deleted file writes on into nothing, and the next run would pay for it all."""
+        if _identity(self.path) != self._identity:
+            raise StateGone(
+                f"{self.path} was deleted or replaced while this run was using it; stopping "
+                "at once (answers since then are lost with it). Restore the directory, or "
+                "start again in a new one"
+            )
+
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        self.check_in_place()
         db = self._db
         try:
             db.execute("BEGIN IMMEDIATE")
