@@ -157,3 +157,38 @@ def test_a_deleted_output_directory_stops_the_run_at_once(tmp_path: Path) -> Non
     assert len(lines) == 1 and "was deleted or replaced while this run was using it" in lines[0]
     assert sent - sent_at_delete <= 2 * 16 + 16  # what was in flight, and one commit's worth
     assert sent < 500
+
+
+@pytest.mark.parametrize("damage", ["empty", "missing", "truncated"])
+def test_a_past_job_whose_state_is_lost_is_refused_and_its_exports_kept(
+    tmp_path: Path, damage: str
+) -> None:
+    write_rows(tmp_path / "chat.jsonl", chat_rows(30))
+    out = tmp_path / "out"
+    with sim_in_thread(SimConfig(seed=1, time_scale=0.0)) as sim:
+        job = write_job(tmp_path, sim.base_url, datasets=CHAT)
+        assert run_cli("run", str(job)).returncode == 0
+        export = (out / "export" / "chat.jsonl").read_bytes()
+        state = out / "state.db"
+        for extra in ("state.db-wal", "state.db-shm"):
+            (out / extra).unlink(missing_ok=True)
+        if damage == "empty":
+            state.write_bytes(b"")
+        elif damage == "missing":
+            state.unlink()
+        else:
+            data = state.read_bytes()
+            state.write_bytes(data[: len(data) // 3])
+        sent = len(sim.simulator.chat_log())
+        again = run_cli("run", str(job))
+        resent = len(sim.simulator.chat_log()) - sent
+    assert again.returncode == 1 and resent == 0, again.stdout + again.stderr
+    lines = again.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in again.stderr, again.stderr
+    expected = {
+        "empty": "state.db is empty (0 bytes); regen will not start it over",
+        "missing": "state.db is missing; regen will not start it over",
+        "truncated": "the file is damaged: restore it from a backup",
+    }[damage]
+    assert expected in lines[0], lines[0]
+    assert (out / "export" / "chat.jsonl").read_bytes() == export

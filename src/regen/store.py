@@ -393,7 +393,36 @@ def _hint(exc: sqlite3.Error) -> str:
         return " (the disk may be full, or the file too large for its limits)"
     if name.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN")):
         return " (the output directory or state.db is read-only)"
+    if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")):
+        return (
+            " (the file is damaged: restore it from a backup, or try `sqlite3 state.db "
+            '".recover"`; regen will not start over in this directory)'
+        )
     return ""
+
+
+PAST_JOB_SIGNS = ("run.log", "export", "report.html")
+"""What a directory that held a job keeps beside its state.db."""
+
+
+def refuse_lost_state(out_dir: Path) -> None:
+    """An output directory with signs of a past job but no usable state.db is not a new job:
+    starting over would pay for every item again and replace its exports."""
+    path = out_dir / STATE_FILE
+    signs = [name for name in PAST_JOB_SIGNS if (out_dir / name).exists()]
+    if not signs:
+        return
+    if not path.exists():
+        state = "missing"
+    elif path.stat().st_size == 0:
+        state = "empty (0 bytes)"
+    else:
+        return
+    raise StateError(
+        f"{out_dir}: holds a past job ({', '.join(signs)}) but its {STATE_FILE} is {state}; "
+        "regen will not start it over (that would pay for every item again and replace the "
+        "exports): restore state.db from a backup, or give a new output directory"
+    )
 
 
 _PENDING_COLUMNS = (
@@ -422,6 +451,7 @@ class Store:
             out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StateError(f"{out_dir}: cannot create output directory: {exc}") from exc
+        refuse_lost_state(out_dir)
         path = out_dir / STATE_FILE
         try:
             db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
