@@ -115,6 +115,49 @@ def test_a_read_only_output_directory_is_one_line_and_changes_nothing(tmp_path: 
     assert len(exported_ids(out)) == 30
 
 
+def test_readers_work_on_a_read_only_output_directory(tmp_path: Path) -> None:
+    """`regen status`, `export --to`, `audit` and `report --to` only read state.db: a
+    read-only directory (an archive, a shared mount) must not stop them. An export into it
+    says where to write instead."""
+    unshare = _unshare()
+    write_rows(tmp_path / "chat.jsonl", chat_rows(12))
+    with sim_in_thread(SimConfig(seed=1, time_scale=0.0)) as sim:
+        job = write_job(tmp_path, sim.base_url, datasets=CHAT)
+        assert run_cli("run", str(job)).returncode == 0
+    out = tmp_path / "out"
+    elsewhere = tmp_path / "elsewhere"
+    regen = f'"{sys.executable}" -m regen'
+    commands = {
+        "status": f'{regen} status "{out}" --json',
+        "export": f'{regen} export "{out}" --to "{elsewhere}/export"',
+        "audit": f'{regen} audit "{out}" --family kimi-k2.5 --json',
+        "report": f'{regen} report "{out}" --to "{elsewhere}/report.html"',
+        "export_here": f'{regen} export "{out}"',
+    }
+    script = f'mount --bind "{out}" "{out}" && mount -o remount,bind,ro "{out}"'
+    for name, command in commands.items():
+        log = f'"{tmp_path}/{name}.out"'
+        script += f" && {{ {command} > {log} 2>&1; echo $? >> {log}; }}"
+    ro = subprocess.run(
+        [unshare, "--mount", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert ro.returncode == 0, ro.stdout + ro.stderr
+    results = {n: (tmp_path / f"{n}.out").read_text().rsplit("\n", 2) for n in commands}
+    for name in ("status", "export", "audit", "report"):
+        text, code = results[name][0], results[name][1]
+        assert code == "0", f"{name}: {text}"
+    assert json.loads(results["status"][0])["datasets"][0]["done"] == 12
+    ((whole,),) = query(out, "SELECT COUNT(*) FROM results WHERE finish_reason != 'length'")
+    exported = (elsewhere / "export" / "train" / "chat.jsonl").read_text().splitlines()
+    assert len(exported) == whole > 0
+    text, code = results["export_here"][0], results["export_here"][1]
+    assert code == "1" and text.strip().endswith("write it elsewhere with --to DIR"), text
+
+
 def test_a_deleted_output_directory_stops_the_run_at_once(tmp_path: Path) -> None:
     """A connection to a deleted state.db writes on into nothing: the run notices at the next
     commit, stops sending, and says so in one line (it once sent all 2,011 requests)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import array
+import errno
 import hashlib
 import json
 import os
@@ -416,9 +417,14 @@ def export_job(
     except OSError as exc:
         if old.exists() and not to.exists():
             os.rename(old, to)  # put the previous export back
+        step = (
+            "write it elsewhere with --to DIR"
+            if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+            else "run it again once the problem is fixed"
+        )
         raise StateError(
             f"{to}: cannot write the export: {exc}; the previous export and state.db are "
-            "untouched, run it again once the problem is fixed"
+            f"untouched: {step}"
         ) from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

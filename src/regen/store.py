@@ -473,15 +473,39 @@ class Store:
         if not path.is_file():
             raise StateError(f"{out_dir}: no {STATE_FILE} here: not a regen output directory")
         try:
-            db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
-            db.execute("PRAGMA busy_timeout=10000")
-            store = cls(db, path)
+            try:
+                store = cls._connect_readonly(path, immutable=False)
+            except sqlite3.OperationalError:
+                if os.access(out_dir, os.W_OK):
+                    raise
+                # A read-only directory: SQLite cannot make the shared-memory file a WAL
+                # reader needs. No run can be writing here, so the file is read as it is.
+                wal = path.with_name(path.name + "-wal")
+                if wal.exists() and wal.stat().st_size > 0:
+                    raise StateError(
+                        f"{path}: the directory is read-only and {wal.name} holds changes "
+                        "not yet in state.db, which a read-only reader cannot apply: copy the "
+                        "directory (with that file) somewhere writable and read the copy"
+                    ) from None
+                store = cls._connect_readonly(path, immutable=True)
             newest = store.schema_version()
         except sqlite3.Error as exc:
             raise StateError(f"{path}: cannot read state database: {exc}{_hint(exc)}") from exc
         if newest > len(MIGRATIONS):
             raise StateError(f"{path}: made by a newer regen (schema {newest}); upgrade regen")
         return store
+
+    @classmethod
+    def _connect_readonly(cls, path: Path, *, immutable: bool) -> Store:
+        uri = f"file:{path}?mode=ro" + ("&immutable=1" if immutable else "")
+        db = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        try:
+            db.execute("PRAGMA busy_timeout=10000")
+            db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+        except sqlite3.Error:
+            db.close()
+            raise
+        return cls(db, path)
 
     def close(self) -> None:
         self._db.close()
