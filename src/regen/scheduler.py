@@ -307,6 +307,8 @@ class Scheduler:
         self._pending: list[Outcome] = []
         self._commit_error: StateError | None = None
         self._gone = asyncio.Event()
+        self._causes: deque[str | None] = deque(maxlen=200)
+        """Why each of the recent items failed (None: it did not), beside recent_failures."""
         self._lane_done = {lane.name: asyncio.Event() for lane in lanes}
         self._escalated_sent: set[str] = set()
         self._sequential = set(sequential)
@@ -831,18 +833,22 @@ class Scheduler:
             waiter.cancel()
             stopper.cancel()
 
-    def _count_item(self, *, failed: bool) -> None:
+    def _count_item(self, *, failed: bool, cause: str | None = None) -> None:
         """Track how recent items ended, after their retries, and stop when too many failed.
         Items, not attempts: fast 5xx replies come back long before the first answers, so
         a provider that answers four requests in five once looked like one that answers none."""
         recent = self.stats.recent_failures
         recent.append(int(failed))
+        self._causes.append(cause if failed else None)
         if len(recent) >= self._run.stop_error_min_attempts:
             rate = sum(recent) / len(recent)
             if rate > self._run.stop_error_rate:
+                causes = Counter(c for c in self._causes if c is not None)
+                commonest = f"; most often: {causes.most_common(1)[0][0]}" if causes else ""
                 self.stop(
                     f"error rate {rate:.0%} over the last {len(recent)} items, after their "
                     f"retries (above [run].stop_error_rate = {self._run.stop_error_rate:g})"
+                    f"{commonest}"
                 )
 
     def _record(self, lane: LaneRuntime, outcome: Outcome) -> None:
@@ -871,7 +877,8 @@ class Scheduler:
             self._count_item(failed=False)
         elif not outcome.abandoned:
             ds.failed += 1
-            self._count_item(failed=True)
+            cause = f"{outcome.failure_class}: {outcome.failure_message}"
+            self._count_item(failed=True, cause=cause)
         self._pending.append(outcome)
         self._unrecorded.pop(outcome.item_id, None)
         self._recorded[outcome.dataset] += 1

@@ -80,3 +80,27 @@ async def test_timeout_and_connection_refused_are_classified() -> None:
             await c.chat("i", BODY)
     assert info.value.failure_class == "connection"
     assert SECRET_KEY not in str(info.value)
+
+
+async def test_errors_name_their_cause() -> None:
+    """Nothing listening, or a web page where the API should be: one line that says so and
+    what to check."""
+    from regen.errors import EndpointError
+    from tests.scripted_server import Reply, scripted_server
+
+    async with ChatClient("http://127.0.0.1:9/v1", "k", concurrency=1) as c:
+        with pytest.raises(EndpointError) as refused:
+            await c.chat("a", {"model": "m", "messages": []})
+    assert refused.value.failure_class == "connection"
+    assert refused.value.message.startswith("cannot connect to 127.0.0.1:9: ")
+    assert "is [endpoint].base_url right?" in refused.value.message
+
+    page = "<!DOCTYPE html><html><body>Welcome to nginx!</body></html>"
+    replies = [Reply(200, page), Reply(404, page)]
+    async with scripted_server(lambda n, _: replies[n]) as srv:
+        async with ChatClient(srv.url, "k", concurrency=1) as c:
+            for status in (200, 404):
+                with pytest.raises(EndpointError) as html:
+                    await c.chat("a", {"model": "m", "messages": []})
+                assert html.value.status == status
+                assert "HTML page" in html.value.message and "/api/v1 or /v1" in html.value.message

@@ -90,4 +90,6 @@ async def test_tls_is_verified(tls_url: str) -> None:
     async with ChatClient(tls_url, "k", concurrency=1) as c:  # the system CAs only
         with pytest.raises(EndpointError) as err:
             await c.chat("a", BODY)
-    assert err.value.failure_class == "connection"
+    # Not retried (no retry can fix it), and it says what would.
+    assert err.value.failure_class == "tls"
+    assert "is not trusted" in err.value.message and "SSL_CERT_FILE" in err.value.message

@@ -15,6 +15,7 @@ FAILURE_CLASSES = (
     "timeout",
     "stalled",
     "connection",
+    "tls",
     "bad_request",
     "auth",
     "insufficient_credits",
@@ -27,7 +28,7 @@ RETRYABLE = frozenset(
     {"rate_limited", "overloaded", "server", "timeout", "stalled", "connection", "invalid_response"}
 )
 # These end the whole run: no other request can succeed either.
-STOPS_RUN = frozenset({"auth", "insufficient_credits"})
+STOPS_RUN = frozenset({"auth", "insufficient_credits", "tls"})
 
 
 def class_of_status(status: int, message: str = "") -> str:
@@ -47,6 +48,12 @@ def class_of_status(status: int, message: str = "") -> str:
     if status >= 500:
         return "server"
     return "bad_request"
+
+
+def looks_like_html(raw: bytes) -> bool:
+    """A body that is a web page (a proxy's error page, a site at the wrong base URL)."""
+    head = raw[:200].lstrip().lower()
+    return head.startswith((b"<!doctype html", b"<html", b"<head", b"<body"))
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:

@@ -12,7 +12,12 @@ from typing import Any
 import aiohttp
 import orjson
 
-from regen.client.errors import class_of_status, error_from_body, parse_retry_after
+from regen.client.errors import (
+    class_of_status,
+    error_from_body,
+    looks_like_html,
+    parse_retry_after,
+)
 from regen.client.response import parse_chat_body, result_from_body
 from regen.client.sse import StreamAssembler
 from regen.conversation import Result
@@ -173,8 +178,19 @@ class ChatClient:
             raise _begun(err, generation_id, assembler) from exc
         except aiohttp.ConnectionTimeoutError as exc:
             raise EndpointError("connection", f"connect timed out after {t.connect_s:g} s") from exc
+        except aiohttp.ClientConnectorCertificateError as exc:  # retrying cannot help
+            raise EndpointError(
+                "tls",
+                f"the TLS certificate of {exc.host} is not trusted ({exc.certificate_error}): "
+                "for a server behind a private CA, point SSL_CERT_FILE at its CA bundle",
+            ) from exc
         except aiohttp.ClientConnectorError as exc:  # never reached the server: not billed
-            raise EndpointError("connection", type(exc).__name__ + _detail(exc)) from exc
+            reason = exc.strerror or type(exc.os_error).__name__
+            raise EndpointError(
+                "connection",
+                f"cannot connect to {exc.host}:{exc.port}: {reason} (is the server running, "
+                "and is [endpoint].base_url right?)",
+            ) from exc
         except TimeoutError as exc:
             err = EndpointError("timeout", f"request took over {t.total_s:g} s")
             raise _begun(err, generation_id, assembler) from exc
@@ -263,6 +279,11 @@ def _http_error(status: int, raw: bytes, retry_after: float | None) -> EndpointE
         error = {**body, "code": status}
         return error_from_body(error, status=status, retry_after_s=retry_after)
     text = raw[:200].decode("utf-8", "replace").strip() or "no body"
+    if looks_like_html(raw):
+        text = (
+            "an HTML page, not an API error (a web server or proxy answered: is "
+            "[endpoint].base_url the API's, ending in /api/v1 or /v1?)"
+        )
     return EndpointError(
         class_of_status(status, text),
         f"HTTP {status}: {text}",

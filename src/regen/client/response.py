@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from regen.client.errors import error_from_body
+from regen.client.errors import error_from_body, looks_like_html
 from regen.conversation import Message, Result, ToolCall, Usage
 from regen.errors import EndpointError
 
@@ -21,6 +21,13 @@ def parse_chat_body(item_id: str, raw: bytes, *, status: int, latency_s: float) 
     try:
         body = orjson.loads(raw.strip())
     except orjson.JSONDecodeError as exc:
+        if looks_like_html(raw):
+            raise EndpointError(
+                "invalid_response",
+                "the server answered an HTML page, not JSON (is [endpoint].base_url the "
+                "API's, ending in /api/v1 or /v1?)",
+                status=status,
+            ) from exc
         raise EndpointError("invalid_response", f"body is not JSON: {exc}", status=status) from exc
     return result_from_body(item_id, body, status=status, latency_s=latency_s)
 
