@@ -97,10 +97,12 @@ async def test_errors_name_their_cause() -> None:
 
     page = "<!DOCTYPE html><html><body>Welcome to nginx!</body></html>"
     replies = [Reply(200, page), Reply(404, page)]
-    async with scripted_server(lambda n, _: replies[n]) as srv:
-        async with ChatClient(srv.url, "k", concurrency=1) as c:
-            for status in (200, 404):
-                with pytest.raises(EndpointError) as html:
-                    await c.chat("a", {"model": "m", "messages": []})
-                assert html.value.status == status
-                assert "HTML page" in html.value.message and "/api/v1 or /v1" in html.value.message
+    async with (
+        scripted_server(lambda n, _: replies[n]) as srv,
+        ChatClient(srv.url, "k", concurrency=1) as c,
+    ):
+        for status in (200, 404):
+            with pytest.raises(EndpointError) as html:
+                await c.chat("a", {"model": "m", "messages": []})
+            assert html.value.status == status
+            assert "HTML page" in html.value.message and "/api/v1 or /v1" in html.value.message
