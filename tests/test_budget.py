@@ -286,3 +286,31 @@ def test_a_small_loss_is_not_hidden_by_the_reconciliation() -> None:
     assert "$0.00005000 billed but not in the ledger" in _spend_line(lost)
     noise = Reconciliation(account, 0.1 + 0.2, 0.3)
     assert noise.agrees() and "they agree" in _spend_line(noise)
+
+
+def test_error_bodies_in_http_200_hold_nothing_against_the_cap(tmp_path: Path) -> None:
+    """OpenRouter bills an HTTP 200 whose body is an error object $0, and such a body names no
+    generation to look up. Held at its worst case for the rest of the run, each one ate the
+    cap: a job whose answers fit in it stopped at a third."""
+    from regen.sim.config import SimFaults
+
+    write_rows(tmp_path / "chat.jsonl", chat_rows(200))
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    write_rows(clean / "chat.jsonl", chat_rows(200))
+    with sim_in_thread(SimConfig(seed=3, time_scale=0.0)) as sim:
+        job = write_job(clean, sim.base_url, datasets=CHAT, concurrency=16)
+        assert run_cli("run", str(job)).returncode == 0
+        whole = sim.simulator.billed_usd()
+    faults = SimFaults(error_200=0.4)
+    with sim_in_thread(SimConfig(seed=3, time_scale=0.0, faults=faults)) as sim:
+        job = write_job(tmp_path, sim.base_url, datasets=CHAT, concurrency=16)
+        job.write_text(
+            job.read_text().replace("[run]", "[run]\nmax_attempts = 10\n", 1)
+            + f"\n[budget]\nmax_cost_usd = {whole * 1.3:.6f}\n"
+        )
+        proc = run_cli("run", str(job))
+        errors = sum(1 for e in sim.simulator.chat_log() if "error_200" in e.faults)
+    assert errors > 60
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert query(tmp_path / "out", "SELECT COUNT(*) FROM items WHERE status = 'done'") == [(200,)]

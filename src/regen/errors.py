@@ -49,3 +49,6 @@ class EndpointError(RegenError):
         self.maybe_billed = maybe_billed
         """The request reached the provider and no error status came back (a timeout, a cut
         connection, a broken 200 body): the provider may have billed it."""
+        self.unbilled = False
+        """A whole JSON body that is an error object (OpenRouter's HTTP 200 with `error`): the
+        provider's answer is that it failed, and such answers are not billed."""

@@ -170,7 +170,9 @@ class ChatClient:
                     item_id, assembler.body(), status=200, latency_s=time.monotonic() - started
                 )
         except EndpointError as exc:
-            if status in (None, 200):  # an error status is not billed; silence or a 200 may be
+            # An error status is not billed, nor is a whole error body; silence, a body cut
+            # short or a stream that broke off may be.
+            if status in (None, 200) and not (exc.unbilled and assembler is None):
                 _begun(exc, generation_id, assembler)
             raise
         except aiohttp.SocketTimeoutError as exc:

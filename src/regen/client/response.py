@@ -37,7 +37,9 @@ def result_from_body(item_id: str, body: Any, *, status: int, latency_s: float) 
     if not isinstance(body, dict):
         raise EndpointError("invalid_response", "body is not a JSON object", status=status)
     if body.get("error") is not None:
-        raise error_from_body(body["error"], status=status)
+        err = error_from_body(body["error"], status=status)
+        err.unbilled = True
+        raise err
     choices = body.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise EndpointError("invalid_response", "no choices in response", status=status)

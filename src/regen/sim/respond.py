@@ -96,12 +96,10 @@ async def respond_json(
     payload = json.dumps(doc).encode()
     if "padding" in faults or "error_200" in faults:
         payload = PADDING + payload
+    # An error body names no generation: there is none to look up, and nothing is billed.
+    headers = {} if "error_200" in faults else {"X-Generation-Id": meta["id"]}
     if not ({"reset", "stall"} & faults):
-        return web.Response(
-            body=payload,
-            content_type="application/json",
-            headers={"X-Generation-Id": meta["id"]},
-        )
+        return web.Response(body=payload, content_type="application/json", headers=headers)
     resp = web.StreamResponse(
         headers={"Content-Type": "application/json", "X-Generation-Id": meta["id"]}
     )
