@@ -87,32 +87,35 @@ def test_no_order_of_admissions_and_answers_passes_a_dollar_cap(
     assert spent <= cap + 1e-12 and (job_cap is None or spent <= job_cap + 1e-12)
 
 
-def test_a_token_budget_reserves_the_expected_answer_then_the_running_mean() -> None:
-    b = book(token_budget=1000)
-    first = [admit(b, max_tokens=400) for _ in range(11)]
-    # Before any answer, each attempt reserves max_tokens/4 = 100: ten fit, the next waits.
-    assert [isinstance(x, Lease) for x in first] == [True] * 10 + [False]
+def test_a_token_budget_reserves_max_tokens_until_lengths_are_seen_then_their_p90() -> None:
+    b = book(token_budget=4000)
+    first = [admit(b, max_tokens=200) for _ in range(21)]
+    # Before RAMP_ANSWERS answers, each attempt reserves its max_tokens: twenty fit.
+    assert [isinstance(x, Lease) for x in first] == [True] * 20 + [False]
     assert first[-1] == Denial("token budget held by requests in flight", wait=True)
-    for lease in first[:10]:
+    for k, lease in enumerate(first[:20]):
         assert isinstance(lease, Lease)
-        b.settle(lease, Usage(0, 20))  # short answers: 200 used, mean 20
-    assert b.expected_tokens("ds", "lane", 400) == 20
-    more = [admit(b) for _ in range(41)]
-    assert sum(isinstance(x, Lease) for x in more) == 40  # (1000 - 200) / 20
-    for lease in more[:40]:
+        b.settle(lease, Usage(0, 10 + k))  # answers of 10 to 29 tokens: 390 used
+    assert b.expected_tokens("ds", "lane", 200) == 27  # their 90th percentile
+    more = [admit(b, max_tokens=200) for _ in range(135)]
+    assert sum(isinstance(x, Lease) for x in more) == 134  # 3610 left / 27
+    for lease in more[:134]:
         assert isinstance(lease, Lease)
         b.settle(lease, Usage(0, 30))
     assert admit(b) == Denial("token budget met")
     assert b.datasets["ds"].met == "token budget met"
     (line,) = b.report()
-    assert line.startswith("dataset ds: token budget 1000: used 1400, 400 over (bound: 40000")
+    assert line.startswith("dataset ds: token budget 4000: used 4410, 410 over (10.2%; bound: ")
 
 
-def test_a_budget_met_in_an_earlier_run_is_met_at_start() -> None:
+def test_a_budget_met_in_an_earlier_run_is_met_at_start_and_says_so() -> None:
     ds = DatasetConfig(name="ds", path="x", token_budget=500)
-    b = BudgetBook([ds], [progress("ds", done=9, completion=510)])
+    lengths = list(range(10, 70, 2))  # 30 earlier answers
+    b = BudgetBook([ds], [progress("ds", done=30, completion=1170)], recent_lengths={"ds": lengths})
     assert b.datasets["ds"].met == "token budget met"
-    assert b.expected_tokens("ds", "any", 4000) == 510 / 9  # the earlier answers' mean
+    assert b.expected_tokens("ds", "any", 4000) == 62  # the earlier answers' p90: no ramp
+    (line,) = b.report()
+    assert "670 over (134.0%, in an earlier run)" in line and "bound: 0" not in line
 
 
 def test_cost_comes_from_the_provider_else_from_prices() -> None:
@@ -158,7 +161,7 @@ def test_a_token_budget_with_500_in_flight_reports_its_bounded_overshoot_and_is_
 ) -> None:
     write_rows(tmp_path / "a.jsonl", chat_rows(4000, prefix="A"))
     write_rows(tmp_path / "b.jsonl", chat_rows(30, prefix="B"))
-    budget = 200_000
+    budget = 300_000  # the first wave, reserved at max_tokens (512), fits 585 requests
     with sim_in_thread(SimConfig(seed=3, time_scale=0.02)) as sim:
         job = write_job(
             tmp_path,
@@ -180,11 +183,13 @@ def test_a_token_budget_with_500_in_flight_reports_its_bounded_overshoot_and_is_
     out = tmp_path / "out"
     ((used,),) = query(out, "SELECT SUM(completion_tokens) FROM ledger WHERE dataset = 'a'")
     m = re.search(
-        r"dataset a: token budget 200000: used (\d+), (\d+) over \(bound: (\d+)", first.stdout
+        r"dataset a: token budget 300000: used (\d+), (\d+) over \([\d.]+%; bound: (\d+)",
+        first.stdout,
     )
     assert m, first.stdout
     assert int(m[1]) == used and int(m[2]) == int(used) - budget
     assert 0 < int(m[2]) < int(m[3])  # the overshoot is below what was in flight
+    assert int(m[2]) <= budget // 10  # and within a tenth of the budget (it was 2x)
     assert peak >= 400
     # The next dataset still ran in full.
     assert query(out, "SELECT status, COUNT(*) FROM items WHERE dataset = 'b' GROUP BY status") == [
@@ -314,3 +319,24 @@ def test_error_bodies_in_http_200_hold_nothing_against_the_cap(tmp_path: Path) -
     assert errors > 60
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert query(tmp_path / "out", "SELECT COUNT(*) FROM items WHERE status = 'done'") == [(200,)]
+
+
+def test_the_first_wave_does_not_overshoot_a_small_token_budget(tmp_path: Path) -> None:
+    """Before any answer, each request was expected at max_tokens/4 and the whole budget went
+    out at once: 500 in flight against a 20,000-token budget ended near 3x. Until lengths are
+    seen, requests are reserved at max_tokens."""
+    write_rows(tmp_path / "chat.jsonl", chat_rows(600))
+    budget = 20_000
+    with sim_in_thread(SimConfig(seed=3, time_scale=0.02)) as sim:
+        job = write_job(
+            tmp_path, sim.base_url, datasets=CHAT, concurrency=500, extra="initial_limit = 500"
+        )
+        job.write_text(
+            job.read_text().replace(
+                'path = "chat.jsonl"', f'path = "chat.jsonl"\ntoken_budget = {budget}'
+            )
+        )
+        proc = run_cli("run", str(job))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ((used,),) = query(tmp_path / "out", "SELECT SUM(completion_tokens) FROM ledger")
+    assert budget <= used <= budget * 1.1, used

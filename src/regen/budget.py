@@ -1,23 +1,32 @@
 """Budgets: admission of every attempt under token budgets and dollar caps.
 
 Admission. Every attempt takes a lease before it is sent. Token budgets (per dataset) reserve
-the expected tokens of each attempt in flight (the running mean of that dataset and lane, or
-max_tokens/4 before the first answer): an attempt is sent only while spent + reserved < budget,
-so the overshoot is bounded by what is in flight. Dollar caps (per dataset and for the job)
-reserve the worst case of each attempt in flight: max_tokens at the completion price plus an
-upper bound of the prompt's cost. Far from a cap that reservation never binds; near it, fewer
-attempts fit, and no way the attempts in flight can end takes the spend past the cap.
+what each attempt in flight may use: its max_tokens until `RAMP_ANSWERS` answers of that
+dataset and lane are seen (so the first wave cannot overshoot: it once went 2x over, sent whole
+at max_tokens/4 apiece), then the 90th percentile of the latest answers' lengths (a mean let
+the long answers still running push it over). An attempt is sent only while spent + reserved <
+budget, so the overshoot is bounded by what is in flight, and in practice a few percent.
+Dollar caps (per dataset and for the job) reserve the worst case of each attempt in flight:
+max_tokens at the completion price plus an upper bound of the prompt's cost. Far from a cap
+that reservation never binds; near it, fewer attempts fit, and no way the attempts in flight
+can end takes the spend past the cap.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from regen.config import DatasetConfig, EndpointConfig
 from regen.conversation import Usage
 from regen.store import DatasetProgress
+
+RAMP_ANSWERS = 16
+"""Answers of a dataset and lane seen before its attempts are reserved less than max_tokens."""
+LENGTH_WINDOW = 512
+"""The latest answers whose lengths set the reservation."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,22 +129,28 @@ class BudgetBook:
         *,
         job_max_cost_usd: float | None = None,
         count_total: bool = False,
+        recent_lengths: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
         self._count_total = count_total
         self._job_cap = job_max_cost_usd
         self.job = _Scope(spent_usd=sum(p.cost_usd for p in progress))
         done = {p.name: p for p in progress}
         self.datasets: dict[str, DatasetBudgetState] = {}
-        self._means: dict[tuple[str, str], tuple[float, int]] = {}
+        self._lengths: dict[tuple[str, str], deque[int]] = {}
+        """The latest completion lengths per (dataset, lane)."""
+        self._p90: dict[tuple[str, str], float] = {}
         self._prior: dict[str, float] = {}
+        """A dataset's p90 over its answers from earlier runs (a resumed dataset needs no
+        ramp)."""
         for d in datasets:
             p = done.get(d.name)
             state = DatasetBudgetState(d.token_budget, d.max_cost_usd)
             if p is not None:
                 state.scope.spent_tokens = self._tokens(p.prompt_tokens, p.completion_tokens)
                 state.scope.spent_usd = p.cost_usd
-                if p.done:
-                    self._prior[d.name] = p.completion_tokens / p.done
+                earlier = sorted((recent_lengths or {}).get(d.name, ()))
+                if len(earlier) >= RAMP_ANSWERS:
+                    self._prior[d.name] = float(earlier[int(0.9 * (len(earlier) - 1))])
             self.datasets[d.name] = state
             state.met = self._met_before_start(state)
         self.stopped: str | None = None
@@ -183,10 +198,11 @@ class BudgetBook:
         return self._job_cap is not None and self.job.charged_usd >= self._job_cap
 
     def expected_tokens(self, dataset: str, lane: str, max_tokens: int) -> float:
-        """The running mean of the dataset's answers in this lane, else max_tokens/4."""
-        total, n = self._means.get((dataset, lane), (0.0, 0))
-        mean = total / n if n else self._prior.get(dataset, max_tokens / 4)
-        return min(float(max_tokens), mean)
+        """What an attempt is reserved under a token budget: the 90th percentile of the latest
+        answers of the dataset in this lane, once RAMP_ANSWERS are seen (or of earlier runs'),
+        else max_tokens."""
+        p90 = self._p90.get((dataset, lane), self._prior.get(dataset))
+        return float(max_tokens) if p90 is None else min(float(max_tokens), p90)
 
     def admit(
         self,
@@ -256,8 +272,12 @@ class BudgetBook:
             state.scope.spent_tokens += self._tokens(usage.prompt_tokens, usage.completion_tokens)
             state.scope.spent_usd += cost
             self.job.spent_usd += cost
-            total, n = self._means.get((lease.dataset, lease.lane), (0.0, 0))
-            self._means[(lease.dataset, lease.lane)] = (total + usage.completion_tokens, n + 1)
+            key = (lease.dataset, lease.lane)
+            lengths = self._lengths.setdefault(key, deque(maxlen=LENGTH_WINDOW))
+            lengths.append(usage.completion_tokens)
+            if len(lengths) >= RAMP_ANSWERS:
+                ordered = sorted(lengths)
+                self._p90[key] = float(ordered[int(0.9 * (len(ordered) - 1))])
         self._notify()
 
     def hold(self, lease: Lease) -> None:
@@ -289,10 +309,14 @@ class BudgetBook:
                 over = used - s.token_budget
                 line = f"dataset {name}: token budget {s.token_budget}: used {used}"
                 if s.met == "token budget met" and over > 0:
-                    line += (
-                        f", {over} over (bound: {s.scope.bound_at_last_admission}, the "
-                        "max_tokens of the requests in flight at the last admission)"
-                    )
+                    if s.scope.bound_at_last_admission:
+                        line += (
+                            f", {over} over ({over / s.token_budget:.1%}; bound: "
+                            f"{s.scope.bound_at_last_admission}, the max_tokens of the "
+                            "requests in flight at the last admission)"
+                        )
+                    else:
+                        line += f", {over} over ({over / s.token_budget:.1%}, in an earlier run)"
                 lines.append(line + (f"; {s.met}" if s.met else ""))
             if s.max_cost_usd is not None:
                 lines.append(

@@ -719,7 +719,7 @@ def _spend_line(r: Reconciliation) -> str:
         f"provider ${r.provider_usd:.4f} ({r.account.base_url}/key)"
     )
     if r.agrees():
-        return f"{head}: they agree (difference ${r.difference_usd:+.8f})"
+        return f"{head}: they agree (difference ${abs(r.difference_usd):.8f})"
     if r.difference_usd > 0:
         return (
             f"{head}: ${r.difference_usd:.8f} billed but not in the ledger (answers lost when "

@@ -7,6 +7,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -75,6 +76,43 @@ def write_jsonl_atomic(path: Path, records: Iterable[dict[str, Any]]) -> int:
             "same command again once the problem is fixed"
         ) from exc
     return n
+
+
+def clean_stale_exports(export_dir: Path) -> list[str]:
+    """Remove what a killed export left behind: `.NAME.jsonl.tmp` files of a run's export (a
+    run holds the directory's lock, so none is being written), and `.FORMAT.tmp-PID` /
+    `.FORMAT.old-PID` folders of `regen export` processes that no longer run. Returns what
+    was removed. An `.old-PID` folder is put back when its export's folder is missing."""
+    removed: list[str] = []
+    if not export_dir.is_dir():
+        return removed
+    for p in export_dir.iterdir():
+        name = p.name
+        if p.is_file() and name.startswith(".") and name.endswith(".jsonl.tmp"):
+            p.unlink(missing_ok=True)
+            removed.append(name)
+            continue
+        m = re.fullmatch(r"\.(.+)\.(tmp|old)-(\d+)", name)
+        if not (p.is_dir() and m) or _alive(int(m[3])):
+            continue
+        target = export_dir / m[1]
+        if m[2] == "old" and not target.exists():
+            os.rename(p, target)  # the swap was cut between its two renames
+            removed.append(f"{name} (put back as {m[1]})")
+        else:
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def export_specforge(store: Store, datasets: list[str], export_dir: Path) -> dict[str, int]:

@@ -28,7 +28,7 @@ from regen.billing import (
     resolve_prices,
     take_baselines,
 )
-from regen.budget import BudgetBook, Prices
+from regen.budget import LENGTH_WINDOW, BudgetBook, Prices
 from regen.client import RETRYABLE, STOPS_RUN, ChatClient, Timeouts, chat_body
 from regen.client.account import JsonGetter
 from regen.config import EndpointConfig, Job, fingerprint_changes
@@ -37,7 +37,7 @@ from regen.conversation import (
     canonical_json,
 )
 from regen.errors import ConfigError, RegenError, StateError
-from regen.export import export_specforge
+from regen.export import clean_stale_exports, export_specforge
 from regen.ingest import ingest, lane_rules
 from regen.lock import RunLock
 from regen.progress import (
@@ -293,12 +293,22 @@ def build_lanes(
     ]
 
 
-def budget_book(job: Job, progress: list[DatasetProgress]) -> BudgetBook:
+def budget_book(
+    job: Job, progress: list[DatasetProgress], store: Store | None = None
+) -> BudgetBook:
+    """The job's budgets as they stand; with `store`, a budgeted dataset that has answers
+    reserves from their lengths at once (no ramp again on a resume)."""
+    recent = {
+        d.name: store.recent_completion_lengths(d.name, LENGTH_WINDOW)
+        for d in job.datasets
+        if store is not None and d.token_budget is not None
+    }
     return BudgetBook(
         job.datasets,
         progress,
         job_max_cost_usd=job.budget.max_cost_usd,
         count_total=job.budget.budget_tokens == "total",
+        recent_lengths=recent,
     )
 
 
@@ -409,7 +419,7 @@ async def dispatch(
         accounts = billing_accounts(job)
         await check_credit_floor(job, accounts, clients)
         baselines = await take_baselines(store, accounts, clients)
-        book = budget_book(job, progress)
+        book = budget_book(job, progress, store)
         # Spend the provider reports beyond the ledger (answers lost in an earlier run's crash)
         # counts against the job's cap.
         for r in await reconcile_accounts(store, accounts, baselines, clients):
@@ -609,6 +619,9 @@ def prepare(
     """Before sending: check the fingerprint, ingest, re-queue transient failures, assign
     lanes, and say where each dataset stands. Returns pending items no lane selects."""
     notes = check_fingerprint(store, job, force=force) + dialect_notes(job)
+    stale = clean_stale_exports(job.output_path / "export")
+    if stale:
+        notes.append(f"removed what an interrupted export left: {', '.join(stale)}")
     if stale_pid is not None:
         notes.insert(0, f"took over the lock of pid {stale_pid}, which ended without releasing it")
     ingest(store, job)

@@ -960,6 +960,14 @@ class Store:
             "FROM results"
         )
 
+    def recent_completion_lengths(self, dataset: str, n: int) -> list[int]:
+        """The completion tokens of a dataset's latest `n` answers."""
+        rows = self._db.execute(
+            "SELECT completion_tokens FROM results WHERE dataset = ? ORDER BY rowid DESC LIMIT ?",
+            (dataset, n),
+        ).fetchall()
+        return [int(r[0]) for r in rows]
+
     def usage_sources(self) -> dict[tuple[str, str], int]:
         """Answers whose server sent no usage, by (dataset, how they were counted: `ids` or
         `estimate`)."""
