@@ -87,7 +87,14 @@ def test_all_eight_families_run_end_to_end(tmp_path: Path) -> None:
         "B2": 1,
         "B7": 1,
     }
-    assert any("not a known speaker" in r["reason"] for r in status["bad_row_reasons"])
+    assert any("not a known speaker" in r["example"] for r in status["bad_row_reasons"])
+    rows = {r["dataset"]: (r["first_rows"], r["source"]) for r in status["bad_row_reasons"]}
+    assert {ds: first for ds, (first, _) in rows.items()} == {"B1": [2], "B2": [2], "B7": [3]}
+    assert [Path(source).name for _, source in sorted(rows.values())] == [
+        "glaive.json",
+        "oci.parquet",
+        "sharegpt.json",
+    ]
     formats = dict(query(out, "SELECT name, format FROM datasets"))
     assert formats["B2"] == "opencodeinstruct" and formats["B4"] == "mixture_of_thoughts"
     # Sequential: the second UltraChat turn was asked after the regenerated first answer.
@@ -285,3 +292,38 @@ def test_inspect_shows_rows_their_requests_and_why_a_row_is_not_used(tmp_path: P
     assert res.returncode == 1
     assert res.stderr.strip().startswith("error: no dataset 'B9' in the job (datasets: B1,")
     assert not (tmp_path / "out").exists()  # inspect reads the source only
+
+
+@pytest.mark.parametrize("damage", ["garbage", "wrong_format"])
+def test_a_dataset_none_of_whose_rows_can_be_used_is_an_error(tmp_path: Path, damage: str) -> None:
+    """All rows bad used to be "nothing to send" and exit 0."""
+    path = tmp_path / "d.jsonl"
+    if damage == "garbage":
+        path.write_bytes(bytes(range(256)) * 8 + b"\n" + b"\xff\xfe\x00garbage\n")
+        fmt = "openai"
+    else:
+        rows = [{"conversations": [{"from": "human", "value": f"q{i}"}]} for i in range(5)]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        fmt = "alpaca"
+    with sim_in_thread(SimConfig(seed=2, time_scale=0.0)) as sim:
+        job = write_job(tmp_path, sim.base_url, datasets=[("d", "d.jsonl", fmt)])
+        res = run_cli("run", str(job))
+        sent = len(sim.simulator.chat_log())
+    assert res.returncode == 1 and sent == 0, res.stdout + res.stderr
+    (line,) = res.stderr.strip().splitlines()
+    assert line.startswith("error: dataset d: none of the ") and str(path) in line, line
+    assert "row 0: " in line and f'check its format (now "{fmt}")' in line
+    assert "regen inspect JOB --dataset d" in line
+
+
+def test_auto_stops_on_a_row_that_fits_two_formats(tmp_path: Path) -> None:
+    row = {
+        "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+        "instruction": "q",
+    }
+    (tmp_path / "d.jsonl").write_text(json.dumps(row) + "\n")
+    job = write_job(tmp_path, "http://127.0.0.1:9/api/v1", datasets=[("d", "d.jsonl", "auto")])
+    res = run_cli("run", str(job))
+    assert res.returncode == 1
+    (line,) = res.stderr.strip().splitlines()
+    assert "fit formats openai and alpaca; set format = one of them" in line, line

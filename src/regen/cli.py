@@ -311,9 +311,7 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
             json.dumps(
                 {
                     "datasets": [dataclasses.asdict(e) for e in plan.estimates],
-                    "bad_row_reasons": [
-                        {"dataset": d, "reason": r, "rows": n} for d, r, n in plan.bad_reasons
-                    ],
+                    "bad_row_reasons": [dataclasses.asdict(g) for g in plan.bad_reasons],
                     "coverage": plan.coverage,
                     "credit_usd": plan.credit_usd,
                     "spent_usd": plan.spent_usd,

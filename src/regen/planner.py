@@ -21,7 +21,7 @@ from regen.config import Job
 from regen.forecast import Estimate, coverage, estimate
 from regen.lock import RunLock
 from regen.runner import dispatch, endpoint_keys, prepare
-from regen.store import Store
+from regen.store import BadRowGroup, Store
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class Plan:
     credit_usd: float | None
     spent_usd: float
     prices: Prices | None
-    bad_reasons: list[tuple[str, str, int]] = field(default_factory=list)
+    bad_reasons: list[BadRowGroup] = field(default_factory=list)
     """The commonest reasons rows were not used: (dataset, reason, rows)."""
 
 

@@ -18,7 +18,7 @@ from regen.errors import StateError
 from regen.eta import Eta, eta_text, format_duration
 from regen.forecast import Estimate
 from regen.scheduler import DatasetStats, RunStats
-from regen.store import DatasetProgress
+from regen.store import BadRowGroup, DatasetProgress
 
 
 def log_stamp() -> str:
@@ -375,11 +375,13 @@ def _lanes_time(estimates: list[Estimate]) -> float | None:
     return max(per_lane.values(), default=0.0)
 
 
-def bad_rows_table(reasons: list[tuple[str, str, int]]) -> Table:
-    """Why rows were not used, commonest first (numbers in a reason are folded to N)."""
-    table = Table(title="rows not used", title_justify="left")
-    for col in ("rows", "dataset", "reason"):
+def bad_rows_table(groups: list[BadRowGroup]) -> Table:
+    """Why rows were not used, commonest first: each reason as its first row had it, and the
+    rows to look at (counted from 0 in the source)."""
+    table = Table(title="rows not used (row numbers count from 0)", title_justify="left")
+    for col in ("rows", "dataset", "source", "first rows", "reason (of the first)"):
         table.add_column(col, justify="right" if col == "rows" else "left")
-    for ds, reason, n in reasons:
-        table.add_row(str(n), ds, reason)
+    for g in groups:
+        first = ", ".join(map(str, g.first_rows)) + (", ..." if g.rows > len(g.first_rows) else "")
+        table.add_row(str(g.rows), g.dataset, g.source, first, g.example)
     return table

@@ -625,6 +625,7 @@ def prepare(
     if stale_pid is not None:
         notes.insert(0, f"took over the lock of pid {stale_pid}, which ended without releasing it")
     ingest(store, job)
+    refuse_unusable_datasets(job, store)
     store.requeue_retryable_failures(RETRYABLE | STOPS_RUN)
     unassigned = {
         ds: n for (lane, ds), n in store.assign_lanes(lane_rules(job)).items() if lane is None
@@ -640,6 +641,23 @@ def prepare(
 
 def unsent_line(u: Unsent) -> str:
     return f"dataset {u.dataset}: {u.items} items not sent: {u.reason}"
+
+
+def refuse_unusable_datasets(job: Job, store: Store) -> None:
+    """A dataset none of whose rows could be used (binary garbage, the wrong `format`) is an
+    error naming its file and first bad rows, not a quiet "nothing to send"."""
+    for p in store.dataset_progress():
+        if p.items or not p.bad_rows or p.name not in {d.name for d in job.datasets}:
+            continue
+        first = store.bad_rows(p.name, limit=3)
+        source = store.dataset_source(p.name)
+        rows = "; ".join(f"row {b.row_index}: {b.reason[:150]}" for b in first)
+        ds = next(d for d in job.datasets if d.name == p.name)
+        raise ConfigError(
+            f"dataset {p.name}: none of the {p.bad_rows} rows of {source} can be used ({rows}); "
+            f'check its format (now "{ds.format}") and path, and see its rows with `regen '
+            f"inspect JOB --dataset {p.name}`"
+        )
 
 
 def dialect_notes(job: Job) -> list[str]:

@@ -21,7 +21,7 @@ from rich.text import Text
 from regen.eta import format_duration
 from regen.lock import running_holder
 from regen.progress import bad_rows_table, errors_text, format_tokens, per_mtok
-from regen.store import DatasetProgress, FailedAttempt, Store
+from regen.store import BadRowGroup, DatasetProgress, FailedAttempt, Store
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class Snapshot:
     errors: dict[tuple[str, str], int]
     recent_failures: list[FailedAttempt]
     top_failure_reasons: list[tuple[str, str, int]]
-    bad_row_reasons: list[tuple[str, str, int]]
+    bad_row_reasons: list[BadRowGroup]
     progress: dict[str, str]
     """The fields of run.log's last progress line (empty before the first)."""
     live_audit: dict[str, Any] | None = None
@@ -103,9 +103,7 @@ def snapshot_json(s: Snapshot) -> dict[str, Any]:
         "top_failure_reasons": [
             {"class": c, "message": m, "count": n} for c, m, n in s.top_failure_reasons
         ],
-        "bad_row_reasons": [
-            {"dataset": d, "reason": r, "rows": n} for d, r, n in s.bad_row_reasons
-        ],
+        "bad_row_reasons": [asdict(g) for g in s.bad_row_reasons],
         "progress": s.progress,
         "live_audit": s.live_audit,
     }

@@ -14,7 +14,6 @@ import re
 import sqlite3
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -243,6 +242,19 @@ def unpack_ids(blob: bytes | None) -> list[int] | None:
     if sys.byteorder == "big":
         arr.byteswap()
     return arr.tolist()
+
+
+@dataclass(slots=True)
+class BadRowGroup:
+    """Bad rows of a dataset with the same reason (up to its numbers)."""
+
+    dataset: str
+    source: str
+    example: str
+    """The reason of the group's first row, numbers and all."""
+    rows: int
+    first_rows: list[int]
+    """Row numbers, counted from 0 in the source (over its files in name order)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -649,6 +661,10 @@ class Store:
                 (rows_read, turns_read, len(bad), skipped, fmt, dataset),
             )
 
+    def dataset_source(self, dataset: str) -> str:
+        row = self._db.execute("SELECT source FROM datasets WHERE name = ?", (dataset,)).fetchone()
+        return str(row[0]) if row else "?"
+
     def bad_rows(self, dataset: str | None = None, limit: int = 10) -> list[BadRow]:
         """The first bad rows (of a dataset, or of all), in row order."""
         where, args = ("WHERE dataset = ? ", (dataset,)) if dataset else ("", ())
@@ -660,13 +676,22 @@ class Store:
         ).fetchall()
         return [BadRow(*r) for r in rows]
 
-    def bad_row_reasons(self, limit: int = 5) -> list[tuple[str, str, int]]:
-        """The commonest bad-row reasons per dataset (numbers in a reason are folded)."""
-        counts = Counter(
-            (ds, re.sub(r"\d+", "N", reason)[:120])
-            for ds, reason in self._db.execute("SELECT dataset, reason FROM bad_rows")
-        )
-        return [(ds, reason, n) for (ds, reason), n in counts.most_common(limit)]
+    def bad_row_reasons(self, limit: int = 5) -> list[BadRowGroup]:
+        """The commonest bad-row reasons per dataset: rows whose reasons differ only in their
+        numbers are one group, shown by its first row's own reason and its first rows."""
+        groups: dict[tuple[str, str], BadRowGroup] = {}
+        for ds, row, reason, source in self._db.execute(
+            "SELECT b.dataset, b.row_index, b.reason, d.source FROM bad_rows b "
+            "LEFT JOIN datasets d ON d.name = b.dataset ORDER BY b.dataset, b.row_index"
+        ):
+            key = (ds, re.sub(r"\d+", "N", reason))
+            g = groups.get(key)
+            if g is None:
+                g = groups[key] = BadRowGroup(ds, source or "?", reason[:200], 0, [])
+            g.rows += 1
+            if len(g.first_rows) < 5:
+                g.first_rows.append(row)
+        return sorted(groups.values(), key=lambda g: -g.rows)[:limit]
 
     # dispatch
 

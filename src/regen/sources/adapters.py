@@ -553,13 +553,14 @@ def detect_format(row: Mapping[str, Any]) -> list[str]:
         specific.append("openthoughts")
     if specific:
         return specific
+    generic = []
     if _is_turns(row.get("messages"), "role") or _is_turns(convs, "role"):
-        return ["openai"]
+        generic.append("openai")
     if _is_turns(convs, "from"):
-        return ["sharegpt"]
+        generic.append("sharegpt")
     if "instruction" in keys:
-        return ["alpaca"]
-    return []
+        generic.append("alpaca")
+    return generic  # several: a row that could be read more than one way is an ambiguity
 
 
 def adapt_row(
