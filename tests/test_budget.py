@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -340,3 +341,62 @@ def test_the_first_wave_does_not_overshoot_a_small_token_budget(tmp_path: Path) 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ((used,),) = query(tmp_path / "out", "SELECT SUM(completion_tokens) FROM ledger")
     assert budget <= used <= budget * 1.1, used
+
+
+def test_the_dollar_cap_holds_across_kill_9_and_immediate_reruns(tmp_path: Path) -> None:
+    """OpenRouter bills an answer when its generation ends, after a killed client is gone. A
+    rerun that reads the account's spend at start cannot see those answers: it held the whole
+    cap again, and six kills took a $1.50 cap to $2.34. The killed run's exposure (kept in
+    state.db before each request that raises it) is held until its requests are over."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    write_rows(tmp_path / "chat.jsonl", chat_rows(1500))
+    cap = 0.4
+    out = tmp_path / "out"
+    env = {**os.environ, "REGEN_TEST_KEY": SECRET_KEY}
+
+    def answers() -> int:
+        try:
+            return int(query(out, "SELECT COUNT(*) FROM results")[0][0])
+        except Exception:  # noqa: BLE001 - not created yet
+            return 0
+
+    with sim_in_thread(SimConfig(seed=3, time_scale=0.4)) as sim:
+        job = write_job(
+            tmp_path,
+            sim.base_url,
+            datasets=CHAT,
+            concurrency=96,
+            extra="initial_limit = 96\ntimeout_s = 8",
+        )
+        job.write_text(job.read_text() + f"\n[budget]\nmax_cost_usd = {cap}\n")
+        kills = 0
+        for _ in range(6):  # kill -9 once some answers are in, and rerun at once
+            before = answers()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "regen", "run", str(job)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            deadline = time.monotonic() + 60
+            while answers() < before + 20 and proc.poll() is None:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                kills += 1
+            proc.wait(timeout=30)
+        final = run_cli("run", str(job), timeout=120)
+        deadline = time.monotonic() + 60
+        while sim.simulator.unbilled:  # every generation still running ends and is billed
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        billed = sim.simulator.billed_usd()
+    assert kills >= 4, kills
+    assert final.returncode in (0, 4), final.stdout + final.stderr
+    assert billed <= cap + 1e-9, (billed, cap)
+    assert billed > 0.5 * cap  # the cap was used, not held idle

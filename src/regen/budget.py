@@ -155,6 +155,10 @@ class BudgetBook:
             state.met = self._met_before_start(state)
         self.stopped: str | None = None
         self._changed = asyncio.Event()
+        self.unrecorded_usd = 0.0
+        """Billed by the provider beyond the ledger, counted against the job's cap."""
+        self.dead_usd = 0.0
+        """Held for requests of a killed run that may still be billed (`hold_dead`)."""
 
     @property
     def needs_prices(self) -> bool:
@@ -243,6 +247,10 @@ class BudgetBook:
             if self._job_cap is not None and (
                 self.job.charged_usd + self.job.reserved_usd + worst > self._job_cap
             ):
+                held = self.job.charged_usd - self.dead_usd + self.job.reserved_usd + worst
+                if self.dead_usd > 0 and held <= self._job_cap:
+                    # Not met: held for a killed run's requests, which will be billed or over.
+                    return Denial("job dollar cap held for a killed run's requests", wait=True)
                 if self.job.in_flight == 0:
                     self.stopped = (
                         f"the job's dollar cap [budget].max_cost_usd = {self._job_cap:g} is met "
@@ -291,6 +299,35 @@ class BudgetBook:
         """Spend the provider reports beyond the ledger (answers lost to a crash, say): it
         counts against the job's cap, since no dataset can be told."""
         self.job.uncertain_usd += max(0.0, usd)
+        self.unrecorded_usd += max(0.0, usd)
+
+    @property
+    def has_job_cap(self) -> bool:
+        return self._job_cap is not None
+
+    @property
+    def exposure_usd(self) -> float:
+        """What requests of this run may still add to the provider's bill beyond the ledger:
+        the worst cases in flight and the holds of attempts whose bill is unknown (not what it
+        holds for killed runs). A run that is killed leaves this for the next to hold."""
+        return self.job.reserved_usd + self.job.uncertain_usd - self.unrecorded_usd - self.dead_usd
+
+    def hold_dead(self, usd: float) -> None:
+        """Hold what a killed run's requests may still be billed (their worst cases, as it
+        recorded them) against the job's cap: OpenRouter bills an answer when its generation
+        ends, after the client that asked for it is gone."""
+        self.dead_usd += usd
+        self.job.uncertain_usd += usd
+        self._notify()
+
+    def release_dead(self, usd: float, newly_unrecorded: float) -> None:
+        """A killed run's requests are over: count what the provider billed beyond the ledger
+        since, in place of their worst cases."""
+        usd = min(usd, self.dead_usd)
+        self.job.uncertain_usd -= usd
+        self.dead_usd -= usd
+        self.count_unrecorded(newly_unrecorded)
+        self._notify()
 
     def _notify(self) -> None:
         event, self._changed = self._changed, asyncio.Event()

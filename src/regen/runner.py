@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import sqlite3
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ from regen import __version__
 from regen.audit import Checks, LiveAudit, server_kwargs
 from regen.billing import (
     Account,
+    Baseline,
     Reconciliation,
     billing_accounts,
     poll_credit,
@@ -50,7 +52,9 @@ from regen.providers import excluded_names, fetch_endpoints, verdicts
 from regen.reconstruct import Target, spec_from_store
 from regen.report import write_report
 from regen.scheduler import (
+    EXPOSURE_META,
     DatasetStats,
+    DeadHold,
     EndpointRuntime,
     LaneRuntime,
     RunStats,
@@ -447,13 +451,28 @@ async def dispatch(
             pilot=pilot,
             sequential=[d.name for d in job.datasets if d.mode == "sequential"],
         )
-        if book.job_cap_met():
+        holds = inherited_holds(store, job) if book.has_job_cap else []
+        if holds:
+            for h in holds:
+                book.hold_dead(h.usd)
+            scheduler.dead_holds = holds
+            scheduler.save_exposure()  # so that a kill before the first request keeps them
+            for line in hold_lines(holds):
+                console.print(line, markup=False, highlight=False, soft_wrap=True)
+            append_log(job.output_path / "run.log", hold_lines(holds))
+        if book.job_cap_met() and not holds:
             scheduler.stop(
                 f"the job's dollar cap [budget].max_cost_usd = {job.budget.max_cost_usd:g} is "
                 f"met (${book.job.charged_usd:.4f} spent or possibly spent)",
                 budget=True,
             )
         tasks = [asyncio.create_task(watch_credit(job, accounts, clients, scheduler, stats))]
+        if holds:
+            tasks.append(
+                asyncio.create_task(
+                    release_holds(scheduler, book, store, accounts, baselines, clients, console)
+                )
+            )
         reporter = ProgressReporter(
             stats, console, job.run.progress_interval_s, job.output_path / "run.log"
         )
@@ -505,6 +524,71 @@ async def dispatch(
                     loop.remove_signal_handler(sig)
         reconciliations = await reconcile_accounts(store, accounts, baselines, clients)
     return Dispatched(stats, book.report(), reconciliations)
+
+
+def inherited_holds(store: Store, job: Job) -> list[DeadHold]:
+    """What earlier runs that did not end cleanly (killed) may still be billed: their own
+    exposure, held until a lane timeout from now (a request of theirs ends by then), and the
+    holds they kept for runs before them, until their own times."""
+    raw = store.get_meta(EXPOSURE_META)
+    if not raw:
+        return []
+    data = json.loads(raw)
+    now = time.time()
+    holds = [DeadHold(**h) for h in data.get("holds", []) if h["until"] > now]
+    if data.get("usd", 0) > 1e-12:
+        timeout = max(job.lane_timeout_s(lane) for lane in job.lane_list)
+        holds.append(DeadHold(float(data["usd"]), now + timeout, data.get("pid")))
+    return holds
+
+
+def hold_lines(holds: list[DeadHold]) -> list[str]:
+    return [
+        f"budget: holding ${h.usd:.4f} against the job's cap for requests of an earlier run"
+        + (f" (pid {h.pid})" if h.pid else "")
+        + " that may still be billed (OpenRouter bills an answer when it ends, after the client "
+        f"is gone), until {time.strftime('%H:%M:%S', time.localtime(h.until))} or until the "
+        "provider's usage shows them"
+        for h in holds
+    ]
+
+
+async def release_holds(
+    scheduler: Scheduler,
+    book: BudgetBook,
+    store: Store,
+    accounts: list[Account],
+    baselines: Mapping[str, Baseline],
+    clients: Mapping[str, ChatClient],
+    console: Console,
+    poll_s: float = 2.0,
+) -> None:
+    """Release each hold for a killed run when its time is up, or all of them once the
+    provider's usage beyond the ledger has grown by their whole worst case, counting what the
+    provider billed beyond the ledger in their place."""
+    while scheduler.dead_holds:
+        first_due = min(h.until for h in scheduler.dead_holds) - time.time()
+        await asyncio.sleep(max(0.05, min(poll_s, first_due)))
+        unrecorded = sum(
+            r.difference_usd for r in await reconcile_accounts(store, accounts, baselines, clients)
+        )
+        new = max(0.0, unrecorded - book.unrecorded_usd)
+        holds = scheduler.dead_holds
+        done = (
+            holds
+            if new >= sum(h.usd for h in holds)
+            else [h for h in holds if h.until <= time.time()]
+        )
+        if done:
+            scheduler.dead_holds = [h for h in holds if h not in done]
+            book.release_dead(sum(h.usd for h in done), new)
+            scheduler.save_exposure()
+            line = (
+                f"budget: released ${sum(h.usd for h in done):.4f} held for an earlier run's "
+                f"requests; the provider billed ${new:.4f} beyond the ledger meanwhile"
+            )
+            console.print(line, markup=False, highlight=False)
+            append_log(store.path.parent / "run.log", [line])
 
 
 async def check_credit_floor(

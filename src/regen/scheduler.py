@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import json
 import math
+import os
 import random
 import time
 from collections import Counter, deque
@@ -67,9 +69,21 @@ class Sender(Protocol):
 BILL_LOOKUP_WAITS_S = (1.0, 1.0, 2.0, 4.0, 8.0)
 # A drained server's /health is probed this often, doubling up to the second figure.
 PROBE_EVERY_S = (0.5, 2.0)
+EXPOSURE_META = "exposure_usd"
+"""state.db meta: what a run's requests may still be billed beyond the ledger (see
+`Scheduler._record_exposure`)."""
 FAILOVERS_PER_ENDPOINT = 8
 """An item moved off failing servers more than this many times per endpoint of its lane
 counts the next failures against its attempts again (so a fleet that is gone ends it)."""
+
+
+@dataclass
+class DeadHold:
+    """A killed run's exposure, held against the job's cap until `until` (wall clock)."""
+
+    usd: float
+    until: float
+    pid: int | None = None
 
 
 @dataclass
@@ -307,6 +321,12 @@ class Scheduler:
         self._pending: list[Outcome] = []
         self._commit_error: StateError | None = None
         self._gone = asyncio.Event()
+        self._exposure = 0.0
+        """The exposure last written to state.db (`_record_exposure`)."""
+        self.dead_holds: list[DeadHold] = []
+        """What killed runs' requests may still be billed, held until their time is up; kept
+        in state.db with this run's own exposure."""
+        self._exposure_headroom = 0.0
         self._causes: deque[str | None] = deque(maxlen=200)
         """Why each of the recent items failed (None: it did not), beside recent_failures."""
         self._lane_done = {lane.name: asyncio.Event() for lane in lanes}
@@ -368,6 +388,12 @@ class Scheduler:
                 await asyncio.wait(set(self._lookups), timeout=wait_s)
             self._flush()  # answers finished since the last tick: a failed write is retried too
             await self._retry_unsaved()
+            if self._budget is not None and self._budget.has_job_cap:
+                # What is left is what may still be billed unseen (holds of attempts whose
+                # bill never came): the next run holds it until the provider shows it.
+                with contextlib.suppress(StateError):
+                    self._exposure = self._budget.exposure_usd
+                    self._write_exposure()
         finally:
             lookups = list(self._lookups) + list(self._probes)
             for t in tasks + workers + lookups:
@@ -811,6 +837,13 @@ class Scheduler:
                 prices=ep.prices,
             )
             if isinstance(decision, Lease):
+                try:
+                    self._record_exposure(decision)
+                except StateError as exc:
+                    self._budget.settle(decision, None)
+                    limit.release("other", epoch=epoch)
+                    self.stop(f"cannot write state: {exc}")
+                    return None
                 return decision, epoch
             limit.release("other", epoch=epoch)
             if not decision.wait:
@@ -818,6 +851,39 @@ class Scheduler:
                     self.stop(decision.reason, budget=True)
                 return None
             await self._until_stop(self._budget.changed())
+
+    def _record_exposure(self, lease: Lease | None) -> None:
+        """Keep in state.db an upper bound of what this run's requests may still be billed
+        beyond the ledger, written before a request that would pass it is sent: a kill -9
+        leaves it for the next run to hold against the job's cap. Raised with headroom (few
+        writes), and lowered at commit ticks when far above."""
+        book = self._budget
+        if book is None or not book.has_job_cap:
+            return
+        exposure = book.exposure_usd
+        lowered = lease is None and exposure + self._exposure_headroom < self._exposure / 2
+        if exposure > self._exposure or lowered:
+            worst = lease.worst_usd if lease is not None else 0.0
+            self._exposure_headroom = max(self._exposure_headroom, 20 * worst)
+            self._exposure = exposure + self._exposure_headroom
+            self._write_exposure()
+
+    def save_exposure(self) -> None:
+        """Write this run's exposure and the holds it keeps for killed runs now."""
+        self._write_exposure()
+
+    def _write_exposure(self) -> None:
+        self._store.set_meta(
+            EXPOSURE_META,
+            json.dumps(
+                {
+                    "usd": self._exposure,
+                    "at": time.time(),
+                    "pid": os.getpid(),
+                    "holds": [h.__dict__ for h in self.dead_holds],
+                }
+            ),
+        )
 
     async def _backoff(self, seconds: float) -> None:
         """Sleep, but wake at once when the run stops."""
@@ -892,6 +958,8 @@ class Scheduler:
         # Group commit: one transaction for many finished items, each complete in itself. A
         # batch that cannot be written (a full disk) stays in memory and is tried again at each
         # tick while the run stops, so that space freed meanwhile saves it.
+        with contextlib.suppress(StateError):  # a failed write shows in the commit below
+            self._record_exposure(None)
         if not self._pending and not self._charges:
             return
         batch, self._pending = self._pending, []

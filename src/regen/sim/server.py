@@ -98,6 +98,9 @@ class Simulator:
         self.peak_in_flight = 0
         """The most requests served at once, over all endpoints."""
         self._seen: Counter[bytes] = Counter()
+        self.unbilled = 0
+        """Answers still generating that will be billed when they end (a client that went away
+        does not stop them)."""
         self._bucket = (float(config.global_rps or 0), time.monotonic())
 
     def app(self) -> web.Application:
@@ -390,9 +393,14 @@ class Simulator:
             "system_fingerprint": None,
         }
         shown = chat.reasoning_shown
+        # The answer is billed when its generation finishes, whether or not the client is
+        # still there to read it (OpenRouter keeps generating after a disconnect).
+        bill = _Bill(self, cost if billed else 0.0)
         if billed:
-            self.account.charge(cost)
             entry.billed, entry.cost_usd = True, cost
+            self.unbilled += 1
+            done_in = endpoint.ttft_s + comp.completion_tokens / endpoint.tokens_per_s
+            asyncio.get_running_loop().call_later(done_in * self.config.time_scale, bill.fire)
         entry.completion_tokens = comp.completion_tokens
         self.account.record(
             gen_id,
@@ -425,11 +433,31 @@ class Simulator:
             },
         )
         if entry.stream:
-            return await respond_stream(
+            resp = await respond_stream(
                 self.config, request, meta, comp, usage, faults, endpoint, shown
             )
-        await self._sleep(endpoint.ttft_s + comp.completion_tokens / endpoint.tokens_per_s)
-        return await respond_json(self.config, request, meta, comp, usage, faults, shown)
+        else:
+            await self._sleep(endpoint.ttft_s + comp.completion_tokens / endpoint.tokens_per_s)
+            resp = await respond_json(self.config, request, meta, comp, usage, faults, shown)
+        if "reset" not in faults:
+            bill.fire()  # the whole answer went out: its generation is over
+        return resp
+
+
+class _Bill:
+    """One answer's charge, made once: when its generation finishes or its answer is sent."""
+
+    __slots__ = ("sim", "cost", "done")
+
+    def __init__(self, sim: Simulator, cost: float) -> None:
+        self.sim, self.cost, self.done = sim, cost, False
+
+    def fire(self) -> None:
+        if not self.done:
+            self.done = True
+            if self.cost:
+                self.sim.account.charge(self.cost)
+                self.sim.unbilled -= 1
 
 
 @dataclass
