@@ -8,11 +8,11 @@ bills an answer when its generation ends, whether or not the client is still the
 OpenRouter does). The job has a non-streamed short lane that escalates to a streamed long
 lane, an each-turn dataset, a sequential one, a token budget and a job dollar cap.
 
-Each kill lands at a named moment, chosen by a seeded draw: during start-up (before the first
-answer), during dispatch (after some answers), at a dataset boundary (once the first dataset's
-items are all answered) or in the export (once dispatch has written its reconciliation line).
+Each kill lands at a named moment: during start-up (before the first answer), during dispatch
+(after a seeded number of answers), at a dataset boundary (once the second dataset's first
+answer is in) and, last, in the export (once dispatch has written its reconciliation line).
 
-    .venv/bin/python bench/torture.py [--kills 24] [--seed 1] [--rows 700] [--json]
+    .venv/bin/python bench/torture.py [--kills 24] [--seed 1] [--rows 2400] [--json]
 
 Exit status 1 when a check fails.
 """
@@ -148,6 +148,10 @@ class Watch:
         finally:
             db.close()
 
+    def ledger(self) -> float:
+        got = self.query("SELECT COALESCE(SUM(cost_usd), 0) FROM ledger")
+        return float(got[0][0]) if got else 0.0
+
     def answers(self) -> int:
         got = self.query("SELECT COUNT(*) FROM results")
         return int(got[0][0]) if got else 0
@@ -158,8 +162,12 @@ class Watch:
         return bool(got) and got[0][0] > 0
 
     def log_lines(self) -> int:
+        """Reconciliation lines in run.log: dispatch writes one just before the export."""
         log = self.out / "run.log"
-        return log.read_text().count("\nreconcile ") if log.exists() else 0
+        try:
+            return log.read_bytes().count(b"Z reconcile ")
+        except OSError:
+            return 0
 
 
 def run_once(
@@ -190,7 +198,8 @@ def run_once(
                 break
             if time.monotonic() - started > 120:
                 break
-            time.sleep(0.01)
+            # The export follows the reconciliation line within milliseconds: look closely.
+            time.sleep(0.0005 if moment == "export" else 0.01)
         if proc.poll() is None and moment is not None:
             proc.send_signal(signal.SIGKILL)
         code = proc.wait()
@@ -201,7 +210,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kills", type=int, default=24)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--rows", type=int, default=700)
+    ap.add_argument("--rows", type=int, default=2400)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rng = random.Random(args.seed)
@@ -210,23 +219,32 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp_name, sim_in_thread(sim_config(args.seed)) as sim:
         tmp = Path(tmp_name)
         rows(tmp, args.rows)
-        cap, budget = 0.9, 60_000
+        cap, budget = 6.0, 60_000
         job = tmp / "job.toml"
         job.write_text(job_text(tmp, sim.base_url, cap, budget))
         watch = Watch(tmp / "out")
         highest = 0.0
         moments: Counter[str] = Counter()
-        while len(report["kills"]) < args.kills:
-            # Start-up and dispatch most often; a boundary or an export when one is ahead.
-            moment = rng.choices(MOMENTS, weights=(3, 6, 1, 1))[0]
+        # The second kill at the first dataset boundary, the last in the export (the run gets
+        # there only at the end of its dispatch), the others at start-up or in dispatch.
+        plan = ["start-up", "dataset boundary"]
+        plan += rng.choices(MOMENTS[:2], weights=(1, 3), k=max(0, args.kills - 3)) + ["export"]
+        for moment in plan:
             if moment == "dataset boundary" and watch.second_dataset_started():
                 moment = "dispatch"  # the boundary is behind: kill in dispatch instead
-            code, _ = run_once(job, env, watch, moment, rng)
+            code, text = run_once(job, env, watch, moment, rng)
             billed = sim.simulator.billed_usd()
             highest = max(highest, billed)
-            ledger = watch.query("SELECT COALESCE(SUM(cost_usd), 0) FROM ledger")[0][0]
+            ledger = watch.ledger()
+            errors = [line for line in text.splitlines() if line.startswith("error:")]
             report["kills"].append(
-                {"moment": moment, "exit": code, "billed_usd": billed, "ledger_usd": ledger}
+                {
+                    "moment": moment,
+                    "exit": code,
+                    "billed_usd": billed,
+                    "ledger_usd": ledger,
+                    "error": errors[-1] if errors else None,
+                }
             )
             if code == -signal.SIGKILL:
                 moments[moment] += 1
@@ -245,7 +263,7 @@ def main() -> int:
         highest = max(highest, billed)
         status = dict(watch.query("SELECT status, COUNT(*) FROM items GROUP BY status"))
         total = sum(status.values())
-        ledger = watch.query("SELECT COALESCE(SUM(cost_usd), 0) FROM ledger")[0][0]
+        ledger = watch.ledger()
         dup_results = watch.query("SELECT COUNT(*) - COUNT(DISTINCT item_id) FROM results")[0][0]
         done_results = watch.query("SELECT COUNT(*) FROM results")[0][0]
         export_ids: list[str] = []
@@ -299,7 +317,7 @@ def main() -> int:
         for k in report["kills"]:
             print(
                 f"kill at {k['moment']:<16} exit {k['exit']:>3}  billed ${k['billed_usd']:.4f}"
-                f"  ledger ${k['ledger_usd']:.4f}"
+                f"  ledger ${k['ledger_usd']:.4f}" + (f"  {k['error']}" if k["error"] else "")
             )
         for key in (
             "kills_at", "reruns", "items", "by_status", "lost", "results_duplicated",

@@ -448,3 +448,60 @@ async def test_a_sequential_turn_after_an_escalated_turn_is_sent(tmp_path: Path)
     ):
         await run_with(job, store, {"default": c}, sequential=["chat"])
     assert rows(store, "SELECT status, COUNT(*) FROM items GROUP BY status") == [("done", 40)]
+
+
+async def test_a_sequential_rescan_never_resends_a_turn_answered_but_not_yet_committed(
+    tmp_path: Path,
+) -> None:
+    """A rescan used to skip only the turns in flight: a turn answered since the scan began
+    but not yet committed still looked pending in the store and went out again (its second
+    answer then failed to commit: UNIQUE constraint failed: results.item_id)."""
+    import random as _random
+
+    conversations = [
+        {
+            "messages": [
+                m
+                for t in range(3)
+                for m in (
+                    {"role": "user", "content": f"conversation {i} question {t}"},
+                    {"role": "assistant", "content": "old"},
+                )
+            ]
+        }
+        for i in range(60)
+    ]
+    write_rows(tmp_path / "chat.jsonl", conversations)
+    job = load_job(
+        write_job(
+            tmp_path,
+            "http://127.0.0.1:9/v1",
+            datasets=[("chat", "chat.jsonl", "openai")],
+            concurrency=3,
+        )
+    )
+    job_file = tmp_path / "job.toml"
+    job_file.write_text(job_file.read_text() + 'mode = "sequential"\n')
+    job = load_job(job_file)
+    store = Store.open(job.output_path)
+    ingest(store, job)
+    store.assign_lanes(lane_rules(job))
+    delays = _random.Random(7)
+
+    def script(n: int, body: dict[str, Any]) -> Reply:
+        return Reply(delay_s=delays.choice((0.0, 0.0, 0.0, 0.02, 0.08)))
+
+    async with scripted_server(script) as srv, ChatClient(srv.url, "k", concurrency=8) as c:
+        stats = RunStats({p.name: DatasetStats(items=p.items) for p in store.dataset_progress()})
+        sched = Scheduler(
+            store,
+            build_lanes(job, {"default": c}),
+            job.run,
+            stats,
+            rng=random.Random(0),
+            commit_interval_s=0.05,
+            sequential=["chat"],
+        )
+        await sched.run()
+    assert len(srv.requests) == 180  # each turn asked once
+    assert rows(store, "SELECT status, COUNT(*) FROM items GROUP BY status") == [("done", 180)]

@@ -335,9 +335,13 @@ class Scheduler:
         """Datasets in sequential mode: their turns wait for the previous turn's answer."""
         self._recorded: Counter[str] = Counter()
         """Outcomes recorded per dataset (a sequential rescan waits for a new one)."""
-        self._unrecorded: dict[str, str] = {}
-        """Items of sequential datasets handed out and not yet recorded (id -> dataset): a
-        rescan leaves them out."""
+        self._commits = 0
+        """Successful commits so far (a claim made before the last one may be stale)."""
+        self._uncommitted: dict[str, str] = {}
+        """Items of sequential datasets handed out whose outcome is not committed yet (id ->
+        dataset): a rescan leaves them out. An outcome recorded but not yet committed still
+        shows its item as pending in the store, so the item stays here until its commit (it
+        once left at recording, and a rescan sent it again)."""
         for lane in lanes:
             for ep in lane.endpoints:
                 lane.limits[ep.name] = AdaptiveLimit(
@@ -492,7 +496,7 @@ class Scheduler:
     async def _put(self, queue: asyncio.Queue[PendingItem | None], item: PendingItem) -> None:
         self._fed[item.dataset] += 1
         if item.dataset in self._sequential:
-            self._unrecorded[item.id] = item.dataset
+            self._uncommitted[item.id] = item.dataset
         await queue.put(item)
 
     async def _feed_waiting(
@@ -523,15 +527,20 @@ class Scheduler:
                 batch = self._store.claim_batch(name, after, batch_size, lane=lane.name)
                 if not batch:
                     break
+                claimed_at = self._commits
                 for item in batch:
-                    if item.id in self._unrecorded:
+                    if item.id in self._uncommitted:
+                        continue
+                    # Handing out the batch waits on the queue, and meanwhile an earlier scan's
+                    # turn may have been answered and committed: the claim is stale then.
+                    if self._commits != claimed_at and not self._store.is_pending(item.id):
                         continue
                     if self.stopping or self._held_back(name):
                         return
                     await self._put(queue, item)
                     fed += 1
                 after = batch[-1].order_key
-            in_flight = any(ds == name for ds in self._unrecorded.values())
+            in_flight = any(ds == name for ds in self._uncommitted.values())
             # A turn escalated to another lane unblocks the next turn when it is done there.
             in_flight = in_flight or self._store.escalated_pending(name) > 0
             if not fed and not in_flight:
@@ -946,7 +955,6 @@ class Scheduler:
             cause = f"{outcome.failure_class}: {outcome.failure_message}"
             self._count_item(failed=True, cause=cause)
         self._pending.append(outcome)
-        self._unrecorded.pop(outcome.item_id, None)
         self._recorded[outcome.dataset] += 1
 
     async def _commit_loop(self) -> None:
@@ -966,6 +974,9 @@ class Scheduler:
         charges, self._charges = self._charges, []
         try:
             self._store.commit_outcomes(batch, charges)
+            self._commits += 1
+            for o in batch:
+                self._uncommitted.pop(o.item_id, None)
         except StateError as exc:
             self._pending = batch + self._pending
             self._charges = charges + self._charges

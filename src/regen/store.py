@@ -793,6 +793,10 @@ class Store:
         ).fetchall()
         return [_pending(r) for r in rows]
 
+    def is_pending(self, item_id: str) -> bool:
+        row = self._db.execute("SELECT status FROM items WHERE id = ?", (item_id,)).fetchone()
+        return row is not None and row[0] == "pending"
+
     def escalated_pending(self, dataset: str) -> int:
         """Items of a dataset escalated to another lane and not finished yet."""
         row = self._db.execute(
