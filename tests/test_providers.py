@@ -170,3 +170,18 @@ def test_on_the_simulator_an_ignored_tag_and_an_allow_list_route_as_documented(
         assert run_cli("run", str(job)).returncode == 0
         tags = {e.endpoint_tag for e in sim.simulator.chat_log() if e.status == 200}
     assert tags == {"deepinfra/fp8", "moonshotai"}
+
+
+def test_excluding_one_endpoint_of_a_named_provider_suggests_the_precision_allow_list() -> None:
+    """DeepInfra fp8 allowed, nvfp4 ignored: answers name only "DeepInfra", so regen cannot
+    prove per answer which one served; the warning says so and offers `quantizations`."""
+    prefs = {"ignore": ["deepinfra/nvfp4"]}
+    v = verdicts(KIMI, prefs, 4096)
+    (note,) = warnings(KIMI, prefs, v)
+    assert note.startswith("deepinfra/nvfp4: excluded, but DeepInfra answers from allowed")
+    # "fp4" would let nvfp4 in again: the allow-list leaves it out, and says what else goes.
+    assert note.endswith(
+        'use provider.quantizations = ["fp8", "int4"] (it also drops fireworks/fp4)'
+    )
+    allow = {"quantizations": ["fp8", "int4"]}
+    assert warnings(KIMI, allow, verdicts(KIMI, allow, 4096)) == []

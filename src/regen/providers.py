@@ -12,6 +12,7 @@ carry (an answer from one of those is `excluded_provider`).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -150,7 +151,8 @@ def warnings(
                 tags = ", ".join(e.tag for e in hit)
                 out.append(
                     f"provider.ignore {p!r} drops all {len(hit)} {hit[0].provider_name} "
-                    f"endpoints ({tags}); to drop one, name its tag"
+                    f"endpoints ({tags}); to drop one, name its tag, or keep some precisions "
+                    "with provider.quantizations"
                 )
             elif field == "ignore" and len(hit) == 1 and hit[0].tag == hit[0].slug:
                 siblings = [e for e in endpoints if e.slug == hit[0].slug]
@@ -159,6 +161,35 @@ def warnings(
                         f"provider.ignore {p!r} is {hit[0].provider_name}'s only endpoint: the "
                         "whole provider is dropped"
                     )
+    # An endpoint excluded by tag whose provider name an allowed endpoint shares cannot be
+    # told apart in an answer (OpenRouter's `provider` is the display name): an allow-list of
+    # precisions that leaves it out keeps it away at the router instead.
+    allowed_eps = [e for e in endpoints if verdict.get(e.tag) is None]
+    names = {e.provider_name for e in allowed_eps}
+    shared = [e for e in endpoints if verdict.get(e.tag) is not None and e.provider_name in names]
+    if shared and "quantizations" not in prefs:
+        barred = {(e.quantization or "unknown").lower() for e in shared}
+        keep = sorted(
+            {
+                q
+                for e in allowed_eps
+                if (q := (e.quantization or "unknown").lower())
+                and not (_allowed_quantizations([q]) & barred)
+            }
+        )
+        lost = [e.tag for e in allowed_eps if (e.quantization or "unknown").lower() not in keep]
+        tags = ", ".join(e.tag for e in shared)
+        who = ", ".join(sorted({e.provider_name for e in shared}))
+        advice = (
+            f"to exclude by precision at the router, use provider.quantizations = "
+            f"{json.dumps(keep)}" + (f" (it also drops {', '.join(lost)})" if lost else "")
+            if keep
+            else "no allow-list of precisions keeps it out and another endpoint in"
+        )
+        out.append(
+            f"{tags}: excluded, but {who} answers from allowed endpoints too, and an answer "
+            f"names only the provider, so regen cannot tell them apart per answer; {advice}"
+        )
     quants = prefs.get("quantizations")
     if isinstance(quants, list):
         unstated = [e.tag for e in endpoints if e.quantization is None]
