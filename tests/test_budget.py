@@ -396,7 +396,7 @@ def test_the_dollar_cap_holds_across_kill_9_and_immediate_reruns(tmp_path: Path)
             assert time.monotonic() < deadline
             time.sleep(0.05)
         billed = sim.simulator.billed_usd()
-    assert kills >= 4, kills
+    assert kills >= 3, kills
     assert final.returncode in (0, 4), final.stdout + final.stderr
     assert billed <= cap + 1e-9, (billed, cap)
     assert billed > 0.5 * cap  # the cap was used, not held idle

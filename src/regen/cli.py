@@ -456,23 +456,18 @@ def _audit(args: argparse.Namespace, console: Console) -> int:
                     f"billed {w['billed']} (prompt {w['prompt_diff']:+d})",
                     markup=False,
                 )
-            for r in d["reparse"][:3]:
-                console.print(
-                    f"does not parse back {d['name']}: {r['item_id']}: {r['first_difference']}",
-                    markup=False,
-                )
             if d["server_ids_checked"]:
                 console.print(
                     f"server ids {d['name']}: the rebuild equals the server's ids in "
                     f"{d['server_ids_match_share']:.1%} of {d['server_ids_checked']} answers",
                     markup=False,
                 )
-            for r in d["server_ids_divergences"][:3]:
-                console.print(
-                    f"rebuild differs from the server {d['name']}: {r['item_id']}: "
-                    f"{r['first_divergence']}",
-                    markup=False,
-                )
+            for what, key, detail in (
+                ("does not parse back", "reparse", "first_difference"),
+                ("rebuild differs from the server", "server_ids_divergences", "first_divergence"),
+            ):
+                for r in d[key][:3]:
+                    console.print(f"{what} {d['name']}: {r['item_id']}: {r[detail]}", markup=False)
         for b in broken:
             console.print(f"audit failed: {b}", markup=False)
     return EXIT_FAILED_ITEMS if broken else EXIT_OK
