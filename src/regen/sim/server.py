@@ -126,6 +126,7 @@ class Simulator:
                 "billed": len(billed),
                 "distinct_billed": len({e.digest for e in billed}),
                 "billed_usd": self.billed_usd(),
+                "unbilled": self.unbilled,
                 "peak_in_flight": self.peak_in_flight,
             }
         )
