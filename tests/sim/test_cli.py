@@ -74,3 +74,37 @@ def test_bad_sim_config_is_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert proc.stderr.strip().startswith("error: ")
     assert "unknown field 'faults.resets'" in proc.stderr and "\n" not in proc.stderr.strip()
+
+
+def test_a_busy_port_is_one_line(tmp_path: Path) -> None:
+    """It was a 29-line traceback."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "regen", "sim", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    assert proc.returncode == 1
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: cannot listen on 127.0.0.1:{port}: ")
+    assert line.endswith("pick another --port (or stop what uses it)")
+
+
+def test_a_self_hosted_sim_of_an_unknown_model_is_one_line() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "regen", "sim", "--dialect", "vllm", "--served-model-name", "x/y"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert proc.returncode == 1
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: --served-model-name x/y: the sim has no such model (known: ")
