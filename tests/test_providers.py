@@ -161,10 +161,19 @@ def test_on_the_simulator_an_ignored_tag_and_an_allow_list_route_as_documented(
 ) -> None:
     with sim_in_thread(SimConfig(seed=3, time_scale=0.0)) as sim:
         job = seed_job(tmp_path / "a", sim.base_url, '{ ignore = ["deepinfra/nvfp4"] }', 80)
-        assert run_cli("run", str(job)).returncode == 0
-        tags = {e.endpoint_tag for e in sim.simulator.chat_log() if e.status == 200}
+        res = run_cli("run", str(job))
+        assert res.returncode == 0
+        served = [e for e in sim.simulator.chat_log() if e.status == 200]
+        tags = {e.endpoint_tag for e in served}
     # DeepInfra still serves, from its fp8 endpoint; its nvfp4 endpoint never.
     assert "deepinfra/fp8" in tags and "deepinfra/nvfp4" not in tags
+    # And the run says plainly that DeepInfra's answers cannot be proven per answer, how many
+    # there were, and what would keep nvfp4 out at the router.
+    assert 'provider.quantizations = ["fp8", "int4"]' in res.stdout
+    deepinfra = sum(e.provider == "DeepInfra" for e in served)
+    assert f"{deepinfra} answers came from DeepInfra, which also serves from an endpoint" in (
+        " ".join(res.stdout.split())
+    )
     with sim_in_thread(SimConfig(seed=3, time_scale=0.0)) as sim:
         job = seed_job(tmp_path / "b", sim.base_url, '{ quantizations = ["fp8", "int4"] }', 80)
         assert run_cli("run", str(job)).returncode == 0

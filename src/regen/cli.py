@@ -663,7 +663,13 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
 
 def _finish(report: object, console: Console) -> int:
     from regen.progress import summary_table
-    from regen.runner import RunReport, counted_usage_line, drained_line, unsent_line
+    from regen.runner import (
+        RunReport,
+        counted_usage_line,
+        drained_line,
+        unproven_line,
+        unsent_line,
+    )
 
     assert isinstance(report, RunReport)
     console.print(summary_table(report.datasets, report.errors, report.exports))
@@ -676,6 +682,9 @@ def _finish(report: object, console: Console) -> int:
         console.print(drained_line(name, times), markup=False, highlight=False, soft_wrap=True)
     for (ds, source), n in sorted(report.counted_usage.items()):
         line = counted_usage_line(ds, source, n)
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    for provider, answers in sorted(report.unproven.items()):
+        line = unproven_line(provider, answers)
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     for u in report.unsent:
         console.print(unsent_line(u), markup=False, highlight=False, soft_wrap=True)

@@ -48,7 +48,7 @@ from regen.progress import (
     dataset_start_line,
     reconciliation_line,
 )
-from regen.providers import excluded_names, fetch_endpoints, verdicts
+from regen.providers import excluded_names, fetch_endpoints, verdicts, warnings
 from regen.reconstruct import Target, spec_from_store
 from regen.report import write_report
 from regen.scheduler import (
@@ -95,6 +95,8 @@ class RunReport:
     """Answers whose server sent no usage, by (dataset, `ids` or `estimate`)."""
     unsent: list[Unsent] = field(default_factory=list)
     """The items left pending at the end, by dataset and why."""
+    unproven: dict[str, int] = field(default_factory=dict)
+    """Answers per provider name that an allowed and an excluded endpoint share."""
 
     @property
     def failed(self) -> int:
@@ -217,12 +219,14 @@ def reconstruct_meta(job: Job) -> dict[str, object]:
 
 
 async def check_routes(
-    job: Job, clients: Mapping[str, JsonGetter], console: Console
+    job: Job, clients: Mapping[str, JsonGetter], console: Console, unproven: set[str]
 ) -> dict[str, frozenset[str]]:
     """For each OpenRouter endpoint: the model's provider endpoints against the job's
     `provider` filters and max_tokens. Filters that leave nothing stop the run before it
     sends; the display names only excluded endpoints carry are returned (an answer that
-    names one is `excluded_provider`). A catalogue that cannot be read changes nothing."""
+    names one is `excluded_provider`). A catalogue that cannot be read changes nothing.
+    `unproven` gets the names that an allowed and an excluded endpoint share (their answers
+    cannot be proven to come from the allowed one)."""
     out: dict[str, frozenset[str]] = {}
     for e in job.endpoint_pool:
         if e.dialect != "openrouter":
@@ -242,13 +246,16 @@ async def check_routes(
             )
         only_excluded, mixed = excluded_names(endpoints, verdict)
         if mixed:
+            advice = [w for w in warnings(endpoints, e.provider, verdict) if "per answer" in w]
             console.print(
                 f"note: endpoint '{e.name}': {', '.join(sorted(mixed))} also serve(s) from an "
-                "excluded endpoint; answers are checked by provider name, which cannot tell "
-                "those endpoints apart (routing honours the filters)",
+                "excluded endpoint; an answer names only its provider, so those answers cannot "
+                "be proven to come from an allowed endpoint (routing honours the filters)"
+                + (f". {advice[0]}" if advice else ""),
                 markup=False,
                 soft_wrap=True,
             )
+            unproven.update(mixed)
         out[e.name] = frozenset(only_excluded)
     return out
 
@@ -429,7 +436,9 @@ async def dispatch(
         for r in await reconcile_accounts(store, accounts, baselines, clients):
             book.count_unrecorded(r.difference_usd)
         prices = await resolve_prices(job, clients)
-        excluded = await check_routes(job, clients, console)
+        unproven: set[str] = set()
+        excluded = await check_routes(job, clients, console, unproven)
+        store.set_meta("unproven_providers", json.dumps(sorted(unproven)))
         # What `regen audit` and `regen export` need to rebuild and check ids later.
         excluded_anywhere = frozenset(set().union(*excluded.values()))
         store.set_meta("excluded_providers", json.dumps(sorted(excluded_anywhere)))
@@ -723,6 +732,15 @@ def prepare(
     return unassigned
 
 
+def unproven_line(provider: str, answers: int) -> str:
+    return (
+        f"{answers} answers came from {provider}, which also serves from an endpoint the job "
+        "excludes: an answer names only its provider, so these cannot be proven to come from "
+        "an allowed one (see `regen providers MODEL --job JOB.toml` for a quantizations "
+        "allow-list that keeps the excluded one out)"
+    )
+
+
 def unsent_line(u: Unsent) -> str:
     return f"dataset {u.dataset}: {u.items} items not sent: {u.reason}"
 
@@ -811,6 +829,7 @@ def _run_locked(
         + [drained_line(name, n) for name, n in drained.items()],
     )
     blocked = store.blocked_items()
+    unproven = json.loads(store.get_meta("unproven_providers") or "[]")
     unsent = unsent_items(
         job,
         store,
@@ -843,4 +862,5 @@ def _run_locked(
         drained=drained,
         counted_usage=store.usage_sources(),
         unsent=unsent,
+        unproven=store.answers_by_provider(unproven),
     )

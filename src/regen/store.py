@@ -997,6 +997,17 @@ class Store:
         ).fetchall()
         return [int(r[0]) for r in rows]
 
+    def answers_by_provider(self, providers: Sequence[str]) -> dict[str, int]:
+        """How many answers each of these provider names served."""
+        if not providers:
+            return {}
+        marks = ",".join("?" * len(providers))
+        rows = self._db.execute(
+            f"SELECT provider, COUNT(*) FROM results WHERE provider IN ({marks}) GROUP BY provider",
+            tuple(providers),
+        ).fetchall()
+        return {str(p): int(n) for p, n in rows}
+
     def usage_sources(self) -> dict[tuple[str, str], int]:
         """Answers whose server sent no usage, by (dataset, how they were counted: `ids` or
         `estimate`)."""
