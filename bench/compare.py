@@ -154,10 +154,16 @@ def reap(pid: int) -> tuple[int, float, float]:
 
 
 def sim_stats(url: str) -> dict[str, Any]:
+    """What the simulator served and billed, once the generations a killed runner left behind
+    have ended (the simulator bills an answer when its generation ends)."""
     base = url.rsplit("/api/v1", 1)[0]
-    with urllib.request.urlopen(f"{base}/_sim/stats", timeout=10) as r:
-        data: dict[str, Any] = json.loads(r.read())
-    return data
+    deadline = time.monotonic() + 120
+    while True:
+        with urllib.request.urlopen(f"{base}/_sim/stats", timeout=10) as r:
+            data: dict[str, Any] = json.loads(r.read())
+        if not data.get("unbilled") or time.monotonic() > deadline:
+            return data
+        time.sleep(0.2)
 
 
 def command(kind: str, url: str, concurrency: int) -> list[str]:
