@@ -2,10 +2,11 @@
 
 Admission. Every attempt takes a lease before it is sent. Token budgets (per dataset) reserve
 what each attempt in flight may use: its max_tokens until `RAMP_ANSWERS` answers of that
-dataset and lane are seen (so the first wave cannot overshoot: it once went 2x over, sent whole
-at max_tokens/4 apiece), then the 90th percentile of the latest answers' lengths (a mean let
-the long answers still running push it over). An attempt is sent only while spent + reserved <
-budget, so the overshoot is bounded by what is in flight, and in practice a few percent.
+dataset and lane are seen (so the first wave cannot overshoot: it once went 2-3x over, sent
+whole at max_tokens/4 apiece), then the 90th percentile of the latest answers' lengths (a
+mean let the long answers still running push it over). An attempt is sent only while spent +
+reserved < budget, so the overshoot is bounded by what is in flight, and in practice a few
+percent.
 Dollar caps (per dataset and for the job) reserve the worst case of each attempt in flight:
 max_tokens at the completion price plus an upper bound of the prompt's cost. Far from a cap
 that reservation never binds; near it, fewer attempts fit, and no way the attempts in flight
@@ -139,6 +140,7 @@ class BudgetBook:
         self._lengths: dict[tuple[str, str], deque[int]] = {}
         """The latest completion lengths per (dataset, lane)."""
         self._p90: dict[tuple[str, str], float] = {}
+        """Their 90th percentile, once RAMP_ANSWERS are in."""
         self._prior: dict[str, float] = {}
         """A dataset's p90 over its answers from earlier runs (a resumed dataset needs no
         ramp)."""
