@@ -117,7 +117,13 @@ def _item_view(
     req = build_request(conv, turn, regenerated=regenerated)
     lane = _lane(job, ds.name, estimate)
     endpoint = job.endpoint_pool[0]
-    body = chat_body(req, job.generation, endpoint, job.lane_max_tokens(lane) if lane else None)
+    body = chat_body(
+        req,
+        job.generation,
+        endpoint,
+        job.lane_max_tokens(lane) if lane else None,
+        stream=bool(lane and lane.stream),
+    )
     return ItemView(turn, estimate, lane.name if lane else None, body, previous if waits else None)
 
 
