@@ -61,16 +61,21 @@ def test_sim_serves_its_config_on_loopback(tmp_path: Path) -> None:
         proc.communicate(timeout=10)  # also closes the pipes
 
 
-def test_bad_sim_config_is_one_line(tmp_path: Path) -> None:
-    cfg = tmp_path / "sim.toml"
-    cfg.write_text("seed = 1\n[faults]\nresets = 0.5\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "regen", "sim", "--config", str(cfg)],
+def sim_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """`regen sim ARGS` that is expected to stop at once."""
+    return subprocess.run(
+        [sys.executable, "-m", "regen", "sim", *args],
         capture_output=True,
         text=True,
         timeout=30,
         check=False,
     )
+
+
+def test_bad_sim_config_is_one_line(tmp_path: Path) -> None:
+    cfg = tmp_path / "sim.toml"
+    cfg.write_text("seed = 1\n[faults]\nresets = 0.5\n")
+    proc = sim_cli("--config", str(cfg))
     assert proc.returncode == 1
     assert proc.stderr.strip().startswith("error: ")
     assert "unknown field 'faults.resets'" in proc.stderr and "\n" not in proc.stderr.strip()
@@ -84,13 +89,7 @@ def test_a_busy_port_is_one_line(tmp_path: Path) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = subprocess.run(
-            [sys.executable, "-m", "regen", "sim", "--port", str(port)],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
+        proc = sim_cli("--port", str(port))
     assert proc.returncode == 1
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(f"error: cannot listen on 127.0.0.1:{port}: ")
@@ -98,13 +97,7 @@ def test_a_busy_port_is_one_line(tmp_path: Path) -> None:
 
 
 def test_a_self_hosted_sim_of_an_unknown_model_is_one_line() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "regen", "sim", "--dialect", "vllm", "--served-model-name", "x/y"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    proc = sim_cli("--dialect", "vllm", "--served-model-name", "x/y")
     assert proc.returncode == 1
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("error: --served-model-name x/y: the sim has no such model (known: ")
