@@ -400,3 +400,19 @@ def test_the_dollar_cap_holds_across_kill_9_and_immediate_reruns(tmp_path: Path)
     assert final.returncode in (0, 4), final.stdout + final.stderr
     assert billed <= cap + 1e-9, (billed, cap)
     assert billed > 0.5 * cap  # the cap was used, not held idle
+
+
+async def test_a_settlement_right_after_a_denial_wakes_the_waiter() -> None:
+    """A worker denied "held by requests in flight" waits for the next settlement. If that
+    settlement came before its wait took its first step, the wait once read the next event and
+    slept for good (a run hung with a token budget on CI)."""
+    import asyncio
+
+    b = book(token_budget=1000)
+    lease = admit(b, max_tokens=1000)  # reserved at max_tokens: the budget is held
+    assert isinstance(lease, Lease)
+    assert admit(b, max_tokens=800) == Denial("token budget held by requests in flight", wait=True)
+    waiting = b.changed()
+    b.settle(lease, Usage(0, 100))  # before the waiter runs at all
+    await asyncio.wait_for(waiting, 1.0)
+    assert isinstance(admit(b, max_tokens=800), Lease)

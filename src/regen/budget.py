@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from regen.config import DatasetConfig, EndpointConfig
 from regen.conversation import Usage
@@ -335,9 +336,12 @@ class BudgetBook:
         event, self._changed = self._changed, asyncio.Event()
         event.set()
 
-    async def changed(self) -> None:
-        """Return when a lease is settled or a budget is met."""
-        await self._changed.wait()
+    def changed(self) -> Coroutine[Any, Any, bool]:
+        """Wait until a lease is settled or a budget is met after this call. The event is
+        taken now, not when the wait starts: a settlement between the denial and the first
+        step of the wait (another task may run in between) then still wakes it. Read late, it
+        was lost, and a worker waited forever for a settlement that had already happened."""
+        return self._changed.wait()
 
     def report(self) -> list[str]:
         """One line per dataset with a budget: what it used, and the overshoot when met."""

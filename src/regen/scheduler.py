@@ -898,7 +898,7 @@ class Scheduler:
         """Sleep, but wake at once when the run stops."""
         await self._until_stop(self._sleep(seconds))
 
-    async def _until_stop(self, waiting: Awaitable[None]) -> None:
+    async def _until_stop(self, waiting: Awaitable[Any]) -> None:
         """Wait for something, but wake at once when the run stops."""
         waiter = asyncio.ensure_future(waiting)
         stopper = asyncio.ensure_future(self._stopping.wait())
