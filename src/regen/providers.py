@@ -161,35 +161,9 @@ def warnings(
                         f"provider.ignore {p!r} is {hit[0].provider_name}'s only endpoint: the "
                         "whole provider is dropped"
                     )
-    # An endpoint excluded by tag whose provider name an allowed endpoint shares cannot be
-    # told apart in an answer (OpenRouter's `provider` is the display name): an allow-list of
-    # precisions that leaves it out keeps it away at the router instead.
-    allowed_eps = [e for e in endpoints if verdict.get(e.tag) is None]
-    names = {e.provider_name for e in allowed_eps}
-    shared = [e for e in endpoints if verdict.get(e.tag) is not None and e.provider_name in names]
-    if shared and "quantizations" not in prefs:
-        barred = {(e.quantization or "unknown").lower() for e in shared}
-        keep = sorted(
-            {
-                q
-                for e in allowed_eps
-                if (q := (e.quantization or "unknown").lower())
-                and not (_allowed_quantizations([q]) & barred)
-            }
-        )
-        lost = [e.tag for e in allowed_eps if (e.quantization or "unknown").lower() not in keep]
-        tags = ", ".join(e.tag for e in shared)
-        who = ", ".join(sorted({e.provider_name for e in shared}))
-        advice = (
-            f"to exclude by precision at the router, use provider.quantizations = "
-            f"{json.dumps(keep)}" + (f" (it also drops {', '.join(lost)})" if lost else "")
-            if keep
-            else "no allow-list of precisions keeps it out and another endpoint in"
-        )
-        out.append(
-            f"{tags}: excluded, but {who} answers from allowed endpoints too, and an answer "
-            f"names only the provider, so regen cannot tell them apart per answer; {advice}"
-        )
+    shared = shared_name_warning(endpoints, prefs, verdict)
+    if shared is not None:
+        out.append(shared)
     quants = prefs.get("quantizations")
     if isinstance(quants, list):
         unstated = [e.tag for e in endpoints if e.quantization is None]
@@ -219,3 +193,40 @@ def excluded_names(
     only_excluded = {n for n, flags in by_name.items() if all(flags)}
     mixed = {n for n, flags in by_name.items() if any(flags) and not all(flags)}
     return only_excluded, mixed
+
+
+def shared_name_warning(
+    endpoints: list[EndpointInfo], provider: dict[str, Any] | None, verdict: dict[str, str | None]
+) -> str | None:
+    """An endpoint excluded by tag whose provider name an allowed endpoint shares cannot be
+    told apart in an answer (OpenRouter's `provider` is the display name): said, with the
+    allow-list of precisions that keeps it away at the router instead (None: no such one, or
+    an allow-list is set)."""
+    prefs = provider or {}
+    allowed_eps = [e for e in endpoints if verdict.get(e.tag) is None]
+    names = {e.provider_name for e in allowed_eps}
+    shared = [e for e in endpoints if verdict.get(e.tag) is not None and e.provider_name in names]
+    if not shared or "quantizations" in prefs:
+        return None
+    barred = {(e.quantization or "unknown").lower() for e in shared}
+    keep = sorted(
+        {
+            q
+            for e in allowed_eps
+            if (q := (e.quantization or "unknown").lower())
+            and not (_allowed_quantizations([q]) & barred)
+        }
+    )
+    lost = [e.tag for e in allowed_eps if (e.quantization or "unknown").lower() not in keep]
+    tags = ", ".join(e.tag for e in shared)
+    who = ", ".join(sorted({e.provider_name for e in shared}))
+    advice = (
+        f"to exclude by precision at the router, use provider.quantizations = "
+        f"{json.dumps(keep)}" + (f" (it also drops {', '.join(lost)})" if lost else "")
+        if keep
+        else "no allow-list of precisions keeps it out and another endpoint in"
+    )
+    return (
+        f"{tags}: excluded, but {who} answers from allowed endpoints too, and an answer "
+        f"names only the provider, so regen cannot tell them apart per answer; {advice}"
+    )

@@ -48,7 +48,7 @@ from regen.progress import (
     dataset_start_line,
     reconciliation_line,
 )
-from regen.providers import excluded_names, fetch_endpoints, verdicts, warnings
+from regen.providers import excluded_names, fetch_endpoints, shared_name_warning, verdicts
 from regen.reconstruct import Target, spec_from_store
 from regen.report import write_report
 from regen.scheduler import (
@@ -246,12 +246,12 @@ async def check_routes(
             )
         only_excluded, mixed = excluded_names(endpoints, verdict)
         if mixed:
-            advice = [w for w in warnings(endpoints, e.provider, verdict) if "per answer" in w]
+            advice = shared_name_warning(endpoints, e.provider, verdict)
             console.print(
                 f"note: endpoint '{e.name}': {', '.join(sorted(mixed))} also serve(s) from an "
                 "excluded endpoint; an answer names only its provider, so those answers cannot "
                 "be proven to come from an allowed endpoint (routing honours the filters)"
-                + (f". {advice[0]}" if advice else ""),
+                + (f". {advice}" if advice else ""),
                 markup=False,
                 soft_wrap=True,
             )
@@ -466,9 +466,10 @@ async def dispatch(
                 book.hold_dead(h.usd)
             scheduler.dead_holds = holds
             scheduler.save_exposure()  # so that a kill before the first request keeps them
-            for line in hold_lines(holds):
+            lines = hold_lines(holds)
+            for line in lines:
                 console.print(line, markup=False, highlight=False, soft_wrap=True)
-            append_log(job.output_path / "run.log", hold_lines(holds))
+            append_log(job.output_path / "run.log", lines)
         if book.job_cap_met() and not holds:
             scheduler.stop(
                 f"the job's dollar cap [budget].max_cost_usd = {job.budget.max_cost_usd:g} is "
@@ -748,13 +749,14 @@ def unsent_line(u: Unsent) -> str:
 def refuse_unusable_datasets(job: Job, store: Store) -> None:
     """A dataset none of whose rows could be used (binary garbage, the wrong `format`) is an
     error naming its file and first bad rows, not a quiet "nothing to send"."""
+    in_job = {d.name: d for d in job.datasets}
     for p in store.dataset_progress():
-        if p.items or not p.bad_rows or p.name not in {d.name for d in job.datasets}:
+        ds = in_job.get(p.name)
+        if ds is None or p.items or not p.bad_rows:
             continue
         first = store.bad_rows(p.name, limit=3)
         source = store.dataset_source(p.name)
         rows = "; ".join(f"row {b.row_index}: {b.reason[:150]}" for b in first)
-        ds = next(d for d in job.datasets if d.name == p.name)
         raise ConfigError(
             f"dataset {p.name}: none of the {p.bad_rows} rows of {source} can be used ({rows}); "
             f'check its format (now "{ds.format}") and path, and see its rows with `regen '

@@ -397,7 +397,7 @@ class Scheduler:
                 # bill never came): the next run holds it until the provider shows it.
                 with contextlib.suppress(StateError):
                     self._exposure = self._budget.exposure_usd
-                    self._write_exposure()
+                    self.save_exposure()
         finally:
             lookups = list(self._lookups) + list(self._probes)
             for t in tasks + workers + lookups:
@@ -875,13 +875,10 @@ class Scheduler:
             worst = lease.worst_usd if lease is not None else 0.0
             self._exposure_headroom = max(self._exposure_headroom, 20 * worst)
             self._exposure = exposure + self._exposure_headroom
-            self._write_exposure()
+            self.save_exposure()
 
     def save_exposure(self) -> None:
-        """Write this run's exposure and the holds it keeps for killed runs now."""
-        self._write_exposure()
-
-    def _write_exposure(self) -> None:
+        """Write this run's exposure and the holds it keeps for killed runs."""
         self._store.set_meta(
             EXPOSURE_META,
             json.dumps(

@@ -77,14 +77,6 @@ def sim_template(family_name: str) -> str:
     return path.read_text(encoding="utf-8")
 
 
-def sim_special_tokens(family_name: str) -> dict[str, str]:
-    """The special tokens the simulator's one tokenizer names for a family (as each model's
-    own tokenizer_config.json does): DeepSeek's templates start with its `bos_token`."""
-    path = resources.files("regen.sim").joinpath("tokenizer", "special_tokens.json")
-    table: dict[str, dict[str, str]] = json.loads(path.read_text(encoding="utf-8"))
-    return table.get(family_name, {})
-
-
 @dataclass
 class Sample:
     """One answer as training ids: `input_ids` = prompt + completion, loss on the completion."""
@@ -147,7 +139,11 @@ class Target:
     def _template_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {}
         if self.spec.tokenizer == "sim":
-            kwargs.update(sim_special_tokens(self.family.name))
+            # The special tokens the sim's one tokenizer names for the family, as each
+            # model's own tokenizer_config.json does (DeepSeek's templates read bos_token).
+            from regen.sim.chat import special_tokens
+
+            kwargs.update(special_tokens(self.family.name))
         if self.family.thinking_kwarg:
             kwargs[self.family.thinking_kwarg] = self.spec.thinking
         kwargs.update(self.spec.template_kwargs)
