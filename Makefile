@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(BIN)/regen demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests scripts bench

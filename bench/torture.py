@@ -256,9 +256,7 @@ def main() -> int:
             report["reruns"].append(code)
             if code != 5:
                 break
-        deadline = time.monotonic() + 120
-        while sim.simulator.unbilled and time.monotonic() < deadline:
-            time.sleep(0.1)  # the last generations end and are billed
+        sim.simulator.wait_billed(120)  # the last generations end and are billed
         billed = sim.simulator.billed_usd()
         highest = max(highest, billed)
         status = dict(watch.query("SELECT status, COUNT(*) FROM items GROUP BY status"))

@@ -217,6 +217,7 @@ def test_a_tokenizer_folder_with_its_own_chat_template(tmp_path: Path) -> None:
     res = run_cli("audit", str(out), "--family", "kimi-k2.5", "--tokenizer", str(folder))
     assert res.returncode == 1 and "has no chat template" in res.stderr
     config["chat_template"] = sim_template("kimi-k2.5")
+    folder = folder.rename(tmp_path / "kimi-tok-templated")  # a new tokenizer, not a cached one
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     res = run_cli("audit", str(out), "--family", "kimi-k2.5", "--tokenizer", str(folder), "--json")
     assert res.returncode == 0, res.stdout + res.stderr

@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from regen.runner import quiet_gc
@@ -79,15 +78,18 @@ def test_transient_faults_at_high_rates_end_with_every_item_done(tmp_path: Path)
 
 
 def test_sigterm_stops_dispatch_commits_what_finished_and_exits_0(tmp_path: Path) -> None:
-    with sim_in_thread(SimConfig(seed=2, time_scale=0.3)) as sim:
+    with sim_in_thread(SimConfig(seed=2, time_scale=0.0)) as sim:
         write_rows(tmp_path / "chat.jsonl", chat_rows(400))
         job = write_job(
             tmp_path,
             sim.base_url,
             datasets=[("chat", "chat.jsonl", "openai")],
             concurrency=20,
-            extra="stop_grace_s = 60",
+            extra="initial_limit = 20\nstop_grace_s = 60",
         )
+        # 60 answers, then every request waits unanswered: the signal comes with all 20 in
+        # flight, and none of them can end before the run has seen it.
+        sim.simulator.hold(after=60)
         env = {**os.environ, "REGEN_TEST_KEY": SECRET_KEY}
         proc = subprocess.Popen(
             [sys.executable, "-m", "regen", "run", str(job)],
@@ -96,23 +98,26 @@ def test_sigterm_stops_dispatch_commits_what_finished_and_exits_0(tmp_path: Path
             stderr=subprocess.PIPE,
             text=True,
         )
-        deadline = time.monotonic() + 60
-        while len(sim.simulator.chat_log()) < 60 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
+        assert sim.simulator.wait_until(lambda: sim.simulator.held == 20, 60)
         sent_at_signal = len(sim.simulator.chat_log())
+        proc.send_signal(signal.SIGTERM)
+        assert proc.stdout is not None
+        for line in proc.stdout:  # the run says it is stopping, then the held answers come
+            if line.startswith("stopping: no new requests; 20 in flight"):
+                break
+        sim.simulator.release()
         stdout, stderr = proc.communicate(timeout=90)
         sent = len(sim.simulator.chat_log())
     assert proc.returncode == 5, stderr  # items left: the exit code says so
     assert "stopped: interrupted" in stdout
     assert re.search(r"dataset chat: \d+ items not sent: the run was interrupted", stdout)
-    # Nothing was sent after the signal (a request already on its way may have landed).
-    assert sent <= sent_at_signal + 1
+    assert sent == sent_at_signal == 80  # nothing was sent after the signal
     out = tmp_path / "out"
     (done,) = query(out, "SELECT COUNT(*) FROM results")[0]
-    assert done == sent  # every request that was sent finished and was committed
+    assert done == sent  # every request in flight at the signal finished and was committed
     assert query(out, "SELECT COUNT(*) FROM items WHERE status = 'pending'") == [(400 - done,)]
     assert len((out / "export" / "chat.jsonl").read_text().splitlines()) == done
+    assert "stopping: no new requests" in (out / "run.log").read_text()
 
 
 def test_insufficient_credits_stops_the_run_cleanly(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html.parser
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -111,10 +112,15 @@ def free_port() -> int:
 def test_metrics_endpoint_while_a_job_runs(tmp_path: Path) -> None:
     write_rows(tmp_path / "chat.jsonl", chat_rows(300))
     port = free_port()
-    with sim_in_thread(SimConfig(seed=4, time_scale=0.2)) as sim:
+    with sim_in_thread(SimConfig(seed=4, time_scale=0.0)) as sim:
         job = write_job(
-            tmp_path, sim.base_url, datasets=[("chat", "chat.jsonl", "openai")], concurrency=16
+            tmp_path,
+            sim.base_url,
+            datasets=[("chat", "chat.jsonl", "openai")],
+            concurrency=16,
+            extra="initial_limit = 16",
         )
+        sim.simulator.hold(after=20)  # 20 answers, then 16 in flight until the end
         env = {**os.environ, "REGEN_TEST_KEY": SECRET_KEY}
         proc = subprocess.Popen(
             [sys.executable, "-m", "regen", "run", str(job), "--metrics-port", str(port)],
@@ -124,14 +130,15 @@ def test_metrics_endpoint_while_a_job_runs(tmp_path: Path) -> None:
             text=True,
         )
         try:
+            assert sim.simulator.wait_until(lambda: sim.simulator.held == 16, 60)
             families = {}
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
+            while time.monotonic() < deadline:  # until the 20 answers are committed
                 try:
                     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as r:
                         text = r.read().decode()
                 except OSError:
-                    time.sleep(0.1)
+                    time.sleep(0.05)
                     continue
                 families = {f.name: f for f in text_string_to_metric_families(text)}
                 done = [
@@ -139,12 +146,14 @@ def test_metrics_endpoint_while_a_job_runs(tmp_path: Path) -> None:
                 ]
                 if done and done[0] >= 20:
                     break
-                time.sleep(0.1)
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
+            sim.simulator.release()
             out, err = proc.communicate(timeout=120)
         finally:
             if proc.poll() is None:
                 proc.kill()
-    assert proc.returncode == 0, err
+    assert proc.returncode == 5, err  # stopped with items left
     assert f"metrics: http://127.0.0.1:{port}/metrics" in out
     for name in (
         "regen_items",
@@ -167,6 +176,7 @@ def test_metrics_endpoint_while_a_job_runs(tmp_path: Path) -> None:
         if s.labels["outcome"] == "done" and s.name.endswith("_total")
     )
     assert count == inf >= answered >= 20
+    assert next(s.value for s in families["regen_in_flight"].samples) == 16
     ceiling = next(s.value for s in families["regen_concurrency_max"].samples)
     assert ceiling == 16
     # The key never shows up in what is served.

@@ -22,8 +22,8 @@ KILLS = 10
 CHAT = [("chat", "chat.jsonl", "openai")]
 
 
-def start_run(job: Path, *args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "REGEN_TEST_KEY": SECRET_KEY}
+def start_run(job: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    env = {**os.environ, "REGEN_TEST_KEY": SECRET_KEY, **(env or {})}
     return subprocess.Popen(
         [sys.executable, "-m", "regen", "run", str(job), *args],
         stdout=subprocess.PIPE,
@@ -40,48 +40,49 @@ def wait_for(predicate: Callable[[], object], timeout: float = 30.0) -> None:
         time.sleep(0.01)
 
 
-def test_sigkill_at_random_moments_then_rerun_loses_nothing_and_sends_nothing_twice(
+def crash_points(rng: random.Random) -> list[str]:
+    """Where each killed run dies (`REGEN_CRASH_AT`): at start-up, after a seeded number of
+    committed answers, at the dataset boundary, and inside the run's export."""
+    commits = [f"commit:{rng.randint(5, 90)}" for _ in range(KILLS - 4)]
+    return ["start", *commits[:3], "dataset:more", *commits[3:], "export", "start"]
+
+
+def test_sigkill_at_named_and_seeded_points_then_rerun_loses_nothing_and_sends_nothing_twice(
     tmp_path: Path,
 ) -> None:
     rng = random.Random(20261202)
-    n_items = 800
-    write_rows(tmp_path / "chat.jsonl", chat_rows(n_items))
-    # An answer takes about 0.3 s and the whole dispatch about 15 s: each run commits some
-    # answers and is killed with others in flight, and the job outlives the ten kills.
-    with sim_in_thread(SimConfig(seed=5, time_scale=0.07, log_bodies=True)) as sim:
-        job = write_job(tmp_path, sim.base_url, datasets=CHAT, concurrency=16)
+    n_items = 700
+    write_rows(tmp_path / "chat.jsonl", chat_rows(600))
+    write_rows(tmp_path / "more.jsonl", chat_rows(100, prefix="More"))
+    datasets = [*CHAT, ("more", "more.jsonl", "openai")]
+    points = crash_points(rng)
+    # Answers take a few milliseconds: each killed run has requests in flight.
+    with sim_in_thread(SimConfig(seed=5, time_scale=0.02, log_bodies=True)) as sim:
+        job = write_job(tmp_path, sim.base_url, datasets=datasets, concurrency=16)
         runs: list[tuple[float, bool]] = []  # (start, killed)
-        log_file = tmp_path / "out" / "run.log"
-
-        def dispatches() -> int:  # runs that reached dispatch: each logs a start line
-            return log_file.read_text().count("dataset chat:") if log_file.exists() else 0
-
-        for _ in range(KILLS):
-            started = dispatches()
+        export = tmp_path / "out" / "export"
+        for point in points:
             runs.append((time.time(), True))
-            proc = start_run(job)
-            if rng.random() < 0.1:  # during start-up or ingest
-                time.sleep(rng.uniform(0.05, 0.5))
-            else:  # once dispatch began: requests in flight, or being committed
-                wait_for(lambda n=started: dispatches() > n)
-                time.sleep(rng.uniform(0.2, 1.5))
-            assert proc.poll() is None, "the job finished before it could be killed"
-            proc.send_signal(signal.SIGKILL)
-            proc.communicate(timeout=30)
-            assert proc.returncode == -signal.SIGKILL
-        sim.simulator.config = sim.simulator.config.model_copy(update={"time_scale": 0.0})
+            proc = start_run(job, env={"REGEN_CRASH_AT": point})
+            _, err = proc.communicate(timeout=60)
+            assert proc.returncode == -signal.SIGKILL, (point, err)
+            if point == "export":  # it left a temporary file, and no half-written export
+                assert list(export.glob(".*.tmp")), "the export kill did not land in it"
         runs.append((time.time(), False))
         final = run_cli("run", str(job))
+        assert sim.simulator.wait_billed()
         log = sim.simulator.chat_log()
         billed_total = sim.simulator.billed_usd()
     assert final.returncode == 0, final.stdout + final.stderr
-    resumed = re.findall(r"dataset chat: resuming from (\d+) of", log_file.read_text())
+    assert not list(export.glob(".*.tmp"))
+    log_text = (export.parent / "run.log").read_text()
+    resumed = re.findall(r"dataset chat: resuming from (\d+) of", log_text)
     assert len(set(resumed)) >= KILLS // 2, "the killed runs committed answers"
 
     out = tmp_path / "out"
     # Every item is in the export exactly once.
-    export = (out / "export" / "chat.jsonl").read_text().splitlines()
-    ids = [json.loads(line)["id"] for line in export]
+    lines = [(export / f"{d}.jsonl").read_text().splitlines() for d in ("chat", "more")]
+    ids = [json.loads(line)["id"] for line in lines[0] + lines[1]]
     assert len(ids) == n_items and len(set(ids)) == n_items
     assert set(ids) == {i for (i,) in query(out, "SELECT id FROM items WHERE status = 'done'")}
 

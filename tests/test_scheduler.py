@@ -257,31 +257,36 @@ api_key_env = "X"
 class Slow:
     """A sender that answers after `delay_s`."""
 
-    def __init__(self, delay_s: float) -> None:
+    def __init__(self, delay_s: float, busy_at: int) -> None:
         self.delay_s = delay_s
         self.started = 0
+        self.busy_at = busy_at
+        self.busy = asyncio.Event()
+        """Set once `busy_at` requests have started: the moment a test acts on."""
 
     async def chat(self, item_id: str, body: dict[str, Any], **kw: Any) -> Any:
         from regen.conversation import Message, Result, Usage
 
         self.started += 1
+        if self.started >= self.busy_at:
+            self.busy.set()
         await asyncio.sleep(self.delay_s)
         return Result(item_id, Message("assistant", "ok"), "stop", Usage(1, 1, 0, 0.0))
 
 
 async def test_stop_lets_in_flight_finish_and_sends_nothing_after(tmp_path: Path) -> None:
     job, store = make_job(tmp_path, 100, concurrency=5)
-    slow = Slow(0.2)
+    slow = Slow(0.05, busy_at=12)  # some answered, 5 in flight
     stats = RunStats({p.name: DatasetStats(items=p.items) for p in store.dataset_progress()})
     sched = Scheduler(
         store, build_lanes(job, {"default": slow}), job.run, stats, commit_interval_s=0.01
     )
     task = asyncio.create_task(sched.run())
-    await asyncio.sleep(0.3)
+    await slow.busy.wait()
     sched.stop("interrupted")
     started_at_stop = slow.started
     await task
-    assert slow.started == started_at_stop  # nothing sent after the stop
+    assert slow.started == started_at_stop >= 12  # nothing sent after the stop
     done = rows(store, "SELECT COUNT(*) FROM results")[0][0]
     assert done == started_at_stop  # every request in flight finished and was committed
     assert rows(store, "SELECT COUNT(*) FROM items WHERE status = 'pending'") == [(100 - done,)]
@@ -289,13 +294,13 @@ async def test_stop_lets_in_flight_finish_and_sends_nothing_after(tmp_path: Path
 
 async def test_stop_grace_abandons_requests_that_take_too_long(tmp_path: Path) -> None:
     job, store = make_job(tmp_path, 10, concurrency=3, extra="stop_grace_s = 0.1")
-    slow = Slow(30)
+    slow = Slow(30, busy_at=3)
     stats = RunStats({p.name: DatasetStats(items=p.items) for p in store.dataset_progress()})
     sched = Scheduler(
         store, build_lanes(job, {"default": slow}), job.run, stats, commit_interval_s=0.01
     )
     task = asyncio.create_task(sched.run())
-    await asyncio.sleep(0.1)
+    await slow.busy.wait()
     sched.stop("interrupted")
     await asyncio.wait_for(task, timeout=5)
     assert rows(store, "SELECT COUNT(*) FROM items WHERE status = 'pending'") == [(10,)]

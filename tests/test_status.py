@@ -22,9 +22,15 @@ def status(out: Path) -> dict[str, object]:
 
 def test_status_json_of_a_running_job_and_then_of_the_finished_one(tmp_path: Path) -> None:
     write_rows(tmp_path / "chat.jsonl", chat_rows(300))
-    with sim_in_thread(SimConfig(seed=2, time_scale=0.3)) as sim:
-        job = write_job(tmp_path, sim.base_url, datasets=[("chat", "chat.jsonl", "openai")])
+    with sim_in_thread(SimConfig(seed=2, time_scale=0.0)) as sim:
+        job = write_job(
+            tmp_path,
+            sim.base_url,
+            datasets=[("chat", "chat.jsonl", "openai")],
+            extra="initial_limit = 16",
+        )
         out = tmp_path / "out"
+        sim.simulator.hold(after=40)  # 40 answers, then 16 requests in flight, unanswered
         run = subprocess.Popen(
             [sys.executable, "-m", "regen", "run", str(job)],
             stdout=subprocess.DEVNULL,
@@ -32,20 +38,24 @@ def test_status_json_of_a_running_job_and_then_of_the_finished_one(tmp_path: Pat
             env={**os.environ, "REGEN_TEST_KEY": SECRET_KEY},
         )
         try:
+            assert sim.simulator.wait_until(lambda: sim.simulator.held == 16, 60)
             deadline = time.monotonic() + 60
-            while True:  # until some answers are committed
+            while True:  # until the 40 answers are committed and a progress line is written
                 assert time.monotonic() < deadline and run.poll() is None
-                if (out / "state.db").exists():
-                    live = status(out)
-                    (ds,) = live["datasets"]  # type: ignore[misc]
-                    if live["progress"] and 0 < ds["done"] < 300:
-                        break
-                time.sleep(0.2)
+                live = status(out)
+                (ds,) = live["datasets"]  # type: ignore[misc]
+                if live["progress"] and ds["done"] == 40:
+                    break
+                time.sleep(0.05)
             assert live["running"] is True and live["pid"] == run.pid
-            assert ds["name"] == "chat" and ds["items"] == 300 and ds["pending"] > 0
+            assert ds["name"] == "chat" and ds["items"] == 300 and ds["pending"] == 260
             assert ds["cost_usd"] > 0 and ds["usd_per_mtok"] > 0
             assert "in_flight" in live["progress"] and "req_s" in live["progress"]  # type: ignore[operator]
             run.send_signal(signal.SIGTERM)  # a graceful stop: what finished is kept
+            while "stopping: no new requests" not in (out / "run.log").read_text():
+                assert time.monotonic() < deadline and run.poll() is None
+                time.sleep(0.05)
+            sim.simulator.release()  # the 16 in flight end within the grace period, and count
             # Items are left, and the exit code says so.
             assert run.wait(timeout=60) == 5, run.stderr.read() if run.stderr else ""
         finally:
@@ -56,7 +66,7 @@ def test_status_json_of_a_running_job_and_then_of_the_finished_one(tmp_path: Pat
         after = status(out)
         assert after["running"] is False and after["pid"] is None
         (ds,) = after["datasets"]  # type: ignore[misc]
-        assert ds["done"] >= live["datasets"][0]["done"]  # type: ignore[index]
+        assert ds["done"] == 40 + 16
 
         # The same job with a model the provider does not know: every attempt fails.
         job.write_text(job.read_text().replace("kimi-k2.5", "no-such-model") + "limit = 3\n")

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from regen import failpoints
 from regen.audit import Checks, rebuilt, sample_problems
 from regen.conversation import seeded_unit
 from regen.errors import StateError
@@ -68,6 +69,7 @@ def write_jsonl_atomic(path: Path, records: Iterable[dict[str, Any]]) -> int:
                 n += 1
             f.flush()
             os.fsync(f.fileno())
+        failpoints.reached("export")
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
@@ -450,6 +452,7 @@ def export_job(
         write_json_atomic(tmp / "manifest.json", manifest)
         if to.exists():
             os.rename(to, old)
+            failpoints.reached("export-swap")
         os.rename(tmp, to)
         shutil.rmtree(old, ignore_errors=True)
     except OSError as exc:
@@ -602,6 +605,7 @@ def write_text_atomic(path: Path, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        failpoints.reached("export")
         os.replace(tmp, path)
     except OSError:
         tmp.unlink(missing_ok=True)

@@ -514,7 +514,15 @@ async def dispatch(
             # First signal: stop dispatch, let in-flight requests finish. Second: abort now.
             if scheduler.stopping and main is not None:
                 main.cancel()
+                return
             scheduler.stop("interrupted")
+            line = (
+                f"stopping: no new requests; {stats.in_flight} in flight may finish within "
+                f"{job.run.stop_grace_s:g} s and are kept (a second signal cuts them short)"
+            )
+            console.print(line, markup=False, highlight=False)
+            with contextlib.suppress(StateError):
+                append_log(job.output_path / "run.log", [line])
 
         for sig in signals:
             with contextlib.suppress(NotImplementedError, RuntimeError):

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from regen import failpoints
 from regen.budget import BudgetBook, Lease, Prices, fill_cost
 from regen.client.account import generation_charge
 from regen.client.errors import RETRYABLE, STOPS_RUN
@@ -337,6 +338,8 @@ class Scheduler:
         """Outcomes recorded per dataset (a sequential rescan waits for a new one)."""
         self._commits = 0
         """Successful commits so far (a claim made before the last one may be stale)."""
+        self._committed = 0
+        """Answers and failures this run has committed."""
         self._uncommitted: dict[str, str] = {}
         """Items of sequential datasets handed out whose outcome is not committed yet (id ->
         dataset): a rescan leaves them out. An outcome recorded but not yet committed still
@@ -370,6 +373,7 @@ class Scheduler:
             self._stopping.set()
 
     async def run(self) -> None:
+        failpoints.reached("start")
         tasks: list[asyncio.Task[None]] = []
         workers: list[asyncio.Task[None]] = []
         for lane in self._lanes.values():
@@ -447,6 +451,7 @@ class Scheduler:
         try:
             for name in lane.datasets:
                 after = -1
+                failpoints.reached("dataset", name)
                 while not self.stopping and not self._held_back(name):
                     batch = self._store.claim_batch(name, after, batch_size, lane=lane.name)
                     if not batch:
@@ -972,6 +977,8 @@ class Scheduler:
         try:
             self._store.commit_outcomes(batch, charges)
             self._commits += 1
+            self._committed += len(batch)
+            failpoints.reached("commit", count=self._committed)
             for o in batch:
                 self._uncommitted.pop(o.item_id, None)
         except StateError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -64,6 +65,8 @@ async def test_reset_cuts_the_connection_mid_body_and_is_billed(
             ) as r:
                 assert r.status == 200
                 await r.read()
+    # Its generation goes on after the cut and is billed when it ends, on the sim's thread.
+    assert await asyncio.to_thread(sim.simulator.wait_billed)
     assert sim.simulator.billed_usd() > 0
 
 

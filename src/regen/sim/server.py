@@ -17,9 +17,9 @@ import string
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -101,10 +101,15 @@ class Simulator:
         self.unbilled = 0
         """Answers still generating that will be billed when they end (a client that went away
         does not stop them)."""
+        self._changed = threading.Condition()
+        """Notified when an answer is billed or a held request starts or stops waiting."""
+        self._hold: _Hold | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._bucket = (float(config.global_rps or 0), time.monotonic())
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.on_startup.append(self._started)
         for prefix in ("/api/v1", "/v1"):
             app.router.add_post(f"{prefix}/chat/completions", self.chat_completions)
         Catalogue(self.config, self.account).add_routes(app)
@@ -133,6 +138,65 @@ class Simulator:
 
     def billed_usd(self) -> float:
         return self.account.used_usd
+
+    def wait_billed(self, timeout: float = 30.0) -> bool:
+        """Wait (from another thread) until every answer still generating has been billed;
+        False if some were not within `timeout`."""
+        return self.wait_until(lambda: self.unbilled == 0, timeout)
+
+    def wait_until(self, predicate: Callable[[], bool], timeout: float = 30.0) -> bool:
+        """Wait (from another thread) until `predicate()` holds, checked whenever an answer is
+        billed or a held request starts or stops waiting; False after `timeout`."""
+        with self._changed:
+            return self._changed.wait_for(predicate, timeout)
+
+    def hold(self, after: int = 0, until_held: int | None = None) -> None:
+        """A test's hook to fix the moment it acts on: requests past the next `after` are
+        received, routed and counted in flight, then wait before they are answered, until
+        `release()` or until `until_held` of them wait. Call it before they arrive."""
+        self._hold = _Hold(after, until_held)
+
+    def release(self) -> None:
+        """Answer the held requests, and hold no more."""
+        hold, self._hold = self._hold, None
+        if hold is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(hold.open.set)
+
+    @property
+    def held(self) -> int:
+        """Requests waiting at the hold now."""
+        hold = self._hold
+        return hold.waiting if hold is not None else 0
+
+    def _notify(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
+    async def _started(self, app: web.Application) -> None:
+        self._loop = asyncio.get_running_loop()
+
+    async def _pass_hold(self) -> None:
+        hold = self._hold
+        if hold is None or hold.open.is_set():
+            return
+        if hold.passed < hold.after:
+            hold.passed += 1
+            return
+        hold.waiting += 1
+        if hold.until_held is not None and hold.waiting >= hold.until_held:
+            hold.open.set()
+        self._notify()
+        try:
+            await hold.open.wait()
+        finally:
+            hold.waiting -= 1
+            self._notify()
+
+    def _billed(self, cost: float) -> None:
+        with self._changed:
+            self.account.charge(cost)
+            self.unbilled -= 1
+            self._changed.notify_all()
 
     def chat_log(self) -> list[LoggedRequest]:
         return [e for e in self.log if e.path.endswith("/chat/completions")]
@@ -310,6 +374,7 @@ class Simulator:
             not reasoning_cfg.get("exclude"),
         )
         try:
+            await self._pass_hold()
             return await self._serve(request, chat, endpoint)
         finally:
             self.in_flight[endpoint.tag] -= 1
@@ -445,6 +510,17 @@ class Simulator:
         return resp
 
 
+@dataclass
+class _Hold:
+    """Requests held before they are answered (`Simulator.hold`)."""
+
+    after: int
+    until_held: int | None
+    passed: int = 0
+    waiting: int = 0
+    open: asyncio.Event = field(default_factory=asyncio.Event)
+
+
 class _Bill:
     """One answer's charge, made once: when its generation finishes or its answer is sent."""
 
@@ -457,8 +533,7 @@ class _Bill:
         if not self.done:
             self.done = True
             if self.cost:
-                self.sim.account.charge(self.cost)
-                self.sim.unbilled -= 1
+                self.sim._billed(self.cost)
 
 
 @dataclass
