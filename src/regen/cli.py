@@ -228,6 +228,12 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     sim.add_argument("--config", type=Path, help="sim config (TOML)")
     sim.add_argument(
+        "--credits",
+        type=float,
+        metavar="USD",
+        help="the key's credit limit, shown by /key (default: the config's, else none)",
+    )
+    sim.add_argument(
         "--dialect",
         choices=("openrouter", "vllm", "sglang"),
         help="which server to be (default: the config's, else openrouter)",
@@ -356,7 +362,10 @@ def _status(args: argparse.Namespace, console: Console) -> int:
             console.print(snapshot_view(snap))
         if args.watch is None:
             return EXIT_OK
-        time.sleep(args.watch)
+        try:
+            time.sleep(args.watch)
+        except KeyboardInterrupt:  # Ctrl-C is how a watch ends
+            return EXIT_OK
 
 
 def _target_flags(p: argparse.ArgumentParser) -> None:
@@ -734,7 +743,11 @@ def _sim(args: argparse.Namespace, console: Console) -> int:
     from regen.sim import load_sim_config, start_sim
 
     config = load_sim_config(args.config)
-    overrides = {"dialect": args.dialect, "served_model": args.served_model_name}
+    overrides = {
+        "dialect": args.dialect,
+        "served_model": args.served_model_name,
+        "credits_usd": args.credits,
+    }
     config = config.model_copy(update={k: v for k, v in overrides.items() if v is not None})
     if config.served_model is not None and config.model(config.served_model) is None:
         known = ", ".join(m.id for m in config.models)
