@@ -156,7 +156,7 @@ def test_generated_completions_respect_max_tokens_and_count_their_ids(
     )
 )
 def test_fast_word_encoding_equals_the_tokenizer(text: str) -> None:
-    from regen.sim.grammar import _encode
+    from regen.sim.tokens import _encode
 
     tok = sim_tokenizer()
     assert _encode(tok, text) == (tok.encode(text, add_special_tokens=False).ids if text else [])

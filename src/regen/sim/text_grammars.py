@@ -11,7 +11,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from regen.sim.grammar import Call, Parsed, _encode, _special
+from regen.sim.tokens import Call, Parsed, _encode, _special
 
 
 class TextGrammar:
