@@ -33,7 +33,24 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"regen {__version__}")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (
+        _run_parser,
+        _plan_parser,
+        _status_parser,
+        _audit_parser,
+        _export_parser,
+        _providers_parser,
+        _report_parser,
+        _inspect_parser,
+        _sim_parser,
+        _demo_parser,
+    ):
+        add(sub)
+    return p
 
+
+def _run_parser(sub: Any) -> None:
+    """`regen run` and its options."""
     run = sub.add_parser("run", help="regenerate a job's datasets (resumes where it stopped)")
     run.add_argument("job", type=Path, help="job file (TOML)")
     run.add_argument("--out", type=Path, help="output directory (overrides [job].output_dir)")
@@ -49,6 +66,9 @@ def _parser() -> argparse.ArgumentParser:
         help="serve Prometheus metrics on 127.0.0.1:PORT/metrics while the job runs",
     )
 
+
+def _plan_parser(sub: Any) -> None:
+    """`regen plan` and its options."""
     plan = sub.add_parser(
         "plan", help="estimate items, tokens, cost and time per dataset before spending"
     )
@@ -64,6 +84,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--json", action="store_true", help="print the estimates as JSON")
 
+
+def _status_parser(sub: Any) -> None:
+    """`regen status` and its options."""
     status = sub.add_parser("status", help="where a job stands (read-only: safe while it runs)")
     status.add_argument("out", type=Path, help="the job's output directory")
     status.add_argument("--json", action="store_true", help="print the status as JSON")
@@ -76,6 +99,9 @@ def _parser() -> argparse.ArgumentParser:
         help="show it again every SECONDS (5 by default) until Ctrl-C",
     )
 
+
+def _audit_parser(sub: Any) -> None:
+    """`regen audit` and its options."""
     aud = sub.add_parser(
         "audit",
         help="check reconstructed completions against billed tokens, and answers' structure",
@@ -125,6 +151,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     aud.add_argument("--json", action="store_true", help="print the audit as JSON")
 
+
+def _export_parser(sub: Any) -> None:
+    """`regen export` and its options."""
     exp = sub.add_parser(
         "export", help="write a job's answers in a trainer's format, filtered, mixed and split"
     )
@@ -192,6 +221,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     _target_flags(exp)
 
+
+def _providers_parser(sub: Any) -> None:
+    """`regen providers` and its options."""
     prov = sub.add_parser(
         "providers",
         help="list a model's OpenRouter endpoints and which of them a job's filters exclude",
@@ -204,12 +236,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     prov.add_argument("--json", action="store_true", help="print endpoints and verdicts as JSON")
 
+
+def _report_parser(sub: Any) -> None:
+    """`regen report` and its options."""
     rep = sub.add_parser(
         "report", help="write <out>/report.html: throughput, lengths, latency, cost, errors"
     )
     rep.add_argument("out", type=Path, help="the job's output directory")
     rep.add_argument("--to", type=Path, help="write the page here instead")
 
+
+def _inspect_parser(sub: Any) -> None:
+    """`regen inspect` and its options."""
     insp = sub.add_parser(
         "inspect", help="show how a dataset's rows become requests (reads the source only)"
     )
@@ -221,6 +259,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     insp.add_argument("--json", action="store_true", help="print rows and request bodies as JSON")
 
+
+def _sim_parser(sub: Any) -> None:
+    """`regen sim` and its options."""
     sim = sub.add_parser(
         "sim", help="serve a simulated OpenRouter, vLLM or SGLang server on 127.0.0.1"
     )
@@ -244,9 +285,11 @@ def _parser() -> argparse.ArgumentParser:
         help="vllm/sglang: the model served (default: the config's first model)",
     )
 
+
+def _demo_parser(sub: Any) -> None:
+    """`regen demo` and its options."""
     demo = sub.add_parser("demo", help="run the bundled demo job against an in-process simulator")
     demo.add_argument("--out", type=Path, default=Path("demo-out"))
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
