@@ -11,6 +11,7 @@ line is taken by one of them."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -95,14 +96,7 @@ class Shell:
         fast = self.cwd / "fast-sim.toml"
         fast.write_text("time_scale = 0.0\n")
         args += ["--config", str(fast)]
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "regen", *args],
-            cwd=self.cwd,
-            env={**_base_env(), **env},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc = self._start(args, env)
         self.procs.append(proc)
         assert proc.stdout is not None
         first = proc.stdout.readline()
@@ -112,14 +106,7 @@ class Shell:
 
     def _watch(self, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
         """`regen status --watch` until its first view, then Ctrl-C, as a user leaves it."""
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "regen", *args],
-            cwd=self.cwd,
-            env={**_base_env(), **env},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc = self._start(args, env)
         assert proc.stdout is not None
         view = ""
         while not view.rstrip().endswith("┘"):  # the view ends with its last table
@@ -131,16 +118,20 @@ class Shell:
         assert proc.returncode == 0, f"{args}: {proc.returncode}\n{err}"
         return subprocess.CompletedProcess(args, 0, view + out, err)
 
+    def _start(self, args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "regen", *args],
+            cwd=self.cwd,
+            env={**os.environ, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
     def close(self) -> None:
         for proc in self.procs:
             proc.terminate()
             proc.communicate(timeout=30)
-
-
-def _base_env() -> dict[str, str]:
-    import os
-
-    return dict(os.environ)
 
 
 @pytest.fixture
