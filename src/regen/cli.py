@@ -395,7 +395,8 @@ def _status(args: argparse.Namespace, console: Console) -> int:
     if args.watch is not None and args.watch <= 0:
         print("error: --watch takes a number of seconds above 0", file=sys.stderr)
         return EXIT_USAGE
-    while True:
+
+    def show() -> None:
         snap = take_snapshot(args.out)
         if args.json:
             print(json.dumps(snapshot_json(snap)), flush=True)
@@ -403,12 +404,15 @@ def _status(args: argparse.Namespace, console: Console) -> int:
             if args.watch is not None and console.is_terminal:
                 console.clear()
             console.print(snapshot_view(snap))
-        if args.watch is None:
-            return EXIT_OK
-        try:
+
+    if args.watch is None:
+        show()
+        return EXIT_OK
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a watch ends, at any moment
+        while True:
+            show()
             time.sleep(args.watch)
-        except KeyboardInterrupt:  # Ctrl-C is how a watch ends
-            return EXIT_OK
+    return EXIT_OK
 
 
 def _target_flags(p: argparse.ArgumentParser) -> None:
