@@ -605,7 +605,6 @@ def write_text_atomic(path: Path, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        failpoints.reached("export")
         os.replace(tmp, path)
     except OSError:
         tmp.unlink(missing_ok=True)
