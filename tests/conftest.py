@@ -120,6 +120,18 @@ def run_cli(
     return _in_process(list(args), full_env)
 
 
+def start_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """`regen ARGS` started as a process (text pipes, the test key set), for tests that signal,
+    kill or watch it while it runs."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "regen", *args],
+        env={**os.environ, "REGEN_TEST_KEY": SECRET_KEY, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def _in_process(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     from regen.cli import main
 

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 from regen.runner import quiet_gc
 from regen.sim import SimConfig, sim_in_thread
 from regen.sim.config import SimFaults
-from tests.conftest import SECRET_KEY, chat_rows, query, run_cli, write_job, write_rows
+from tests.conftest import chat_rows, query, run_cli, start_cli, write_job, write_rows
 
 LANES = """
 [[lanes]]
@@ -90,14 +87,7 @@ def test_sigterm_stops_dispatch_commits_what_finished_and_exits_0(tmp_path: Path
         # 60 answers, then every request waits unanswered: the signal comes with all 20 in
         # flight, and none of them can end before the run has seen it.
         sim.simulator.hold(after=60)
-        env = {**os.environ, "REGEN_TEST_KEY": SECRET_KEY}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "regen", "run", str(job)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc = start_cli("run", str(job))
         assert sim.simulator.wait_until(lambda: sim.simulator.held == 20, 60)
         sent_at_signal = len(sim.simulator.chat_log())
         proc.send_signal(signal.SIGTERM)

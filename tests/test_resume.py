@@ -4,33 +4,24 @@ output directory, and the fingerprint that guards a resumed job's settings."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from regen.sim import SimConfig, sim_in_thread
-from tests.conftest import SECRET_KEY, chat_rows, query, run_cli, write_job, write_rows
+from tests.conftest import chat_rows, query, run_cli, start_cli, write_job, write_rows
 
 KILLS = 10
 CHAT = [("chat", "chat.jsonl", "openai")]
 
 
 def start_run(job: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    env = {**os.environ, "REGEN_TEST_KEY": SECRET_KEY, **(env or {})}
-    return subprocess.Popen(
-        [sys.executable, "-m", "regen", "run", str(job), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    return start_cli("run", str(job), *args, env=env)
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 30.0) -> None:

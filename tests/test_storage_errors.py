@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from regen.sim import SimConfig, sim_in_thread
-from tests.conftest import SECRET_KEY, chat_rows, query, run_cli, write_job, write_rows
+from tests.conftest import SECRET_KEY, chat_rows, query, run_cli, start_cli, write_job, write_rows
 
 CHAT = [("chat", "chat.jsonl", "openai")]
 
@@ -168,14 +168,7 @@ def test_a_deleted_output_directory_stops_the_run_at_once(tmp_path: Path) -> Non
     out = tmp_path / "out"
     with sim_in_thread(SimConfig(seed=1, time_scale=0.05)) as sim:
         job = write_job(tmp_path, sim.base_url, datasets=CHAT, concurrency=16)
-        env = {**os.environ, "REGEN_TEST_KEY": SECRET_KEY}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "regen", "run", str(job)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc = start_cli("run", str(job))
 
         def answers() -> int:
             try:
