@@ -136,6 +136,9 @@ def test_a_dollar_cap_far_below_the_job_is_never_exceeded_with_500_in_flight(
             tmp_path, sim.base_url, datasets=CHAT, concurrency=500, extra="initial_limit = 500"
         )
         job.write_text(job.read_text() + f"\n[budget]\nmax_cost_usd = {cap}\n")
+        # The first 400 requests are answered only once all of them are in flight, however
+        # fast or slow this machine sends them.
+        sim.simulator.hold(until_held=400)
         proc = run_cli("run", str(job))
         billed = sim.simulator.billed_usd()
         peak = sim.simulator.peak_in_flight
