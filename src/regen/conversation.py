@@ -230,6 +230,7 @@ class Attempt:
     message: str | None = None
     provider: str | None = None
     generation_id: str | None = None
+    lane: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,9 +61,11 @@ from regen.scheduler import (
     Scheduler,
     Sender,
 )
-from regen.store import DatasetProgress, Store
+from regen.store import DatasetProgress, Store, TimelinePoint
 
 SELF_HOSTED = ("vllm", "sglang")
+TIMELINE_EVERY_S = 1.0
+"""How often a run records each lane's requests on the wire and adaptive limit."""
 
 
 @dataclass
@@ -483,6 +485,10 @@ async def dispatch(
                     release_holds(scheduler, book, store, accounts, baselines, clients, console)
                 )
             )
+        run_id = store.begin_run(
+            "run" if pilot is None else "pilot", job.budget.max_cost_usd, lane_settings(job)
+        )
+        tasks.append(asyncio.create_task(sample_timeline(store, run_id, stats)))
         reporter = ProgressReporter(
             stats, console, job.run.progress_interval_s, job.output_path / "run.log"
         )
@@ -537,11 +543,44 @@ async def dispatch(
                 await auditor.finish()
             if metrics is not None:
                 await metrics.cleanup()
+            with contextlib.suppress(StateError):
+                store.end_run(run_id, stats.stop_reason)
             for sig in signals:
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.remove_signal_handler(sig)
         reconciliations = await reconcile_accounts(store, accounts, baselines, clients)
     return Dispatched(stats, book.report(), reconciliations)
+
+
+def lane_settings(job: Job) -> dict[str, dict[str, Any]]:
+    """What the report needs to know of each lane, as this run had it."""
+    return {
+        lane.name: {
+            "max_tokens": job.lane_max_tokens(lane),
+            "concurrency": lane.concurrency,
+            "escalate_to": lane.escalate_to,
+        }
+        for lane in job.lane_list
+    }
+
+
+async def sample_timeline(
+    store: Store, run_id: int, stats: RunStats, every_s: float = TIMELINE_EVERY_S
+) -> None:
+    """Until cancelled, record each lane's requests on the wire and adaptive limit (the
+    report's timeline; the limit it settles at is what `regen plan` expects next time). A
+    write that fails stops the sampling, not the run: the run's own writes will say why."""
+    while True:
+        now = time.time()
+        points = [
+            TimelinePoint(run_id, now, name, lane.in_flight, lane.limit, lane.concurrency)
+            for name, lane in stats.lanes.items()
+        ]
+        try:
+            store.add_timeline(points)
+        except StateError:
+            return
+        await asyncio.sleep(every_s)
 
 
 def inherited_holds(store: Store, job: Job) -> list[DeadHold]:

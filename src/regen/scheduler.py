@@ -709,6 +709,7 @@ class Scheduler:
                         cls,
                         exc.message,
                         generation_id=exc.generation_id,
+                        lane=lane.name,
                     )
                 )
                 ds.errors[cls] += 1
@@ -760,6 +761,7 @@ class Scheduler:
                     message,
                     result.provider,
                     result.generation_id,
+                    lane.name,
                 )
             )
             if excluded:

@@ -201,6 +201,37 @@ def m006_usage_source(db: sqlite3.Connection) -> None:
     _script(db, "ALTER TABLE results ADD COLUMN usage_source TEXT")
 
 
+def m007_runs(db: sqlite3.Connection) -> None:
+    """Runs and their timeline: when each run (or pilot) started and ended, with the job's
+    dollar cap and the lanes' settings then; about once a second, each lane's requests on the
+    wire and adaptive limit; and the lane each attempt went out on. The report draws a job's
+    history from these, and `regen plan` reads the limit a provider let a lane settle at."""
+    _script(
+        db,
+        """
+        CREATE TABLE runs (
+            id INTEGER PRIMARY KEY,
+            kind TEXT NOT NULL CHECK (kind IN ('run', 'pilot')),
+            started_at REAL NOT NULL,
+            ended_at REAL,
+            stop_reason TEXT,
+            max_cost_usd REAL,
+            lanes TEXT NOT NULL
+        );
+        CREATE TABLE timeline (
+            run_id INTEGER NOT NULL REFERENCES runs(id),
+            t REAL NOT NULL,
+            lane TEXT NOT NULL,
+            in_flight INTEGER NOT NULL,
+            limit_now INTEGER NOT NULL,
+            concurrency INTEGER NOT NULL
+        );
+        CREATE INDEX timeline_run ON timeline (run_id, t);
+        ALTER TABLE attempts ADD COLUMN lane TEXT
+        """,
+    )
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m001_initial,
     m002_lanes,
@@ -208,6 +239,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m004_sources,
     m005_token_ids,
     m006_usage_source,
+    m007_runs,
 ]
 
 
@@ -342,6 +374,46 @@ class PendingItem:
     conversation_id: str
     prompt_tokens_est: int = 0
     after_item: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """One run (or pilot) of the job: when it started and ended (None: it was killed; the
+    last timeline point stands in), why it stopped, the job's dollar cap and its lanes then
+    ({lane: {"max_tokens": N, "concurrency": N, "escalate_to": name or None}})."""
+
+    id: int
+    kind: str
+    started_at: float
+    ended_at: float | None
+    stop_reason: str | None
+    max_cost_usd: float | None
+    lanes: dict[str, dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class TimelinePoint:
+    """One lane at one moment of a run: requests on the wire and the adaptive limit."""
+
+    run_id: int
+    t: float
+    lane: str
+    in_flight: int
+    limit: int
+    concurrency: int
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptFact:
+    """One attempt, as the report and the plan read it (lane None: made before lanes were
+    recorded)."""
+
+    started_at: float
+    latency_s: float
+    status: int | None
+    failure_class: str | None
+    dataset: str
+    lane: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -829,6 +901,7 @@ class Store:
                     a.message,
                     a.provider,
                     a.generation_id,
+                    a.lane,
                 )
                 for a in o.attempts
             )
@@ -906,7 +979,8 @@ class Store:
         with self._tx() as db:
             db.executemany(
                 "INSERT INTO attempts (item_id, number, started_at, latency_s, status, "
-                "failure_class, message, provider, generation_id) VALUES (?,?,?,?,?,?,?,?,?)",
+                "failure_class, message, provider, generation_id, lane) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?)",
                 attempts,
             )
             db.executemany(
@@ -1091,6 +1165,90 @@ class Store:
             (rowid, limit),
         ).fetchall()
         return [(r[16], r[17], self._export_row(r)) for r in rows]
+
+    # runs and their timeline
+
+    def begin_run(
+        self, kind: str, max_cost_usd: float | None, lanes: dict[str, dict[str, Any]]
+    ) -> int:
+        """Record that a run (or a pilot) starts now; its id."""
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO runs (kind, started_at, max_cost_usd, lanes) VALUES (?, ?, ?, ?)",
+                (kind, time.time(), max_cost_usd, json.dumps(lanes, sort_keys=True)),
+            )
+            return int(cur.lastrowid or 0)
+
+    def end_run(self, run_id: int, stop_reason: str | None) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE runs SET ended_at = ?, stop_reason = ? WHERE id = ?",
+                (time.time(), stop_reason, run_id),
+            )
+
+    def add_timeline(self, points: Iterable[TimelinePoint]) -> None:
+        with self._tx() as db:
+            db.executemany(
+                "INSERT INTO timeline VALUES (?, ?, ?, ?, ?, ?)",
+                [(p.run_id, p.t, p.lane, p.in_flight, p.limit, p.concurrency) for p in points],
+            )
+
+    def runs(self) -> list[RunRecord]:
+        """Every run and pilot, oldest first; a killed one ends at its last timeline point."""
+        rows = self._db.execute(
+            "SELECT r.id, r.kind, r.started_at, "
+            "COALESCE(r.ended_at, (SELECT MAX(t) FROM timeline WHERE run_id = r.id)), "
+            "r.stop_reason, r.max_cost_usd, r.lanes FROM runs r ORDER BY r.id"
+        ).fetchall()
+        return [RunRecord(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6])) for r in rows]
+
+    def timeline(self) -> list[TimelinePoint]:
+        rows = self._db.execute(
+            "SELECT run_id, t, lane, in_flight, limit_now, concurrency FROM timeline "
+            "ORDER BY run_id, t"
+        ).fetchall()
+        return [TimelinePoint(*r) for r in rows]
+
+    def settled_limits(self, last_s: float = 60.0) -> dict[str, float]:
+        """Per lane, the mean adaptive limit over the last `last_s` seconds of the latest run
+        that sampled it: what the provider let the lane settle at."""
+        rows = self._db.execute(
+            """
+            SELECT t.lane, AVG(t.limit_now) FROM timeline t
+            JOIN (SELECT lane, MAX(run_id) AS run_id FROM timeline GROUP BY lane) last
+              ON last.lane = t.lane AND last.run_id = t.run_id
+            WHERE t.t >= (SELECT MAX(t2.t) FROM timeline t2
+                          WHERE t2.lane = t.lane AND t2.run_id = t.run_id) - ?
+            GROUP BY t.lane
+            """,
+            (last_s,),
+        ).fetchall()
+        return {lane: float(v) for lane, v in rows}
+
+    def attempt_facts(self) -> Iterator[AttemptFact]:
+        """Every attempt, in the order recorded."""
+        for r in self._db.execute(
+            "SELECT a.started_at, a.latency_s, a.status, a.failure_class, i.dataset, a.lane "
+            "FROM attempts a JOIN items i ON i.id = a.item_id ORDER BY a.id"
+        ):
+            yield AttemptFact(*r)
+
+    def ledger_facts(self) -> Iterator[tuple[float, float, str, str]]:
+        """(charged at, USD, kind, dataset) of every charge, in the order made; kind is
+        `completion`, `escalated` (a truncated answer sent again on a longer lane) or
+        `failed_attempt`."""
+        yield from self._db.execute(
+            "SELECT created_at, COALESCE(cost_usd, 0.0), kind, dataset FROM ledger ORDER BY id"
+        )
+
+    def item_lanes(self) -> dict[tuple[str, str | None, bool], int]:
+        """Done items by (dataset, the lane that answered, whether a shorter lane's truncated
+        answer was escalated to it)."""
+        rows = self._db.execute(
+            "SELECT dataset, lane, escalated, COUNT(*) FROM items WHERE status = 'done' "
+            "GROUP BY dataset, lane, escalated"
+        ).fetchall()
+        return {(d, lane, bool(e)): n for d, lane, e, n in rows}
 
     def last_result_rowid(self) -> int:
         row = self._db.execute("SELECT max(rowid) FROM results").fetchone()
