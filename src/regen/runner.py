@@ -56,6 +56,7 @@ from regen.scheduler import (
     DatasetStats,
     DeadHold,
     EndpointRuntime,
+    JobTotals,
     LaneRuntime,
     RunStats,
     Scheduler,
@@ -408,10 +409,23 @@ async def dispatch(
     `pilot`: only until each dataset has that many answers (items in dispatch order)."""
     progress = store.dataset_progress()
     budgets = {d.name: d.token_budget for d in job.datasets}
+    errors: dict[str, dict[str, int]] = {}
+    for (dataset, cls), n in store.failure_counts().items():
+        errors.setdefault(dataset, {})[cls] = n
     stats = RunStats(
         datasets={
             p.name: DatasetStats(
-                items=p.items, done_before=p.done, token_budget=budgets.get(p.name)
+                items=p.items,
+                done_before=p.done,
+                token_budget=budgets.get(p.name),
+                before=JobTotals(
+                    p.done,
+                    p.failed,
+                    p.prompt_tokens,
+                    p.completion_tokens,
+                    p.cost_usd,
+                    errors.get(p.name, {}),
+                ),
             )
             for p in progress
         }

@@ -160,6 +160,9 @@ class DatasetStats:
     items: int = 0
     done_before: int = 0
     token_budget: int | None = None
+    before: JobTotals | None = None
+    """The job's totals for this dataset as the run started (from state.db): added to this
+    run's counters, they are the job's totals, which survive resumes."""
     done: int = 0
     failed: int = 0
     in_flight: int = 0
@@ -173,6 +176,19 @@ class DatasetStats:
         self.prompt_tokens += usage.prompt_tokens
         self.completion_tokens += usage.completion_tokens
         self.cost_usd += usage.cost_usd or 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class JobTotals:
+    """What earlier runs of the job did for one dataset (state.db's ledger and attempts)."""
+
+    done: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    errors: dict[str, int] = field(default_factory=dict)
+    """Failed attempts by class."""
 
 
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, math.inf)
