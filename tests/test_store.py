@@ -52,6 +52,7 @@ def test_migrations_are_recorded_once(tmp_path: Path) -> None:
         (4, "m004_sources"),
         (5, "m005_token_ids"),
         (6, "m006_usage_source"),
+        (7, "m007_runs"),
     ]
     assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 

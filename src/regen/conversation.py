@@ -264,3 +264,4 @@ class Charge:
     generation_id: str
     endpoint: str | None = None
     provider: str | None = None
+    lane: str | None = None

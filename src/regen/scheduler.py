@@ -236,6 +236,8 @@ class RunStats:
     stop_reason: str | None = None
     credits_usd: float | None = None
     """The account's remaining credit, as last read (None: not known)."""
+    max_cost_usd: float | None = None
+    """The job's dollar cap, [budget].max_cost_usd (None: no cap), for what is left of it."""
     budget_stop: bool = False
     """The run stopped because the job's dollar cap or the credit floor was reached."""
     drained: dict[str, int] = field(default_factory=dict)
@@ -706,7 +708,7 @@ class Scheduler:
                     else:
                         flow.failed_wire_s += t1 - t0
                     if begun is not None:
-                        self._look_up_bill(ep, item, begun, lease)
+                        self._look_up_bill(ep, item, begun, lease, lane.name)
                     elif lease is not None and self._budget is not None:
                         if maybe_billed:
                             self._budget.hold(lease)
@@ -791,6 +793,7 @@ class Scheduler:
                         result.generation_id or f"excluded:{item.id}:{number}",
                         ep.name,
                         result.provider,
+                        lane.name,
                     )
                 )
                 ds.charge(result.usage)
@@ -807,14 +810,24 @@ class Scheduler:
             return ended(result=result)
 
     def _look_up_bill(
-        self, ep: EndpointRuntime, item: PendingItem, generation_id: str, lease: Lease | None
+        self,
+        ep: EndpointRuntime,
+        item: PendingItem,
+        generation_id: str,
+        lease: Lease | None,
+        lane: str,
     ) -> None:
-        task = asyncio.create_task(self._bill(ep, item, generation_id, lease))
+        task = asyncio.create_task(self._bill(ep, item, generation_id, lease, lane))
         self._lookups.add(task)
         task.add_done_callback(self._lookups.discard)
 
     async def _bill(
-        self, ep: EndpointRuntime, item: PendingItem, generation_id: str, lease: Lease | None
+        self,
+        ep: EndpointRuntime,
+        item: PendingItem,
+        generation_id: str,
+        lease: Lease | None,
+        lane: str,
     ) -> None:
         """Charge what the provider billed for an attempt cut short, as its generation record
         says; its budget hold is given back only then, so a dollar cap holds through it."""
@@ -830,7 +843,7 @@ class Scheduler:
                 if charged.cost_usd:  # 0: not billed (a provider error, say)
                     usage = charged
                     self._charges.append(
-                        Charge(item.id, item.dataset, usage, generation_id, ep.name, found[1])
+                        Charge(item.id, item.dataset, usage, generation_id, ep.name, found[1], lane)
                     )
                     self.stats.datasets[item.dataset].charge(usage)
                 return

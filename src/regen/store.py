@@ -204,8 +204,9 @@ def m006_usage_source(db: sqlite3.Connection) -> None:
 def m007_runs(db: sqlite3.Connection) -> None:
     """Runs and their timeline: when each run (or pilot) started and ended, with the job's
     dollar cap and the lanes' settings then; about once a second, each lane's requests on the
-    wire and adaptive limit; and the lane each attempt went out on. The report draws a job's
-    history from these, and `regen plan` reads the limit a provider let a lane settle at."""
+    wire and adaptive limit; and the lane each attempt went out on and each charge was made
+    in. The report draws a job's history from these, and `regen plan` measures each lane from
+    them, with the limit a provider let the lane settle at."""
     _script(
         db,
         """
@@ -227,7 +228,8 @@ def m007_runs(db: sqlite3.Connection) -> None:
             concurrency INTEGER NOT NULL
         );
         CREATE INDEX timeline_run ON timeline (run_id, t);
-        ALTER TABLE attempts ADD COLUMN lane TEXT
+        ALTER TABLE attempts ADD COLUMN lane TEXT;
+        ALTER TABLE ledger ADD COLUMN lane TEXT
         """,
     )
 
@@ -922,6 +924,7 @@ class Store:
                         r.endpoint,
                         r.provider,
                         r.generation_id,
+                        o.attempts[-1].lane if o.attempts else None,
                     )
                 )
             if o.escalate_to is not None and r is not None:
@@ -974,6 +977,7 @@ class Store:
                     c.endpoint,
                     c.provider,
                     c.generation_id,
+                    c.lane,
                 )
             )
         with self._tx() as db:
@@ -992,8 +996,8 @@ class Store:
             )
             db.executemany(
                 "INSERT INTO ledger (item_id, dataset, kind, prompt_tokens, completion_tokens, "
-                "cost_usd, created_at, endpoint, provider, generation_id) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?)",
+                "cost_usd, created_at, endpoint, provider, generation_id, lane) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 ledger,
             )
             db.executemany(
