@@ -1,17 +1,24 @@
-"""What a person watching a run sees: a live table on a TTY, plain greppable lines otherwise."""
+"""What a person watching a run sees: a live view on a TTY that fits the terminal's width
+(ProgressView, DEGRADE_ORDER), plain greppable lines otherwise (`progress_line`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
-from rich.console import Console
+from rich import box
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.live import Live
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from regen.billing import Reconciliation
 from regen.errors import StateError
@@ -127,18 +134,58 @@ def progress_line(stats: RunStats, now: float | None = None) -> str:
         f"{_eta_fields(job_eta)} completion_tokens={t.completion_tokens} "
         f"cost_usd={t.cost_usd:.4f} usd_per_mtok={per_mtok(t.cost_usd, t.completion_tokens):.2f} "
         + (f"credits_usd={stats.credits_usd:.4f} " if stats.credits_usd is not None else "")
+        + (f"cost_left_usd={left:.4f} " if (left := cap_left_usd(stats)) is not None else "")
         + f"errors={errors_text(t.errors)} "
         f"elapsed_s={elapsed:.0f} {per_ds} {per_lane}"
     ).rstrip()
 
 
-def _table_cells(
+LIVE_COLUMNS: tuple[str, ...] = (
+    "dataset",
+    "done/total",
+    "failed",
+    "in flight",
+    "req/s",
+    "tok/s",
+    "tokens/budget",
+    "mean len",
+    "$",
+    "$/Mtok",
+    "errors",
+    "ETA (p10-p90)",
+)
+"""The live view's per-dataset columns on a wide terminal (rates are over the last minute)."""
+
+DEGRADE_ORDER: tuple[str, ...] = (
+    "$/Mtok",
+    "mean len",
+    "tokens/budget",
+    "errors by class",
+    "errors",
+    "in flight",
+    "tok/s",
+    "req/s",
+    "$",
+    "failed",
+)
+"""What the per-dataset table gives up, first to last, until it fits the terminal's width:
+`errors by class` turns each breakdown into its count, every other step drops its column.
+The dataset, done/total and ETA columns always stay. Nothing the job as a whole needs is lost
+on the way: the header above the table keeps done/total, rates, spend, what is left, the ETA
+and errors by class, its items flowing onto another line rather than being cut (the errors
+shorten to the commonest classes and `+N more`, then to the total, when one line cannot hold
+them); a lane's line gives up its mean on the wire, then its answers, then flows likewise.
+A dataset's name is the one value ever shortened (with an ellipsis, to no less than 8 cells),
+and only when even the three columns that stay do not fit (below about 50 columns)."""
+
+
+def _dataset_cells(
     name: str, d: DatasetStats, rate: tuple[float, float], eta: Eta | None
-) -> tuple[str, ...]:
+) -> dict[str, str]:
     used = format_tokens(d.completion_tokens)
     if d.token_budget is not None:
         used += f"/{format_tokens(d.token_budget)}"
-    return (
+    cells = (
         name,
         f"{d.done_before + d.done}/{d.items}",
         str(d.failed),
@@ -152,59 +199,186 @@ def _table_cells(
         errors_text(d.errors),
         eta_text(eta),
     )
+    return dict(zip(LIVE_COLUMNS, cells, strict=True))
 
 
-def progress_table(stats: RunStats, now: float | None = None) -> Table:
+def _errors_item(errors: dict[str, int], width: int) -> str:
+    """The job's errors by class, commonest first, in `width` cells: as many classes as fit,
+    then `+N more`, at the least the total."""
+    total = sum(errors.values())
+    ranked = [f"{k} {v}" for k, v in sorted(errors.items(), key=lambda kv: (-kv[1], kv[0]))]
+    for shown in range(len(ranked), 0, -1):
+        rest = len(ranked) - shown
+        item = f"errors {total}: " + ", ".join(ranked[:shown]) + (f", +{rest} more" if rest else "")
+        if cell_len(item) <= width:
+            return item
+    return f"errors {total}"
+
+
+def _flow(items: Sequence[str], width: int, indent: str = "  ") -> list[str]:
+    """Items joined by two spaces, onto as many lines as it takes: an item is never split
+    (a later line starts with `indent`)."""
+    lines: list[str] = []
+    line = ""
+    for item in items:
+        if not line:
+            line = item
+        elif cell_len(line) + 2 + cell_len(item) <= width:
+            line += "  " + item
+        else:
+            lines.append(line)
+            line = indent + item
+    return [*lines, line] if line else lines
+
+
+@dataclass(frozen=True)
+class ProgressView:
+    """The live view at one moment, laid out for the width of the console that draws it.
+
+    Its figures are taken in the event loop (`progress_view`), so that `Live`, which redraws
+    from its own thread, reads nothing that the run is changing; the layout is chosen at each
+    draw, so a resized terminal gets a fitting view at the next refresh. From the top: a header
+    (elapsed, done/total, failed and in flight, req/s and tok/s over the last minute, the ETA
+    with its p10-p90 interval, $ spent, $ left of the job's cap, the account's credit left,
+    $/Mtok, and errors by class), the per-dataset table (its columns by width: see
+    DEGRADE_ORDER), one line per lane (its adaptive limit over its concurrency, requests in
+    flight, escalations, answers, mean on the wire), and why the run is stopping, once it is.
+    """
+
+    header: tuple[tuple[str, ...], ...]
+    """Groups of items; each group starts a line."""
+    errors: dict[str, int]
+    rows: tuple[dict[str, str], ...]
+    """Cells by column of each dataset, then of the total (bold) when there are several."""
+    row_errors: tuple[dict[str, int], ...]
+    lanes: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]
+    """Per lane, the items it always shows and those it gives up first when narrow."""
+    stop_reason: str | None = None
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = options.max_width
+        for group in self.header:
+            for line in _flow(group, width):
+                yield Text(line, no_wrap=True, overflow="ellipsis")
+        yield Text(_errors_item(self.errors, width), no_wrap=True, overflow="ellipsis")
+        if self.rows:
+            yield self._fitting_table(console, options)
+        for core, detail in self.lanes:
+            items = [*core, *detail]
+            while len(items) > len(core) and cell_len("  ".join(items)) > width:
+                items.pop()
+            for line in _flow(items, width, indent="    "):
+                yield Text(line, style="dim", no_wrap=True, overflow="ellipsis")
+        if self.stop_reason:
+            yield Text(f"stopping: {self.stop_reason}", style="bold")
+
+    def _fitting_table(self, console: Console, options: ConsoleOptions) -> Table:
+        """The table with the most columns that fits, giving them up in DEGRADE_ORDER."""
+        # Measured as if the console had room: a measure within its width would clamp to it.
+        unbounded = options.update_width(1_000_000)
+        for steps in range(len(DEGRADE_ORDER) + 1):
+            table = self.table(DEGRADE_ORDER[:steps])
+            excess = Measurement.get(console, unbounded, table).maximum - options.max_width
+            if excess <= 0:
+                return table
+        # Only the names give way (rich would otherwise cut every column a little).
+        names = max(cell_len(c) for row in self.rows for c in (row["dataset"], "dataset"))
+        return self.table(DEGRADE_ORDER, name_width=max(8, names - excess))
+
+    def table(self, given_up: Sequence[str] = (), name_width: int | None = None) -> Table:
+        """The per-dataset table without the steps of DEGRADE_ORDER in `given_up`, its dataset
+        names cut to `name_width` (with an ellipsis) if given."""
+        table = Table(box=box.MINIMAL_HEAVY_HEAD, show_edge=False, expand=False)
+        columns = [c for c in LIVE_COLUMNS if c not in given_up]
+        for col in columns:
+            if col == "dataset":
+                table.add_column(col, no_wrap=True, overflow="ellipsis", max_width=name_width)
+            else:
+                table.add_column(col, justify="left" if col == "errors" else "right", no_wrap=True)
+        for i, (cells, errors) in enumerate(zip(self.rows, self.row_errors, strict=True)):
+            total = len(self.rows) > 1 and i == len(self.rows) - 1
+            if total:
+                table.add_section()
+            if "errors by class" in given_up:
+                cells = {**cells, "errors": str(sum(errors.values()))}
+            table.add_row(*(cells[c] for c in columns), style="bold" if total else None)
+        return table
+
+
+def _job_spent_usd(stats: RunStats) -> float:
+    """Dollars the job has spent over all its runs (what its cap is measured against)."""
+    return sum(
+        d.cost_usd + (d.before.cost_usd if d.before is not None else 0.0)
+        for d in stats.datasets.values()
+    )
+
+
+def cap_left_usd(stats: RunStats) -> float | None:
+    """What the job's dollar cap still allows after the spend recorded so far (None: no cap)."""
+    if stats.max_cost_usd is None:
+        return None
+    return max(0.0, stats.max_cost_usd - _job_spent_usd(stats))
+
+
+def progress_view(stats: RunStats, now: float | None = None) -> ProgressView:
+    """The live view's figures now; it lays them out for the console's width when drawn."""
     now = time.monotonic() if now is None else now
     elapsed = max(now - stats.started_at, 1e-9)
     rates = stats.rolling(now)
     etas, job_eta = stats.etas(now)
     t = _totals(stats)
-    title = (
-        f"regen  {format_duration(elapsed)} elapsed  ETA {eta_text(job_eta)}  "
-        f"{t.done / elapsed:.1f} req/s overall  ${t.cost_usd:,.4f} spent"
-    )
+    progress = [
+        f"regen {format_duration(elapsed)} elapsed",
+        f"done {t.done_before + t.done}/{t.items}",
+        f"failed {t.failed}",
+        f"in flight {t.in_flight}",
+        f"{rates[''][0]:.1f} req/s",
+        f"{format_tokens(round(rates[''][1]))} tok/s",
+        f"ETA {eta_text(job_eta)}",
+    ]
+    spent = f"spent ${t.cost_usd:,.4f}"
+    job_spent = _job_spent_usd(stats)
+    if job_spent > t.cost_usd:
+        spent += f" (job ${job_spent:,.4f})"
+    money = [spent]
+    left = cap_left_usd(stats)
+    if left is not None:
+        money.append(f"left ${left:,.4f} of ${stats.max_cost_usd:,g} cap")
     if stats.credits_usd is not None:
-        title += f"  ${stats.credits_usd:,.2f} credit left"
-    table = Table(title=title, title_justify="left", expand=False)
-    cols = (
-        "dataset",
-        "done/total",
-        "failed",
-        "in flight",
-        "req/s 1m",
-        "tok/s 1m",
-        "tokens/budget",
-        "mean len",
-        "$",
-        "$/Mtok",
-        "errors",
-        "ETA (p10-p90)",
-    )
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("dataset", "errors") else "right")
-    for name, d in stats.datasets.items():
-        table.add_row(*_table_cells(name, d, rates[name], etas.get(name)))
+        money.append(f"credit left ${stats.credits_usd:,.2f}")
+    money.append(f"${per_mtok(t.cost_usd, t.completion_tokens):.2f}/Mtok")
+    rows = [
+        _dataset_cells(name, d, rates[name], etas.get(name)) for name, d in stats.datasets.items()
+    ]
+    row_errors = [dict(d.errors) for d in stats.datasets.values()]
     if len(stats.datasets) > 1:
-        table.add_section()
-        table.add_row(*_table_cells("total", t, rates[""], job_eta), style="bold")
-    table.add_section()
+        rows.append(_dataset_cells("total", t, rates[""], job_eta))
+        row_errors.append(dict(t.errors))
+    lanes = []
     for name, lane in stats.lanes.items():
-        c, _ = lane.wire.mean(now)
-        table.add_row(
+        on_wire, _ = lane.wire.mean(now)
+        core = [
             f"lane {name}",
-            f"{lane.done} done",
-            f"{lane.escalated} escalated" if lane.escalated else "",
-            str(lane.in_flight),
             f"limit {lane.limit}/{lane.concurrency}",
-            f"mean {c:.0f} on wire",
-            style="dim",
-        )
-    return table
+            f"{lane.in_flight} in flight",
+        ]
+        if lane.escalated:
+            core.append(f"{lane.escalated} escalated")
+        detail = (f"{lane.done} done", f"mean {on_wire:.0f} on wire")
+        lanes.append((tuple(core), detail))
+    return ProgressView(
+        header=(tuple(progress), tuple(money)),
+        errors=dict(t.errors),
+        rows=tuple(rows),
+        row_errors=tuple(row_errors),
+        lanes=tuple(lanes),
+        stop_reason=stats.stop_reason,
+    )
 
 
 class ProgressReporter:
-    """Shows progress until cancelled: live on a TTY, a line every `interval_s` otherwise.
+    """Shows progress until cancelled: live on a TTY (a ProgressView, taken four times a second
+    and drawn at the terminal's width of the moment), a line every `interval_s` otherwise.
 
     Every line also goes to `log_path` (run.log), whatever stdout is.
     """
@@ -247,7 +421,7 @@ class ProgressReporter:
         try:
             if self._console.is_terminal:
                 live = Live(
-                    progress_table(self._stats),
+                    progress_view(self._stats),
                     console=self._console,
                     refresh_per_second=4,
                     transient=False,
@@ -257,7 +431,7 @@ class ProgressReporter:
             while True:
                 now = time.monotonic()
                 if live is not None:
-                    live.update(progress_table(self._stats, now))
+                    live.update(progress_view(self._stats, now))
                 if now - last_line >= self._interval_s:
                     line = progress_line(self._stats, now)
                     self._log(line)
@@ -269,7 +443,7 @@ class ProgressReporter:
             final = progress_line(self._stats)
             self._log(final)
             if live is not None:
-                live.update(progress_table(self._stats))
+                live.update(progress_view(self._stats))
                 live.stop()
             else:
                 self._console.print(final, markup=False, highlight=False, soft_wrap=True)

@@ -428,7 +428,8 @@ async def dispatch(
                 ),
             )
             for p in progress
-        }
+        },
+        max_cost_usd=job.budget.max_cost_usd,
     )
     pool_size: dict[str, int] = {}
     for lane in job.lane_list:

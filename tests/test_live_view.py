@@ -1,0 +1,231 @@
+"""The live view on a terminal fits its width: every figure of the job at 120 columns, more
+detail at 200, and at 80 a planned core (progress.DEGRADE_ORDER), never a value cut in two."""
+
+from __future__ import annotations
+
+import io
+import re
+from collections import Counter
+
+import pytest
+from rich.cells import cell_len
+from rich.console import Console
+
+from regen.eta import eta_text
+from regen.limiter import AdaptiveLimit
+from regen.progress import (
+    DEGRADE_ORDER,
+    LIVE_COLUMNS,
+    ProgressView,
+    progress_line,
+    progress_view,
+)
+from regen.scheduler import DatasetStats, JobTotals, LaneStats, RunStats
+
+NOW = 10_000.0
+STARTED = NOW - 1_500.0
+
+
+def _lane(concurrency: int, limit: int, in_flight: int, datasets: dict[str, int]) -> LaneStats:
+    lane = LaneStats(concurrency=concurrency, in_flight=in_flight, datasets=list(datasets))
+    lane.limits.append(AdaptiveLimit(concurrency, limit, clock=lambda: NOW))
+    lane.wire.change(NOW - 30.0, in_flight)
+    for k, (name, remaining) in enumerate(datasets.items()):
+        flow = lane.flow(name)
+        flow.remaining = remaining
+        for i in range(200):
+            flow.add_latency(4.0 + (i * 7 + k) % 13)
+        flow.answers = flow.finished = 200
+    return lane
+
+
+def busy_stats() -> RunStats:
+    """A run 25 minutes in: three datasets with long names over two lanes, errors of three
+    classes, a token budget, a dollar cap with spend from an earlier run, and credit."""
+    glaive = DatasetStats(
+        items=40_000,
+        done_before=10_000,
+        token_budget=30_000_000,
+        before=JobTotals(done=10_000, cost_usd=4.5),
+        done=12_345,
+        failed=17,
+        in_flight=48,
+        completion_tokens=9_876_543,
+        cost_usd=7.2345,
+        errors=Counter({"rate_limited": 11, "timeout": 4}),
+    )
+    magpie = DatasetStats(
+        items=25_000,
+        done=8_000,
+        failed=3,
+        in_flight=30,
+        completion_tokens=4_200_000,
+        cost_usd=3.1,
+        errors=Counter({"server": 3}),
+    )
+    hermes = DatasetStats(items=9_000, done=0, in_flight=16)
+    stats = RunStats(
+        datasets={
+            "function_calling_glaive": glaive,
+            "magpie_reasoning_ultra": magpie,
+            "hermes_agent_traces_v2": hermes,
+        },
+        started_at=STARTED,
+        credits_usd=123.45,
+        max_cost_usd=40.0,
+    )
+    stats.lanes = {
+        "fast": _lane(64, 48, 78, {"function_calling_glaive": 17_655, "magpie_reasoning_ultra": 0}),
+        "big": _lane(32, 20, 16, {"hermes_agent_traces_v2": 9_000}),
+    }
+    stats.lanes["big"].escalated = 5
+    stats.lanes["fast"].done = 20_345
+    # Samples a minute ago, for the rolling rates.
+    stats.samples.append(
+        (
+            NOW - 60.0,
+            {
+                "function_calling_glaive": (11_745, 9_400_000),
+                "magpie_reasoning_ultra": (7_700, 4_050_000),
+                "hermes_agent_traces_v2": (0, 0),
+            },
+        )
+    )
+    return stats
+
+
+def job_eta_text() -> str:
+    _, eta = busy_stats().etas(NOW)
+    assert eta is not None and eta.p10 < eta.seconds < eta.p90
+    return eta_text(eta)
+
+
+def render(view: ProgressView, width: int) -> str:
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+    console.print(view)
+    return console.export_text()
+
+
+@pytest.mark.parametrize("width", [40, 60, 80, 100, 120, 160, 200])
+def test_no_line_is_wider_than_the_terminal(width: int) -> None:
+    text = render(progress_view(busy_stats(), NOW), width)
+    assert max(cell_len(line) for line in text.splitlines()) <= width
+
+
+@pytest.mark.parametrize("width", [80, 120, 200])
+def test_no_value_is_cut(width: int) -> None:
+    text = render(progress_view(busy_stats(), NOW), width)
+    assert "…" not in text
+    for name in busy_stats().datasets:
+        assert name in text
+
+
+@pytest.mark.parametrize("width", [120, 200])
+def test_every_figure_of_the_job_shows_at_120_columns_and_up(width: int) -> None:
+    text = render(progress_view(busy_stats(), NOW), width)
+    for value in (
+        "done 30345/74000",
+        "failed 20",
+        "in flight 94",
+        "15.0 req/s",  # (30345 - 29445) answers in the last 60 s
+        "10.4k tok/s",
+        "spent $10.3345 (job $14.8345)",  # this run, and with the earlier run's $4.50
+        "left $25.1655 of $40 cap",
+        "credit left $123.45",
+        f"ETA {job_eta_text()}",
+        "errors 18: rate_limited 11, timeout 4, server 3",
+        "lane fast  limit 48/64  78 in flight",
+        "lane big  limit 20/32  16 in flight  5 escalated",
+    ):
+        assert value in text, (value, text)
+    assert re.search(r"ETA \S+ \(\S+-\S+\)", text), text
+    rows = {line.split()[0]: line for line in text.splitlines() if line.strip()}
+    for name, done in (
+        ("function_calling_glaive", "22345/40000"),
+        ("magpie_reasoning_ultra", "8000/25000"),
+        ("hermes_agent_traces_v2", "0/9000"),
+        ("total", "30345/74000"),
+    ):
+        assert done in rows[name], rows
+
+
+def test_a_wide_terminal_shows_the_detail() -> None:
+    text = render(progress_view(busy_stats(), NOW), 200)
+    for column in LIVE_COLUMNS:
+        assert column in text, column
+    rows = {line.split()[0]: line for line in text.splitlines() if line.strip()}
+    glaive = rows["function_calling_glaive"]
+    for value in ("9.88M/30.00M", "800", "0.73", "rate_limited:11,timeout:4", "7.2345"):
+        assert value in glaive, (value, glaive)
+    assert "rate_limited:11,server:3,timeout:4" in rows["total"]
+    assert "mean 78 on wire" in text and "20345 done" in text
+
+
+def test_120_columns_give_up_the_detail_first_in_the_planned_order() -> None:
+    text = render(progress_view(busy_stats(), NOW), 120)
+    header = next(line for line in text.splitlines() if "dataset" in line)
+    kept = [c for c in LIVE_COLUMNS if c in header.split("│")[0] or f" {c} " in header]
+    given_up = [c for c in LIVE_COLUMNS if c not in kept]
+    assert given_up == ["tokens/budget", "mean len", "$/Mtok"]
+    assert set(given_up) == set(DEGRADE_ORDER[:3])
+    # errors by class became a count per dataset; the header keeps the breakdown
+    rows = {line.split()[0]: line for line in text.splitlines() if line.strip()}
+    assert "rate_limited:" not in rows["function_calling_glaive"]
+    assert re.search(r"│ 15 +│", rows["function_calling_glaive"]), rows
+
+
+def test_80_columns_keep_the_planned_core() -> None:
+    text = render(progress_view(busy_stats(), NOW), 80)
+    for value in (
+        "done 30345/74000",
+        f"ETA {job_eta_text()}",
+        "spent $10.3345",
+        "errors 18",
+        "limit 48/64",
+        "limit 20/32",
+    ):
+        assert value in text, (value, text)
+    rows = {line.split()[0]: line for line in text.splitlines() if line.strip()}
+    assert "22345/40000" in rows["function_calling_glaive"]
+    assert "done/total" in text and "ETA (p10-p90)" in text
+
+
+def test_many_error_classes_shorten_to_the_commonest_then_the_total() -> None:
+    stats = busy_stats()
+    stats.datasets["hermes_agent_traces_v2"].errors.update(
+        {"connection": 2, "overloaded": 9, "invalid_response": 1, "truncated": 6}
+    )
+    view = progress_view(stats, NOW)
+    wide = render(view, 200)
+    assert (
+        "errors 36: rate_limited 11, overloaded 9, truncated 6, timeout 4, server 3, "
+        "connection 2, invalid_response 1" in wide
+    )
+    narrow = render(view, 64)
+    assert "errors 36: rate_limited 11, overloaded 9, truncated 6, +4 more" in narrow
+    assert "errors 36\n" in render(view, 20)
+
+
+def test_the_same_view_lays_out_again_for_a_resized_terminal() -> None:
+    view = progress_view(busy_stats(), NOW)
+    assert "mean len" in render(view, 200)
+    assert "mean len" not in render(view, 120)
+
+
+def test_without_cap_or_credit_the_view_says_neither() -> None:
+    stats = busy_stats()
+    stats.max_cost_usd = None
+    stats.credits_usd = None
+    stats.stop_reason = "interrupted (Ctrl-C)"
+    text = render(progress_view(stats, NOW), 120)
+    assert "cap" not in text and "credit" not in text
+    assert "stopping: interrupted (Ctrl-C)" in text
+    assert "cost_left_usd" not in progress_line(stats, NOW)
+
+
+def test_the_progress_line_adds_what_is_left_of_the_cap() -> None:
+    line = progress_line(busy_stats(), NOW)
+    fields = dict(kv.split("=", 1) for kv in line.split()[2:])
+    assert fields["cost_left_usd"] == "25.1655"
+    assert fields["cost_usd"] == "10.3345"
+    assert fields["credits_usd"] == "123.4500"
