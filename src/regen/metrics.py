@@ -3,6 +3,25 @@
 Nothing is counted twice: a collector reads the run's live counters (`RunStats`) when it is
 scraped, so the request path pays nothing for metrics but one bucket increment per answer.
 The endpoint listens on 127.0.0.1 unless `[run] metrics_host` says otherwise.
+
+Two scopes, told apart by the name (never by a label, so that `sum()` over any metric means
+something):
+
+- `regen_<thing>_total`: the job's totals, which survive resumes. Each is what state.db held
+  when the run started (`DatasetStats.before`) plus what this run counted since, so it agrees
+  with `regen status` once the run has committed what it counted, and a resumed run carries
+  on from where the last one stopped instead of dropping to zero. One exception to "only goes
+  up": a resume gives transient failures another chance (their items are pending again), so
+  `regen_answers_total{outcome="failed"}` drops there, as `regen status`'s failed count does,
+  and Prometheus reads that as a counter reset; `regen_attempt_errors_total` never drops.
+- `regen_run_<thing>_total`: this run (this process) only; zero at each start, as a process's
+  counters usually are.
+
+Gauges say what is true now (items by state count the job, like `regen status`); the latency
+histogram, elapsed time and start time are this run's. Names follow Prometheus's naming
+practice: snake_case, base units in the name (`_seconds`, `_usd` for dollars, `_tokens`),
+`_total` on counters only. `tests/test_metrics.py` checks every emitted name against those
+rules and every name that `docs/grafana-dashboard.json` uses against what is emitted.
 """
 
 from __future__ import annotations
@@ -20,9 +39,12 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from regen.scheduler import LATENCY_BUCKETS, RunStats
+from regen import __version__
+from regen.scheduler import LATENCY_BUCKETS, JobTotals, RunStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+ETA_QUANTILES = ("0.1", "0.5", "0.9")
 
 
 class RunCollector(Collector):
@@ -30,91 +52,194 @@ class RunCollector(Collector):
 
     def __init__(self, stats: RunStats) -> None:
         self._stats = stats
+        # RunStats keeps a monotonic start; its wall-clock time is fixed once, here, so the
+        # gauge does not wobble between scrapes.
+        self._start_unix = time.time() - (time.monotonic() - stats.started_at)
 
     def collect(self) -> Iterator[Metric]:
-        s = self._stats
+        yield from self._datasets()
+        yield from self._lanes()
+        yield from self._run()
+
+    def _datasets(self) -> Iterator[Metric]:
         items = GaugeMetricFamily(
-            "regen_items", "Items of a dataset, by state", labels=["dataset", "state"]
+            "regen_items",
+            "Items of a dataset by state (done, failed, pending), for the job, as regen status",
+            labels=["dataset", "state"],
         )
-        answers = CounterMetricFamily(
-            "regen_requests",
-            "Items finished in this run, by outcome",
+        items_in_flight = GaugeMetricFamily(
+            "regen_items_in_flight", "Items of a dataset on the wire now", labels=["dataset"]
+        )
+        job_answers = CounterMetricFamily(
+            "regen_answers_total",
+            "Items finished by outcome, for the job (survives resumes)",
             labels=["dataset", "outcome"],
         )
-        errors = CounterMetricFamily(
-            "regen_attempt_errors",
-            "Failed attempts in this run, by failure class",
+        run_answers = CounterMetricFamily(
+            "regen_run_answers_total",
+            "Items finished by outcome, in this run",
+            labels=["dataset", "outcome"],
+        )
+        job_tokens = CounterMetricFamily(
+            "regen_tokens_total",
+            "Tokens used by kind (prompt, completion), for the job (survives resumes)",
+            labels=["dataset", "kind"],
+        )
+        run_tokens = CounterMetricFamily(
+            "regen_run_tokens_total",
+            "Tokens used by kind (prompt, completion), in this run",
+            labels=["dataset", "kind"],
+        )
+        job_cost = CounterMetricFamily(
+            "regen_cost_usd_total",
+            "Dollars (USD) spent, for the job (survives resumes)",
+            labels=["dataset"],
+        )
+        run_cost = CounterMetricFamily(
+            "regen_run_cost_usd_total", "Dollars (USD) spent in this run", labels=["dataset"]
+        )
+        job_errors = CounterMetricFamily(
+            "regen_attempt_errors_total",
+            "Failed attempts by failure class, for the job (survives resumes)",
             labels=["dataset", "class"],
         )
-        tokens = CounterMetricFamily(
-            "regen_tokens", "Tokens used in this run", labels=["dataset", "kind"]
+        run_errors = CounterMetricFamily(
+            "regen_run_attempt_errors_total",
+            "Failed attempts by failure class, in this run",
+            labels=["dataset", "class"],
         )
-        cost = CounterMetricFamily(
-            "regen_cost_usd", "Dollars spent in this run", labels=["dataset"]
-        )
-        for name, d in s.datasets.items():
-            items.add_metric([name, "total"], d.items)
-            items.add_metric([name, "done"], d.done_before + d.done)
-            items.add_metric([name, "in_flight"], d.in_flight)
-            answers.add_metric([name, "done"], d.done)
-            answers.add_metric([name, "failed"], d.failed)
+        for name, d in self._stats.datasets.items():
+            b = d.before or JobTotals(done=d.done_before)
+            done, failed = b.done + d.done, b.failed + d.failed
+            items.add_metric([name, "done"], done)
+            items.add_metric([name, "failed"], failed)
+            items.add_metric([name, "pending"], max(0, d.items - done - failed))
+            items_in_flight.add_metric([name], d.in_flight)
+            job_answers.add_metric([name, "done"], done)
+            job_answers.add_metric([name, "failed"], failed)
+            run_answers.add_metric([name, "done"], d.done)
+            run_answers.add_metric([name, "failed"], d.failed)
+            job_tokens.add_metric([name, "prompt"], b.prompt_tokens + d.prompt_tokens)
+            job_tokens.add_metric([name, "completion"], b.completion_tokens + d.completion_tokens)
+            run_tokens.add_metric([name, "prompt"], d.prompt_tokens)
+            run_tokens.add_metric([name, "completion"], d.completion_tokens)
+            job_cost.add_metric([name], b.cost_usd + d.cost_usd)
+            run_cost.add_metric([name], d.cost_usd)
+            for cls in sorted(set(b.errors) | set(d.errors)):
+                job_errors.add_metric([name, cls], b.errors.get(cls, 0) + d.errors[cls])
             for cls, n in sorted(d.errors.items()):
-                errors.add_metric([name, cls], n)
-            tokens.add_metric([name, "prompt"], d.prompt_tokens)
-            tokens.add_metric([name, "completion"], d.completion_tokens)
-            cost.add_metric([name], d.cost_usd)
-        yield from (items, answers, errors, tokens, cost)
+                run_errors.add_metric([name, cls], n)
+        yield from (items, items_in_flight, job_answers, job_tokens, job_cost, job_errors)
+        yield from (run_answers, run_tokens, run_cost, run_errors)
 
-        in_flight = GaugeMetricFamily("regen_in_flight", "Requests on the wire", labels=["lane"])
-        limit = GaugeMetricFamily(
-            "regen_concurrency_limit", "The adaptive concurrency limit now", labels=["lane"]
+    def _lanes(self) -> Iterator[Metric]:
+        in_flight = GaugeMetricFamily(
+            "regen_requests_in_flight", "Requests of a lane on the wire now", labels=["lane"]
         )
-        ceiling = GaugeMetricFamily(
-            "regen_concurrency_max", "The lane's configured concurrency", labels=["lane"]
+        limit = GaugeMetricFamily(
+            "regen_concurrency_limit",
+            "The lane's adaptive concurrency limit now (requests)",
+            labels=["lane"],
+        )
+        configured = GaugeMetricFamily(
+            "regen_concurrency_configured",
+            "The lane's configured concurrency (requests)",
+            labels=["lane"],
         )
         latency = HistogramMetricFamily(
             "regen_request_latency_seconds",
-            "Time on the wire of successful attempts",
+            "Seconds on the wire of successful attempts, in this run",
             labels=["lane"],
         )
-        for name, lane in s.lanes.items():
+        for name, lane in self._stats.lanes.items():
             in_flight.add_metric([name], lane.in_flight)
             limit.add_metric([name], lane.limit)
-            ceiling.add_metric([name], lane.concurrency)
+            configured.add_metric([name], lane.concurrency)
             cumulative, buckets = 0, []
             for bound, n in zip(LATENCY_BUCKETS, lane.latency_counts, strict=True):
                 cumulative += n
                 buckets.append((_bound(bound), cumulative))
             latency.add_metric([name], buckets, lane.latency_sum_s)
-        yield from (in_flight, limit, ceiling, latency)
+        yield from (in_flight, limit, configured, latency)
 
+    def _run(self) -> Iterator[Metric]:
+        s = self._stats
+        now = time.monotonic()
+        drains = CounterMetricFamily(
+            "regen_run_endpoint_drains_total",
+            "Times an endpoint was taken out of its pool (down or loading), in this run",
+            labels=["endpoint"],
+        )
+        for endpoint, n in sorted(s.drained.items()):
+            drains.add_metric([endpoint], n)
+        yield drains
         if s.credits_usd is not None:
             yield GaugeMetricFamily(
-                "regen_credit_remaining_usd", "The account's remaining credit", value=s.credits_usd
+                "regen_credit_remaining_usd",
+                "The account's remaining credit in dollars (USD), as last read",
+                value=s.credits_usd,
             )
-        _, job_eta = s.etas(time.monotonic())
+        if s.max_cost_usd is not None:
+            yield GaugeMetricFamily(
+                "regen_cost_cap_usd",
+                "The job's dollar cap in USD, [budget].max_cost_usd (compare regen_cost_usd_total)",
+                value=s.max_cost_usd,
+            )
+        by_dataset, job_eta = s.etas(now)
         if job_eta is not None:
             eta = GaugeMetricFamily(
-                "regen_eta_seconds", "Seconds until the job is done", labels=["quantile"]
+                "regen_eta_seconds",
+                "Seconds until the job is done, by quantile (p10, p50, p90)",
+                labels=["quantile"],
             )
-            for q, v in (("0.1", job_eta.p10), ("0.5", job_eta.seconds), ("0.9", job_eta.p90)):
+            for q, v in zip(
+                ETA_QUANTILES, (job_eta.p10, job_eta.seconds, job_eta.p90), strict=True
+            ):
                 eta.add_metric([q], v)
             yield eta
-        yield GaugeMetricFamily(
-            "regen_elapsed_seconds",
-            "Seconds since the run started",
-            value=time.monotonic() - s.started_at,
+        dataset_eta = GaugeMetricFamily(
+            "regen_dataset_eta_seconds",
+            "Seconds until a dataset is done, by quantile (p10, p50, p90)",
+            labels=["dataset", "quantile"],
         )
+        for name, e in by_dataset.items():
+            if e is not None:
+                for q, v in zip(ETA_QUANTILES, (e.p10, e.seconds, e.p90), strict=True):
+                    dataset_eta.add_metric([name, q], v)
+        yield dataset_eta
+        yield GaugeMetricFamily(
+            "regen_run_elapsed_seconds", "Seconds since this run started", value=now - s.started_at
+        )
+        yield GaugeMetricFamily(
+            "regen_run_start_time_seconds",
+            "When this run started, in seconds since the Unix epoch",
+            value=self._start_unix,
+        )
+        info = GaugeMetricFamily(
+            "regen_build_info", "regen's version (always 1)", labels=["version"]
+        )
+        info.add_metric([__version__], 1)
+        yield info
 
 
 def _bound(b: float) -> str:
     return "+Inf" if b == float("inf") else repr(float(b))
 
 
-async def serve_metrics(stats: RunStats, host: str, port: int) -> web.AppRunner:
-    """Start `/metrics` on host:port; the caller cleans the runner up."""
+def _registry(stats: RunStats) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RunCollector(stats))
+    return registry
+
+
+def exposition(stats: RunStats) -> str:
+    """What `/metrics` serves for these stats, in Prometheus's text format."""
+    return generate_latest(_registry(stats)).decode()
+
+
+async def serve_metrics(stats: RunStats, host: str, port: int) -> web.AppRunner:
+    """Start `/metrics` on host:port; the caller cleans the runner up."""
+    registry = _registry(stats)
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE})
