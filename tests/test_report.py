@@ -1,0 +1,334 @@
+"""report.html: the job over time, run by run, with readable axes; lanes and escalations; and
+per dataset the completion lengths marked at each lane's max_tokens. Read back as a person
+would (the HTML parsed, the page opened in headless Chromium) from a real job: a pilot, a run
+stopped by the dollar cap, and a second run with a higher cap and a dataset added."""
+
+from __future__ import annotations
+
+import html.parser
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from regen.sim import SimConfig, sim_in_thread
+from tests.conftest import chat_rows, query, run_cli, write_job, write_rows
+
+LANES = """
+[[lanes]]
+name = "short"
+concurrency = 8
+max_tokens = 256
+escalate_to = "long"
+
+[[lanes]]
+name = "long"
+concurrency = 4
+max_tokens = 2048
+"""
+JOB_CHARTS = ("answers", "in-flight", "spend", "errors", "429s")
+CLOCK = re.compile(r"^(\d\d-\d\d )?\d\d:\d\d(:\d\d)?$")
+
+
+def job_file(tmp: Path, base_url: str, cap: float, datasets: list[str]) -> Path:
+    return write_job(
+        tmp,
+        base_url,
+        extra=f"[budget]\nmax_cost_usd = {cap}\n{LANES}",
+        datasets=[(d, f"{d}.jsonl", "openai") for d in datasets],
+    )
+
+
+@pytest.fixture(scope="module")
+def job_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A pilot, a run that the $0.05 cap stops part way, and a run with a $0.15 cap and a
+    second dataset; the platform's request-rate limit answers some requests 429."""
+    tmp = tmp_path_factory.mktemp("job")
+    write_rows(tmp / "a.jsonl", chat_rows(120, "Alpha"))
+    write_rows(tmp / "b.jsonl", chat_rows(60, "Beta"))
+    # time_scale > 0: answers take time, so the one-second sampler sees requests on the wire.
+    with sim_in_thread(SimConfig(seed=3, time_scale=0.01, global_rps=40)) as sim:
+        job = job_file(tmp, sim.base_url, 0.05, ["a"])
+        plan = run_cli("plan", str(job), "--pilot", "5")
+        assert plan.returncode == 0, plan.stderr
+        first = run_cli("run", str(job))
+        assert first.returncode == 4, first.stderr  # stopped by the dollar cap
+        job = job_file(tmp, sim.base_url, 0.15, ["a", "b"])
+        second = run_cli("run", str(job))
+        assert second.returncode in (0, 4), second.stderr
+    return tmp / "out"
+
+
+@dataclass
+class Element:
+    tag: str
+    attrs: dict[str, str]
+    text: str = ""
+    children: list[Element] = field(default_factory=list)
+
+    def classes(self) -> set[str]:
+        return set(self.attrs.get("class", "").split())
+
+    def walk(self) -> Iterator[Element]:
+        yield self
+        for c in self.children:
+            yield from c.walk()
+
+    def find(self, tag: str, cls: str | None = None) -> list[Element]:
+        return [e for e in self.walk() if e.tag == tag and (cls is None or cls in e.classes())]
+
+    def all_text(self) -> str:
+        return self.text + "".join(c.all_text() for c in self.children)
+
+
+class Page(html.parser.HTMLParser):
+    """The page as a tree; it fails on an element closed out of order."""
+
+    VOID = {"meta", "br", "img", "input", "link", "hr"}
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.root = Element("#document", {})
+        self.stack = [self.root]
+        self.feed(text)
+        self.close()
+        assert self.stack == [self.root], [e.tag for e in self.stack]
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        e = Element(tag, {k: v or "" for k, v in attrs})
+        self.stack[-1].children.append(e)
+        if tag not in self.VOID:
+            self.stack.append(e)
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.stack[-1].children.append(Element(tag, {k: v or "" for k, v in attrs}))
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in self.VOID:
+            return
+        assert self.stack[-1].tag == tag, (tag, [e.tag for e in self.stack[-5:]])
+        self.stack.pop()
+
+    def handle_data(self, data: str) -> None:
+        self.stack[-1].text += data
+
+    def charts(self, name: str) -> list[Element]:
+        return [s for s in self.root.find("svg") if s.attrs.get("data-chart") == name]
+
+    def table(self, cls: str) -> list[dict[str, str]]:
+        (t,) = self.root.find("table", cls)
+        head = [th.all_text() for th in t.find("th")]
+        return [
+            dict(zip(head, (td.all_text() for td in tr.find("td")), strict=True))
+            for tr in t.find("tbody")[0].find("tr")
+        ]
+
+
+def number(s: str) -> float:
+    return float(s.replace(",", "").replace("$", ""))
+
+
+def assert_readable_axes(svg: Element, time_axis: bool) -> None:
+    """Tick labels on both axes, gridlines, and axis titles with units."""
+    x_ticks = [t.all_text() for t in svg.find("text", "tick") if "x" in t.classes()]
+    y_ticks = [number(t.all_text()) for t in svg.find("text", "tick") if "y" in t.classes()]
+    assert len(y_ticks) >= 3 and y_ticks[0] == 0 and y_ticks == sorted(y_ticks)
+    steps = {round(b - a, 9) for a, b in zip(y_ticks, y_ticks[1:], strict=False)}
+    assert len(steps) == 1  # evenly spaced
+    (step,) = steps
+    mantissa = step / 10 ** int(f"{step:e}".split("e")[1])
+    assert round(mantissa, 6) in (1, 2, 5)  # a 1-2-5 step
+    assert x_ticks
+    if time_axis:
+        assert all(CLOCK.match(t) for t in x_ticks), x_ticks
+    assert len(svg.find("line", "grid")) >= len(y_ticks)
+    titles = {t.all_text() for t in svg.find("text", "title")}
+    assert len(titles) == 2 and all(titles)
+    if time_axis:
+        assert any(t.startswith("time, UTC") for t in titles)
+
+
+def test_job_charts_mark_each_run_and_the_cap_on_readable_axes(job_out: Path) -> None:
+    page = Page((job_out / "report.html").read_text())
+    runs = query(job_out, "SELECT kind, max_cost_usd FROM runs ORDER BY id")
+    assert runs == [("pilot", 0.05), ("run", 0.05), ("run", 0.15)]
+    assert query(job_out, "SELECT COUNT(*) FROM attempts WHERE status = 429")[0][0] > 0
+    for name in JOB_CHARTS:
+        (svg,) = page.charts(name)
+        assert_readable_axes(svg, time_axis=True)
+        marks = [line.attrs["data-run"] for line in svg.find("line", "run-start")]
+        assert marks == ["pilot", "run 1", "run 2"]
+        assert [t.all_text() for t in svg.find("text", "run-label")] == marks
+        # The time between runs is cut out of the axis and marked, not drawn as zero.
+        assert len(svg.find("g", "gap")) == 2
+    (spend,) = page.charts("spend")
+    caps = [line.find("title")[0].all_text() for line in spend.find("line", "cap")]
+    assert caps == ["dollar cap $0.05", "dollar cap $0.05", "dollar cap $0.15"]
+    # The runs table attributes every answer and every dollar to the run that made it.
+    rows = page.table("runs")
+    assert [r["run"] for r in rows] == ["pilot", "run 1", "run 2"]
+    assert (
+        sum(number(r["answers"]) for r in rows)
+        == query(job_out, "SELECT COUNT(*) FROM results")[0][0]
+    )
+    (spent,) = query(job_out, "SELECT SUM(cost_usd) FROM ledger")[0]
+    assert sum(number(r["spent"]) for r in rows) == pytest.approx(spent, abs=1e-3)
+
+
+def test_lanes_and_escalations_match_state_db(job_out: Path) -> None:
+    page = Page((job_out / "report.html").read_text())
+    lanes = {r["lane"]: r for r in page.table("lanes")}
+    assert set(lanes) == {"short", "long"}
+    assert lanes["short"]["escalates to"] == "long" and lanes["short"]["max_tokens"] == "256"
+    done = dict(query(job_out, "SELECT lane, COUNT(*) FROM items WHERE status = 'done' GROUP BY 1"))
+    escalated = dict(
+        query(
+            job_out,
+            "SELECT lane, COUNT(*) FROM items WHERE status = 'done' AND escalated = 1 GROUP BY 1",
+        )
+    )
+    limited = dict(
+        query(
+            job_out,
+            "SELECT lane, COUNT(*) FROM attempts "
+            "WHERE status = 429 OR failure_class = 'rate_limited' GROUP BY 1",
+        )
+    )
+    assert escalated.get("long", 0) > 0
+    for lane, row in lanes.items():
+        assert number(row["answers"]) == done.get(lane, 0)
+        assert number(row["of which escalated here"]) == escalated.get(lane, 0)
+        assert number(row["429s"]) == limited.get(lane, 0)
+    (note,) = page.root.find("p", "escalations")
+    found = re.match(r"([\d,]+) truncated answers were escalated", note.all_text())
+    assert found is not None
+    (charges,) = query(job_out, "SELECT COUNT(*) FROM ledger WHERE kind = 'escalated'")[0]
+    assert number(found.group(1)) == charges > 0
+
+
+def test_length_histograms_are_marked_at_each_lanes_max_tokens(job_out: Path) -> None:
+    page = Page((job_out / "report.html").read_text())
+    assert [h.all_text() for h in page.root.find("h2")] == ["a", "b"]
+    histograms = page.charts("lengths")
+    assert len(histograms) == 2
+    for svg in histograms:
+        assert_readable_axes(svg, time_axis=False)
+        marks = {line.attrs["data-lane"] for line in svg.find("line", "max-tokens")}
+        assert marks == {"short", "long"}
+        labels = {t.all_text() for t in svg.find("text", "max-label")}
+        assert labels == {"short 256", "long 2,048"}
+    for svg in page.charts("throughput"):
+        assert_readable_axes(svg, time_axis=True)
+        assert len(svg.find("line", "run-start")) == 3
+
+
+def test_report_is_self_contained(job_out: Path) -> None:
+    text = (job_out / "report.html").read_text()
+    assert "<script" not in text.lower()
+    assert not re.search(r"""(src|href)\s*=\s*["']?https?:""", text)
+    # A few hundred SVG elements, not one per answer or per timeline sample.
+    assert text.count("<rect") + text.count("<line") + text.count("<path") < 3000
+
+
+@pytest.mark.parametrize("made_by", ["regen without runs", "regen with runs, none recorded"])
+def test_a_state_db_without_runs_still_renders(job_out: Path, tmp_path: Path, made_by: str) -> None:
+    out = tmp_path / "out"
+    shutil.copytree(job_out, out)
+    db = sqlite3.connect(out / "state.db")
+    try:
+        if made_by == "regen without runs":  # the schema before m007_runs
+            db.executescript(
+                "DROP TABLE timeline; DROP TABLE runs; ALTER TABLE attempts DROP COLUMN lane; "
+                "DELETE FROM schema_migrations WHERE version = 7;"
+            )
+        else:
+            db.executescript("DELETE FROM timeline; DELETE FROM runs;")
+    finally:
+        db.close()
+    res = run_cli("report", str(out), "--to", str(tmp_path / "r.html"))
+    assert res.returncode == 0, res.stderr
+    page = Page((tmp_path / "r.html").read_text())
+    (note,) = page.root.find("p", "note")
+    assert "runs" in note.all_text()
+    for name in ("answers", "spend", "errors", "429s"):
+        (svg,) = page.charts(name)
+        assert_readable_axes(svg, time_axis=True)
+        assert not svg.find("line", "run-start") and not svg.find("line", "cap")
+    assert not page.charts("in-flight")
+    assert [h.all_text() for h in page.root.find("h2")] == ["a", "b"]
+    assert len(page.charts("lengths")) == 2
+
+
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+def chromium() -> str:
+    """A headless-capable Chromium under its usual names (`.ci/run` installs Debian's)."""
+    for name in CHROMIUM_NAMES:
+        if found := shutil.which(name):
+            return found
+    why = f"no Chromium on PATH (looked for {', '.join(CHROMIUM_NAMES)})"
+    if os.environ.get("REGEN_NO_BROWSER"):
+        pytest.skip(f"{why}; REGEN_NO_BROWSER is set")  # listed in the summary, not silent
+    pytest.fail(
+        f"{why}: install one (.ci/run installs Debian's chromium) or set REGEN_NO_BROWSER=1"
+    )
+
+
+def headless(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--window-size=1280,1600",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+# Appended to a copy of the page (the report itself has no script): what the browser laid out.
+PROBE = """<script>
+window.onerror = (m) => document.documentElement.setAttribute("data-error", String(m));
+const sizes = [...document.querySelectorAll("svg")].map((s) => {
+  const r = s.getBoundingClientRect();
+  return Math.round(r.width) + "x" + Math.round(r.height);
+});
+document.body.setAttribute("data-svg-sizes", sizes.join(" "));
+</script>"""
+
+
+def test_report_renders_in_headless_chromium(job_out: Path, tmp_path: Path) -> None:
+    page = (job_out / "report.html").read_text()
+    shot = tmp_path / "report.png"
+    res = headless(tmp_path, f"--screenshot={shot}", (job_out / "report.html").as_uri())
+    assert res.returncode == 0, res.stderr
+    assert shot.stat().st_size > 10_000
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.replace("</body>", PROBE + "</body>"))
+    res = headless(tmp_path, "--dump-dom", probe.as_uri())
+    assert res.returncode == 0, res.stderr
+    dom = Page(res.stdout).root
+    (html_el,) = dom.find("html")
+    assert "data-error" not in html_el.attrs
+    (body,) = dom.find("body")
+    sizes = body.attrs["data-svg-sizes"].split()
+    assert len(sizes) == page.count("<svg") >= len(JOB_CHARTS) + 4
+    for size in sizes:
+        width, height = (int(v) for v in size.split("x"))
+        assert width > 100 and height > 100, sizes
