@@ -1,26 +1,15 @@
-"""What a person watching sees without a TTY (progress lines), what Prometheus scrapes, and
-the report written at the end."""
+"""What a person watching sees without a TTY (progress lines), the ETA, and the report written
+at the end (metrics: test_metrics.py; the report's charts and the browser: test_report.py)."""
 
 from __future__ import annotations
 
 import html.parser
-import os
 import re
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
-
-import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from regen.eta import Flow, kaplan_meier, lane_eta
 from regen.sim import SimConfig, sim_in_thread
-from tests.conftest import SECRET_KEY, chat_rows, run_cli, write_job, write_rows
+from tests.conftest import chat_rows, run_cli, write_job, write_rows
 
 LINE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ) progress (.*)$")
 REQUIRED = (
@@ -104,86 +93,6 @@ def test_eta_counts_requests_in_flight_as_censored_not_as_short() -> None:
     assert eta_b is not None and eta_b.bound == "budget" and eta_b.seconds < eta.seconds / 5
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def test_metrics_endpoint_while_a_job_runs(tmp_path: Path) -> None:
-    write_rows(tmp_path / "chat.jsonl", chat_rows(300))
-    port = free_port()
-    with sim_in_thread(SimConfig(seed=4, time_scale=0.0)) as sim:
-        job = write_job(
-            tmp_path,
-            sim.base_url,
-            datasets=[("chat", "chat.jsonl", "openai")],
-            concurrency=16,
-            extra="initial_limit = 16",
-        )
-        sim.simulator.hold(after=20)  # 20 answers, then 16 in flight until the end
-        env = {**os.environ, "REGEN_TEST_KEY": SECRET_KEY}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "regen", "run", str(job), "--metrics-port", str(port)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert sim.simulator.wait_until(lambda: sim.simulator.held == 16, 60)
-            families = {}
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:  # until the 20 answers are committed
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as r:
-                        text = r.read().decode()
-                except OSError:
-                    time.sleep(0.05)
-                    continue
-                families = {f.name: f for f in text_string_to_metric_families(text)}
-                done = [
-                    s.value for s in families["regen_items"].samples if s.labels["state"] == "done"
-                ]
-                if done and done[0] >= 20:
-                    break
-                time.sleep(0.05)
-            proc.send_signal(signal.SIGTERM)
-            sim.simulator.release()
-            out, err = proc.communicate(timeout=120)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-    assert proc.returncode == 5, err  # stopped with items left
-    assert f"metrics: http://127.0.0.1:{port}/metrics" in out
-    for name in (
-        "regen_items",
-        "regen_requests",
-        "regen_tokens",
-        "regen_cost_usd",
-        "regen_in_flight",
-        "regen_concurrency_limit",
-        "regen_concurrency_max",
-        "regen_request_latency_seconds",
-        "regen_elapsed_seconds",
-    ):
-        assert name in families, name
-    hist = families["regen_request_latency_seconds"].samples
-    count = next(s.value for s in hist if s.name.endswith("_count"))
-    inf = next(s.value for s in hist if s.labels.get("le") == "+Inf")
-    answered = next(
-        s.value
-        for s in families["regen_requests"].samples
-        if s.labels["outcome"] == "done" and s.name.endswith("_total")
-    )
-    assert count == inf >= answered >= 20
-    assert next(s.value for s in families["regen_in_flight"].samples) == 16
-    ceiling = next(s.value for s in families["regen_concurrency_max"].samples)
-    assert ceiling == 16
-    # The key never shows up in what is served.
-    assert SECRET_KEY not in text
-
-
 class _Checker(html.parser.HTMLParser):
     def __init__(self) -> None:
         super().__init__()
@@ -240,51 +149,6 @@ def test_report_is_written_at_the_end_and_on_demand(tmp_path: Path) -> None:
     assert res.returncode == 0 and (tmp_path / "r.html").exists()
     res = run_cli("report", str(tmp_path / "nothing"))
     assert res.returncode == 1 and res.stderr.startswith("error: ")
-
-
-CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-
-
-def chromium() -> str:
-    """A headless-capable Chromium under its usual names (`.ci/run` installs Debian's)."""
-    for name in CHROMIUM_NAMES:
-        if found := shutil.which(name):
-            return found
-    why = f"no Chromium on PATH (looked for {', '.join(CHROMIUM_NAMES)})"
-    if os.environ.get("REGEN_NO_BROWSER"):
-        pytest.skip(f"{why}; REGEN_NO_BROWSER is set")  # listed in the summary, not silent
-    pytest.fail(
-        f"{why}: install one (.ci/run installs Debian's chromium) or set REGEN_NO_BROWSER=1"
-    )
-
-
-def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
-    write_rows(tmp_path / "a.jsonl", chat_rows(20))
-    with sim_in_thread(SimConfig(seed=6, time_scale=0.0)) as sim:
-        job = write_job(tmp_path, sim.base_url, datasets=[("a", "a.jsonl", "openai")])
-        assert run_cli("run", str(job)).returncode == 0
-    shot = tmp_path / "report.png"
-    res = subprocess.run(
-        [
-            chromium(),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            f"--user-data-dir={tmp_path / 'profile'}",
-            f"--screenshot={shot}",
-            "--window-size=1280,1600",
-            (tmp_path / "out" / "report.html").as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert res.returncode == 0, res.stderr
-    assert shot.stat().st_size > 10_000
 
 
 def test_budget_left_counts_token_budgets_dataset_caps_and_the_job_cap() -> None:
