@@ -1,0 +1,48 @@
+"""`<out>/report.html`: what a job did, as one self-contained page.
+
+First the job over time, run by run (answers per second, requests in flight against each
+lane's adaptive limit, dollars spent against the cap, failed attempts by class, 429s), then
+the lanes and their escalations, then per dataset: throughput, the completion-length
+histogram marked at each lane's max_tokens, latency percentiles, cost, errors by class and
+the providers that served. All read from state.db (read-only). Charts are inline SVG: the
+page needs no script and no network, so it opens anywhere, offline.
+
+Time axes leave out the time between runs (a marked break), so an idle night does not read
+as a night of zero throughput. Every series is bucketed in one pass over the rows, so a
+chart is a few hundred path points whatever the number of answers.
+
+Modules, each importing only those before it: `data` (state.db into dataclasses),
+`axes` (ticks and the broken time axis), `markup` and `svg` (HTML pieces and charts),
+`job` and `dataset` (the sections), `page` (the whole page, written atomically).
+"""
+
+from __future__ import annotations
+
+from regen.report.axes import Span, TimeAxis, activity_spans, nice_step, nice_ticks
+from regen.report.data import (
+    DatasetReport,
+    JobFacts,
+    Report,
+    gather,
+    percentile,
+    run_labels,
+    run_windows,
+)
+from regen.report.page import render, write_report
+
+__all__ = [
+    "DatasetReport",
+    "JobFacts",
+    "Report",
+    "Span",
+    "TimeAxis",
+    "activity_spans",
+    "gather",
+    "nice_step",
+    "nice_ticks",
+    "percentile",
+    "render",
+    "run_labels",
+    "run_windows",
+    "write_report",
+]
