@@ -154,9 +154,12 @@ def fake_stats() -> RunStats:
 
 def test_job_totals_are_before_the_run_plus_this_run_and_run_counters_stand_apart() -> None:
     fams = families(exposition(fake_stats()))
-    assert value(fams, "regen_answers", outcome="done") == 50
-    assert value(fams, "regen_answers", outcome="failed") == 3
+    # The job's answers are done items only (a resume may take failed ones back): failed
+    # items are a state, in regen_items, and this run's are in regen_run_answers.
+    assert value(fams, "regen_answers") == 50
+    assert {tuple(s.labels) for s in fams["regen_answers"].samples} == {("dataset",)}
     assert value(fams, "regen_run_answers", outcome="done") == 10
+    assert value(fams, "regen_run_answers", outcome="failed") == 1
     assert value(fams, "regen_tokens", kind="prompt") == 1100
     assert value(fams, "regen_tokens", kind="completion") == 5500
     assert value(fams, "regen_run_tokens", kind="completion") == 500
@@ -208,9 +211,20 @@ def test_the_dashboard_uses_only_metrics_the_collector_emits() -> None:
             assert target["datasource"] == ds, panel["title"]
             exprs.append(target["expr"])
     assert len({p["id"] for p in dash["panels"]}) == len(dash["panels"])
-    emitted = {s.name for f in families(exposition(fake_stats())).values() for s in f.samples}
+    labels: dict[str, set[str]] = {}  # emitted sample name -> its label names
+    for f in families(exposition(fake_stats())).values():
+        for s in f.samples:
+            labels.setdefault(s.name, set()).update(s.labels)
     used = {m for e in exprs for m in re.findall(r"\bregen_[a-z0-9_]+", e)}
-    assert used - emitted == set()
+    assert used - set(labels) == set()
+    # ... and only labels those metrics have, in selectors and in `by (...)`.
+    for e in exprs:
+        for name, selector in re.findall(r"\b(regen_[a-z0-9_]+)\{([^}]*)\}", e):
+            keys = set(re.findall(r"([a-z_]+)\s*[=!]~?", selector))
+            assert keys <= labels[name], (e, keys - labels[name])
+        grouped = {k.strip() for by in re.findall(r"\bby \(([^)]*)\)", e) for k in by.split(",")}
+        for name in re.findall(r"\bregen_[a-z0-9_]+", e):
+            assert grouped <= labels[name], (e, grouped - labels[name])
     for name in (
         "regen_answers_total",
         "regen_requests_in_flight",
@@ -229,9 +243,27 @@ def test_the_dashboard_uses_only_metrics_the_collector_emits() -> None:
             assert name.endswith(("_total", "_bucket", "_sum", "_count")), e
 
 
+def counters(fams: Families, *, run: bool) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of the job's counters (`regen_*_total`), or of this run's
+    (`regen_run_*_total`), by series."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): float(s.value)
+        for f in fams.values()
+        if f.type == "counter" and f.name.startswith("regen_run_") == run
+        for s in f.samples
+        if s.name.endswith("_total")
+    }
+
+
+def dropped(earlier: Families, later: Families, *, run: bool) -> dict[Any, Any]:
+    """The counters of `earlier` that `later` has lower (or not at all)."""
+    before, after = counters(earlier, run=run), counters(later, run=run)
+    return {k: (v, after.get(k)) for k, v in before.items() if after.get(k, -1.0) < v}
+
+
 def test_job_totals_after_a_resume_agree_with_regen_status(tmp_path: Path) -> None:
     write_rows(tmp_path / "chat.jsonl", chat_rows(300))
-    port = free_port()
+    first_port, port = free_port(), free_port()
     # One attempt per item: a failed attempt ends its item at once, so state.db has every
     # attempt that the run counted as soon as it commits.
     faults = SimFaults(http_5xx=0.1, http_5xx_codes=[502])
@@ -251,18 +283,31 @@ def test_job_totals_after_a_resume_agree_with_regen_status(tmp_path: Path) -> No
             (chat,) = json.loads(res.stdout)["datasets"]
             return dict(chat)
 
-        # The first run: 40 requests answered, then stopped while 8 are held.
+        # The first run: 40 requests answered, then scraped once state.db has what it counted
+        # (commits come in ticks), and stopped while 8 are held.
         simulator.hold(after=40)
-        first = start_cli("run", str(job))
+        first = start_cli("run", str(job), "--metrics-port", str(first_port))
         try:
             assert simulator.wait_until(lambda: simulator.held == 8, 60)
+            deadline = time.monotonic() + 60
+            while True:
+                first_fams = families(scrape(first_port))
+                then = status()
+                counted = (
+                    value(first_fams, "regen_run_answers", outcome="done"),
+                    value(first_fams, "regen_run_answers", outcome="failed"),
+                )
+                if (then["done"], then["failed"]) == counted:
+                    break
+                assert time.monotonic() < deadline, (then, counted)
+                time.sleep(0.05)
         finally:
             _, err = stop(first, simulator.release)
         assert first.returncode == 5, err
         earlier = status()
         assert earlier["done"] >= 30 and earlier["pending"] > 100
         # A resume gives transient failures another chance: those items are pending again, and
-        # the job's failed count (in status and in the metrics) drops to the ones kept.
+        # the job's failed count (in status and in regen_items, a gauge) drops to the ones kept.
         classes = ",".join(f"'{c}'" for c in RETRYABLE | STOPS_RUN)
         ((kept,),) = query(
             tmp_path / "out",
@@ -270,15 +315,22 @@ def test_job_totals_after_a_resume_agree_with_regen_status(tmp_path: Path) -> No
             f" AND failure_class NOT IN ({classes})",
         )
         assert earlier["failed"] > kept  # some will be tried again
+        first_failed = value(first_fams, "regen_items", state="failed")
+        assert first_failed > kept  # ... some the first run's scrape counted
 
         # The resumed run, scraped while 8 of its requests are held and nothing else moves.
         simulator.hold(after=40)
         second = start_cli("run", str(job), "--metrics-port", str(port))
         try:
+            fams = families(scrape(port))
             assert simulator.wait_until(lambda: simulator.held == 8, 60)
             deadline = time.monotonic() + 60
             while True:  # until state.db has what this run counted (commits come in ticks)
-                fams = families(scrape(port))
+                last, fams = fams, families(scrape(port))
+                # In a run, every counter only goes up, this run's and the job's; and no job
+                # counter is below what the first run's scrape said.
+                assert dropped(last, fams, run=True) == dropped(last, fams, run=False) == {}
+                assert dropped(first_fams, last, run=False) == {}
                 now = status()
                 gained = (now["done"] - earlier["done"], now["failed"] - kept)
                 counted = (
@@ -300,8 +352,7 @@ def test_job_totals_after_a_resume_agree_with_regen_status(tmp_path: Path) -> No
 
     # The job totals are what `regen status` says, not this run's share of them.
     assert value(fams, "regen_run_answers", outcome="done") >= 30
-    assert value(fams, "regen_answers", outcome="done") == now["done"] > earlier["done"]
-    assert value(fams, "regen_answers", outcome="failed") == now["failed"]
+    assert value(fams, "regen_answers") == now["done"] > earlier["done"]
     assert now["failed"] > 0  # the faults were there
     for state in ("done", "failed", "pending"):
         assert value(fams, "regen_items", state=state) == now[state], state
@@ -319,6 +370,22 @@ def test_job_totals_after_a_resume_agree_with_regen_status(tmp_path: Path) -> No
     assert abs(run_cost - (now["cost_usd"] - earlier["cost_usd"])) < 1e-9
     assert value(fams, "regen_requests_in_flight", lane="default") == 8
     assert value(fams, "regen_items_in_flight") == 8
+
+    # Every job counter only went up across the resume, though the job's failed items went
+    # down (the retried ones left the gauge, which starts the second run at the kept ones).
+    assert (
+        value(fams, "regen_items", state="failed")
+        - value(fams, "regen_run_answers", outcome="failed")
+        == kept
+        < first_failed
+    )
+    assert {name for name, _ in counters(first_fams, run=False)} >= {
+        "regen_answers_total",
+        "regen_tokens_total",
+        "regen_cost_usd_total",
+        "regen_attempt_errors_total",
+    }
+    assert dropped(first_fams, fams, run=False) == {}
 
 
 def test_metrics_endpoint_while_a_job_runs(tmp_path: Path) -> None:

@@ -10,12 +10,24 @@ something):
 - `regen_<thing>_total`: the job's totals, which survive resumes. Each is what state.db held
   when the run started (`DatasetStats.before`) plus what this run counted since, so it agrees
   with `regen status` once the run has committed what it counted, and a resumed run carries
-  on from where the last one stopped instead of dropping to zero. One exception to "only goes
-  up": a resume gives transient failures another chance (their items are pending again), so
-  `regen_answers_total{outcome="failed"}` drops there, as `regen status`'s failed count does,
-  and Prometheus reads that as a counter reset; `regen_attempt_errors_total` never drops.
+  on from where the last one stopped instead of dropping to zero. Every one only goes up, in
+  a run and across resumes, because each counts something state.db never takes back: done
+  answers (a done item never goes back to pending), the ledger's tokens and dollars, and the
+  attempt log's failed attempts (both tables are only ever appended to).
 - `regen_run_<thing>_total`: this run (this process) only; zero at each start, as a process's
-  counters usually are.
+  counters usually are, and only up from there.
+
+Failed items are a state, not an event: a resume gives items that failed for a transient
+reason another chance (they are pending again), so the job's failed count can go down, as
+`regen status`'s does. A counter that goes down reads to Prometheus as a reset and corrupts
+rate() and increase(), so that count is only the gauge `regen_items{state="failed"}`. The
+job's failure signal that only goes up is `regen_attempt_errors_total{class}`; items given up
+on in this run are `regen_run_answers_total{outcome="failed"}`, which a resume does not touch
+(the run starts from zero). `regen_answers_total` has no `outcome` label at all, rather than
+one that is always `done`: a label with a single value says nothing, and a `done` beside no
+`failed` series would read as "no failures" to `sum by (outcome)`. (A total can dip at a
+resume only by what a run counted but never saved, killed before its commit or on a full
+disk: the next run sends those items again and counts them then.)
 
 Gauges say what is true now (items by state count the job, like `regen status`); the latency
 histogram, elapsed time and start time are this run's. Names follow Prometheus's naming
@@ -72,12 +84,12 @@ class RunCollector(Collector):
         )
         job_answers = CounterMetricFamily(
             "regen_answers_total",
-            "Items finished by outcome, for the job (survives resumes)",
-            labels=["dataset", "outcome"],
+            "Answers (items done), for the job (survives resumes; failed items: regen_items)",
+            labels=["dataset"],
         )
         run_answers = CounterMetricFamily(
             "regen_run_answers_total",
-            "Items finished by outcome, in this run",
+            "Items finished by outcome (done, failed), in this run",
             labels=["dataset", "outcome"],
         )
         job_tokens = CounterMetricFamily(
@@ -115,8 +127,7 @@ class RunCollector(Collector):
             items.add_metric([name, "failed"], failed)
             items.add_metric([name, "pending"], max(0, d.items - done - failed))
             items_in_flight.add_metric([name], d.in_flight)
-            job_answers.add_metric([name, "done"], done)
-            job_answers.add_metric([name, "failed"], failed)
+            job_answers.add_metric([name], done)
             run_answers.add_metric([name, "done"], d.done)
             run_answers.add_metric([name, "failed"], d.failed)
             job_tokens.add_metric([name, "prompt"], b.prompt_tokens + d.prompt_tokens)
