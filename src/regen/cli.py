@@ -345,8 +345,8 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
     import json
 
     from regen.config import load_job
-    from regen.planner import plan_job
-    from regen.progress import bad_rows_table, plan_table
+    from regen.planner import plan_job, plan_tables
+    from regen.progress import bad_rows_table
 
     if args.pilot < 0:
         print("error: --pilot must be 0 or more", file=sys.stderr)
@@ -359,7 +359,15 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
         print(
             json.dumps(
                 {
-                    "datasets": [dataclasses.asdict(e) for e in plan.estimates],
+                    "datasets": [dataclasses.asdict(d) for d in plan.job.datasets],
+                    "lanes": [dataclasses.asdict(lane) for lane in plan.job.lanes],
+                    "flows": [dataclasses.asdict(f) for f in plan.job.flows],
+                    "job": {
+                        "cost_usd": plan.job.cost_usd and dataclasses.asdict(plan.job.cost_usd),
+                        "time_s": plan.job.time_s and dataclasses.asdict(plan.job.time_s),
+                        "stop": plan.job.stop,
+                        "assumptions": plan.job.assumptions,
+                    },
                     "bad_row_reasons": [dataclasses.asdict(g) for g in plan.bad_reasons],
                     "coverage": plan.coverage,
                     "credit_usd": plan.credit_usd,
@@ -368,21 +376,18 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
             )
         )
         return EXIT_OK
-    console.print(plan_table(plan.estimates))
+    for table in plan_tables(plan):
+        console.print(table)
     if plan.bad_reasons:
         console.print(bad_rows_table(plan.bad_reasons))
     console.print(f"spent so far: ${plan.spent_usd:.4f}", markup=False)
     if plan.credit_usd is not None:
         console.print(f"credit remaining: ${plan.credit_usd:.2f}", markup=False)
+    console.print(f"stop: {plan.job.stop}", markup=False, soft_wrap=True)
     if plan.coverage:
         console.print(plan.coverage, markup=False, soft_wrap=True)
-    if any(e.basis.startswith("no answers") for e in plan.estimates):
-        console.print(
-            "note: no answers yet, so completions are taken as max_tokens/4; "
-            "pass --pilot N to estimate from N real answers per dataset",
-            markup=False,
-            soft_wrap=True,
-        )
+    for line in plan.job.assumptions:
+        console.print(f"note: {line}", markup=False, soft_wrap=True)
     return EXIT_OK
 
 

@@ -68,6 +68,15 @@ class Flow:
     """Tokens that count against the dataset's budget, over the answers finished this run."""
     cost_usd: float = 0.0
     finished: int = 0
+    escalated: int = 0
+    """Truncated answers sent on to a longer lane (`escalate_to`), this run and before."""
+    answered: int = 0
+    """Answers in this lane (escalated ones included), this run and before."""
+
+    @property
+    def escalation_share(self) -> float:
+        """The share of this flow's answers that go on to a longer lane."""
+        return self.escalated / self.answered if self.answered else 0.0
 
 
 @dataclass(frozen=True)

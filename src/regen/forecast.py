@@ -1,157 +1,723 @@
-"""Cost and time to finish: what the answers so far say the rest of a job will take.
+"""What the rest of a job will take: items, attempts, tokens, dollars and time, per dataset and
+lane, with p10-p90 intervals, and which budget or cap stops it first.
 
-Per dataset, the means of its own answers (tokens and cost per item from the ledger, latency
-from the results, billed prompt tokens per estimated prompt token) apply to its pending items.
-A dataset without answers borrows the means of the others; with none anywhere, a completion is
-taken as max_tokens/4 and priced at the endpoint's prices. Budgets cut a dataset's expectation
-where they will stop it. Time assumes the provider keeps up with the lane's concurrency
-(Little's law: items x mean latency / concurrency).
+The unit is a *passage*: one item going through one lane, from its first attempt there to its
+answer, its failure, or the truncated answer that sends it on to a longer lane (`escalate_to`;
+both answers are paid). Each lane is measured on its own finished passages (state.db's attempts
+and ledger name the lane), per dataset where a dataset has at least MIN_PASSAGES of them, else
+over the lane: per passage, the attempts, the share escalated and failed, the dollars and tokens
+charged (failed attempts a provider billed included), the time on the wire and the time it held
+a worker (back-offs and waits for a slot between attempts included).
+
+A lane with no finished passage rests on a stated prior (PRIOR_*): completions of max_tokens/4
+on average, answered at PRIOR_TOKENS_PER_S after PRIOR_TTFT_S, priced at the endpoint's prices,
+its mean known only to within a factor of about 2.8 either way (p10-p90).
+
+Passages expected per lane: its pending items, plus what lanes escalating to it are expected to
+send on. A dataset's token budget or dollar cap cuts its passages where it will stop them.
+
+Time, per lane: its datasets go in order through `concurrency` workers, and at most `on_wire`
+requests are on the wire: the lane's concurrency, unless its provider refused requests for
+capacity (429s). Then it is what the latest finished run kept on the wire, or, with only a
+pilot, ADAPTIVE_SHARE of the most requests the provider answered at once (on_wire_for).
+Passages leave at the slower of the two rates (workers over time held, on_wire over time on
+the wire); the last requests then drain (the slowest
+of those left in flight, from the lane's latency distribution, as the ETA does). Lanes run side
+by side; a lane fed by escalations ends after the lane feeding it. Dollars accrue along that
+timeline, which says when the job's dollar cap or the account's credit would stop it.
+
+The interval of a sum combines each mean's standard error (shrinking as answers come) with the
+spread of the remaining passages' own values; bench/plan.py checks both against real runs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
 from regen.budget import Prices
-from regen.config import Job
-from regen.store import DatasetProgress, DatasetSample
+from regen.config import Job, LaneConfig
+from regen.eta import Z90, LatencyModel, kaplan_meier
+from regen.store import DatasetProgress, FlowEntry, LaneCapacity
+
+MIN_PASSAGES = 10
+"""Fewer finished passages than this of a dataset in a lane: use the lane's, pooled."""
+PRIOR_LENGTH_SHARE = 0.25
+"""Before any answer, a completion is taken as this share of the lane's max_tokens."""
+PRIOR_TTFT_S = 1.0
+PRIOR_TOKENS_PER_S = 50.0
+"""Before any answer, an answer takes PRIOR_TTFT_S plus its tokens at this rate: a hosted
+model under load, slower than its quoted peak."""
+PRIOR_REL_SD = 0.8
+"""How unsure the prior's means are (the sd of their logarithm): p10-p90 about /2.8 to x2.8."""
+PRIOR_LENGTH_CV = 1.0
+"""The spread of one prior completion (its sd over its mean)."""
+REGRESS_MIN = 20
+"""Passages needed before their prompt sizes adjust a mean (Stat.regressed)."""
+REGRESS_CLAMP = 3.0
+"""A prompt-size adjustment beyond this factor is not trusted: the plain mean stands."""
+LIMIT_RSD = 0.1
+"""How far the requests a provider lets a lane keep on the wire may move in the next run."""
+ADAPTIVE_SHARE = 0.72
+"""Against a provider that refuses what it cannot take, the adaptive limit saws below its
+capacity and pauses for each Retry-After: measured, the lane keeps about this share of the
+provider's capacity on the wire (bench/plan.py, workload `capacity`: 14.9 of 21)."""
+MIN_RUN_SAMPLES = 20
+"""Timeline points (seconds) a run needs before its mean on the wire stands for the next."""
 
 
 @dataclass(frozen=True, slots=True)
-class Means:
-    """Per-item means of done answers."""
+class Interval:
+    """A mean and its p10-p90 interval."""
 
-    items: int
-    completion_tokens: float
-    prompt_per_est: float
-    """Billed prompt tokens per estimated prompt token."""
-    cost_usd: float
-    latency_s: float
+    mean: float
+    p10: float
+    p90: float
 
     @classmethod
-    def of(cls, progress: list[DatasetProgress], samples: list[DatasetSample]) -> Means | None:
-        done = sum(p.done for p in progress)
-        if done == 0:
-            return None
-        est = sum(s.done_prompt_est for s in samples)
+    def of(cls, mean: float, sd: float) -> Interval:
+        """From a mean and an sd, as a log-normal (never below zero, skewed as sums of
+        lengths are)."""
+        if mean <= 0:
+            return cls(0.0, 0.0, 0.0)
+        s = math.sqrt(math.log1p((sd / mean) ** 2))
+        return cls(mean, mean * math.exp(-Z90 * s), mean * math.exp(Z90 * s))
+
+    def __str__(self) -> str:
+        return f"{self.mean:.4g} ({self.p10:.4g}-{self.p90:.4g})"
+
+
+@dataclass(frozen=True, slots=True)
+class Stat:
+    """A per-passage quantity: its mean, the sd of one draw, and how many it rests on (0: a
+    prior, whose mean is unsure by PRIOR_REL_SD)."""
+
+    mean: float
+    sd: float
+    n: int
+    error: float | None = None
+    """The standard error of the mean, when not sd / sqrt(n) (a regression's)."""
+
+    @classmethod
+    def of(cls, xs: Sequence[float]) -> Stat:
+        n = len(xs)
+        mean = sum(xs) / n
+        var = sum((x - mean) ** 2 for x in xs) / (n - 1) if n > 1 else mean**2
+        return cls(mean, math.sqrt(var), n)
+
+    @classmethod
+    def regressed(cls, ys: Sequence[float], xs: Sequence[float], x_to: float | None) -> Stat:
+        """The mean of `ys` for passages whose `xs` average `x_to` (the regression estimator
+        of survey sampling): a sample of 30 that happened to draw few long prompts says so in
+        its prompts, and the answers' lengths follow them. Falls back to the plain mean with
+        fewer than REGRESS_MIN, no spread in `xs`, or a correction beyond REGRESS_CLAMP."""
+        plain = cls.of(ys)
+        n = len(ys)
+        if x_to is None or n < REGRESS_MIN:
+            return plain
+        mx = sum(xs) / n
+        sxx = sum((x - mx) ** 2 for x in xs)
+        if sxx <= 0:
+            return plain
+        slope = sum((x - mx) * (y - plain.mean) for x, y in zip(xs, ys, strict=True)) / sxx
+        mean = plain.mean + slope * (x_to - mx)
+        if not plain.mean / REGRESS_CLAMP <= mean <= plain.mean * REGRESS_CLAMP:
+            return plain
+        resid = sum(
+            (y - plain.mean - slope * (x - mx)) ** 2 for x, y in zip(xs, ys, strict=True)
+        ) / max(1, n - 2)
+        error = math.sqrt(resid * (1 / n + (x_to - mx) ** 2 / sxx))
+        return cls(mean, plain.sd, n, error)
+
+    @property
+    def se(self) -> float:
+        """The standard error of the mean."""
+        if self.error is not None:
+            return self.error
+        return self.sd / math.sqrt(self.n) if self.n else PRIOR_REL_SD * self.mean
+
+    def total_sd(self, count: float) -> float:
+        """The sd of the sum over `count` more passages: the mean's error counts `count`
+        times over, each passage's own spread once."""
+        return math.sqrt((count * self.se) ** 2 + count * self.sd**2)
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """What one passage through a lane takes, measured or assumed."""
+
+    basis: str
+    passages: int
+    cost_usd: Stat | None
+    completion_tokens: Stat
+    prompt_tokens: Stat
+    prompt_per_est: float
+    """Billed prompt tokens per estimated prompt token."""
+    held_s: Stat
+    """Time a worker holds the passage (attempts, back-offs, waits for a slot)."""
+    wire_s: Stat
+    """Time on the wire, over its attempts."""
+    attempts: float
+    escalated: float
+    failed: float
+    latency: LatencyModel | None
+    escalated_prompt: float | None = None
+    """Mean estimated prompt tokens of the passages it is expected to escalate."""
+
+    @classmethod
+    def measured(
+        cls,
+        basis: str,
+        entries: Sequence[FlowEntry],
+        latencies: Sequence[float],
+        prompt_est: float | None,
+    ) -> Profile:
+        """From finished passages; `prompt_est`: the mean estimated prompt tokens of the
+        passages to come (None: unknown), which adjusts each mean for prompt size."""
+        n = len(entries)
+        est = sum(e.prompt_tokens_est for e in entries)
+        charged = [e for e in entries if e.outcome != "failed" or e.cost_usd > 0]
+        xs = [float(e.prompt_tokens_est) for e in entries]
+
+        def stat(ys: list[float]) -> Stat:
+            return Stat.regressed(ys, xs, prompt_est)
+
+        # Which passages get truncated depends on their prompts: the share escalated, and the
+        # prompt size of those escalated, adjusted to the prompts to come as the means are.
+        escalated = [1.0 if e.outcome == "escalated" else 0.0 for e in entries]
+        escalated_prompt = None
+        if any(escalated):
+            share = stat(escalated).mean
+            weighted = stat([x * y for x, y in zip(xs, escalated, strict=True)]).mean
+            plain = sum(x for x, y in zip(xs, escalated, strict=True) if y) / sum(escalated)
+            escalated_prompt = weighted / share if share > 0 and weighted > 0 else plain
+
         return cls(
-            done,
-            sum(p.completion_tokens for p in progress) / done,
-            sum(p.prompt_tokens for p in progress) / est if est else 1.0,
-            sum(p.cost_usd for p in progress) / done,
-            sum(s.latency_s for s in samples) / done,
+            basis,
+            n,
+            stat([e.cost_usd for e in entries]),
+            stat([float(e.completion_tokens) for e in entries]),
+            stat([float(e.prompt_tokens) for e in entries]),
+            sum(e.prompt_tokens for e in charged) / est if est else 1.0,
+            stat([max(e.span_s, e.wire_s) for e in entries]),
+            stat([e.wire_s for e in entries]),
+            sum(e.attempts for e in entries) / n,
+            min(1.0, max(0.0, stat(escalated).mean)),
+            sum(e.outcome == "failed" for e in entries) / n,
+            kaplan_meier(latencies, []) if latencies else None,
+            escalated_prompt,
+        )
+
+    @classmethod
+    def prior(cls, max_tokens: int, prompt_est: float, prices: Prices | None) -> Profile:
+        completion = PRIOR_LENGTH_SHARE * max_tokens
+        seconds = PRIOR_TTFT_S + completion / PRIOR_TOKENS_PER_S
+        # A log-normal with that mean and spread: the share of answers it cuts at max_tokens.
+        s = math.sqrt(math.log1p(PRIOR_LENGTH_CV**2))
+        mu = math.log(completion) - s * s / 2
+        truncated = 0.5 * math.erfc((math.log(max_tokens) - mu) / (s * math.sqrt(2)))
+        cost = None
+        if prices is not None:
+            usd = prices.cost(round(prompt_est), round(completion))
+            cost = Stat(usd, usd * PRIOR_LENGTH_CV, 0)
+        # Quantiles of the prior's latency, for the drain of a lane's last requests.
+        rng = random.Random(0)
+        sample = [PRIOR_TTFT_S + rng.lognormvariate(mu, s) / PRIOR_TOKENS_PER_S for _ in range(400)]
+        return cls(
+            f"no answers: prior (max_tokens x {PRIOR_LENGTH_SHARE:g}, "
+            f"{PRIOR_TOKENS_PER_S:g} tok/s)",
+            0,
+            cost,
+            Stat(completion, completion * PRIOR_LENGTH_CV, 0),
+            Stat(prompt_est, 0.0, 0),
+            1.0,
+            Stat(seconds, seconds * PRIOR_LENGTH_CV, 0),
+            Stat(seconds, seconds * PRIOR_LENGTH_CV, 0),
+            1.0,
+            truncated,
+            0.0,
+            kaplan_meier(sample, []),
         )
 
 
 @dataclass(frozen=True, slots=True)
-class Estimate:
-    """What one dataset is expected to take from here."""
+class FlowPlan:
+    """One dataset in one lane, from here."""
+
+    lane: str
+    dataset: str
+    basis: str
+    pending: int
+    """Items of the dataset waiting in this lane now."""
+    passages: float
+    """Expected passages: pending here, escalated in from shorter lanes, cut by budgets."""
+    attempts: float
+    escalations: float
+    """Passages expected to go on to a longer lane."""
+    failures: float
+    prompt_tokens: float
+    completion_tokens: float
+    cost_usd: Interval | None
+    time_s: Interval
+    """Time the lane spends on it (its share of the lane's workers)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetPlan:
+    """One dataset, from here, over its lanes."""
 
     name: str
     items: int
     pending: int
-    basis: str
-    """Where the means come from."""
     sent: int
-    """Pending items expected to be sent (fewer than pending when a budget stops it)."""
-    completion_tokens: float
+    """Pending items expected to be sent (fewer when a budget or cap stops it)."""
+    basis: str
+    attempts: float
+    escalations: float
     prompt_tokens: float
-    cost_usd: float | None
-    time_s: float | None
-    lane: str | None
-    budget_note: str | None = None
+    completion_tokens: float
+    cost_usd: Interval | None
+    done_in_s: Interval | None
+    """When its last lane is through with it."""
+    stop: str | None = None
+    """What stops it before its last item, and when."""
 
 
-def estimate(
+@dataclass(frozen=True, slots=True)
+class LanePlan:
+    name: str
+    concurrency: int
+    on_wire: float | None
+    """Requests the provider is expected to let it keep on the wire, when capacity binds."""
+    on_wire_basis: str
+    passages: float
+    attempts: float
+    escalations_in: float
+    cost_usd: Interval | None
+    time_s: Interval
+    basis: str
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """The whole estimate."""
+
+    flows: list[FlowPlan]
+    datasets: list[DatasetPlan]
+    lanes: list[LanePlan]
+    cost_usd: Interval | None
+    time_s: Interval | None
+    stop: str
+    """Which budget or cap ends the job, and when; or that every item is expected to finish."""
+    assumptions: list[str] = field(default_factory=list)
+
+
+def _order(job: Job) -> list[LaneConfig]:
+    """Lanes with the lanes that escalate to a lane before it."""
+    lanes = job.lane_list
+    by_name = {lane.name: lane for lane in lanes}
+    out: list[LaneConfig] = []
+
+    def visit(lane: LaneConfig, seen: frozenset[str]) -> None:
+        if lane in out or lane.name in seen:
+            return
+        for src in lanes:
+            if src.escalate_to == lane.name:
+                visit(src, seen | {lane.name})
+        out.append(lane)
+
+    for lane in lanes:
+        visit(lane, frozenset())
+    return [by_name[lane.name] for lane in out]
+
+
+def _profiles(
     job: Job,
-    progress: list[DatasetProgress],
-    samples: dict[str, DatasetSample],
+    entries: Iterable[FlowEntry],
+    latencies: dict[str, list[float]],
+    pending: dict[tuple[str | None, str], tuple[int, int]],
     prices: Prices | None,
-) -> list[Estimate]:
-    """An estimate for each of the job's datasets, in the job's order."""
-    by_name = {p.name: p for p in progress}
-    empty = DatasetSample("", 0, 0, 0, 0.0)
-    pooled = Means.of(progress, list(samples.values()))
-    count_total = job.budget.budget_tokens == "total"
-    out = []
-    for ds in job.datasets:
-        p = by_name.get(ds.name)
-        s = samples.get(ds.name, empty)
-        if p is None:
+) -> dict[tuple[str, str], Profile]:
+    """A profile for every (lane, dataset) of the job."""
+    by_flow: dict[tuple[str, str], list[FlowEntry]] = {}
+    by_lane: dict[str, list[FlowEntry]] = {}
+    for e in entries:
+        if e.lane is None:
             continue
-        lane = next(
-            (lane for lane in job.lane_list if lane.datasets is None or ds.name in lane.datasets),
-            None,
-        )
-        max_tokens = job.lane_max_tokens(lane) if lane else job.generation.max_tokens
-        own = Means.of([p], [s])
-        means = own or pooled
-        if own is not None:
-            basis = f"{own.items} answers"
-        elif pooled is not None:
-            basis = f"{pooled.items} answers of other datasets"
-        else:
-            basis = "no answers yet: max_tokens/4"
-        completion = means.completion_tokens if means else max_tokens / 4
-        prompt = (s.pending_prompt_est / s.pending if s.pending else 0.0) * (
-            means.prompt_per_est if means else 1.0
-        )
-        cost: float | None = None
-        if means is not None:
-            cost = means.cost_usd
-        elif prices is not None:  # the highest prices: an upper bound
-            cost = prices.cost(round(prompt), round(completion))
-        sent, note = _budget_cut(
-            ds.token_budget, ds.max_cost_usd, p, s.pending, completion, prompt, cost, count_total
-        )
-        time_s = None
-        if means is not None and lane is not None:
-            time_s = sent * means.latency_s / lane.concurrency
-        out.append(
-            Estimate(
-                ds.name,
-                p.items,
-                s.pending,
-                basis,
-                sent,
-                sent * completion,
-                sent * prompt,
-                None if cost is None else sent * cost,
-                time_s,
-                lane.name if lane else None,
-                note,
-            )
-        )
+        by_flow.setdefault((e.lane, e.dataset), []).append(e)
+        by_lane.setdefault(e.lane, []).append(e)
+    out: dict[tuple[str, str], Profile] = {}
+    for lane in _order(job):
+        pooled = by_lane.get(lane.name, [])
+        for ds in job.datasets:
+            own = by_flow.get((lane.name, ds.name), [])
+            lat = latencies.get(lane.name, [])
+            # The prompts to come: those pending here, and those the lanes escalating here
+            # are expected to send on (the truncated ones, whose prompts run longer).
+            n, est = pending.get((lane.name, ds.name), (0, 0))
+            weight, total = float(n), float(est)
+            for src in job.lane_list:
+                source = out.get((src.name, ds.name))
+                if src.escalate_to != lane.name or source is None:
+                    continue
+                if source.escalated_prompt is not None:
+                    k = pending.get((src.name, ds.name), (0, 0))[0]
+                    weight += k * source.escalated
+                    total += k * source.escalated * source.escalated_prompt
+            to: float | None = total / weight if weight > 0 else None
+            if len(own) >= MIN_PASSAGES:
+                prof = Profile.measured(f"{len(own)} answers", own, lat, to)
+            elif pooled:
+                basis = f"{len(pooled)} answers of lane {lane.name}"
+                prof = Profile.measured(basis, pooled, lat, to)
+            else:
+                prof = Profile.prior(job.lane_max_tokens(lane), to or 0.0, prices)
+            out[lane.name, ds.name] = prof
     return out
 
 
-def _budget_cut(
-    token_budget: int | None,
-    max_cost_usd: float | None,
-    p: DatasetProgress,
-    pending: int,
-    completion: float,
-    prompt: float,
-    cost: float | None,
-    count_total: bool,
-) -> tuple[int, str | None]:
-    """How many pending items the dataset's budgets let through, and why fewer if so."""
-    sent, note = pending, None
-    if token_budget is not None and completion > 0:
-        spent = p.prompt_tokens + p.completion_tokens if count_total else p.completion_tokens
-        per_item = completion + prompt if count_total else completion
-        room = max(0, int((token_budget - spent) / per_item))
-        if room < sent:
-            sent, note = room, f"token budget: ~{room} more"
-    if max_cost_usd is not None and cost:
-        room = max(0, int((max_cost_usd - p.cost_usd) / cost))
-        if room < sent:
-            sent, note = room, f"dollar cap: ~{room} more"
-    return sent, note
+def plan(
+    job: Job,
+    progress: list[DatasetProgress],
+    entries: Iterable[FlowEntry],
+    latencies: dict[str, list[float]],
+    pending: dict[tuple[str | None, str], tuple[int, int]],
+    prices: Prices | None,
+    capacity: dict[str, LaneCapacity],
+    credit_room_usd: float | None = None,
+) -> JobPlan:
+    """The plan from here. `pending`: items and their estimated prompt tokens per (lane,
+    dataset); `capacity`: what providers let lanes keep on the wire; `credit_room_usd`: what
+    the account can still spend before its credit (or the job's credit floor) stops the job."""
+    profiles = _profiles(job, entries, latencies, pending, prices)
+    lanes = _order(job)
+    spent = {p.name: p for p in progress}
+    count_total = job.budget.budget_tokens == "total"
+
+    # Passages per flow before budgets, lanes in escalation order.
+    passages: dict[tuple[str, str], float] = {}
+    for lane in lanes:
+        for ds in job.datasets:
+            n = float(pending.get((lane.name, ds.name), (0, 0))[0])
+            for src in lanes:
+                if src.escalate_to == lane.name:
+                    n += (
+                        passages.get((src.name, ds.name), 0.0)
+                        * profiles[src.name, ds.name].escalated
+                    )
+            passages[lane.name, ds.name] = n
+
+    # Budgets: the share of each dataset's passages they let through.
+    share: dict[str, float] = {}
+    stops: dict[str, str] = {}
+    for ds in job.datasets:
+        p = spent.get(ds.name)
+        flows = [(passages[lane.name, ds.name], profiles[lane.name, ds.name]) for lane in lanes]
+        f = 1.0
+        if ds.token_budget is not None and p is not None:
+            used = p.prompt_tokens + p.completion_tokens if count_total else p.completion_tokens
+            per = sum(
+                n * (prof.completion_tokens.mean + (prof.prompt_tokens.mean if count_total else 0))
+                for n, prof in flows
+            )
+            if per > 0 and (ds.token_budget - used) / per < f:
+                f = max(0.0, (ds.token_budget - used) / per)
+                stops[ds.name] = "its token budget"
+        if ds.max_cost_usd is not None and p is not None:
+            usd = sum(n * prof.cost_usd.mean for n, prof in flows if prof.cost_usd is not None)
+            if usd > 0 and (ds.max_cost_usd - p.cost_usd) / usd < f:
+                f = max(0.0, (ds.max_cost_usd - p.cost_usd) / usd)
+                stops[ds.name] = "its dollar cap"
+        share[ds.name] = f
+
+    # Each lane's timeline: its datasets in order.
+    flow_plans: list[FlowPlan] = []
+    lane_plans: list[LanePlan] = []
+    segments: list[tuple[float, float, float, str, str]] = []
+    """(start s, end s, dollars, lane, dataset) of each flow on its lane's timeline."""
+    lane_end: dict[str, tuple[float, float]] = {}
+    flow_end: dict[tuple[str, str], tuple[float, float]] = {}
+    """(mean, sd) of when each lane is through with each dataset, from now."""
+    for lane in lanes:
+        limit, limit_basis = on_wire_for(lane, capacity.get(lane.name))
+        on_wire = min(float(lane.concurrency), limit) if limit else float(lane.concurrency)
+        t = 0.0
+        var = 0.0
+        total_n = 0.0
+        last_latency: LatencyModel | None = None
+        lane_rows: list[FlowPlan] = []
+        for ds in job.datasets:
+            prof = profiles[lane.name, ds.name]
+            n = passages[lane.name, ds.name] * share[ds.name]
+            if n <= 0 and not pending.get((lane.name, ds.name)):
+                continue
+            rate_s = max(prof.held_s.mean / lane.concurrency, prof.wire_s.mean / on_wire)
+            # Which of the two bounds the rate: its spread is that stat's.
+            stat = (
+                prof.held_s
+                if prof.held_s.mean / lane.concurrency >= prof.wire_s.mean / on_wire
+                else prof.wire_s
+            )
+            width = lane.concurrency if stat is prof.held_s else on_wire
+            seconds = n * rate_s
+            sd = stat.total_sd(n) / width
+            if limit and stat is prof.wire_s:
+                sd = math.hypot(sd, seconds * LIMIT_RSD)
+            cost = None
+            if prof.cost_usd is not None:
+                cost = Interval.of(n * prof.cost_usd.mean, prof.cost_usd.total_sd(n))
+            row = FlowPlan(
+                lane.name,
+                ds.name,
+                prof.basis,
+                pending.get((lane.name, ds.name), (0, 0))[0],
+                n,
+                n * prof.attempts,
+                n * prof.escalated,
+                n * prof.failed,
+                n * prof.prompt_tokens.mean,
+                n * prof.completion_tokens.mean,
+                cost,
+                Interval.of(seconds, sd),
+            )
+            lane_rows.append(row)
+            segments.append((t, t + seconds, cost.mean if cost else 0.0, lane.name, ds.name))
+            t += seconds
+            flow_end[lane.name, ds.name] = (t, math.sqrt(var + sd * sd))
+            var += sd * sd
+            total_n += n
+            if n > 0:
+                last_latency = prof.latency
+        # The last requests drain: the slowest of those left in flight. The fluid time above
+        # counts each of them as a share of a slot; the drain replaces its last wave.
+        drain, drain_sd = 0.0, 0.0
+        if last_latency is not None and total_n > 0:
+            k = max(1, round(min(on_wire, total_n)))
+            drain, drain_sd = last_latency.drain(k)
+            wave = min(total_n, on_wire) * last_latency.mean / on_wire
+            t = max(t - wave, 0.0) + drain
+        end = t
+        for src in lanes:
+            if src.escalate_to == lane.name and src.name in lane_end and total_n > 0:
+                fed_end = lane_end[src.name][0] + (last_latency.mean if last_latency else 0.0)
+                end = max(end, fed_end)
+        sd_end = math.sqrt(var + drain_sd**2)
+        lane_end[lane.name] = (end, sd_end)
+        # The lane's last dataset ends with the lane; an earlier one when the next begins.
+        last = next((r for r in reversed(lane_rows) if r.passages > 0), None)
+        if last is not None:
+            flow_end[lane.name, last.dataset] = (end, sd_end)
+        costs = [r.cost_usd for r in lane_rows]
+        lane_cost = None
+        if costs and all(c is not None for c in costs):
+            lane_cost = _sum_intervals([c for c in costs if c is not None])
+        bases = sorted({r.basis for r in lane_rows})
+        lane_plans.append(
+            LanePlan(
+                lane.name,
+                lane.concurrency,
+                limit,
+                limit_basis,
+                total_n,
+                sum(r.attempts for r in lane_rows),
+                sum(
+                    passages[src.name, ds.name]
+                    * share[ds.name]
+                    * profiles[src.name, ds.name].escalated
+                    for src in lanes
+                    if src.escalate_to == lane.name
+                    for ds in job.datasets
+                ),
+                lane_cost,
+                Interval.of(end, sd_end),
+                "; ".join(bases),
+            )
+        )
+        flow_plans.extend(lane_rows)
+
+    job_end = max((e for e, _ in lane_end.values()), default=0.0)
+    job_sd = max((sd for e, sd in lane_end.values() if e == job_end), default=0.0)
+    room = _room(job, progress, credit_room_usd)
+    stop, cut_at = _job_stop(segments, room, job_end)
+
+    datasets: list[DatasetPlan] = []
+    for ds in job.datasets:
+        p = spent.get(ds.name)
+        if p is None:
+            continue
+        rows = [r for r in flow_plans if r.dataset == ds.name]
+        pending_n = p.pending
+        sent = round(pending_n * share[ds.name])
+        done_in = None
+        ends = [flow_end[r.lane, r.dataset] for r in rows if r.passages > 0]
+        if ends:
+            e, sd = max(ends)
+            done_in = Interval.of(e, sd)
+        why = stops.get(ds.name)
+        note = None
+        if why is not None and sent < pending_n:
+            note = f"{why} stops it after ~{sent} of its {pending_n} items"
+        if cut_at is not None:
+            kept = _share_by(segments, ds.name, cut_at)
+            if kept < 1.0 and round(sent * kept) < sent:
+                sent = round(sent * kept)
+                note = f"{stop.split(':')[0]} stops it after ~{sent} of its {pending_n} items"
+        costs = [r.cost_usd for r in rows]
+        cost = None
+        if all(c is not None for c in costs):
+            cost = _sum_intervals([c for c in costs if c is not None])
+        bases = sorted({r.basis for r in rows if r.passages > 0}) or sorted({r.basis for r in rows})
+        datasets.append(
+            DatasetPlan(
+                ds.name,
+                p.items,
+                pending_n,
+                sent,
+                "; ".join(bases),
+                sum(r.attempts for r in rows),
+                sum(r.escalations for r in rows),
+                sum(r.prompt_tokens for r in rows),
+                sum(r.completion_tokens for r in rows),
+                cost,
+                done_in,
+                note,
+            )
+        )
+    all_costs = [d.cost_usd for d in datasets]
+    total_cost = None
+    if all(c is not None for c in all_costs):
+        total_cost = _sum_intervals([c for c in all_costs if c is not None])
+    time_s = Interval.of(job_end, job_sd) if flow_plans else None
+    if cut_at is not None:
+        time_s = Interval.of(cut_at, job_sd * cut_at / job_end if job_end else 0.0)
+        if total_cost is not None and room is not None:
+            total_cost = Interval(room[0], min(total_cost.p10, room[0]), room[0])
+    return JobPlan(
+        flow_plans,
+        datasets,
+        lane_plans,
+        total_cost,
+        time_s,
+        stop,
+        _assumptions(job, profiles, lane_plans),
+    )
+
+
+def _sum_intervals(parts: list[Interval]) -> Interval:
+    """The sum of independent quantities given as intervals (their sds from p10-p90)."""
+    mean = sum(p.mean for p in parts)
+    var = 0.0
+    for p in parts:
+        if p.mean > 0 and p.p90 > p.mean:
+            s = math.log(p.p90 / p.mean) / Z90
+            var += (p.mean**2) * math.expm1(s * s)
+    return Interval.of(mean, math.sqrt(var))
+
+
+def _room(
+    job: Job, progress: list[DatasetProgress], credit_room_usd: float | None
+) -> tuple[float, str] | None:
+    """Dollars the job can still spend, and what limits them (the job's cap or the credit)."""
+    spent = sum(p.cost_usd for p in progress)
+    rooms: list[tuple[float, str]] = []
+    if job.budget.max_cost_usd is not None:
+        rooms.append((max(0.0, job.budget.max_cost_usd - spent), "the job's dollar cap"))
+    if credit_room_usd is not None:
+        what = "the credit floor" if job.budget.stop_when_credits_below else "the account's credit"
+        rooms.append((max(0.0, credit_room_usd), what))
+    return min(rooms) if rooms else None
+
+
+def _job_stop(
+    segments: list[tuple[float, float, float, str, str]],
+    room: tuple[float, str] | None,
+    job_end: float,
+) -> tuple[str, float | None]:
+    """When dollars accrued along the lanes' timelines reach the room left: the time, and a
+    sentence; None when every item is expected to finish first."""
+    total = sum(s[2] for s in segments)
+    if room is None or total <= room[0]:
+        if room is None:
+            return "no dollar cap or credit limit applies: every item is expected to finish", None
+        return (
+            f"every item is expected to finish within {room[1]} "
+            f"(${total:.2f} of ${room[0]:.2f} left)",
+            None,
+        )
+    # Dollars accrue linearly within each segment: find where the running sum crosses room.
+    events = sorted({s[0] for s in segments} | {s[1] for s in segments})
+    acc = 0.0
+    prev = 0.0
+    for t in events:
+        step = sum(_overlap(s, prev, t) * s[2] for s in segments)
+        if acc + step >= room[0] and step > 0:
+            at = prev + (t - prev) * (room[0] - acc) / step
+            return (
+                f"{room[1]}: stops the job after ~{_duration(at)} of {_duration(job_end)}, "
+                f"with ${room[0]:.2f} spent",
+                at,
+            )
+        acc += step
+        prev = t
+    return f"{room[1]}: stops the job near its end", job_end
+
+
+def _overlap(seg: tuple[float, float, float, str, str], a: float, b: float) -> float:
+    """The share of a segment inside [a, b]."""
+    start, end = seg[0], seg[1]
+    if end <= start:
+        return 1.0 if a <= start < b else 0.0
+    return max(0.0, min(end, b) - max(start, a)) / (end - start)
+
+
+def _share_by(segments: list[tuple[float, float, float, str, str]], ds: str, t: float) -> float:
+    """The share of a dataset's passages (weighted by time) that start before `t`."""
+    mine = [s for s in segments if s[4] == ds]
+    total = sum(s[1] - s[0] for s in mine)
+    if total <= 0:
+        return 1.0 if all(s[0] < t for s in mine) else 0.0
+    return sum(max(0.0, min(s[1], t) - s[0]) for s in mine) / total
+
+
+def _duration(seconds: float) -> str:
+    from regen.eta import format_duration
+
+    return format_duration(seconds)
+
+
+def on_wire_for(lane: LaneConfig, cap: LaneCapacity | None) -> tuple[float | None, str]:
+    """Requests a lane's provider is expected to let it keep on the wire (None: its
+    concurrency, nothing refused), and where the figure comes from."""
+    if cap is None or cap.refused == 0:
+        return None, f"its concurrency ({lane.concurrency}): no request refused for capacity yet"
+    if cap.run_in_flight is not None and cap.run_samples >= MIN_RUN_SAMPLES:
+        return cap.run_in_flight, f"{cap.run_in_flight:.0f}, kept on the wire in the last run"
+    seen = ADAPTIVE_SHARE * cap.most_answered
+    return seen, (
+        f"{seen:.0f}: {ADAPTIVE_SHARE:g} of the {cap.most_answered} the provider answered at "
+        f"once ({cap.refused} refused for capacity)"
+    )
+
+
+def _assumptions(
+    job: Job, profiles: dict[tuple[str, str], Profile], lanes: list[LanePlan]
+) -> list[str]:
+    out = []
+    if any(p.passages == 0 for p in profiles.values()):
+        out.append(
+            f"lanes without answers assume completions of {PRIOR_LENGTH_SHARE:g} x max_tokens, "
+            f"{PRIOR_TTFT_S:g} s to the first token and {PRIOR_TOKENS_PER_S:g} tokens/s "
+            "(p10-p90 about /2.8 to x2.8): pass --pilot N to measure them"
+        )
+    for lane in lanes:
+        out.append(f"lane {lane.name}: on the wire at most {lane.on_wire_basis}")
+    return out
 
 
 def coverage(
-    estimates: list[Estimate], credit_usd: float | None, job_room_usd: float | None
+    datasets: list[DatasetPlan], credit_usd: float | None, job_room_usd: float | None
 ) -> str | None:
     """Which datasets the money left covers, in the job's order: the remaining credit or the
     job's dollar cap, whichever is smaller."""
@@ -162,17 +728,17 @@ def coverage(
     room, what = min(limits)
     covered: list[str] = []
     total = 0.0
-    for e in estimates:
-        if e.cost_usd is None:
+    for d in datasets:
+        if d.cost_usd is None:
             return None
-        if total + e.cost_usd > room:
-            per_item = e.cost_usd / e.sent if e.sent else 0.0
+        if total + d.cost_usd.mean > room:
+            per_item = d.cost_usd.mean / d.sent if d.sent else 0.0
             n = int((room - total) / per_item) if per_item else 0
             head = f"${room:.2f} {what} covers {', '.join(covered)}; " if covered else ""
             return (
-                f"{head}{e.name} will stop after ~{n} of its {e.sent} items "
+                f"{head}{d.name} will stop after ~{n} of its {d.sent} items "
                 f"({'credit' if what == 'remaining' else 'job cap'})"
             )
-        total += e.cost_usd
-        covered.append(e.name)
+        total += d.cost_usd.mean
+        covered.append(d.name)
     return f"${room:.2f} {what} covers every dataset (expected ${total:.2f})"

@@ -13,13 +13,16 @@ import contextlib
 from dataclasses import dataclass, field
 
 from rich.console import Console
+from rich.table import Table
 
 from regen.billing import billing_accounts, remaining_credit, resolve_prices
 from regen.budget import Prices
 from regen.client import ChatClient
 from regen.config import Job
-from regen.forecast import Estimate, coverage, estimate
+from regen.eta import format_duration
+from regen.forecast import Interval, JobPlan, coverage, plan
 from regen.lock import RunLock
+from regen.progress import format_tokens
 from regen.runner import dispatch, endpoint_keys, prepare
 from regen.store import BadRowGroup, Store
 
@@ -28,7 +31,7 @@ from regen.store import BadRowGroup, Store
 class Plan:
     """Estimates per dataset, and what the money left covers."""
 
-    estimates: list[Estimate]
+    job: JobPlan
     coverage: str | None
     credit_usd: float | None
     spent_usd: float
@@ -71,11 +74,104 @@ def plan_job(job: Job, *, console: Console, api_key: str | None = None, pilot: i
                 asyncio.run(dispatch(job, store, keys, console, pilot=pilot))
             prices, credit = asyncio.run(_account_reads(job, keys))
             progress = store.dataset_progress()
-            estimates = estimate(job, progress, store.dataset_samples(), prices)
+            spent = sum(p.cost_usd for p in progress)
+            floor = job.budget.stop_when_credits_below
+            credit_room = None if credit is None else credit - (floor or 0.0)
+            estimate = plan(
+                job,
+                progress,
+                store.flow_entries(),
+                {lane.name: store.answer_latencies(lane.name) for lane in job.lane_list},
+                store.pending_flows(),
+                prices,
+                store.lane_capacity(),
+                credit_room,
+            )
             bad_reasons = store.bad_row_reasons(limit=10)
         finally:
             store.close()
-    spent = sum(p.cost_usd for p in progress)
     cap = job.budget.max_cost_usd
     room = None if cap is None else max(0.0, cap - spent)
-    return Plan(estimates, coverage(estimates, credit, room), credit, spent, prices, bad_reasons)
+    return Plan(
+        estimate,
+        coverage(estimate.datasets, credit, room),
+        credit,
+        spent,
+        prices,
+        bad_reasons,
+    )
+
+
+def _usd(iv: Interval | None) -> str:
+    if iv is None:
+        return "?"
+    return f"{iv.mean:.4f} ({iv.p10:.4f}-{iv.p90:.4f})"
+
+
+def _time(iv: Interval | None) -> str:
+    if iv is None:
+        return "?"
+    return f"{format_duration(iv.mean)} ({format_duration(iv.p10)}-{format_duration(iv.p90)})"
+
+
+def plan_tables(plan: Plan) -> list[Table]:
+    """`regen plan`: per dataset and lane what is still to come (p10-p90 in brackets), then
+    the lanes and the job."""
+    p = plan.job
+    flows = Table(title="plan: per dataset and lane, from here (p10-p90)", title_justify="left")
+    cols = ("dataset", "lane", "passages", "attempts", "escalate", "prompt tok", "compl tok")
+    for col in (*cols, "$", "time", "from"):
+        flows.add_column(col, justify="left" if col in ("dataset", "lane", "from") else "right")
+    for f in p.flows:
+        flows.add_row(
+            f.dataset,
+            f.lane,
+            f"{f.passages:.0f}",
+            f"{f.attempts:.0f}",
+            f"{f.escalations:.0f}",
+            format_tokens(round(f.prompt_tokens)),
+            format_tokens(round(f.completion_tokens)),
+            _usd(f.cost_usd),
+            _time(f.time_s),
+            f.basis,
+        )
+    datasets = Table(title="per dataset", title_justify="left")
+    for col in ("dataset", "items", "pending", "to send", "attempts", "$", "done in", "stops"):
+        datasets.add_column(col, justify="left" if col in ("dataset", "stops") else "right")
+    for d in p.datasets:
+        datasets.add_row(
+            d.name,
+            str(d.items),
+            str(d.pending),
+            str(d.sent),
+            f"{d.attempts:.0f}",
+            _usd(d.cost_usd),
+            _time(d.done_in_s),
+            d.stop or "",
+        )
+    datasets.add_section()
+    datasets.add_row(
+        "job",
+        str(sum(d.items for d in p.datasets)),
+        str(sum(d.pending for d in p.datasets)),
+        str(sum(d.sent for d in p.datasets)),
+        f"{sum(d.attempts for d in p.datasets):.0f}",
+        _usd(p.cost_usd),
+        _time(p.time_s),
+        "",
+        style="bold",
+    )
+    lanes = Table(title="per lane", title_justify="left")
+    for col in ("lane", "concurrency", "on the wire", "passages", "escalated in", "$", "time"):
+        lanes.add_column(col, justify="left" if col == "lane" else "right")
+    for lane in p.lanes:
+        lanes.add_row(
+            lane.name,
+            str(lane.concurrency),
+            "-" if lane.on_wire is None else f"{lane.on_wire:.0f}",
+            f"{lane.passages:.0f}",
+            f"{lane.escalations_in:.0f}",
+            _usd(lane.cost_usd),
+            _time(lane.time_s),
+        )
+    return [flows, datasets, lanes]

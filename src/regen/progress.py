@@ -23,7 +23,6 @@ from rich.text import Text
 from regen.billing import Reconciliation
 from regen.errors import StateError
 from regen.eta import Eta, eta_text, format_duration
-from regen.forecast import Estimate
 from regen.scheduler import DatasetStats, RunStats
 from regen.store import BadRowGroup, DatasetProgress
 
@@ -491,62 +490,6 @@ def summary_table(
             str(exports.get(d.name, 0)),
         )
     return table
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    if seconds >= 3600:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
-
-
-def plan_table(estimates: list[Estimate]) -> Table:
-    """`regen plan`: per dataset, what is still to come, and what the estimate rests on."""
-    table = Table(title="plan (expected from here)", title_justify="left")
-    cols = ("dataset", "items", "pending", "to send", "completion tok", "prompt tok", "cost $")
-    for col in (*cols, "time", "from", "budget"):
-        table.add_column(col, justify="left" if col in ("dataset", "from", "budget") else "right")
-    for e in estimates:
-        table.add_row(
-            e.name,
-            str(e.items),
-            str(e.pending),
-            str(e.sent),
-            format_tokens(round(e.completion_tokens)),
-            format_tokens(round(e.prompt_tokens)),
-            "?" if e.cost_usd is None else f"{e.cost_usd:.4f}",
-            _duration(e.time_s),
-            e.basis,
-            e.budget_note or "",
-        )
-    if len(estimates) > 1:
-        costs = [e.cost_usd for e in estimates]
-        table.add_section()
-        table.add_row(
-            "total",
-            str(sum(e.items for e in estimates)),
-            str(sum(e.pending for e in estimates)),
-            str(sum(e.sent for e in estimates)),
-            format_tokens(round(sum(e.completion_tokens for e in estimates))),
-            format_tokens(round(sum(e.prompt_tokens for e in estimates))),
-            "?" if None in costs else f"{sum(c or 0.0 for c in costs):.4f}",
-            _duration(_lanes_time(estimates)),
-            "",
-            "",
-            style="bold",
-        )
-    return table
-
-
-def _lanes_time(estimates: list[Estimate]) -> float | None:
-    """Lanes run side by side, each through its datasets in turn."""
-    per_lane: dict[str | None, float] = {}
-    for e in estimates:
-        if e.time_s is None:
-            return None
-        per_lane[e.lane] = per_lane.get(e.lane, 0.0) + e.time_s
-    return max(per_lane.values(), default=0.0)
 
 
 def bad_rows_table(groups: list[BadRowGroup]) -> Table:

@@ -211,6 +211,8 @@ class LaneStats:
     """The datasets this lane sends, in order."""
     latency_counts: list[int] = field(default_factory=lambda: [0] * len(LATENCY_BUCKETS))
     latency_sum_s: float = 0.0
+    escalate_to: str | None = None
+    """The lane its truncated answers go on to."""
 
     def observe_latency(self, seconds: float) -> None:
         self.latency_counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
@@ -271,20 +273,52 @@ class RunStats:
     def in_flight(self) -> int:
         return sum(d.in_flight for d in self.datasets.values())
 
+    def _escalation_order(self) -> list[str]:
+        """Lane names, each after the lanes that escalate to it."""
+        out: list[str] = []
+
+        def visit(name: str, seen: frozenset[str]) -> None:
+            if name in out or name in seen:
+                return
+            for src, lane in self.lanes.items():
+                if lane.escalate_to == name:
+                    visit(src, seen | {name})
+            out.append(name)
+
+        for name in self.lanes:
+            visit(name, frozenset())
+        return out
+
     def etas(self, now: float | None = None) -> tuple[dict[str, Eta | None], Eta | None]:
         """Time left per dataset (when it will be finished in every lane that sends it) and
         for the job, with p10-p90 intervals; None where no answer has come yet."""
         now = time.monotonic() if now is None else now
         per_lane: dict[str, dict[str, Eta | None]] = {}
-        for name, lane in self.lanes.items():
+        # A lane that escalates goes first: what it will still send on is work for the lane
+        # it sends to, which cannot end before it does.
+        coming: dict[tuple[str, str], float] = {}
+        for name in self._escalation_order():
+            lane = self.lanes[name]
             c, rsd = lane.wire.mean(now)
             rows = []
             for ds in lane.datasets:
                 flow = lane.flow(ds)
                 tokens_left, usd_left = self.budget_left(ds) if self.budget_left else (None, None)
                 n, bound = items_left(flow, tokens_left, usd_left)
-                rows.append((flow, n, bound))
-            per_lane[name] = dict(zip(lane.datasets, lane_eta(rows, now, c, rsd), strict=True))
+                more = coming.get((name, ds), 0.0)
+                rows.append((flow, n + round(more), bound))
+                if lane.escalate_to is not None:
+                    key = (lane.escalate_to, ds)
+                    coming[key] = coming.get(key, 0.0) + (n + more) * flow.escalation_share
+            etas = dict(zip(lane.datasets, lane_eta(rows, now, c, rsd), strict=True))
+            for src_name, src in self.lanes.items():
+                if src.escalate_to != name:
+                    continue
+                for ds, eta in etas.items():
+                    feeder = per_lane.get(src_name, {}).get(ds)
+                    if eta is not None and feeder is not None and coming.get((name, ds)):
+                        etas[ds] = after_feeder(eta, feeder, lane.flow(ds))
+            per_lane[name] = etas
         by_dataset = {
             ds: combine(etas[ds] for etas in per_lane.values() if ds in etas)
             for ds in self.datasets
@@ -296,6 +330,17 @@ class RunStats:
             if lane.datasets
         )
         return by_dataset, job
+
+
+def after_feeder(eta: Eta, feeder: Eta, flow: Flow) -> Eta:
+    """A lane fed by escalations ends no sooner than its feeder, plus one of its answers."""
+    one = sum(flow.latencies) / len(flow.latencies) if flow.latencies else 0.0
+    return Eta(
+        max(eta.seconds, feeder.seconds + one),
+        max(eta.p10, feeder.p10 + one),
+        max(eta.p90, feeder.p90 + one),
+        eta.bound,
+    )
 
 
 def backoff_s(attempt: int, retry_after_s: float | None, rng: random.Random) -> float:
@@ -369,11 +414,26 @@ class Scheduler:
                     lane.concurrency, run.initial_limit, adaptive=run.adaptive
                 )
             self.stats.lanes[lane.name] = LaneStats(
-                lane.concurrency, list(lane.limits.values()), datasets=list(lane.datasets)
+                lane.concurrency,
+                list(lane.limits.values()),
+                datasets=list(lane.datasets),
+                escalate_to=lane.escalate_to,
             )
         for (lane_name, ds), n in store.pending_by_lane().items():
             if lane_name in self.stats.lanes:
                 self.stats.lanes[lane_name].flow(ds).remaining += n
+        # Earlier runs' answers (a pilot's) start each flow's latencies, so that the ETA rests
+        # on a dataset's own times from the start, not on the datasets that happen to go first.
+        for (lane_name, ds), times in store.earlier_latencies().items():
+            if lane_name in self.stats.lanes:
+                flow = self.stats.lanes[lane_name].flow(ds)
+                for seconds in reversed(times):
+                    flow.add_latency(seconds)
+        for (lane_name, ds), (answered, escalated) in store.lane_answers().items():
+            if lane_name in self.stats.lanes:
+                flow = self.stats.lanes[lane_name].flow(ds)
+                flow.answered += answered
+                flow.escalated += escalated
         if budget is not None:
             self.stats.budget_left = budget.left
 
@@ -969,7 +1029,9 @@ class Scheduler:
             flow.remaining = max(0, flow.remaining - 1)
             if outcome.escalate_to is not None:
                 self.stats.lanes[outcome.escalate_to].flow(outcome.dataset).remaining += 1
+                flow.escalated += 1
             if r is not None:
+                flow.answered += 1
                 flow.finished += 1
                 flow.cost_usd += r.usage.cost_usd or 0.0
                 flow.tokens += (

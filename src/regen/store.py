@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, overload
 
@@ -416,6 +416,41 @@ class AttemptFact:
     failure_class: str | None
     dataset: str
     lane: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class LaneCapacity:
+    """What a lane's provider let it keep on the wire: requests refused for capacity (429s)
+    in all runs, the most answered at once, and the latest run's mean requests on the wire
+    over its middle 80% (None: no finished run)."""
+
+    refused: int
+    most_answered: int
+    run_in_flight: float | None
+    run_samples: int
+
+
+@dataclass(frozen=True, slots=True)
+class FlowEntry:
+    """One finished passage of an item through a lane, as `regen plan` measures lanes."""
+
+    lane: str | None
+    dataset: str
+    outcome: str
+    """`done`, `failed`, or `escalated` (its truncated answer went on to a longer lane)."""
+    prompt_tokens_est: int
+    attempts: int
+    ok: int
+    """Attempts that were answered."""
+    wire_s: float
+    """Time on the wire, over all its attempts there."""
+    span_s: float
+    """From its first attempt's start to its last one's end: wire time, back-offs and waits
+    for a slot between attempts."""
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+    """Everything charged for it there: its answer and any billed failed attempt."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -1213,21 +1248,45 @@ class Store:
         ).fetchall()
         return [TimelinePoint(*r) for r in rows]
 
-    def settled_limits(self, last_s: float = 60.0) -> dict[str, float]:
-        """Per lane, the mean adaptive limit over the last `last_s` seconds of the latest run
-        that sampled it: what the provider let the lane settle at."""
-        rows = self._db.execute(
-            """
-            SELECT t.lane, AVG(t.limit_now) FROM timeline t
-            JOIN (SELECT lane, MAX(run_id) AS run_id FROM timeline GROUP BY lane) last
-              ON last.lane = t.lane AND last.run_id = t.run_id
-            WHERE t.t >= (SELECT MAX(t2.t) FROM timeline t2
-                          WHERE t2.lane = t.lane AND t2.run_id = t.run_id) - ?
-            GROUP BY t.lane
-            """,
-            (last_s,),
-        ).fetchall()
-        return {lane: float(v) for lane, v in rows}
+    def lane_capacity(self, recent: int = 20_000) -> dict[str, LaneCapacity]:
+        """Per lane, what its provider let it keep on the wire (see LaneCapacity)."""
+        out: dict[str, LaneCapacity] = {}
+        refused = dict(
+            self._db.execute(
+                "SELECT lane, COUNT(*) FROM attempts WHERE lane IS NOT NULL AND "
+                "(status = 429 OR failure_class = 'rate_limited') GROUP BY lane"
+            ).fetchall()
+        )
+        spans: dict[str, list[tuple[float, int]]] = {}
+        for lane, start, latency in self._db.execute(
+            "SELECT lane, started_at, latency_s FROM attempts WHERE lane IS NOT NULL AND "
+            "failure_class IS NULL ORDER BY id DESC LIMIT ?",
+            (recent,),
+        ):
+            events = spans.setdefault(lane, [])
+            events.append((start, 1))
+            events.append((start + latency, -1))
+        for lane, events in spans.items():
+            now = most = 0
+            for _, step in sorted(events):
+                now += step
+                most = max(most, now)
+            out[lane] = LaneCapacity(int(refused.get(lane, 0)), most, None, 0)
+        last_run = self._db.execute(
+            "SELECT id, started_at, ended_at FROM runs WHERE kind = 'run' AND ended_at IS NOT "
+            "NULL ORDER BY id DESC LIMIT 1"
+        ).fetchone()
+        if last_run is not None:
+            run_id, start, end = last_run
+            lo, hi = start + 0.1 * (end - start), start + 0.9 * (end - start)
+            for lane, mean, n in self._db.execute(
+                "SELECT lane, AVG(in_flight), COUNT(*) FROM timeline "
+                "WHERE run_id = ? AND t BETWEEN ? AND ? GROUP BY lane",
+                (run_id, lo, hi),
+            ):
+                if lane in out:
+                    out[lane] = replace(out[lane], run_in_flight=float(mean), run_samples=n)
+        return out
 
     def attempt_facts(self) -> Iterator[AttemptFact]:
         """Every attempt, in the order recorded."""
@@ -1253,6 +1312,80 @@ class Store:
             "GROUP BY dataset, lane, escalated"
         ).fetchall()
         return {(d, lane, bool(e)): n for d, lane, e, n in rows}
+
+    def pending_flows(self) -> dict[tuple[str | None, str], tuple[int, int]]:
+        """Pending items per (lane, dataset): how many, and their estimated prompt tokens."""
+        rows = self._db.execute(
+            "SELECT lane, dataset, COUNT(*), COALESCE(SUM(prompt_tokens_est), 0) FROM items "
+            "WHERE status = 'pending' GROUP BY lane, dataset"
+        ).fetchall()
+        return {(lane, ds): (n, est) for lane, ds, n, est in rows}
+
+    def flow_entries(self) -> Iterator[FlowEntry]:
+        """Every finished passage of an item through a lane (its answer, its failure, or the
+        truncated answer that sent it on to a longer lane), with what it took there. Charges
+        and attempts recorded before lanes were (lane NULL) count in the item's lane now."""
+        yield from (
+            FlowEntry(*r)
+            for r in self._db.execute(
+                """
+                WITH a AS (
+                    SELECT a.item_id, COALESCE(a.lane, i.lane) AS lane, i.dataset,
+                           i.prompt_tokens_est AS est,
+                           CASE WHEN i.status != 'pending' AND COALESCE(a.lane, i.lane) = i.lane
+                                THEN i.status ELSE 'escalated' END AS outcome,
+                           COUNT(*) AS attempts, SUM(a.latency_s) AS wire_s,
+                           MAX(a.started_at + a.latency_s) - MIN(a.started_at) AS span_s,
+                           SUM(a.failure_class IS NULL) AS ok
+                    FROM attempts a JOIN items i ON i.id = a.item_id
+                    WHERE i.status != 'pending' OR COALESCE(a.lane, i.lane) != i.lane
+                    GROUP BY a.item_id, COALESCE(a.lane, i.lane)
+                ),
+                l AS (
+                    SELECT l.item_id, COALESCE(l.lane, i.lane) AS lane,
+                           SUM(l.prompt_tokens) AS pt, SUM(l.completion_tokens) AS ct,
+                           SUM(COALESCE(l.cost_usd, 0)) AS usd
+                    FROM ledger l JOIN items i ON i.id = l.item_id
+                    GROUP BY l.item_id, COALESCE(l.lane, i.lane)
+                )
+                SELECT a.lane, a.dataset, a.outcome, a.est, a.attempts, a.ok, a.wire_s,
+                       a.span_s, COALESCE(l.pt, 0), COALESCE(l.ct, 0), COALESCE(l.usd, 0.0)
+                FROM a LEFT JOIN l ON l.item_id = a.item_id AND l.lane = a.lane
+                """
+            )
+        )
+
+    def answer_latencies(self, lane: str, limit: int = 4096) -> list[float]:
+        """Times on the wire of a lane's latest successful attempts."""
+        rows = self._db.execute(
+            "SELECT a.latency_s FROM attempts a JOIN items i ON i.id = a.item_id "
+            "WHERE COALESCE(a.lane, i.lane) = ? AND a.failure_class IS NULL "
+            "ORDER BY a.id DESC LIMIT ?",
+            (lane, limit),
+        ).fetchall()
+        return [float(r[0]) for r in rows]
+
+    def lane_answers(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """Answers per (lane, dataset) charged so far, and how many of them were truncated
+        and sent on to a longer lane."""
+        rows = self._db.execute(
+            "SELECT lane, dataset, COUNT(*), SUM(kind = 'escalated') FROM ledger "
+            "WHERE lane IS NOT NULL AND kind != 'failed_attempt' GROUP BY lane, dataset"
+        ).fetchall()
+        return {(lane, ds): (n, e) for lane, ds, n, e in rows}
+
+    def earlier_latencies(self, limit: int = 20_000) -> dict[tuple[str | None, str], list[float]]:
+        """Times on the wire of the latest successful attempts (up to `limit`), by (lane,
+        dataset): what a new run's ETA starts from."""
+        out: dict[tuple[str | None, str], list[float]] = {}
+        for lane, ds, t in self._db.execute(
+            "SELECT COALESCE(a.lane, i.lane), i.dataset, a.latency_s FROM attempts a "
+            "JOIN items i ON i.id = a.item_id WHERE a.failure_class IS NULL "
+            "ORDER BY a.id DESC LIMIT ?",
+            (limit,),
+        ):
+            out.setdefault((lane, ds), []).append(float(t))
+        return out
 
     def last_result_rowid(self) -> int:
         row = self._db.execute("SELECT max(rowid) FROM results").fetchone()
