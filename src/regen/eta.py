@@ -248,6 +248,13 @@ class Concurrency:
     last: float = 0.0
     in_flight: int = 0
     samples: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=64))
+    full_since: float | None = None
+    """When the lane first had as many on the wire as its limit allowed: the seconds before,
+    while it filled up (a lane fed by escalations fills slowly), say nothing of its pace."""
+
+    def full(self, now: float) -> None:
+        if self.full_since is None:
+            self.full_since = now
 
     def change(self, now: float, delta: int) -> None:
         if self.last:
@@ -262,6 +269,12 @@ class Concurrency:
         if not self.samples or now - self.samples[-1][0] >= 1.0:
             self.samples.append((now, self.busy_s))
         while len(self.samples) > 2 and now - self.samples[1][0] >= window_s:
+            self.samples.popleft()
+        while (
+            len(self.samples) > 2
+            and self.full_since is not None
+            and self.samples[0][0] < self.full_since
+        ):
             self.samples.popleft()
         t0, b0 = self.samples[0]
         if now - t0 < 1.0:

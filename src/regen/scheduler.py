@@ -727,6 +727,8 @@ class Scheduler:
             ds.in_flight += 1
             lane_stats.in_flight += 1
             lane_stats.wire.change(t0, +1)
+            if lane_stats.wire.full_since is None and lane_stats.in_flight >= lane_stats.limit:
+                lane_stats.wire.full(t0)
             ep.busy.change(t0, +1)
             flow = lane_stats.flow(item.dataset)
             wire_token = id(attempts)
