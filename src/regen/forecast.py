@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from regen.budget import Prices
 from regen.config import Job, LaneConfig
-from regen.eta import Z90, LatencyModel, kaplan_meier
+from regen.eta import Z90, LatencyModel, format_duration, kaplan_meier
 from regen.store import DatasetProgress, FlowEntry, LaneCapacity
 
 MIN_PASSAGES = 10
@@ -153,8 +153,6 @@ class Profile:
     cost_usd: Stat | None
     completion_tokens: Stat
     prompt_tokens: Stat
-    prompt_per_est: float
-    """Billed prompt tokens per estimated prompt token."""
     held_s: Stat
     """Time a worker holds the passage (attempts, back-offs, waits for a slot)."""
     wire_s: Stat
@@ -177,8 +175,6 @@ class Profile:
         """From finished passages; `prompt_est`: the mean estimated prompt tokens of the
         passages to come (None: unknown), which adjusts each mean for prompt size."""
         n = len(entries)
-        est = sum(e.prompt_tokens_est for e in entries)
-        charged = [e for e in entries if e.outcome != "failed" or e.cost_usd > 0]
         xs = [float(e.prompt_tokens_est) for e in entries]
 
         def stat(ys: list[float]) -> Stat:
@@ -200,7 +196,6 @@ class Profile:
             stat([e.cost_usd for e in entries]),
             stat([float(e.completion_tokens) for e in entries]),
             stat([float(e.prompt_tokens) for e in entries]),
-            sum(e.prompt_tokens for e in charged) / est if est else 1.0,
             stat([max(e.span_s, e.wire_s) for e in entries]),
             stat([e.wire_s for e in entries]),
             sum(e.attempts for e in entries) / n,
@@ -232,7 +227,6 @@ class Profile:
             cost,
             Stat(completion, completion * PRIOR_LENGTH_CV, 0),
             Stat(prompt_est, 0.0, 0),
-            1.0,
             Stat(seconds, seconds * PRIOR_LENGTH_CV, 0),
             Stat(seconds, seconds * PRIOR_LENGTH_CV, 0),
             1.0,
@@ -559,11 +553,16 @@ def plan(
         note = None
         if why is not None and sent < pending_n:
             note = f"{why} stops it after ~{sent} of its {pending_n} items"
+            if done_in is not None:
+                note += f", in ~{format_duration(done_in.mean)}"
         if cut_at is not None:
             kept = _share_by(segments, ds.name, cut_at)
             if kept < 1.0 and round(sent * kept) < sent:
                 sent = round(sent * kept)
-                note = f"{stop.split(':')[0]} stops it after ~{sent} of its {pending_n} items"
+                note = (
+                    f"{stop.split(':')[0]} stops it after ~{sent} of its {pending_n} items, "
+                    f"in ~{format_duration(cut_at)}"
+                )
         costs = [r.cost_usd for r in rows]
         cost = None
         if all(c is not None for c in costs):
@@ -655,8 +654,8 @@ def _job_stop(
         if acc + step >= room[0] and step > 0:
             at = prev + (t - prev) * (room[0] - acc) / step
             return (
-                f"{room[1]}: stops the job after ~{_duration(at)} of {_duration(job_end)}, "
-                f"with ${room[0]:.2f} spent",
+                f"{room[1]}: stops the job after ~{format_duration(at)} of "
+                f"{format_duration(job_end)}, with ${room[0]:.2f} spent",
                 at,
             )
         acc += step
@@ -679,12 +678,6 @@ def _share_by(segments: list[tuple[float, float, float, str, str]], ds: str, t: 
     if total <= 0:
         return 1.0 if all(s[0] < t for s in mine) else 0.0
     return sum(max(0.0, min(s[1], t) - s[0]) for s in mine) / total
-
-
-def _duration(seconds: float) -> str:
-    from regen.eta import format_duration
-
-    return format_duration(seconds)
 
 
 def on_wire_for(lane: LaneConfig, cap: LaneCapacity | None) -> tuple[float | None, str]:
