@@ -40,6 +40,7 @@ from regen.conversation import (
 )
 from regen.errors import EndpointError, StateError, StateGone
 from regen.eta import Concurrency, Eta, Flow, combine, items_left, lane_eta
+from regen.forecast import Stat
 from regen.limiter import AdaptiveLimit, EndpointHealth
 from regen.modes import build_request
 from regen.store import PendingItem, Store
@@ -423,12 +424,20 @@ class Scheduler:
             if lane_name in self.stats.lanes:
                 self.stats.lanes[lane_name].flow(ds).remaining += n
         # Earlier runs' answers (a pilot's) start each flow's latencies, so that the ETA rests
-        # on a dataset's own times from the start, not on the datasets that happen to go first.
-        for (lane_name, ds), times in store.earlier_latencies().items():
-            if lane_name in self.stats.lanes:
-                flow = self.stats.lanes[lane_name].flow(ds)
-                for seconds in reversed(times):
-                    flow.add_latency(seconds)
+        # on a dataset's own times from the start, not on the datasets that happen to go first;
+        # scaled as `regen plan` adjusts its means, to the prompt sizes still to come (a pilot
+        # of 30 that drew long prompts would otherwise say so for the whole run's start).
+        pending = store.pending_flows()
+        for (lane_name, ds), answers in store.earlier_latencies().items():
+            if lane_name not in self.stats.lanes:
+                continue
+            flow = self.stats.lanes[lane_name].flow(ds)
+            n, est = pending.get((lane_name, ds), (0, 0))
+            times = [t for t, _ in answers]
+            scale = Stat.regressed(times, [float(x) for _, x in answers], est / n if n else None)
+            factor = scale.mean / (sum(times) / len(times)) if sum(times) > 0 else 1.0
+            for seconds in reversed(times):
+                flow.add_latency(seconds * factor)
         for (lane_name, ds), (answered, escalated) in store.lane_answers().items():
             if lane_name in self.stats.lanes:
                 flow = self.stats.lanes[lane_name].flow(ds)
