@@ -1374,17 +1374,19 @@ class Store:
         ).fetchall()
         return {(lane, ds): (n, e) for lane, ds, n, e in rows}
 
-    def earlier_latencies(self, limit: int = 20_000) -> dict[tuple[str | None, str], list[float]]:
-        """Times on the wire of the latest successful attempts (up to `limit`), by (lane,
-        dataset): what a new run's ETA starts from."""
-        out: dict[tuple[str | None, str], list[float]] = {}
-        for lane, ds, t in self._db.execute(
-            "SELECT COALESCE(a.lane, i.lane), i.dataset, a.latency_s FROM attempts a "
-            "JOIN items i ON i.id = a.item_id WHERE a.failure_class IS NULL "
+    def earlier_latencies(
+        self, limit: int = 20_000
+    ) -> dict[tuple[str | None, str], list[tuple[float, int]]]:
+        """Times on the wire of the latest successful attempts (up to `limit`), with their
+        items' estimated prompt tokens, by (lane, dataset): what a new run's ETA starts from."""
+        out: dict[tuple[str | None, str], list[tuple[float, int]]] = {}
+        for lane, ds, t, est in self._db.execute(
+            "SELECT COALESCE(a.lane, i.lane), i.dataset, a.latency_s, i.prompt_tokens_est "
+            "FROM attempts a JOIN items i ON i.id = a.item_id WHERE a.failure_class IS NULL "
             "ORDER BY a.id DESC LIMIT ?",
             (limit,),
         ):
-            out.setdefault((lane, ds), []).append(float(t))
+            out.setdefault((lane, ds), []).append((float(t), int(est)))
         return out
 
     def last_result_rowid(self) -> int:
