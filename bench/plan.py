@@ -12,7 +12,7 @@ Targets (issue 21): cost within 15% and wall time within 25% on every workload; 
 10% of the run within 15% of the actual remaining time.
 
 Run: .venv/bin/python bench/plan.py [--items 3000] [--time-scale 0.2] [--seeds 1]
-     [--first-seed 1] [--only NAME] [--keep DIR]
+     [--first-seed 1] [--only NAME] [--pilot 30] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -177,7 +177,9 @@ def progress_lines(log: Path) -> list[tuple[float, dict[str, str]]]:
     return out
 
 
-def one(w: Workload, items: int, seed: int, time_scale: float, tmp: Path) -> dict[str, float]:
+def one(
+    w: Workload, items: int, seed: int, time_scale: float, tmp: Path, pilot: int
+) -> dict[str, float]:
     sim, base_url = simproc.start_sim(
         SIM_TOML.format(seed=seed, time_scale=time_scale, faults=w.faults, capacity=w.capacity),
         tmp,
@@ -199,7 +201,7 @@ def one(w: Workload, items: int, seed: int, time_scale: float, tmp: Path) -> dic
         env = {**os.environ, "BENCH_KEY": "sk-bench"}
         regen = ["taskset", "-c", "1", sys.executable, "-m", "regen"]
         out = subprocess.run(
-            [*regen, "plan", str(job), "--pilot", "30", "--json"],
+            [*regen, "plan", str(job), "--pilot", str(pilot), "--json"],
             env=env,
             check=True,
             capture_output=True,
@@ -265,10 +267,14 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--first-seed", type=int, default=1)
     ap.add_argument("--only", default=None)
+    ap.add_argument("--pilot", type=int, default=30, help="items per dataset in the pilot")
     ap.add_argument("--keep", type=Path, help="keep each workload's files here")
     args = ap.parse_args()
     print(simproc.machine_line())
-    print(f"items per workload: {args.items}, time scale {args.time_scale}, pilot 30 per dataset")
+    print(
+        f"items per workload: {args.items}, time scale {args.time_scale}, "
+        f"pilot {args.pilot} per dataset"
+    )
     print(
         "| workload | seed | plan $ (p10-p90) | actual $ | error | plan wall s (p10-p90) | "
         "actual s | error | ETA at 10% of items: s / left / error | "
@@ -283,7 +289,7 @@ def main() -> None:
             if args.only and w.name != args.only:
                 continue
             for seed in range(args.first_seed, args.first_seed + args.seeds):
-                r = one(w, args.items, seed, args.time_scale, args.keep or Path(d))
+                r = one(w, args.items, seed, args.time_scale, args.keep or Path(d), args.pilot)
                 ec = r["plan_cost"] / r["cost"] - 1
                 ew = r["plan_wall"] / r["wall"] - 1
                 ee = r["eta"] / r["eta_actual"] - 1
