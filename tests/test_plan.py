@@ -153,6 +153,8 @@ def test_pilot_measures_escalations_and_the_job_cap_says_when_it_stops(tmp_path:
         assert short["basis"] == "30 answers" or short["basis"].endswith("of lane short")
         assert long_["passages"] == pytest.approx(long_["pending"] + short["escalations"])
         assert short["escalations"] > 0
+    # The long lane rests on the few truncated answers the pilot sent on: the plan says so.
+    assert any(a.startswith("lane long, dataset a: rests on") for a in p["job"]["assumptions"])
     # Attempts include retries and escalations: at least one per passage.
     assert all(f["attempts"] >= f["passages"] - 1e-9 for f in p["flows"])
     # The cap stops the job: the plan says so, and when; datasets after it are cut.

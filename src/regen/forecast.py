@@ -42,6 +42,8 @@ from regen.config import Job, LaneConfig
 from regen.eta import Z90, LatencyModel, format_duration, kaplan_meier
 from regen.store import DatasetProgress, FlowEntry, LaneCapacity
 
+FEW_PASSAGES = 30
+"""Fewer finished passages than this behind an estimate: the plan says so."""
 MIN_PASSAGES = 10
 """Fewer finished passages than this of a dataset in a lane: use the lane's, pooled."""
 PRIOR_LENGTH_SHARE = 0.25
@@ -706,6 +708,12 @@ def _assumptions(
         )
     for lane in lanes:
         out.append(f"lane {lane.name}: on the wire at most {lane.on_wire_basis}")
+    for (lane_name, ds), p in sorted(profiles.items()):
+        if 0 < p.passages < FEW_PASSAGES:
+            out.append(
+                f"lane {lane_name}, dataset {ds}: rests on {p.passages} answers; a larger "
+                "--pilot narrows it (a lane fed by escalations gets only the truncated share)"
+            )
     return out
 
 
