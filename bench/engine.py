@@ -5,10 +5,11 @@ CPU is the child's user + system time from wait4(). Results are medians over `--
 
     .venv/bin/python bench/engine.py all          # or: cpu | stream | inflight | capacity
 
-cpu       client CPU per non-streamed request at 2,000 in flight: `regen run` (marginal, from
-          two run sizes: ingest, dispatch, SQLite and export included), regen's HTTP client
-          alone, and the openai SDK AsyncOpenAI + asyncio.Semaphore with its pool sized to
-          the concurrency (the naive baseline).
+cpu       client CPU per non-streamed request, per attempted and per succeeded request with
+          the failure rate beside them, at 256 and 2,000 in flight (`--cpu-levels`): `regen
+          run` (marginal, from two run sizes: ingest, dispatch, SQLite and export included),
+          regen's HTTP client alone, aiohttp alone (the floor), and the openai SDK
+          AsyncOpenAI + asyncio.Semaphore with its pool sized to the concurrency.
 stream    client CPU per streamed SSE chunk (regen's client, 200 streams in flight).
 inflight  10,000 requests in flight at once through `regen run`: errors and peak RSS.
 capacity  a provider that serves 500 at once (429 above that) behind a lane of 2,000:
@@ -291,47 +292,66 @@ def worker(
 # benchmarks
 
 
-def bench_cpu(tmp: Path, n: int, rounds: int) -> list[str]:
+def bench_cpu(tmp: Path, n: int, rounds: int, levels: list[int]) -> list[str]:
+    """Client CPU per request at each concurrency in `levels`, counted two ways beside the
+    failure rate: per attempted request (what the client did) and per succeeded one (what the
+    user got). A runner that fails most of its requests at a concurrency is cheap per attempt
+    and ruinous per success; dividing by successes alone once made a ratio swing from 60x to
+    50,000x between rounds. regen's figures are marginal over two run sizes (ingest,
+    dispatch, SQLite and export included); its attempts (retries too) come from state.db."""
     proc, url = start_sim(tmp, mean=50)
-    rows: dict[str, list[float]] = {
-        "regen run": [],
-        "regen client": [],
-        "aiohttp alone": [],
-        "openai SDK": [],
-    }
-    fails: dict[str, int] = dict.fromkeys(rows, 0)
+    names = ("regen run", "regen client", "aiohttp alone", "openai SDK")
+    cells: dict[tuple[str, int], dict[str, list[float]]] = {}
     try:
         small = max(200, n // 10)
         for _ in range(rounds):
-            # Alternate the runners within each round so drift hits all of them alike.
-            big = regen_run(tmp, url, n, concurrency=2000, initial=2000)
-            little = regen_run(tmp, url, small, concurrency=2000, initial=2000)
-            rows["regen run"].append((big["cpu_s"] - little["cpu_s"]) / (n - small) * 1000)
-            fails["regen run"] += db(
-                big["out"], "SELECT COUNT(*) FROM items WHERE status != 'done'"
-            )[0][0]
-            for name, kind in (
-                ("regen client", "regen"),
-                ("aiohttp alone", "aiohttp"),
-                ("openai SDK", "openai"),
-            ):
-                r = worker(kind, url, n, 2000)
-                rows[name].append(r["cpu_s"] / max(r["ok"], 1) * 1000)
-                fails[name] += r["failed"]
+            for level in levels:
+                # Alternate the runners within each round so drift hits all of them alike.
+                big = regen_run(tmp, url, n, concurrency=level, initial=level)
+                little = regen_run(tmp, url, small, concurrency=level, initial=level)
+                counts = []
+                for r in (big, little):
+                    ((att, bad),) = db(
+                        r["out"],
+                        "SELECT COUNT(*), COALESCE(SUM(failure_class IS NOT NULL), 0) "
+                        "FROM attempts",
+                    )
+                    (done,) = db(r["out"], "SELECT COUNT(*) FROM items WHERE status = 'done'")[0]
+                    counts.append((att, bad, done))
+                (att_b, bad_b, done_b), (att_l, bad_l, done_l) = counts
+                cpu = big["cpu_s"] - little["cpu_s"]
+                c = cells.setdefault(("regen run", level), {"att": [], "ok": [], "fail": []})
+                c["att"].append(cpu / max(1, att_b - att_l) * 1000)
+                c["ok"].append(cpu / max(1, done_b - done_l) * 1000)
+                c["fail"].append(bad_b / max(1, att_b))
+                for name, kind in (
+                    ("regen client", "regen"),
+                    ("aiohttp alone", "aiohttp"),
+                    ("openai SDK", "openai"),
+                ):
+                    r = worker(kind, url, n, level)
+                    c = cells.setdefault((name, level), {"att": [], "ok": [], "fail": []})
+                    c["att"].append(r["cpu_s"] / n * 1000)
+                    c["ok"].append(r["cpu_s"] / max(r["ok"], 1) * 1000)
+                    c["fail"].append(r["failed"] / n)
     finally:
         proc.terminate()
         proc.wait()
-    base = statistics.median(rows["openai SDK"])
     out = [
-        "| runner | client CPU ms per request (median) | rounds | failed | baseline / runner |",
-        "|---|---|---|---|---|",
+        "| runner | in flight | failed (median) | CPU ms per attempted (median; rounds) | "
+        "CPU ms per succeeded (median) | per attempted, x aiohttp alone |",
+        "|---|---|---|---|---|---|",
     ]
-    for name, vals in rows.items():
-        med = statistics.median(vals)
-        out.append(
-            f"| {name} | {med:.3f} | {', '.join(f'{v:.3f}' for v in vals)} | "
-            f"{fails[name]} | {base / med:.1f}x |"
-        )
+    for level in levels:
+        floor = statistics.median(cells["aiohttp alone", level]["att"])
+        for name in names:
+            c = cells[name, level]
+            att = statistics.median(c["att"])
+            out.append(
+                f"| {name} | {level} | {statistics.median(c['fail']):.1%} | {att:.3f}; "
+                f"{', '.join(f'{v:.3f}' for v in c['att'])} | "
+                f"{statistics.median(c['ok']):.3f} | {att / floor:.2f}x |"
+            )
     return out
 
 
@@ -472,6 +492,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--capacity-requests", type=int, default=30000)
     ap.add_argument(
+        "--cpu-levels",
+        default="256,2000",
+        help="concurrencies for `cpu`: one every runner survives, and 2,000",
+    )
+    ap.add_argument(
         "--read-intervals",
         default="0,0.1,0.25,1",
         help="stream read intervals to compare (comma-separated seconds)",
@@ -485,7 +510,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
         if args.which in ("all", "cpu"):
-            print("\n## cpu\n" + "\n".join(bench_cpu(tmp, args.requests, args.rounds)))
+            levels = [int(v) for v in args.cpu_levels.split(",")]
+            print("\n## cpu\n" + "\n".join(bench_cpu(tmp, args.requests, args.rounds, levels)))
         if args.which in ("all", "stream"):
             intervals = [float(v) for v in args.read_intervals.split(",")]
             print("\n## stream\n" + "\n".join(bench_stream(tmp, 2000, args.rounds, intervals)))
