@@ -42,9 +42,12 @@ def test_sigkill_at_named_and_seeded_points_then_rerun_loses_nothing_and_sends_n
     tmp_path: Path,
 ) -> None:
     rng = random.Random(20261202)
-    n_items = 700
+    # `more` outlasts the kills after its boundary (three at up to 90 committed answers,
+    # each commit batch overshooting on a loaded machine): a run that ran out of items
+    # before its crash point would end normally and prove nothing.
+    n_items = 1000
     write_rows(tmp_path / "chat.jsonl", chat_rows(600))
-    write_rows(tmp_path / "more.jsonl", chat_rows(100, prefix="More"))
+    write_rows(tmp_path / "more.jsonl", chat_rows(400, prefix="More"))
     datasets = [*CHAT, ("more", "more.jsonl", "openai")]
     points = crash_points(rng)
     # Answers take a few milliseconds: each killed run has requests in flight.
