@@ -69,26 +69,6 @@ name = "mixed"
 path = "mixed.jsonl"
 """
 
-FILLER = [
-    "the",
-    "of",
-    "and",
-    "to",
-    "in",
-    "is",
-    "that",
-    "for",
-    "it",
-    "as",
-    "with",
-    "was",
-    "on",
-    "be",
-    "by",
-    "this",
-    "are",
-]
-
 
 def mixed_rows(n: int, rng: random.Random) -> list[dict[str, object]]:
     """70% short questions, 20% asking to explain and write code, 10% long prompts with many
@@ -97,11 +77,11 @@ def mixed_rows(n: int, rng: random.Random) -> list[dict[str, object]]:
     for i in range(n):
         roll = rng.random()
         if roll < 0.7:
-            text = f"Question {i}: what is {rng.choice(FILLER)}?"
+            text = f"Question {i}: what is {rng.choice(simproc.FILLER)}?"
         elif roll < 0.9:
-            text = f"Task {i}: explain and write code for {rng.choice(FILLER)}."
+            text = f"Task {i}: explain and write code for {rng.choice(simproc.FILLER)}."
         else:
-            words = " ".join(rng.choices(FILLER, k=400))
+            words = " ".join(rng.choices(simproc.FILLER, k=400))
             text = f"Task {i}: prove, derive, explain step by step and implement: {words}"
         rows.append({"messages": [{"role": "user", "content": text}]})
     return rows

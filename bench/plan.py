@@ -31,26 +31,6 @@ from pathlib import Path
 
 import simproc
 
-FILLER = [
-    "the",
-    "of",
-    "and",
-    "to",
-    "in",
-    "is",
-    "that",
-    "for",
-    "it",
-    "as",
-    "with",
-    "was",
-    "on",
-    "be",
-    "by",
-    "this",
-    "are",
-]
-
 SIM_TOML = """
 seed = {seed}
 time_scale = {time_scale}
@@ -156,11 +136,11 @@ def rows(n: int, shares: tuple[float, float, float], rng: random.Random) -> list
     for i in range(n):
         roll = rng.random()
         if roll < shares[0]:
-            text = f"Question {i}: what is {rng.choice(FILLER)}?"
+            text = f"Question {i}: what is {rng.choice(simproc.FILLER)}?"
         elif roll < shares[0] + shares[1]:
-            text = f"Task {i}: explain and write code for {rng.choice(FILLER)}."
+            text = f"Task {i}: explain and write code for {rng.choice(simproc.FILLER)}."
         else:
-            words = " ".join(rng.choices(FILLER, k=300))
+            words = " ".join(rng.choices(simproc.FILLER, k=300))
             text = f"Task {i}: prove, derive, explain step by step and implement: {words}"
         out.append(json.dumps({"messages": [{"role": "user", "content": text}]}))
     return out

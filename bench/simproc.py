@@ -9,6 +9,9 @@ import sys
 import time
 from pathlib import Path
 
+FILLER = "the of and to in is that for it as with was on be by this are".split()  # noqa: SIM905
+"""Common words for synthetic prompts: the simulator's answer lengths follow prompt length."""
+
 
 def start_sim(config_toml: str, tmp: Path) -> tuple[subprocess.Popen[str], str]:
     """The simulator process and its base URL; the caller terminates it."""
