@@ -420,14 +420,14 @@ class Scheduler:
                 datasets=list(lane.datasets),
                 escalate_to=lane.escalate_to,
             )
-        for (lane_name, ds), n in store.pending_by_lane().items():
+        pending = store.pending_flows()
+        for (lane_name, ds), (n, _) in pending.items():
             if lane_name in self.stats.lanes:
                 self.stats.lanes[lane_name].flow(ds).remaining += n
         # Earlier runs' answers (a pilot's) start each flow's latencies, so that the ETA rests
         # on a dataset's own times from the start, not on the datasets that happen to go first;
         # scaled as `regen plan` adjusts its means, to the prompt sizes still to come (a pilot
         # of 30 that drew long prompts would otherwise say so for the whole run's start).
-        pending = store.pending_flows()
         for (lane_name, ds), answers in store.earlier_latencies().items():
             if lane_name not in self.stats.lanes:
                 continue

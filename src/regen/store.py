@@ -868,14 +868,6 @@ class Store:
         ).fetchall()
         return [_pending(r) for r in rows]
 
-    def pending_by_lane(self) -> dict[tuple[str | None, str], int]:
-        """Pending items per (lane, dataset), as assign_lanes left them."""
-        rows = self._db.execute(
-            "SELECT lane, dataset, COUNT(*) FROM items WHERE status = 'pending' "
-            "GROUP BY lane, dataset"
-        ).fetchall()
-        return {(lane, ds): n for lane, ds, n in rows}
-
     def blocked_items(self) -> dict[str, int]:
         """Pending turns of sequential conversations whose earlier turn failed, per dataset."""
         rows = self._db.execute(
