@@ -822,28 +822,36 @@ class Store:
         None means no lane selects them (they are not sent)."""
         names = [r.name for r in rules]
         marks = ",".join("?" * len(names))
+        whens: list[str] = []
+        args: list[Any] = []
+        for rule in rules:
+            where: list[str] = []
+            if rule.datasets is not None:
+                where.append(f"dataset IN ({','.join('?' * len(rule.datasets))})")
+                args.extend(rule.datasets)
+            if rule.min_prompt_tokens is not None:
+                where.append("prompt_tokens_est >= ?")
+                args.append(rule.min_prompt_tokens)
+            if rule.max_prompt_tokens is not None:
+                where.append("prompt_tokens_est <= ?")
+                args.append(rule.max_prompt_tokens)
+            whens.append(f"WHEN {' AND '.join(where) or '1'} THEN ?")
+            args.append(rule.name)
+        # The first rule that selects an item names its lane. Only items whose lane changes
+        # are written: each write moves the item in items_lane, and rewriting a million
+        # unchanged lanes took 17-23 s of every restart.
+        lane = f"CASE {' '.join(whens)} ELSE NULL END" if whens else "NULL"
         with self._tx() as db:
             db.execute(
                 "UPDATE items SET escalated = 0 WHERE status = 'pending' AND escalated = 1 "
                 f"AND lane NOT IN ({marks})",
                 names,
             )
-            db.execute("UPDATE items SET lane = NULL WHERE status = 'pending' AND escalated = 0")
-            for rule in rules:
-                where: list[str] = ["lane IS NULL", "status = 'pending'"]
-                args: list[Any] = []
-                if rule.datasets is not None:
-                    where.append(f"dataset IN ({','.join('?' * len(rule.datasets))})")
-                    args.extend(rule.datasets)
-                if rule.min_prompt_tokens is not None:
-                    where.append("prompt_tokens_est >= ?")
-                    args.append(rule.min_prompt_tokens)
-                if rule.max_prompt_tokens is not None:
-                    where.append("prompt_tokens_est <= ?")
-                    args.append(rule.max_prompt_tokens)
-                db.execute(
-                    f"UPDATE items SET lane = ? WHERE {' AND '.join(where)}", [rule.name, *args]
-                )
+            db.execute(
+                f"UPDATE items SET lane = {lane} WHERE status = 'pending' "
+                f"AND (escalated = 0 OR lane IS NULL) AND lane IS NOT ({lane})",
+                [*args, *args],
+            )
             rows = db.execute(
                 "SELECT lane, dataset, COUNT(*) FROM items WHERE status = 'pending' "
                 "GROUP BY lane, dataset"
