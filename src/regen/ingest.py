@@ -1,28 +1,42 @@
 """Ingest: read every dataset of a job into the store, as conversations and items.
 
 Idempotent: ids derive from content, so re-reading a dataset adds only its new rows, and a
-kill in the middle loses nothing.
+kill in the middle loses nothing. A dataset whose files and settings are those of its last
+complete read is not read again: each file's size, modification time and content hash are
+recorded with that read (`source_fingerprint`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+from collections.abc import Iterator
+from typing import Any
 
+import orjson
+
+from regen import __version__
 from regen.config import DatasetConfig, Job
 from regen.conversation import (
+    ROLES,
     BadRow,
     Conversation,
+    Message,
     canonical_json,
     conversation_id,
-    estimate_prompt_tokens,
     stable_hash,
 )
-from regen.modes import item_id, prompt_hash_of, target_turns
+from regen.errors import SourceError
+from regen.modes import item_id, target_turns
 from regen.sources import Source
-from regen.sources.readers import HUB_PREFIX
+from regen.sources.readers import HUB_PREFIX, file_digest, source_files
 from regen.store import LaneRule, NewConversation, NewItem, Store
 
-INGEST_BATCH = 1000
+INGEST_BATCH = 2000
+"""Rows planned before they go to the store (which commits far fewer times)."""
+READ_VERSION = 1
+"""Part of every source fingerprint: bump it when a change to the readers, adapters or
+item planning changes what a source yields, so that every dataset is read again once."""
 
 
 def order_key(seed: int, iid: str) -> int:
@@ -53,39 +67,94 @@ def source_of(job: Job, ds: DatasetConfig) -> Source:
     )
 
 
+_ROLE_TAIL = {role: f',"role":"{role}"}}' for role in ROLES}
+
+
+def _json_text(obj: Any) -> str:
+    """canonical_json through orjson, for values of only strings, None, lists and dicts,
+    which orjson writes byte for byte as json.dumps does (floats, which the two write
+    differently, live only in `tools`, which stays with json)."""
+    try:
+        return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError:  # a lone surrogate, which only json writes
+        return canonical_json(obj)
+
+
+def _message_parts(messages: tuple[Message, ...]) -> tuple[list[str], list[int]]:
+    """Each message's canonical JSON (as Message.to_dict stores it) and its characters for
+    estimate_prompt_tokens (content, reasoning, tool arguments + 16 each), in one pass: a
+    plain message is written without building its dict."""
+    parts: list[str] = []
+    chars: list[int] = []
+    for m in messages:
+        tail = _ROLE_TAIL.get(m.role)
+        if (
+            tail is None
+            or m.tool_calls
+            or m.reasoning is not None
+            or m.name is not None
+            or m.tool_call_id is not None
+        ):
+            parts.append(_json_text(m.to_dict()))
+            n = len(m.content) + len(m.reasoning or "")
+            chars.append(n + sum(len(tc.arguments) + 16 for tc in m.tool_calls))
+        else:
+            parts.append('{"content":' + _json_text(m.content) + tail)
+            chars.append(len(m.content))
+    return parts, chars
+
+
+def _history_json(parts: list[str], turn: int, tools: str) -> str:
+    """canonical_json({"messages": messages[:turn], "tools": tools}) from the messages' own
+    canonical JSON: each message is serialized once for the row and all its prompts."""
+    return '{"messages":[' + ",".join(parts[:turn]) + '],"tools":' + tools + "}"
+
+
 def plan_items(
     conv: Conversation, ds: DatasetConfig, seed: int
 ) -> tuple[NewConversation | None, BadRow | None]:
     """The conversation and its items as the store takes them, and the reason for any turn
-    left out (a row with no turn left is only a BadRow)."""
+    left out (a row with no turn left is only a BadRow).
+
+    Ids, prompt hashes and estimates are those of conversation.py and modes.py
+    (Conversation.id, prompt_hash_of, estimate_prompt_tokens on Conversation.to_dict()),
+    computed from one serialization of each message (tests/test_ingest_speed.py checks them
+    against the definitions)."""
     turns = target_turns(conv, ds.mode)
     if isinstance(turns, str):
         return None, BadRow(ds.name, conv.row_index, turns)
-    # Serialize once: the id, prompt hashes and estimates all derive from it.
-    data = conv.to_dict()
-    text = canonical_json(data)
+    parts, chars = _message_parts(conv.messages)
+    tools = canonical_json(list(conv.tools)) if conv.tools else "[]"
+    text = _history_json(parts, len(parts), tools)
     if len(text) > ds.max_row_bytes:
         size = f"{len(text) / 2**20:.1f} MiB (max_row_bytes is {ds.max_row_bytes / 2**20:.1f})"
         return None, BadRow(ds.name, conv.row_index, f"conversation is {size}")
-    cid = conversation_id(conv.dataset, text)
+    try:
+        cid = conversation_id(conv.dataset, text)
+    except UnicodeEncodeError:
+        # JSON may escape half a surrogate pair ("\\ud800"), which no UTF-8 text can hold.
+        return None, BadRow(ds.name, conv.row_index, "text with a lone surrogate (not Unicode)")
+    tool_chars = len(json.dumps(list(conv.tools))) if conv.tools else 0
     items: list[NewItem] = []
     too_long: list[tuple[int, int]] = []
     previous: str | None = None
+    sequential = ds.mode == "sequential"
     for t in turns:
         iid = item_id(cid, t)
-        estimate = estimate_prompt_tokens(data, t)
+        # estimate_prompt_tokens(conv.to_dict(), t)
+        estimate = (tool_chars + sum(chars[:t])) // 4 + 4 * min(t, len(chars)) + 2
         if ds.max_prompt_tokens is not None and estimate > ds.max_prompt_tokens:
             too_long.append((t, estimate))
-            if ds.mode == "sequential":
+            if sequential:
                 break  # later turns would need this one's answer
             continue
-        sequential = ds.mode == "sequential"
         items.append(
             NewItem(
                 iid,
                 t,
                 # Sequential prompts hold regenerated turns: no two conversations share one.
-                stable_hash(cid, t) if sequential else prompt_hash_of(data, t),
+                # Otherwise modes.prompt_hash_of, from the serialized messages.
+                stable_hash(cid, t) if sequential else stable_hash(_history_json(parts, t, tools)),
                 order_key(seed, iid),
                 estimate,
                 after_item=previous if sequential else None,
@@ -107,34 +176,116 @@ def plan_items(
     return NewConversation(cid, conv.dataset, conv.row_index, text, items), bad
 
 
-def ingest(store: Store, job: Job) -> None:
-    """Read every dataset into the store; new rows add items, known rows change nothing."""
+def source_fingerprint(job: Job, ds: DatasetConfig, source: Source) -> str | None:
+    """What decides a dataset's rows: its settings and, for each file read, its path, size,
+    modification time and content hash. None for a hub id, and for a source that cannot be
+    listed (reading it then says why)."""
+    try:
+        files = source_files(source.path, source.reader, config=source.config, split=source.split)
+        if files is None:
+            return None
+        entries = []
+        for f in files:
+            st = f.stat()
+            entries.append([str(f), st.st_size, st.st_mtime_ns, file_digest(f)])
+    except (SourceError, OSError):
+        return None
+    return canonical_json(
+        {
+            "read_version": READ_VERSION,
+            "regen": __version__,
+            # A budget or cap changes what is sent, not what is read.
+            "dataset": ds.model_dump(mode="json", exclude={"token_budget", "max_cost_usd"}),
+            "seed": job.dataset_seed(ds),
+            "files": entries,
+        }
+    )
+
+
+def _content(fingerprint: str) -> Any:
+    """A fingerprint without modification times: a file touched but not changed is the same."""
+    fp = json.loads(fingerprint)
+    fp["files"] = [[path, size, digest] for path, size, _, digest in fp["files"]]
+    return fp
+
+
+def source_unchanged(stored: str | None, now: str | None) -> bool:
+    """Whether a source is as it was at its last complete read (same settings, same files
+    with the same sizes and content hashes)."""
+    if stored is None or now is None:
+        return False
+    try:
+        return bool(_content(stored) == _content(now))
+    except (ValueError, KeyError, TypeError):
+        return False  # a fingerprint of another shape: read again
+
+
+def read_dataset(
+    store: Store, ds: DatasetConfig, source: Source, seed: int
+) -> tuple[list[BadRow], int]:
+    """Read one dataset into the store (new rows add items, known rows change nothing);
+    returns its bad rows and the turns read. Rows read before a source error are kept."""
+    bad: list[BadRow] = []
+    failed: list[Exception] = []
+    turns_read = 0
+
+    def batches() -> Iterator[list[NewConversation]]:
+        nonlocal turns_read
+        batch: list[NewConversation] = []
+        try:
+            for conv in source:
+                if isinstance(conv, BadRow):
+                    bad.append(conv)
+                    continue
+                new, reason = plan_items(conv, ds, seed)
+                if reason is not None:
+                    bad.append(reason)
+                if new is None:
+                    continue
+                turns_read += len(new.items)
+                batch.append(new)
+                if len(batch) >= INGEST_BATCH:
+                    yield batch
+                    batch = []
+        except Exception as exc:
+            # Raised once what was read is committed, as each batch used to be on its own.
+            failed.append(exc)
+        if batch:
+            yield batch
+
+    store.add_conversation_batches(batches())
+    if failed:
+        raise failed[0]
+    return bad, turns_read
+
+
+def ingest(store: Store, job: Job) -> list[str]:
+    """Read every dataset into the store; new rows add items, known rows change nothing.
+    Returns a note naming the datasets not read again because their sources are unchanged."""
+    unchanged: list[str] = []
     for position, ds in enumerate(job.datasets):
         source = source_of(job, ds)
         store.register_dataset(ds.name, position, str(source.path))
-        seed = job.dataset_seed(ds)
-        bad: list[BadRow] = []
-        turns_read = 0
-        batch: list[NewConversation] = []
-        for conv in source:
-            if isinstance(conv, BadRow):
-                bad.append(conv)
-                continue
-            new, reason = plan_items(conv, ds, seed)
-            if reason is not None:
-                bad.append(reason)
-            if new is None:
-                continue
-            turns_read += len(new.items)
-            batch.append(new)
-            if len(batch) >= INGEST_BATCH:
-                store.add_conversations(batch)
-                batch = []
-        if batch:
-            store.add_conversations(batch)
+        fingerprint = source_fingerprint(job, ds, source)
+        if source_unchanged(store.source_fingerprint(ds.name), fingerprint):
+            unchanged.append(ds.name)
+            continue
+        bad, turns_read = read_dataset(store, ds, source, job.dataset_seed(ds))
         store.record_source_stats(
-            ds.name, source.rows, turns_read, bad, source.skipped, source.format
+            ds.name,
+            source.rows,
+            turns_read,
+            bad,
+            source.skipped,
+            source.format,
+            fingerprint=fingerprint,
         )
+    if not unchanged:
+        return []
+    return [
+        f"not read again, their files unchanged since the last read (same sizes and content "
+        f"hashes): {', '.join(unchanged)}"
+    ]
 
 
 def lane_rules(job: Job) -> list[LaneRule]:

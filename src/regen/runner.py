@@ -780,7 +780,7 @@ def prepare(
         notes.append(f"removed what an interrupted export left: {', '.join(stale)}")
     if stale_pid is not None:
         notes.insert(0, f"took over the lock of pid {stale_pid}, which ended without releasing it")
-    ingest(store, job)
+    notes += ingest(store, job)
     refuse_unusable_datasets(job, store)
     store.requeue_retryable_failures(RETRYABLE | STOPS_RUN)
     unassigned = {

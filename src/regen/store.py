@@ -552,6 +552,43 @@ _PENDING_COLUMNS = (
 )
 
 
+INGEST_COMMIT_ROWS = 250_000
+"""Rows per transaction while a source is read (Store.add_conversation_batches)."""
+INGEST_CACHE_KIB = 512 * 1024
+"""SQLite's page cache while a source is read: about the indexes of 2M items."""
+
+
+def _insert_conversations(db: sqlite3.Connection, batch: Iterable[NewConversation]) -> int:
+    """Insert conversations and their items in the open transaction; return the new items."""
+    conv_rows: list[tuple[Any, ...]] = []
+    item_rows: list[tuple[Any, ...]] = []
+    for conv in batch:
+        cid = conv.id
+        conv_rows.append((cid, conv.dataset, conv.row_index, conv.data))
+        item_rows.extend(
+            (
+                it.id,
+                conv.dataset,
+                cid,
+                it.turn_index,
+                it.prompt_hash,
+                it.order_key,
+                it.prompt_tokens_est,
+                it.after_item,
+            )
+            for it in conv.items
+        )
+    db.executemany("INSERT OR IGNORE INTO conversations VALUES (?, ?, ?, ?)", conv_rows)
+    mid = db.total_changes
+    db.executemany(
+        "INSERT OR IGNORE INTO items (id, dataset, conversation_id, turn_index, "
+        "prompt_hash, order_key, prompt_tokens_est, after_item) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        item_rows,
+    )
+    return db.total_changes - mid
+
+
 def _pending(r: tuple[Any, ...]) -> PendingItem:
     return PendingItem(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6], r[7], r[8])
 
@@ -720,33 +757,48 @@ class Store:
         adds what is new.
         """
         with self._tx() as db:
-            conv_rows: list[tuple[Any, ...]] = []
-            item_rows: list[tuple[Any, ...]] = []
-            for conv in batch:
-                cid = conv.id
-                conv_rows.append((cid, conv.dataset, conv.row_index, conv.data))
-                item_rows.extend(
-                    (
-                        it.id,
-                        conv.dataset,
-                        cid,
-                        it.turn_index,
-                        it.prompt_hash,
-                        it.order_key,
-                        it.prompt_tokens_est,
-                        it.after_item,
-                    )
-                    for it in conv.items
-                )
-            db.executemany("INSERT OR IGNORE INTO conversations VALUES (?, ?, ?, ?)", conv_rows)
-            mid = db.total_changes
-            db.executemany(
-                "INSERT OR IGNORE INTO items (id, dataset, conversation_id, turn_index, "
-                "prompt_hash, order_key, prompt_tokens_est, after_item) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                item_rows,
-            )
-            return db.total_changes - mid
+            return _insert_conversations(db, batch)
+
+    def add_conversation_batches(
+        self, batches: Iterable[Iterable[NewConversation]], commit_rows: int = INGEST_COMMIT_ROWS
+    ) -> int:
+        """add_conversations for a whole source, committed every `commit_rows` rows; returns
+        how many items are new.
+
+        A source's rows land at random places in five indexes (ids, prompt hashes, dispatch
+        order), and each commit writes every index page it touched: a commit per 1,000 rows
+        with SQLite's default 2 MB cache made ingest slower per row the larger the dataset.
+        So: few commits, and a page cache that holds the indexes while the source is read
+        (given back afterwards). Foreign keys are not checked meanwhile: each item's
+        conversation is inserted just before it.
+        """
+        db = self._db
+        (cache,) = db.execute("PRAGMA cache_size").fetchone()
+        db.execute(f"PRAGMA cache_size = {-INGEST_CACHE_KIB}")
+        db.execute("PRAGMA foreign_keys = OFF")
+        added = 0
+        try:
+            pending = iter(batches)
+            more = True
+            while more:
+                more = False
+                with self._tx() as tx:
+                    rows = 0
+                    for batch in pending:
+                        batch = list(batch)
+                        added += _insert_conversations(tx, batch)
+                        rows += len(batch)
+                        if rows >= commit_rows:
+                            more = True
+                            break
+        finally:
+            db.execute("PRAGMA foreign_keys = ON")
+            db.execute(f"PRAGMA cache_size = {int(cache)}")
+        return added
+
+    def source_fingerprint(self, dataset: str) -> str | None:
+        """The fingerprint recorded with the dataset's last complete read (record_source_stats)."""
+        return self.get_meta(f"source_fingerprint {dataset}")
 
     def record_source_stats(
         self,
@@ -756,8 +808,10 @@ class Store:
         bad: list[BadRow],
         skipped: int = 0,
         fmt: str | None = None,
+        fingerprint: str | None = None,
     ) -> None:
-        """Replace the dataset's bad-row report with this read's."""
+        """Replace the dataset's bad-row report with this read's, and record the source's
+        fingerprint (None: none is known, so the next run reads the source again)."""
         with self._tx() as db:
             db.execute("DELETE FROM bad_rows WHERE dataset = ?", (dataset,))
             db.executemany(
@@ -769,6 +823,11 @@ class Store:
                 "skipped_rows = ?, format = COALESCE(?, format) WHERE name = ?",
                 (rows_read, turns_read, len(bad), skipped, fmt, dataset),
             )
+            key = f"source_fingerprint {dataset}"
+            if fingerprint is None:
+                db.execute("DELETE FROM meta WHERE key = ?", (key,))
+            else:
+                db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, fingerprint))
 
     def dataset_source(self, dataset: str) -> str:
         row = self._db.execute("SELECT source FROM datasets WHERE name = ?", (dataset,)).fetchone()

@@ -86,7 +86,8 @@ class Source:
     def _shape(self, conv: Conversation) -> Conversation:
         """The row's conversation with the dataset's system and leading-turn policies."""
         msgs = conv.messages
-        if self.leading_assistant == "drop":
+        # adapt_row leaves a user turn in every conversation; most rows start with it.
+        if self.leading_assistant == "drop" and msgs[0].role != "user":
             first_user = next(i for i, m in enumerate(msgs) if m.role == "user")
             head = [m for m in msgs[:first_user] if m.role == "system"]
             if len(head) != first_user:

@@ -135,23 +135,28 @@ def _openai_list(
 ) -> list[Message]:
     out = []
     for i, m in enumerate(msgs):
-        where = f"{field}[{i}]"
+        # Where a message is (`messages[3]`) is spelt out only for an error: this runs for
+        # every message of every row.
         if not isinstance(m, dict):
-            raise RowError(f"{where} is not an object")
+            raise RowError(f"{field}[{i}] is not an object")
         raw_role = m.get("role")
         role = roles.get(str(raw_role), raw_role) if roles else raw_role
         if role not in ROLES:
-            raise RowError(f"{where}.role is {raw_role!r} (allowed: {', '.join(ROLES)})")
+            raise RowError(f"{field}[{i}].role is {raw_role!r} (allowed: {', '.join(ROLES)})")
         reasoning = m.get("reasoning", m.get("reasoning_content"))
-        content = _text(m.get("content"), f"{where}.content")
+        content = m.get("content")
+        if type(content) is not str:
+            content = _text(content, f"{field}[{i}].content")
+        calls = m.get("tool_calls") if role == "assistant" else None
+        name = m.get("name")
         out.append(
             Message(
-                role=role,
-                content=content,
-                reasoning=_text(reasoning, f"{where}.reasoning") if reasoning else None,
-                tool_calls=_tool_calls(m.get("tool_calls"), where) if role == "assistant" else (),
-                tool_call_id=_str_or_none(m.get("tool_call_id")) if role == "tool" else None,
-                name=m.get("name") if isinstance(m.get("name"), str) else None,
+                role,
+                content,
+                _text(reasoning, f"{field}[{i}].reasoning") if reasoning else None,
+                _tool_calls(calls, f"{field}[{i}]") if calls else (),
+                _str_or_none(m.get("tool_call_id")) if role == "tool" else None,
+                name if isinstance(name, str) else None,
             )
         )
     return _patch_tool_call_ids(out)

@@ -8,12 +8,15 @@ is the exception the format forces). A source that cannot be opened at all is a 
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from regen.errors import SourceError
 
@@ -49,15 +52,45 @@ def read_rows(path: Path | str, reader: str = "auto", **options: Any) -> Iterato
     spec = SourceSpec(str(path), reader, **options)
     if spec.path.startswith(HUB_PREFIX) or spec.reader == "hf":
         return _read_hub(spec)
+    p, kind = _local_kind(spec)
+    if kind == "folder":
+        return _read_folder(p, spec)
+    return _read_file(p, kind, spec)
+
+
+def _local_kind(spec: SourceSpec) -> tuple[Path, str]:
+    """A local source's path and how it is read (`folder` or a file reader)."""
     p = Path(spec.path)
     if not p.exists():
         raise SourceError(f"{p}: no such file or folder")
     kind = spec.reader if spec.reader != "auto" else _guess_kind(p)
     if kind == "folder" or kind == "arrow" and p.is_dir():
-        return _read_folder(p, spec)
+        return p, "folder"
     if p.is_dir():
         raise SourceError(f'{p}: is a folder; set reader = "auto" or "folder"')
-    return _read_file(p, kind, spec)
+    return p, kind
+
+
+def source_files(path: Path | str, reader: str = "auto", **options: Any) -> list[Path] | None:
+    """The files a source's rows come from, in the order they are read, or None for a hub id
+    (whose rows cannot be fingerprinted)."""
+    spec = SourceSpec(str(path), reader, **options)
+    if spec.path.startswith(HUB_PREFIX) or spec.reader == "hf":
+        return None
+    p, kind = _local_kind(spec)
+    if kind != "folder":
+        return [p]
+    return _saved_dataset_files(p, spec) or _data_files(p, spec)
+
+
+def file_digest(p: Path) -> str:
+    """SHA-256 of a file's bytes, read in chunks. CPUs with SHA instructions (x86 SHA-NI,
+    ARMv8) hash about 1.4 GB/s with it against 0.8 for blake2b (bench/ingest.py machine)."""
+    try:
+        with p.open("rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError as exc:
+        raise SourceError(f"{p}: cannot read: {exc}") from exc
 
 
 def _guess_kind(p: Path) -> str:
@@ -173,10 +206,15 @@ def _read_jsonl(p: Path, spec: SourceSpec, offset: int) -> Iterator[Row]:
                     yield i, big
                     continue
                 try:
-                    row = json.loads(line)
-                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                    yield i, f"invalid JSON: {exc}"
-                    continue
+                    row = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    # orjson refuses what json takes (NaN, huge integers, a UTF-8 BOM) and
+                    # words its errors otherwise: the json module decides, as it always did.
+                    try:
+                        row = json.loads(line)
+                    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                        yield i, f"invalid JSON: {exc}"
+                        continue
                 yield (i, row) if isinstance(row, dict) else (i, "row is not a JSON object")
     except OSError as exc:
         raise SourceError(f"{p}: cannot read: {exc}") from exc

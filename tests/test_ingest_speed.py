@@ -1,0 +1,276 @@
+"""Ingest at speed, without changing what it stores: a rerun whose sources did not change does
+not read them again, a changed source is read again as before, and the faster path stores the
+very ids, prompt hashes, estimates and bad rows that the definitions in conversation.py and
+modes.py give."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from regen.config import Job, load_job
+from regen.conversation import Conversation
+from regen.ingest import ingest, order_key
+from regen.modes import item_id, prompt_hash, target_turns
+from regen.sources import Source
+from regen.store import Store
+from tests.conftest import query
+
+FIXTURES = Path(__file__).parent / "sources" / "fixtures"
+
+ANSWER_X = {"role": "assistant", "content": "x"}
+ANSWER_Y = {"role": "assistant", "content": "y"}
+# Rows that take the slow paths: floats in tools (json and orjson write some differently),
+# escapes, a UTF-8 BOM, NaN and huge integers (only the json module reads those), text
+# parts, a lone surrogate, bad lines, a duplicate prompt, a prompt over the limit.
+MIXED = [
+    '{"messages": [{"role": "user", "content": "h\\u00e9llo \\u2028 \\u0001 \\u007f \\ud83d\\ude00'
+    ' \\"q\\" </"}, {"role": "assistant", "content": "a"}]}',
+    '{"messages": [{"role": "user", "content": "tools"}, {"role": "assistant", "content": "", '
+    '"tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '
+    '{"x": 1.5e-7, "y": 1e16}}}]}, {"role": "tool", "content": "r", "tool_call_id": "c1"}], '
+    '"tools": [{"type": "function", "function": {"name": "f", "parameters": {"minimum": 1e-07,'
+    ' "maximum": 1e+16, "default": 0.1}}}]}',
+    '{"messages": [{"role": "user", "content": "nan"}], "x": NaN}',
+    '{"messages": [{"role": "user", "content": "big"}], "x": 123456789012345678901234567890}',
+    '{"messages": [{"role": "user", "content": "lone \\ud800 surrogate"}]}',
+    '\ufeff{"messages": [{"role": "user", "content": "bom"}]}',
+    "not json",
+    "[1, 2]",
+    "",
+    '{"messages": [{"role": "robot", "content": "x"}]}',
+    '{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u1"}, '
+    '{"role": "assistant", "content": "a1"}, {"role": "user", "content": "u2"}, '
+    '{"role": "assistant", "content": "<think>r</think>a2", "name": "bob"}]}',
+    '{"messages": [{"role": "user", "content": [{"type": "text", "text": "parts"}]}], '
+    '"tools": "[{\\"name\\": \\"g\\", \\"parameters\\": {\\"a\\": 2.50}}]"}',
+    json.dumps({"messages": [{"role": "user", "content": "q" * 5000}]}),
+    json.dumps({"messages": [{"role": "user", "content": "same"}, ANSWER_X]}),
+    json.dumps({"messages": [{"role": "user", "content": "same"}, ANSWER_Y]}),
+]
+
+
+def job_file(tmp: Path, datasets: str) -> Job:
+    (tmp / "job.toml").write_text(
+        f'[job]\noutput_dir = "out"\n[generation]\nmodel = "m"\n{datasets}'
+    )
+    return load_job(tmp / "job.toml")
+
+
+def dataset(name: str, path: str, extra: str = "") -> str:
+    return f'\n[[datasets]]\nname = "{name}"\npath = "{path}"\n{extra}\n'
+
+
+def rows(n: int, start: int = 0) -> str:
+    return "".join(
+        json.dumps({"messages": [{"role": "user", "content": f"question {i}"}]}) + "\n"
+        for i in range(start, start + n)
+    )
+
+
+def state(out: Path) -> dict[str, Any]:
+    return {
+        "items": sorted(query(out, "SELECT id, prompt_hash, order_key FROM items")),
+        "bad": query(out, "SELECT dataset, row_index, reason FROM bad_rows ORDER BY 1, 2"),
+        "datasets": query(out, "SELECT name, rows_read, bad_rows, turns_read FROM datasets"),
+    }
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The datasets whose rows are read (each Source iterated)."""
+    seen: list[str] = []
+    pairs = Source.pairs
+
+    def spy(self: Source, start: int = 0) -> Any:
+        seen.append(self.dataset)
+        return pairs(self, start)
+
+    monkeypatch.setattr(Source, "pairs", spy)
+    return seen
+
+
+def parquet_folder(folder: Path, n: int) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir()
+    for part in range(2):
+        table = pa.Table.from_pylist(
+            [{"messages": [{"role": "user", "content": f"p{part} {i}"}]} for i in range(n)]
+        )
+        pq.write_table(table, folder / f"part-{part}.parquet")
+
+
+def test_a_rerun_with_unchanged_sources_does_not_read_them(
+    tmp_path: Path, reads: list[str]
+) -> None:
+    (tmp_path / "a.jsonl").write_text(rows(20) + "{broken\n")
+    parquet_folder(tmp_path / "pq", 10)
+    job = job_file(tmp_path, dataset("a", "a.jsonl") + dataset("b", "pq"))
+    store = Store.open(job.output_path)
+    assert ingest(store, job) == []
+    first = state(job.output_path)
+    assert reads == ["a", "b"]
+    notes = ingest(store, job)
+    assert reads == ["a", "b"]  # not read again
+    assert len(notes) == 1 and notes[0].startswith("not read again") and notes[0].endswith(": a, b")
+    assert state(job.output_path) == first  # bad rows still listed, counts kept
+
+
+def test_an_appended_row_is_read_and_adds_its_item(tmp_path: Path, reads: list[str]) -> None:
+    p = tmp_path / "a.jsonl"
+    p.write_text(rows(5))
+    job = job_file(tmp_path, dataset("a", "a.jsonl"))
+    store = Store.open(job.output_path)
+    ingest(store, job)
+    with p.open("a") as f:
+        f.write(rows(1, start=5) + "[1]\n")
+    assert ingest(store, job) == []
+    assert reads == ["a", "a"]
+    assert query(job.output_path, "SELECT rows_read, bad_rows, turns_read FROM datasets") == [
+        (7, 1, 6)
+    ]
+    assert query(job.output_path, "SELECT row_index, reason FROM bad_rows") == [
+        (6, "row is not a JSON object")
+    ]
+
+
+def test_a_file_rewritten_with_the_same_size_and_time_is_read_again(
+    tmp_path: Path, reads: list[str]
+) -> None:
+    p = tmp_path / "a.jsonl"
+    p.write_text(rows(5))
+    job = job_file(tmp_path, dataset("a", "a.jsonl"))
+    store = Store.open(job.output_path)
+    ingest(store, job)
+    st = p.stat()
+    p.write_text(rows(5).replace("question 3", "question X"))
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert p.stat().st_size == st.st_size and p.stat().st_mtime_ns == st.st_mtime_ns
+    ingest(store, job)
+    assert reads == ["a", "a"]  # the content hash saw the change
+    assert query(job.output_path, "SELECT COUNT(*) FROM items") == [(6,)]
+
+
+def test_a_file_touched_but_not_changed_is_not_read_again(tmp_path: Path, reads: list[str]) -> None:
+    p = tmp_path / "a.jsonl"
+    p.write_text(rows(5))
+    job = job_file(tmp_path, dataset("a", "a.jsonl"))
+    store = Store.open(job.output_path)
+    ingest(store, job)
+    st = p.stat()
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+    assert "unchanged" in ingest(store, job)[0]
+    assert reads == ["a"]
+
+
+def test_changed_settings_or_files_of_a_folder_read_the_source_again(
+    tmp_path: Path, reads: list[str]
+) -> None:
+    parquet_folder(tmp_path / "pq", 10)
+    job = job_file(tmp_path, dataset("b", "pq"))
+    store = Store.open(job.output_path)
+    ingest(store, job)
+    ingest(store, job_file(tmp_path, dataset("b", "pq", "limit = 5")))
+    assert reads == ["b", "b"]
+    shutil.copy(tmp_path / "pq" / "part-1.parquet", tmp_path / "pq" / "part-2.parquet")
+    job = job_file(tmp_path, dataset("b", "pq"))
+    ingest(store, job)
+    assert reads == ["b", "b", "b"]
+    assert query(job.output_path, "SELECT rows_read FROM datasets") == [(30,)]
+    ingest(store, job)
+    assert reads == ["b", "b", "b"]
+
+
+def test_a_source_whose_read_failed_is_read_again(tmp_path: Path, reads: list[str]) -> None:
+    (tmp_path / "a.jsonl").write_text(rows(5))
+    job = job_file(tmp_path, dataset("a", "a.jsonl", 'format = "auto"'))
+    (tmp_path / "a.jsonl").write_text('{"instruction": "i", "conversations": []}\n')
+    store = Store.open(job.output_path)
+    with pytest.raises(Exception, match="fit formats"):
+        ingest(store, job)
+    (tmp_path / "a.jsonl").write_text(rows(5))
+    assert ingest(store, job) == []
+    assert reads == ["a", "a"]
+
+
+def test_run_log_says_a_source_was_not_read_again(tmp_path: Path, sim: Any) -> None:
+    from tests.conftest import run_cli, write_job
+
+    (tmp_path / "d.jsonl").write_text(rows(3))
+    job = write_job(tmp_path, sim.base_url, datasets=[], extra=dataset("d", "d.jsonl"))
+    assert run_cli("run", str(job)).returncode == 0
+    assert run_cli("run", str(job)).returncode == 0
+    log = (tmp_path / "out" / "run.log").read_text()
+    assert log.count("not read again, their files unchanged since the last read") == 1
+
+
+def reference(conv: Conversation, mode: str, seed: int) -> list[tuple[str, str, int, int]]:
+    """(item id, prompt hash, order key, estimate) of each turn, from the definitions."""
+    turns = target_turns(conv, mode)
+    assert isinstance(turns, list)
+    ids = [(t, item_id(conv.id, t)) for t in turns]
+    return [
+        (iid, prompt_hash(conv, t), order_key(seed, iid), conv.estimate_prompt_tokens(t))
+        for t, iid in ids
+    ]
+
+
+@pytest.mark.parametrize("mode", ["last_turn", "each_turn"])
+def test_ingested_ids_and_bad_rows_are_the_definitions(tmp_path: Path, mode: str) -> None:
+    (tmp_path / "mixed.jsonl").write_text("\n".join(MIXED) + "\n")
+    blocks = dataset("m", "mixed.jsonl", f'mode = "{mode}"\nmax_prompt_tokens = 1000')
+    for name in ("b4_mixture_of_thoughts.jsonl", "b6_ultrachat_200k.jsonl", "b7_sharegpt.json"):
+        shutil.copy(FIXTURES / name, tmp_path / name)
+        blocks += dataset(name.split(".")[0], name, f'format = "auto"\nmode = "{mode}"')
+    job = job_file(tmp_path, blocks)
+    store = Store.open(job.output_path)
+    ingest(store, job)
+    for ds in job.datasets:
+        source = Source(ds.name, job.resolve(ds.path), "auto" if ds.name != "m" else "openai")
+        want_items: dict[str, tuple[str, str, int, int]] = {}
+        for conv in source:
+            if conv.row_index == 4 and ds.name == "m":
+                continue  # the lone surrogate: a bad row (the definitions cannot hash it)
+            if isinstance(conv, Conversation) and not isinstance(target_turns(conv, mode), str):
+                for ref in reference(conv, mode, job.dataset_seed(ds)):
+                    if ds.max_prompt_tokens is None or ref[3] <= ds.max_prompt_tokens:
+                        want_items.setdefault(ref[1], ref)  # the first row with a prompt
+        got = query(
+            job.output_path,
+            f"SELECT id, prompt_hash, order_key, prompt_tokens_est FROM items "
+            f"WHERE dataset = '{ds.name}'",
+        )
+        assert sorted(got) == sorted(want_items.values()), ds.name
+    bad = dict(query(job.output_path, "SELECT row_index, reason FROM bad_rows WHERE dataset='m'"))
+    assert bad == {
+        4: "text with a lone surrogate (not Unicode)",
+        6: "invalid JSON: Expecting value: line 1 column 1 (char 0)",
+        7: "row is not a JSON object",
+        9: "messages[0].role is 'robot' (allowed: system, user, assistant, tool)",
+        12: "prompt over max_prompt_tokens (1256 estimated at turn 1, limit 1000)",
+    }
+
+
+def test_batches_commit_every_few_rows_and_give_the_connection_back_as_it_was(
+    tmp_path: Path,
+) -> None:
+    from regen.store import NewConversation, NewItem
+
+    store = Store.open(tmp_path)
+    store.register_dataset("d", 0, "src")
+    cache = store._db.execute("PRAGMA cache_size").fetchone()
+
+    def batch(k: int) -> list[NewConversation]:
+        return [NewConversation(f"c{k}", "d", k, "{}", [NewItem(f"i{k}", 1, f"h{k}", k)])]
+
+    assert store.add_conversation_batches((batch(k) for k in range(5)), commit_rows=2) == 5
+    assert query(tmp_path, "SELECT COUNT(*) FROM items") == [(5,)]
+    assert store._db.execute("PRAGMA foreign_keys").fetchone() == (1,)
+    assert store._db.execute("PRAGMA cache_size").fetchone() == cache
