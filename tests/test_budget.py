@@ -399,7 +399,37 @@ async def test_a_settlement_right_after_a_denial_wakes_the_waiter() -> None:
     lease = admit(b, max_tokens=1000)  # reserved at max_tokens: the budget is held
     assert isinstance(lease, Lease)
     assert admit(b, max_tokens=800) == Denial("token budget held by requests in flight", wait=True)
-    waiting = b.changed()
+    waiting = b.changed("ds", "lane")
     b.settle(lease, Usage(0, 100))  # before the waiter runs at all
     await asyncio.wait_for(waiting, 1.0)
     assert isinstance(admit(b, max_tokens=800), Lease)
+
+
+async def test_a_settlement_wakes_one_waiter_and_each_admission_the_next() -> None:
+    """Waking every waiter at every settlement cost a capped run 10 s of CPU with 512 workers
+    waiting. A settlement wakes the first; a waiter admitted wakes the next, so room found is
+    used, and a waiter denied again waits for the next settlement."""
+    b = book(job_cap=1.0)
+    held = [admit(b, max_tokens=124_000) for _ in range(4)]  # worst $0.248 each: cap held
+    assert all(isinstance(lease, Lease) for lease in held)
+    assert admit(b, max_tokens=124_000).wait  # type: ignore[union-attr]
+    waiters = [b.changed("ds", "lane") for _ in range(4)]
+    b.settle(held[0], Usage(0, 10))  # room for one more
+    assert [w.done() for w in waiters] == [True, False, False, False]
+    assert isinstance(admit(b, max_tokens=124_000), Lease)  # the first, admitted
+    assert [w.done() for w in waiters] == [True, True, False, False]
+    assert admit(b, max_tokens=124_000).wait  # type: ignore[union-attr]  # the second: no room
+    assert [w.done() for w in waiters] == [True, True, False, False]
+    waiters[2].cancel()  # this one gave up: the next settlement skips it
+    b.settle(held[1], Usage(0, 10))
+    assert [w.done() and not w.cancelled() for w in waiters] == [True, True, False, True]
+
+
+async def test_a_met_budget_wakes_every_waiter() -> None:
+    b = book(token_budget=1000)
+    lease = admit(b, max_tokens=1000)
+    assert isinstance(lease, Lease)
+    waiters = [b.changed("ds", lane) for lane in ("short", "long", "long")]
+    b.settle(lease, Usage(0, 1000))  # spent the budget: the next admission meets it
+    assert admit(b).reason == "token budget met"  # type: ignore[union-attr]
+    assert all(w.done() for w in waiters)

@@ -966,7 +966,7 @@ class Scheduler:
                 if decision.stops_run:
                     self.stop(decision.reason, budget=True)
                 return None
-            await self._until_stop(self._budget.changed())
+            await self._until_stop(self._budget.changed(item.dataset, lane.name))
 
     def _record_exposure(self, lease: Lease | None) -> None:
         """Keep in state.db an upper bound of what this run's requests may still be billed
