@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from regen.budget import BudgetBook, Denial, Lease, Prices, fill_cost
+from regen.budget import LENGTH_WINDOW, RAMP_ANSWERS, BudgetBook, Denial, Lease, Prices, fill_cost
 from regen.config import DatasetConfig
 from regen.conversation import Usage
 from regen.sim import SimConfig, sim_in_thread
@@ -433,3 +433,21 @@ async def test_a_met_budget_wakes_every_waiter() -> None:
     b.settle(lease, Usage(0, 1000))  # spent the budget: the next admission meets it
     assert admit(b).reason == "token budget met"  # type: ignore[union-attr]
     assert all(w.done() for w in waiters)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 5000), min_size=1, max_size=40)
+    | st.lists(st.integers(0, 5000), min_size=LENGTH_WINDOW + 1, max_size=1200)
+)
+def test_the_reserved_length_is_the_p90_of_the_latest_answers(lengths: list[int]) -> None:
+    """settle keeps its window sorted one answer at a time: the reservation must stay the
+    90th percentile of the latest LENGTH_WINDOW answers, as sorting the window says."""
+    b = book(token_budget=10**12)
+    for i, n in enumerate(lengths):
+        lease = admit(b)
+        assert isinstance(lease, Lease)
+        b.settle(lease, Usage(0, n))
+        window = sorted(lengths[max(0, i + 1 - LENGTH_WINDOW) : i + 1])
+        p90 = window[int(0.9 * (len(window) - 1))] if len(window) >= RAMP_ANSWERS else 10**6
+        assert b.expected_tokens("ds", "lane", 10**6) == p90

@@ -23,6 +23,7 @@ round).
 from __future__ import annotations
 
 import asyncio
+import bisect
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -144,8 +145,10 @@ class BudgetBook:
         self.job = _Scope(spent_usd=sum(p.cost_usd for p in progress))
         done = {p.name: p for p in progress}
         self.datasets: dict[str, DatasetBudgetState] = {}
-        self._lengths: dict[tuple[str, str], deque[int]] = {}
-        """The latest completion lengths per (dataset, lane)."""
+        self._lengths: dict[tuple[str, str], tuple[deque[int], list[int]]] = {}
+        """The latest completion lengths per (dataset, lane), in arrival order and sorted:
+        the sorted copy is kept up to date one answer at a time, since sorting the window
+        at every answer cost more than the rest of settling it."""
         self._p90: dict[tuple[str, str], float] = {}
         """Their 90th percentile, once RAMP_ANSWERS are in."""
         self._prior: dict[str, float] = {}
@@ -293,10 +296,15 @@ class BudgetBook:
             state.scope.spent_usd += cost
             self.job.spent_usd += cost
             key = (lease.dataset, lease.lane)
-            lengths = self._lengths.setdefault(key, deque(maxlen=LENGTH_WINDOW))
-            lengths.append(usage.completion_tokens)
-            if len(lengths) >= RAMP_ANSWERS:
-                ordered = sorted(lengths)
+            window = self._lengths.get(key)
+            if window is None:
+                window = self._lengths[key] = (deque(), [])
+            latest, ordered = window
+            if len(latest) == LENGTH_WINDOW:
+                del ordered[bisect.bisect_left(ordered, latest.popleft())]
+            latest.append(usage.completion_tokens)
+            bisect.insort(ordered, usage.completion_tokens)
+            if len(ordered) >= RAMP_ANSWERS:
                 self._p90[key] = float(ordered[int(0.9 * (len(ordered) - 1))])
         self._notify()
 
