@@ -292,48 +292,34 @@ def worker(
 # benchmarks
 
 
-def bench_cpu(tmp: Path, n: int, rounds: int, levels: list[int]) -> list[str]:
+def bench_cpu(
+    tmp: Path, n: int, rounds: int, levels: list[int], runners: list[str] | None = None
+) -> list[str]:
     """Client CPU per request at each concurrency in `levels`, counted two ways beside the
     failure rate: per attempted request (what the client did) and per succeeded one (what the
     user got). A runner that fails most of its requests at a concurrency is cheap per attempt
     and ruinous per success; dividing by successes alone once made a ratio swing from 60x to
     50,000x between rounds. regen's figures are marginal over two run sizes (ingest,
-    dispatch, SQLite and export included); its attempts (retries too) come from state.db."""
+    dispatch, SQLite and export included); its attempts (retries too) come from state.db.
+    `runners` leaves the others out (the openai SDK takes minutes a round at 2,000); aiohttp
+    alone, the floor, always runs."""
     proc, url = start_sim(tmp, mean=50)
-    names = ("regen run", "regen client", "aiohttp alone", "openai SDK")
+    names = [
+        name
+        for name in ("regen run", "regen client", "aiohttp alone", "openai SDK")
+        if runners is None or name in runners or name == "aiohttp alone"
+    ]
     cells: dict[tuple[str, int], dict[str, list[float]]] = {}
     try:
         small = max(200, n // 10)
         for _ in range(rounds):
             for level in levels:
                 # Alternate the runners within each round so drift hits all of them alike.
-                big = regen_run(tmp, url, n, concurrency=level, initial=level)
-                little = regen_run(tmp, url, small, concurrency=level, initial=level)
-                counts = []
-                for r in (big, little):
-                    ((att, bad),) = db(
-                        r["out"],
-                        "SELECT COUNT(*), COALESCE(SUM(failure_class IS NOT NULL), 0) "
-                        "FROM attempts",
-                    )
-                    (done,) = db(r["out"], "SELECT COUNT(*) FROM items WHERE status = 'done'")[0]
-                    counts.append((att, bad, done))
-                (att_b, bad_b, done_b), (att_l, bad_l, done_l) = counts
-                cpu = big["cpu_s"] - little["cpu_s"]
-                c = cells.setdefault(("regen run", level), {"att": [], "ok": [], "fail": []})
-                c["att"].append(cpu / max(1, att_b - att_l) * 1000)
-                c["ok"].append(cpu / max(1, done_b - done_l) * 1000)
-                c["fail"].append(bad_b / max(1, att_b))
-                for name, kind in (
-                    ("regen client", "regen"),
-                    ("aiohttp alone", "aiohttp"),
-                    ("openai SDK", "openai"),
-                ):
-                    r = worker(kind, url, n, level)
-                    c = cells.setdefault((name, level), {"att": [], "ok": [], "fail": []})
-                    c["att"].append(r["cpu_s"] / n * 1000)
-                    c["ok"].append(r["cpu_s"] / max(r["ok"], 1) * 1000)
-                    c["fail"].append(r["failed"] / n)
+                if "regen run" in names:
+                    cpu_regen_run(cells, tmp, url, n, small, level)
+                for name, kind in WORKERS:
+                    if name in names:
+                        cpu_worker(cells, name, kind, url, n, level)
     finally:
         proc.terminate()
         proc.wait()
@@ -353,6 +339,50 @@ def bench_cpu(tmp: Path, n: int, rounds: int, levels: list[int]) -> list[str]:
                 f"{statistics.median(c['ok']):.3f} | {att / floor:.2f}x |"
             )
     return out
+
+
+WORKERS = (("regen client", "regen"), ("aiohttp alone", "aiohttp"), ("openai SDK", "openai"))
+
+
+def cpu_regen_run(
+    cells: dict[tuple[str, int], dict[str, list[float]]],
+    tmp: Path,
+    url: str,
+    n: int,
+    small: int,
+    level: int,
+) -> None:
+    big = regen_run(tmp, url, n, concurrency=level, initial=level)
+    little = regen_run(tmp, url, small, concurrency=level, initial=level)
+    counts = []
+    for r in (big, little):
+        ((att, bad),) = db(
+            r["out"],
+            "SELECT COUNT(*), COALESCE(SUM(failure_class IS NOT NULL), 0) FROM attempts",
+        )
+        ((done,),) = db(r["out"], "SELECT COUNT(*) FROM items WHERE status = 'done'")
+        counts.append((att, bad, done))
+    (att_b, bad_b, done_b), (att_l, _, done_l) = counts
+    cpu = big["cpu_s"] - little["cpu_s"]
+    c = cells.setdefault(("regen run", level), {"att": [], "ok": [], "fail": []})
+    c["att"].append(cpu / max(1, att_b - att_l) * 1000)
+    c["ok"].append(cpu / max(1, done_b - done_l) * 1000)
+    c["fail"].append(bad_b / max(1, att_b))
+
+
+def cpu_worker(
+    cells: dict[tuple[str, int], dict[str, list[float]]],
+    name: str,
+    kind: str,
+    url: str,
+    n: int,
+    level: int,
+) -> None:
+    r = worker(kind, url, n, level)
+    c = cells.setdefault((name, level), {"att": [], "ok": [], "fail": []})
+    c["att"].append(r["cpu_s"] / n * 1000)
+    c["ok"].append(r["cpu_s"] / max(r["ok"], 1) * 1000)
+    c["fail"].append(r["failed"] / n)
 
 
 def bench_stream(tmp: Path, n: int, rounds: int, intervals: list[float]) -> list[str]:
@@ -454,7 +484,7 @@ def bench_capacity(tmp: Path, n: int, rounds: int) -> list[str]:
     for _ in range(rounds):
         proc, url = start_sim(tmp, time_scale=1.0, mean=100, ttft=0.3, tps=200.0, capacity=500)
         try:
-            res = regen_run(tmp, url, n, concurrency=2000, initial=64)
+            res = regen_run(tmp, url, n, concurrency=2000, initial=256)  # the default
         finally:
             proc.terminate()
             proc.wait()
@@ -497,6 +527,11 @@ def main() -> None:
         help="concurrencies for `cpu`: one every runner survives, and 2,000",
     )
     ap.add_argument(
+        "--runners",
+        help="for `cpu`: only these (comma-separated names as in its table; aiohttp alone "
+        "always runs)",
+    )
+    ap.add_argument(
         "--read-intervals",
         default="0,0.1,0.25,1",
         help="stream read intervals to compare (comma-separated seconds)",
@@ -511,7 +546,9 @@ def main() -> None:
         tmp = Path(tmp_s)
         if args.which in ("all", "cpu"):
             levels = [int(v) for v in args.cpu_levels.split(",")]
-            print("\n## cpu\n" + "\n".join(bench_cpu(tmp, args.requests, args.rounds, levels)))
+            runners = args.runners.split(",") if args.runners else None
+            table = bench_cpu(tmp, args.requests, args.rounds, levels, runners)
+            print("\n## cpu\n" + "\n".join(table))
         if args.which in ("all", "stream"):
             intervals = [float(v) for v in args.read_intervals.split(",")]
             print("\n## stream\n" + "\n".join(bench_stream(tmp, 2000, args.rounds, intervals)))

@@ -394,6 +394,9 @@ class Scheduler:
         self._exposure_headroom = 0.0
         self._causes: deque[str | None] = deque(maxlen=200)
         """Why each of the recent items failed (None: it did not), beside recent_failures."""
+        self._recent_failed = 0
+        """The failures among stats.recent_failures, counted as items come and go (summing the
+        window at every item was a cost of its own)."""
         self._lane_done = {lane.name: asyncio.Event() for lane in lanes}
         self._escalated_sent: set[str] = set()
         self._sequential = set(sequential)
@@ -700,7 +703,13 @@ class Scheduler:
             wait = min(most, wait * 2)
 
     async def _process(self, lane: LaneRuntime, item: PendingItem) -> Outcome:
-        conv = Conversation.from_dict(item.dataset, item.row_index, item.conversation)
+        # Only the history before the turn is sent: the turn and those after it are not read
+        # into messages (in a two-message row they were half of the parsing).
+        history = {
+            "messages": item.conversation["messages"][: item.turn_index],
+            "tools": item.conversation.get("tools"),
+        }
+        conv = Conversation.from_dict(item.dataset, item.row_index, history)
         regenerated = None
         if item.after_item is not None:
             regenerated = self._store.regenerated_turns(item.conversation_id, item.turn_index)
@@ -752,12 +761,14 @@ class Scheduler:
                         timeouts=lane.timeouts,
                     )
                     result = counted_usage(result, item.prompt_tokens_est)
+                    usage = result.usage
                     if ep.prices is not None and ep.prices.usd_per_s:
                         busy_s = ep.busy.take(time.monotonic())
-                        cost = busy_s * ep.prices.usd_per_s
-                        result = replace(result, usage=replace(result.usage, cost_usd=cost))
-                    result = replace(result, usage=fill_cost(result.usage, ep.prices))
-                    billed = result.usage
+                        usage = replace(usage, cost_usd=busy_s * ep.prices.usd_per_s)
+                    usage = fill_cost(usage, ep.prices)
+                    if usage is not result.usage:  # a Result's copy costs a few us: only if new
+                        result = replace(result, usage=usage)
+                    billed = usage
                     ok = True
                 except EndpointError as exc:
                     # The provider may have billed it: look the bill up when the generation
@@ -1017,10 +1028,13 @@ class Scheduler:
         Items, not attempts: fast 5xx replies come back long before the first answers, so
         a provider that answers four requests in five once looked like one that answers none."""
         recent = self.stats.recent_failures
+        if len(recent) == recent.maxlen:
+            self._recent_failed -= recent[0]
         recent.append(int(failed))
+        self._recent_failed += int(failed)
         self._causes.append(cause if failed else None)
         if len(recent) >= self._run.stop_error_min_attempts:
-            rate = sum(recent) / len(recent)
+            rate = self._recent_failed / len(recent)
             if rate > self._run.stop_error_rate:
                 causes = Counter(c for c in self._causes if c is not None)
                 commonest = f"; most often: {causes.most_common(1)[0][0]}" if causes else ""

@@ -118,7 +118,10 @@ class ChatClient:
         t = timeouts or self.default_timeouts
         if stream:
             body = {**body, "stream": True}
-        data = orjson.dumps(body)
+        # orjson's bytes keep the 4 KiB it allocated to write into, however short the body;
+        # the request holds them until the answer is in, and at 10,000 in flight that came to
+        # 40 MB. An exact-size copy costs a fraction of a microsecond.
+        data = bytes(memoryview(orjson.dumps(body)))
         timeout = self._client_timeout(t, stream)
         started = time.monotonic()
         assembler: StreamAssembler | None = None
