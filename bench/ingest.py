@@ -167,12 +167,17 @@ def child_ingest(job_path: str) -> None:
 
 
 def child_answer(out: str) -> None:
-    """In its own process: record a short answer for every pending item, as a run would."""
+    """In its own process: record a short answer for every pending item, as a run would: in
+    dispatch order (which is random in the source's order)."""
     from regen.conversation import Attempt, Message, Outcome, Result, Usage
     from regen.store import Store
 
     store = Store.open(Path(out))
-    items = list(store._db.execute("SELECT id, dataset FROM items WHERE status = 'pending'"))
+    items = list(
+        store._db.execute(
+            "SELECT id, dataset FROM items WHERE status = 'pending' ORDER BY dataset, order_key"
+        )
+    )
     batch: list[Outcome] = []
     now = time.time()
     for k, (item, ds) in enumerate(items):

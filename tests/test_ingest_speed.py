@@ -274,3 +274,104 @@ def test_batches_commit_every_few_rows_and_give_the_connection_back_as_it_was(
     assert query(tmp_path, "SELECT COUNT(*) FROM items") == [(5,)]
     assert store._db.execute("PRAGMA foreign_keys").fetchone() == (1,)
     assert store._db.execute("PRAGMA cache_size").fetchone() == cache
+
+
+LANES = """
+[[lanes]]
+name = "short"
+datasets = ["a"]
+max_prompt_tokens = 8
+[[lanes]]
+name = "mid"
+min_prompt_tokens = 5
+max_prompt_tokens = 12
+[[lanes]]
+name = "long"
+datasets = ["a"]
+"""
+
+
+def test_items_are_read_into_the_lane_assign_lanes_gives_them(tmp_path: Path) -> None:
+    from regen.ingest import lane_rules
+
+    # Prompts of 8 estimated tokens (question 0-9), 11 (10**12 on) and 18 (10**40 on).
+    (tmp_path / "a.jsonl").write_text(rows(10) + rows(10, start=10**12) + rows(10, start=10**40))
+    (tmp_path / "b.jsonl").write_text(rows(5) + rows(5, start=10**40))
+    job = job_file(tmp_path, dataset("a", "a.jsonl") + dataset("b", "b.jsonl") + LANES)
+    store = Store.open(job.output_path)
+    ingest(store, job)
+    lanes = query(job.output_path, "SELECT id, lane FROM items ORDER BY id")
+    assert {lane for _, lane in lanes} == {"short", "mid", "long", None}
+    assert store.assign_lanes(lane_rules(job)) == {"b": 5}
+    assert query(job.output_path, "SELECT id, lane FROM items ORDER BY id") == lanes
+    store._db.execute("UPDATE items SET lane = NULL")
+    store.assign_lanes(lane_rules(job))
+    assert query(job.output_path, "SELECT id, lane FROM items ORDER BY id") == lanes
+
+
+def schema(out: Path) -> list[tuple[str, str]]:
+    return query(out, "SELECT name, sql FROM sqlite_master WHERE type = 'index' ORDER BY name")
+
+
+def test_a_first_read_builds_its_indexes_after_its_rows(tmp_path: Path) -> None:
+    Store.open(tmp_path / "empty").close()
+    (tmp_path / "a.jsonl").write_text(rows(50))
+    job = job_file(tmp_path, dataset("a", "a.jsonl"))
+    store = Store.open(job.output_path)
+    ingest(store, job)
+    assert schema(job.output_path) == schema(tmp_path / "empty")
+    assert store.get_meta("deferred_indexes") is None
+    plan = query(
+        job.output_path,
+        "EXPLAIN QUERY PLAN SELECT id FROM items WHERE dataset = 'a' AND status = 'pending' "
+        "ORDER BY order_key",
+    )
+    assert "items_dispatch" in str(plan)
+
+
+KILLED_READ = """
+import os, signal, sys
+from pathlib import Path
+from regen import ingest as ingest_mod
+from regen.config import load_job
+from regen.store import Store
+
+ingest_mod.INGEST_BATCH = 2
+add = Store.add_conversation_batches
+
+def killed_after_two_commits(self, batches, commit_rows=0, sort_rows=0):
+    def feed():
+        for k, batch in enumerate(batches):
+            if k == 6:
+                os.kill(os.getpid(), signal.SIGKILL)
+            yield batch
+    return add(self, feed(), commit_rows=4, sort_rows=3)
+
+Store.add_conversation_batches = killed_after_two_commits
+job = load_job(Path(sys.argv[1]))
+ingest_mod.ingest(Store.open(job.output_path), job)
+"""
+
+
+def test_a_read_killed_before_its_indexes_are_built_is_mended_and_completed(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "a.jsonl").write_text(rows(40) + rows(3))  # three duplicate prompts
+    job = job_file(tmp_path, dataset("a", "a.jsonl"))
+    (tmp_path / "clean").mkdir()
+    clean = job_file(tmp_path / "clean", dataset("a", str(tmp_path / "a.jsonl")))
+    ingest(Store.open(clean.output_path), clean)
+    killed = subprocess.run([sys.executable, "-c", KILLED_READ, str(tmp_path / "job.toml")])
+    assert killed.returncode == -9
+    assert query(job.output_path, "SELECT value FROM meta WHERE key = 'deferred_indexes'") == [
+        ("1",)
+    ]
+    assert 0 < query(job.output_path, "SELECT COUNT(*) FROM items")[0][0] < 40
+    store = Store.open(job.output_path)
+    assert schema(job.output_path) == schema(clean.output_path)
+    assert store.get_meta("deferred_indexes") is None
+    ingest(store, job)
+    assert state(job.output_path) == state(clean.output_path)

@@ -53,6 +53,7 @@ def test_migrations_are_recorded_once(tmp_path: Path) -> None:
         (5, "m005_token_ids"),
         (6, "m006_usage_source"),
         (7, "m007_runs"),
+        (8, "m008_startup_indexes"),
     ]
     assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 
@@ -145,11 +146,12 @@ def test_assign_lanes_takes_the_first_lane_that_selects(tmp_path: Path) -> None:
     short, long_ = conv("q", 0), conv("q" * 4000, 1)
     add(store, short, 1)
     store.add_conversations([new(long_, 2, long_.estimate_prompt_tokens(1))])
-    counts = store.assign_lanes([LaneRule("small", max_prompt_tokens=100), LaneRule("big")])
-    assert counts == {("small", "ds"): 1, ("big", "ds"): 1}
+    unassigned = store.assign_lanes([LaneRule("small", max_prompt_tokens=100), LaneRule("big")])
+    assert unassigned == {}
     assert [i.id for i in store.claim_batch("ds", -1, 10, lane="big")] == [item_id(long_.id, 1)]
-    counts = store.assign_lanes([LaneRule("only-other", datasets=["other"])])
-    assert counts == {(None, "ds"): 2}
+    assert [i.id for i in store.claim_batch("ds", -1, 10, lane="small")] == [item_id(short.id, 1)]
+    unassigned = store.assign_lanes([LaneRule("only-other", datasets=["other"])])
+    assert unassigned == {"ds": 2}
 
 
 def test_m003_upgrades_a_database_made_by_m002_and_keeps_its_charges(tmp_path: Path) -> None:
@@ -203,3 +205,28 @@ def test_ledger_charges_name_their_endpoint_provider_and_generation(tmp_path: Pa
     assert row == ("local-1", "Fireworks", "gen-9")
     assert store.ledger_usd(["local-1", "other"]) == 0.125
     assert store.ledger_usd(["other"]) == 0.0
+
+
+def test_rows_sorted_before_they_go_in_still_keep_the_first_of_each_key(tmp_path: Path) -> None:
+    """Rows go into the tables sorted by key, a few at a time: of two conversations with one
+    id, or two items with one prompt, the earlier in the source still wins, within a sorted
+    group and across groups."""
+    store = Store.open(tmp_path)
+    store.register_dataset("ds", 0, "src")
+
+    def row(cid: str, index: int, item: str, prompt: str) -> NewConversation:
+        return NewConversation(cid, "ds", index, "{}", [NewItem(item, 1, prompt, index)])
+
+    source = [
+        row("c9", 0, "i9", "p"),  # the prompt `p` first, under the largest ids
+        row("c1", 1, "i1", "p"),
+        row("c5", 2, "i5", "q"),
+        row("c5", 3, "i5", "q"),  # the same row again, later
+        row("c0", 4, "i0", "p"),  # in the next sorted group
+    ]
+    added = store.add_conversation_batches(([r] for r in source), commit_rows=10, sort_rows=4)
+    assert added == 2
+    items = store._db.execute("SELECT id, prompt_hash FROM items ORDER BY id").fetchall()
+    assert items == [("i5", "q"), ("i9", "p")]
+    convs = store._db.execute("SELECT id, row_index FROM conversations ORDER BY id").fetchall()
+    assert convs == [("c0", 4), ("c1", 1), ("c5", 2), ("c9", 0)]

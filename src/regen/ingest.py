@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
@@ -30,7 +30,7 @@ from regen.errors import SourceError
 from regen.modes import item_id, target_turns
 from regen.sources import Source
 from regen.sources.readers import HUB_PREFIX, file_digest, source_files
-from regen.store import LaneRule, NewConversation, NewItem, Store
+from regen.store import LaneRule, NewConversation, NewItem, Store, first_lane
 
 INGEST_BATCH = 2000
 """Rows planned before they go to the store (which commits far fewer times)."""
@@ -110,8 +110,30 @@ def _history_json(parts: list[str], turn: int, tools: str) -> str:
     return '{"messages":[' + ",".join(parts[:turn]) + '],"tools":' + tools + "}"
 
 
+LaneOf = Callable[[int], str | None]
+"""A new item's lane from its estimated prompt tokens (its dataset's lane_of)."""
+
+
+def no_lane(prompt_tokens_est: int) -> None:
+    """No lane: Store.assign_lanes places the item (`regen inspect` stores nothing)."""
+    return None
+
+
+def lane_of(rules: list[LaneRule], dataset: str) -> LaneOf:
+    """The lane Store.assign_lanes would give each of a dataset's new items: written with the
+    item, so that the first run after a read does not rewrite every item's lane (9-12 s at a
+    million items, each a move in items_lane). Most jobs have one lane for a dataset: then
+    no rule is asked per item."""
+    rules = [r for r in rules if r.datasets is None or dataset in r.datasets]
+    first = rules[0] if rules else None
+    if first is None or (first.min_prompt_tokens is None and first.max_prompt_tokens is None):
+        name = None if first is None else first.name
+        return lambda _: name
+    return lambda est: first_lane(rules, dataset, est)
+
+
 def plan_items(
-    conv: Conversation, ds: DatasetConfig, seed: int
+    conv: Conversation, ds: DatasetConfig, seed: int, lane: LaneOf = no_lane
 ) -> tuple[NewConversation | None, BadRow | None]:
     """The conversation and its items as the store takes them, and the reason for any turn
     left out (a row with no turn left is only a BadRow).
@@ -158,6 +180,7 @@ def plan_items(
                 order_key(seed, iid),
                 estimate,
                 after_item=previous if sequential else None,
+                lane=lane(estimate),
             )
         )
         previous = iid
@@ -221,7 +244,7 @@ def source_unchanged(stored: str | None, now: str | None) -> bool:
 
 
 def read_dataset(
-    store: Store, ds: DatasetConfig, source: Source, seed: int
+    store: Store, ds: DatasetConfig, source: Source, seed: int, lane: LaneOf
 ) -> tuple[list[BadRow], int]:
     """Read one dataset into the store (new rows add items, known rows change nothing);
     returns its bad rows and the turns read. Rows read before a source error are kept."""
@@ -237,7 +260,7 @@ def read_dataset(
                 if isinstance(conv, BadRow):
                     bad.append(conv)
                     continue
-                new, reason = plan_items(conv, ds, seed)
+                new, reason = plan_items(conv, ds, seed, lane)
                 if reason is not None:
                     bad.append(reason)
                 if new is None:
@@ -263,6 +286,7 @@ def ingest(store: Store, job: Job) -> list[str]:
     """Read every dataset into the store; new rows add items, known rows change nothing.
     Returns a note naming the datasets not read again because their sources are unchanged."""
     unchanged: list[str] = []
+    rules = lane_rules(job)
     for position, ds in enumerate(job.datasets):
         source = source_of(job, ds)
         store.register_dataset(ds.name, position, str(source.path))
@@ -270,7 +294,9 @@ def ingest(store: Store, job: Job) -> list[str]:
         if source_unchanged(store.source_fingerprint(ds.name), fingerprint):
             unchanged.append(ds.name)
             continue
-        bad, turns_read = read_dataset(store, ds, source, job.dataset_seed(ds))
+        bad, turns_read = read_dataset(
+            store, ds, source, job.dataset_seed(ds), lane_of(rules, ds.name)
+        )
         store.record_source_stats(
             ds.name,
             source.rows,
