@@ -22,7 +22,7 @@ import math
 import random
 from array import array
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 Z90 = 1.2816
@@ -289,6 +289,24 @@ class Concurrency:
         mean_step = sum(steps) / len(steps)
         spread = math.sqrt(sum((x - mean_step) ** 2 for x in steps) / (len(steps) - 1))
         return level, spread / level / math.sqrt(len(steps))
+
+
+def escalation_order(escalate_to: Mapping[str, str | None]) -> list[str]:
+    """Lane names (from each lane's `escalate_to`), each after the lanes that escalate to it:
+    what a lane sends on is work for the lane it sends to, which cannot end before it does."""
+    out: list[str] = []
+
+    def visit(name: str, seen: frozenset[str]) -> None:
+        if name in out or name in seen:
+            return
+        for src, to in escalate_to.items():
+            if to == name:
+                visit(src, seen | {name})
+        out.append(name)
+
+    for name in escalate_to:
+        visit(name, frozenset())
+    return out
 
 
 def items_left(flow: Flow, tokens_left: float | None, usd_left: float | None) -> tuple[int, str]:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from regen.budget import Prices
 from regen.config import Job, LaneConfig
-from regen.eta import Z90, LatencyModel, format_duration, kaplan_meier
+from regen.eta import Z90, LatencyModel, escalation_order, format_duration, kaplan_meier
 from regen.store import DatasetProgress, FlowEntry, LaneCapacity
 
 FEW_PASSAGES = 30
@@ -312,21 +312,8 @@ class JobPlan:
 
 def _order(job: Job) -> list[LaneConfig]:
     """Lanes with the lanes that escalate to a lane before it."""
-    lanes = job.lane_list
-    by_name = {lane.name: lane for lane in lanes}
-    out: list[LaneConfig] = []
-
-    def visit(lane: LaneConfig, seen: frozenset[str]) -> None:
-        if lane in out or lane.name in seen:
-            return
-        for src in lanes:
-            if src.escalate_to == lane.name:
-                visit(src, seen | {lane.name})
-        out.append(lane)
-
-    for lane in lanes:
-        visit(lane, frozenset())
-    return [by_name[lane.name] for lane in out]
+    by_name = {lane.name: lane for lane in job.lane_list}
+    return [by_name[n] for n in escalation_order({n: c.escalate_to for n, c in by_name.items()})]
 
 
 def _profiles(
@@ -449,15 +436,12 @@ def plan(
             n = passages[lane.name, ds.name] * share[ds.name]
             if n <= 0 and not pending.get((lane.name, ds.name)):
                 continue
-            rate_s = max(prof.held_s.mean / lane.concurrency, prof.wire_s.mean / on_wire)
-            # Which of the two bounds the rate: its spread is that stat's.
-            stat = (
-                prof.held_s
-                if prof.held_s.mean / lane.concurrency >= prof.wire_s.mean / on_wire
-                else prof.wire_s
+            # The slower of the two bounds sets the rate, and its spread is that stat's.
+            held, wired = prof.held_s.mean / lane.concurrency, prof.wire_s.mean / on_wire
+            stat, width = (
+                (prof.held_s, lane.concurrency) if held >= wired else (prof.wire_s, on_wire)
             )
-            width = lane.concurrency if stat is prof.held_s else on_wire
-            seconds = n * rate_s
+            seconds = n * max(held, wired)
             sd = stat.total_sd(n) / width
             if limit and stat is prof.wire_s:
                 sd = math.hypot(sd, seconds * LIMIT_RSD)
@@ -505,10 +489,7 @@ def plan(
         last = next((r for r in reversed(lane_rows) if r.passages > 0), None)
         if last is not None:
             flow_end[lane.name, last.dataset] = (end, sd_end)
-        costs = [r.cost_usd for r in lane_rows]
-        lane_cost = None
-        if costs and all(c is not None for c in costs):
-            lane_cost = _sum_intervals([c for c in costs if c is not None])
+        lane_cost = _sum_intervals([r.cost_usd for r in lane_rows]) if lane_rows else None
         bases = sorted({r.basis for r in lane_rows})
         lane_plans.append(
             LanePlan(
@@ -565,10 +546,7 @@ def plan(
                     f"{stop.split(':')[0]} stops it after ~{sent} of its {pending_n} items, "
                     f"in ~{format_duration(cut_at)}"
                 )
-        costs = [r.cost_usd for r in rows]
-        cost = None
-        if all(c is not None for c in costs):
-            cost = _sum_intervals([c for c in costs if c is not None])
+        cost = _sum_intervals([r.cost_usd for r in rows])
         bases = sorted({r.basis for r in rows if r.passages > 0}) or sorted({r.basis for r in rows})
         datasets.append(
             DatasetPlan(
@@ -586,10 +564,7 @@ def plan(
                 note,
             )
         )
-    all_costs = [d.cost_usd for d in datasets]
-    total_cost = None
-    if all(c is not None for c in all_costs):
-        total_cost = _sum_intervals([c for c in all_costs if c is not None])
+    total_cost = _sum_intervals([d.cost_usd for d in datasets])
     time_s = Interval.of(job_end, job_sd) if flow_plans else None
     if cut_at is not None:
         time_s = Interval.of(cut_at, job_sd * cut_at / job_end if job_end else 0.0)
@@ -606,8 +581,12 @@ def plan(
     )
 
 
-def _sum_intervals(parts: list[Interval]) -> Interval:
-    """The sum of independent quantities given as intervals (their sds from p10-p90)."""
+def _sum_intervals(maybe: Sequence[Interval | None]) -> Interval | None:
+    """The sum of independent quantities given as intervals (their sds from p10-p90); None
+    when any of them is unknown (no prices)."""
+    parts = [p for p in maybe if p is not None]
+    if len(parts) < len(maybe):
+        return None
     mean = sum(p.mean for p in parts)
     var = 0.0
     for p in parts:

@@ -39,7 +39,15 @@ from regen.conversation import (
     prompt_tokens_bound,
 )
 from regen.errors import EndpointError, StateError, StateGone
-from regen.eta import Concurrency, Eta, Flow, combine, items_left, lane_eta
+from regen.eta import (
+    Concurrency,
+    Eta,
+    Flow,
+    combine,
+    escalation_order,
+    items_left,
+    lane_eta,
+)
 from regen.forecast import Stat
 from regen.limiter import AdaptiveLimit, EndpointHealth
 from regen.modes import build_request
@@ -274,22 +282,6 @@ class RunStats:
     def in_flight(self) -> int:
         return sum(d.in_flight for d in self.datasets.values())
 
-    def _escalation_order(self) -> list[str]:
-        """Lane names, each after the lanes that escalate to it."""
-        out: list[str] = []
-
-        def visit(name: str, seen: frozenset[str]) -> None:
-            if name in out or name in seen:
-                return
-            for src, lane in self.lanes.items():
-                if lane.escalate_to == name:
-                    visit(src, seen | {name})
-            out.append(name)
-
-        for name in self.lanes:
-            visit(name, frozenset())
-        return out
-
     def etas(self, now: float | None = None) -> tuple[dict[str, Eta | None], Eta | None]:
         """Time left per dataset (when it will be finished in every lane that sends it) and
         for the job, with p10-p90 intervals; None where no answer has come yet."""
@@ -298,7 +290,7 @@ class RunStats:
         # A lane that escalates goes first: what it will still send on is work for the lane
         # it sends to, which cannot end before it does.
         coming: dict[tuple[str, str], float] = {}
-        for name in self._escalation_order():
+        for name in escalation_order({n: lane.escalate_to for n, lane in self.lanes.items()}):
             lane = self.lanes[name]
             c, rsd = lane.wire.mean(now)
             rows = []
