@@ -386,9 +386,6 @@ class Scheduler:
         self._exposure_headroom = 0.0
         self._causes: deque[str | None] = deque(maxlen=200)
         """Why each of the recent items failed (None: it did not), beside recent_failures."""
-        self._recent_failed = 0
-        """The failures among stats.recent_failures, counted as items come and go (summing the
-        window at every item was a cost of its own)."""
         self._lane_done = {lane.name: asyncio.Event() for lane in lanes}
         self._escalated_sent: set[str] = set()
         self._sequential = set(sequential)
@@ -1020,13 +1017,10 @@ class Scheduler:
         Items, not attempts: fast 5xx replies come back long before the first answers, so
         a provider that answers four requests in five once looked like one that answers none."""
         recent = self.stats.recent_failures
-        if len(recent) == recent.maxlen:
-            self._recent_failed -= recent[0]
         recent.append(int(failed))
-        self._recent_failed += int(failed)
         self._causes.append(cause if failed else None)
         if len(recent) >= self._run.stop_error_min_attempts:
-            rate = self._recent_failed / len(recent)
+            rate = sum(recent) / len(recent)
             if rate > self._run.stop_error_rate:
                 causes = Counter(c for c in self._causes if c is not None)
                 commonest = f"; most often: {causes.most_common(1)[0][0]}" if causes else ""
