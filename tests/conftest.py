@@ -58,6 +58,23 @@ def chat_rows(n: int, prefix: str = "Question") -> list[dict[str, Any]]:
     ]
 
 
+def two_lanes(long_max_tokens: int) -> str:
+    """Job lanes `short` (8 at once, max_tokens 256, truncated answers escalated) and `long`
+    (4 at once, `long_max_tokens`)."""
+    return f"""
+[[lanes]]
+name = "short"
+concurrency = 8
+max_tokens = 256
+escalate_to = "long"
+
+[[lanes]]
+name = "long"
+concurrency = 4
+max_tokens = {long_max_tokens}
+"""
+
+
 def write_job(
     tmp: Path,
     base_url: str,

@@ -11,7 +11,7 @@ import pytest
 
 from regen.demo import prepare_demo
 from regen.sim import SimConfig, sim_in_thread
-from tests.conftest import chat_rows, query, run_cli, write_job, write_rows
+from tests.conftest import chat_rows, query, run_cli, two_lanes, write_job, write_rows
 
 
 def spent(out: Path) -> dict[str, tuple[int, float]]:
@@ -89,18 +89,7 @@ def test_plan_without_answers_says_what_it_assumes_and_sends_nothing(tmp_path: P
     assert p["job"]["time_s"]["p10"] < p["job"]["time_s"]["mean"] < p["job"]["time_s"]["p90"]
 
 
-LANES = """
-[[lanes]]
-name = "short"
-concurrency = 8
-max_tokens = 256
-escalate_to = "long"
-
-[[lanes]]
-name = "long"
-concurrency = 4
-max_tokens = 4096
-"""
+LANES = two_lanes(long_max_tokens=4096)
 
 
 def test_plan_without_answers_uses_each_lanes_max_tokens(tmp_path: Path) -> None:

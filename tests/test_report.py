@@ -18,20 +18,9 @@ from pathlib import Path
 import pytest
 
 from regen.sim import SimConfig, sim_in_thread
-from tests.conftest import chat_rows, query, run_cli, write_job, write_rows
+from tests.conftest import chat_rows, query, run_cli, two_lanes, write_job, write_rows
 
-LANES = """
-[[lanes]]
-name = "short"
-concurrency = 8
-max_tokens = 256
-escalate_to = "long"
-
-[[lanes]]
-name = "long"
-concurrency = 4
-max_tokens = 2048
-"""
+LANES = two_lanes(long_max_tokens=2048)
 JOB_CHARTS = ("answers", "in-flight", "spend", "errors", "429s")
 CLOCK = re.compile(r"^(\d\d-\d\d )?\d\d:\d\d(:\d\d)?$")
 

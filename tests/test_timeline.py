@@ -6,22 +6,11 @@ from pathlib import Path
 
 from regen.sim import SimConfig, sim_in_thread
 from regen.store import Store
-from tests.conftest import run_cli, write_job
+from tests.conftest import run_cli, two_lanes, write_job
 
 
 def test_each_run_and_pilot_is_recorded_with_its_lanes_and_a_timeline(tmp_path: Path) -> None:
-    lanes = """
-[[lanes]]
-name = "short"
-concurrency = 8
-max_tokens = 256
-escalate_to = "long"
-
-[[lanes]]
-name = "long"
-concurrency = 4
-max_tokens = 2048
-"""
+    lanes = two_lanes(long_max_tokens=2048)
     # time_scale > 0: answers take time, so the one-second sampler sees requests on the wire.
     with sim_in_thread(SimConfig(seed=3, time_scale=0.02)) as sim:
         job = write_job(tmp_path, sim.base_url, extra="[budget]\nmax_cost_usd = 5.0\n" + lanes)
