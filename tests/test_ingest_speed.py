@@ -62,6 +62,16 @@ def job_file(tmp: Path, datasets: str) -> Job:
     return load_job(tmp / "job.toml")
 
 
+def read_once(tmp: Path, n: int) -> tuple[Path, Job, Store]:
+    """A dataset `a` of `n` rows in `tmp/a.jsonl`, read once: the file, the job, its store."""
+    p = tmp / "a.jsonl"
+    p.write_text(rows(n))
+    job = job_file(tmp, dataset("a", "a.jsonl"))
+    store = Store.open(job.output_path)
+    ingest(store, job)
+    return p, job, store
+
+
 def dataset(name: str, path: str, extra: str = "") -> str:
     return f'\n[[datasets]]\nname = "{name}"\npath = "{path}"\n{extra}\n'
 
@@ -124,11 +134,7 @@ def test_a_rerun_with_unchanged_sources_does_not_read_them(
 
 
 def test_an_appended_row_is_read_and_adds_its_item(tmp_path: Path, reads: list[str]) -> None:
-    p = tmp_path / "a.jsonl"
-    p.write_text(rows(5))
-    job = job_file(tmp_path, dataset("a", "a.jsonl"))
-    store = Store.open(job.output_path)
-    ingest(store, job)
+    p, job, store = read_once(tmp_path, 5)
     with p.open("a") as f:
         f.write(rows(1, start=5) + "[1]\n")
     assert ingest(store, job) == []
@@ -144,11 +150,7 @@ def test_an_appended_row_is_read_and_adds_its_item(tmp_path: Path, reads: list[s
 def test_a_file_rewritten_with_the_same_size_and_time_is_read_again(
     tmp_path: Path, reads: list[str]
 ) -> None:
-    p = tmp_path / "a.jsonl"
-    p.write_text(rows(5))
-    job = job_file(tmp_path, dataset("a", "a.jsonl"))
-    store = Store.open(job.output_path)
-    ingest(store, job)
+    p, job, store = read_once(tmp_path, 5)
     st = p.stat()
     p.write_text(rows(5).replace("question 3", "question X"))
     os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
@@ -159,11 +161,7 @@ def test_a_file_rewritten_with_the_same_size_and_time_is_read_again(
 
 
 def test_a_file_touched_but_not_changed_is_not_read_again(tmp_path: Path, reads: list[str]) -> None:
-    p = tmp_path / "a.jsonl"
-    p.write_text(rows(5))
-    job = job_file(tmp_path, dataset("a", "a.jsonl"))
-    store = Store.open(job.output_path)
-    ingest(store, job)
+    p, job, store = read_once(tmp_path, 5)
     st = p.stat()
     os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
     assert "unchanged" in ingest(store, job)[0]
