@@ -83,6 +83,17 @@ async def get(sim: RunningSim, path: str, key: str | None = "k") -> tuple[int, A
         return r.status, await r.json()
 
 
+async def call(
+    sim: RunningSim, method: str, path: str, key: str | None, data: Any = None
+) -> tuple[int, Any]:
+    """Status and parsed JSON body of any request (`data` sent as its JSON body)."""
+    async with (
+        aiohttp.ClientSession() as s,
+        s.request(method, f"{sim.base_url}{path}", json=data, headers=headers(key)) as r,
+    ):
+        return r.status, await r.json()
+
+
 def chunks(lines: list[str]) -> list[dict[str, Any]]:
     """The JSON chunks of an SSE stream (comments and [DONE] skipped)."""
     return [

@@ -15,7 +15,7 @@ from tests.sim.helpers import body, get, headers, post
 async def test_key_and_credits_report_the_balance_and_guard_credits() -> None:
     cfg = SimConfig(time_scale=0, credits_usd=5.0, management_keys=["sk-mgmt-0123456789"])
     with sim_in_thread(cfg) as sim:
-        status, _, _ = await post(sim, body())
+        status, _, _ = await post(sim, body(), key="sk-or-v1-abcdefghijklmnop")
         assert status == 200
         spent = sim.simulator.billed_usd()
         status, data = await get(sim, "/key", key="sk-or-v1-abcdefghijklmnop")
@@ -23,6 +23,11 @@ async def test_key_and_credits_report_the_balance_and_guard_credits() -> None:
         assert (d["limit"], d["usage"]) == (5.0, pytest.approx(spent))
         assert d["limit_remaining"] == pytest.approx(5.0 - spent)
         assert "abcdefghijklmnop" not in d["label"]
+        # Another key of the account: its own usage (none), the account's credit as limit.
+        status, data = await get(sim, "/key", key="sk-or-v1-another-key-000")
+        d = data["data"]
+        assert (d["limit"], d["usage"], d["usage_daily"]) == (5.0, 0, 0)
+        assert d["limit_remaining"] == pytest.approx(5.0 - spent)
         status, data = await get(sim, "/credits", key="sk-or-v1-abcdefghijklmnop")
         assert status == 403 and "management keys" in data["error"]["message"]
         status, data = await get(sim, "/credits", key="sk-mgmt-0123456789")

@@ -9,9 +9,10 @@ import time
 import aiohttp
 import pytest
 
-from regen.sim import RunningSim, SimConfig, sim_in_thread
+from regen.sim import RunningSim, SimConfig, SimEndpoint, SimModel, sim_in_thread
 from regen.sim.config import SimFaults
-from tests.sim.helpers import body, chunks, post, post_raw, stream
+from regen.sim.respond import PADDING, PADDING_LINE
+from tests.sim.helpers import body, chunks, get, headers, post, post_raw, stream
 
 
 @pytest.mark.parametrize("code", [500, 502, 503, 524, 529, 408])
@@ -173,3 +174,141 @@ async def test_rate_one_fails_every_request_with_listed_codes() -> None:
     faults = SimFaults(http_5xx=1.0, http_5xx_codes=[503])
     with sim_in_thread(SimConfig(time_scale=0, faults=faults)) as sim:
         assert {(await post(sim, body(f"q{i}")))[0] for i in range(5)} == {503}
+
+
+def _slow(ttft_s: float, time_scale: float, **faults: object) -> SimConfig:
+    """One endpoint whose answers take `ttft_s` simulated seconds (their tokens come at once),
+    no drawn padding, and /generation visible at once."""
+    ep = SimEndpoint(
+        provider_name="Slow",
+        tag="slow",
+        ttft_s=ttft_s,
+        tokens_per_s=1e6,
+        prompt_price=1e-6,
+        completion_price=2e-6,
+    )
+    return SimConfig(
+        time_scale=time_scale,
+        generation_delay_s=0,
+        faults=SimFaults(padding=0, keepalive=0, **faults),  # type: ignore[arg-type]
+        models=[SimModel(id="x/y", endpoints=[ep])],
+    )
+
+
+SLOW = {**body(), "model": "x/y"}
+
+
+async def test_a_json_answer_sends_its_status_and_headers_before_it_is_generated() -> None:
+    # A generation of 10,000 real seconds: nothing but the status, headers and padding can
+    # arrive while the test looks.
+    with sim_in_thread(_slow(10_000, 1.0)) as sim:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(f"{sim.base_url}/chat/completions", json=SLOW, headers=headers()) as r,
+        ):
+            assert r.status == 200 and r.headers["Content-Type"] == "application/json"
+            assert r.headers["X-Generation-Id"].startswith("gen-")
+            first = await r.content.readany()
+            assert first == PADDING_LINE
+            assert sim.simulator.unbilled == 1  # still generating
+            # Its id is known, but /generation finds it only once it has ended.
+            status, _ = await get(sim, f"/generation?id={r.headers['X-Generation-Id']}")
+            assert status == 404
+            r.close()
+
+
+@pytest.mark.parametrize("fault", [None, "padding"])
+async def test_padding_every_ten_simulated_seconds_then_the_body(fault: str | None) -> None:
+    # 95 simulated seconds: a padding line at once and after 10, 20, ... 90 s (`padding`
+    # leads with its 8 lines instead of the first one).
+    with sim_in_thread(_slow(95, 0.002)) as sim:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(
+                f"{sim.base_url}/chat/completions", json=SLOW, headers=headers(fault=fault)
+            ) as r,
+        ):
+            raw = await r.read()
+            gen_id = r.headers["X-Generation-Id"]
+    lead = (8 if fault else 1) + 9
+    assert raw.startswith(PADDING_LINE * lead) and raw[len(PADDING_LINE) * lead :][:1] == b"{"
+    data = json.loads(raw)
+    assert data["id"] == gen_id and data["choices"][0]["message"]["content"]
+    assert sim.simulator.billed_usd() > 0
+
+
+async def test_a_late_error_is_a_200_with_the_generation_header_and_free() -> None:
+    with sim_in_thread(_slow(25, 0.002)) as sim:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(
+                f"{sim.base_url}/chat/completions", json=SLOW, headers=headers(fault="error_200")
+            ) as r,
+        ):
+            raw = await r.read()
+            gen_id = r.headers["X-Generation-Id"]
+        assert r.status == 200 and raw.startswith(PADDING)
+        assert json.loads(raw)["error"]["code"] == 502
+        assert sim.simulator.billed_usd() == 0 and sim.simulator.unbilled == 0
+        status, gen = await get(sim, f"/generation?id={gen_id}")
+        assert status == 200 and gen["data"]["total_cost"] == 0
+
+
+async def test_a_client_gone_during_the_padding_is_billed_when_the_answer_ends() -> None:
+    # 50 simulated seconds at time_scale 0.01: half a second, a padding line every 0.1 s.
+    with sim_in_thread(_slow(50, 0.01)) as sim:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(f"{sim.base_url}/chat/completions", json=SLOW, headers=headers()) as r,
+        ):
+            assert await r.content.readany() == PADDING_LINE
+            r.close()
+        entry = sim.simulator.chat_log()[-1]
+        deadline = time.monotonic() + 10
+        while entry.status != 499 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert entry.status == 499  # the next padding line found the client gone
+        assert await asyncio.to_thread(sim.simulator.wait_billed)
+        assert entry.cost_usd > 0 and sim.simulator.billed_usd() == pytest.approx(entry.cost_usd)
+
+
+@pytest.mark.parametrize("fault", ["reset", "stall", "midstream_error", "cold_start"])
+async def test_faults_of_a_json_answer_that_took_time(fault: str) -> None:
+    with sim_in_thread(_slow(25, 0.002, stall_s=0.2)) as sim:
+        async with aiohttp.ClientSession() as s:
+            try:
+                async with s.post(
+                    f"{sim.base_url}/chat/completions", json=SLOW, headers=headers(fault=fault)
+                ) as r:
+                    assert r.status == 200 and r.headers["X-Generation-Id"]
+                    raw = await r.read()
+            except aiohttp.ClientError:
+                assert fault == "reset"
+            else:
+                assert fault != "reset"
+                choice = json.loads(raw)["choices"][0]
+                assert raw.startswith(PADDING_LINE * 3)
+                if fault == "midstream_error":
+                    assert choice["finish_reason"] == "error"
+                if fault == "cold_start":
+                    assert choice["message"]["content"] == ""
+        assert await asyncio.to_thread(sim.simulator.wait_billed)
+        billed = sim.simulator.billed_usd()
+        assert billed > 0 if fault in ("reset", "stall") else billed == 0
+
+
+async def test_regen_client_reads_padded_answers_and_late_errors() -> None:
+    from regen.client import ChatClient
+    from regen.errors import EndpointError
+
+    with sim_in_thread(_slow(35, 0.002)) as sim:
+        async with ChatClient(sim.base_url, "k", concurrency=4) as c:
+            result = await c.chat("i1", SLOW)
+        assert result.message.content and result.generation_id
+        assert result.usage.completion_tokens > 0
+        late = {"X-Sim-Fault": "error_200"}
+        async with ChatClient(sim.base_url, "k", concurrency=4, headers=late) as c:
+            with pytest.raises(EndpointError) as info:
+                await c.chat("i2", SLOW)
+    # An error body (its code is the body's): a failure regen knows was not billed.
+    assert info.value.status == 502 and info.value.unbilled and not info.value.maybe_billed

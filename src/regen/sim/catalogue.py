@@ -1,13 +1,16 @@
 """OpenRouter's account and catalogue endpoints: /key, /credits, /generation, /models,
-/models/{author}/{slug}/endpoints and /providers."""
+/models/{author}/{slug}/endpoints and /providers. (The key management API is in keys.py.)"""
 
 from __future__ import annotations
+
+from typing import Any
 
 from aiohttp import web
 
 from regen.sim.account import Account, mask_key
-from regen.sim.auth import denied, key_of
+from regen.sim.auth import authorize, authorize_manager
 from regen.sim.config import SimConfig, SimEndpoint
+from regen.sim.keys import KeyStore
 from regen.sim.respond import error_response
 
 
@@ -27,9 +30,10 @@ def _pricing(ep: SimEndpoint) -> dict[str, str]:
 class Catalogue:
     """Handlers that read the config and the account; they never change state."""
 
-    def __init__(self, config: SimConfig, account: Account) -> None:
+    def __init__(self, config: SimConfig, account: Account, keys: KeyStore) -> None:
         self.config = config
         self.account = account
+        self.keys = keys
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/api/v1/models/{author}/{slug}/endpoints", self.endpoints)
@@ -41,23 +45,41 @@ class Catalogue:
             app.router.add_get(f"{prefix}/models", self.models)
 
     async def key(self, request: web.Request) -> web.Response:
-        key = key_of(self.config, request)
-        if key is None:
-            return denied(request)
+        """The calling key: its own usage; a created key's own limit, any other key's limit
+        being the account's credit."""
+        key = authorize(self.config, self.keys, request)
+        if isinstance(key, web.Response):
+            return key
         a = self.account
+        usage = a.usage_record(key)
+        managed = self.keys.of_secret(key)
+        if managed is not None:
+            own: dict[str, Any] = {
+                "label": managed.label,
+                "limit": managed.limit,
+                "limit_remaining": managed.remaining(usage),
+                "limit_reset": managed.limit_reset,
+                "include_byok_in_limit": managed.include_byok_in_limit,
+                "expires_at": managed.expires_at,
+            }
+        else:
+            own = {
+                "label": mask_key(key),
+                "limit": a.credits_usd,
+                "limit_remaining": a.remaining_usd,
+                "limit_reset": None,
+                "include_byok_in_limit": False,
+                "expires_at": None,
+            }
         return web.json_response(
             {
                 "data": {
-                    "label": mask_key(key),
-                    "limit": a.credits_usd,
-                    "limit_remaining": a.remaining_usd,
-                    "limit_reset": None,
-                    "include_byok_in_limit": False,
-                    "usage": a.used_usd,
-                    "usage_daily": a.used_usd,
-                    "usage_weekly": a.used_usd,
-                    "usage_monthly": a.used_usd,
+                    **own,
+                    **usage.usage(),
                     "byok_usage": 0,
+                    "byok_usage_daily": 0,
+                    "byok_usage_weekly": 0,
+                    "byok_usage_monthly": 0,
                     "is_free_tier": False,
                     "is_management_key": key in self.config.management_keys,
                     "rate_limit": {
@@ -70,11 +92,9 @@ class Catalogue:
         )
 
     async def credits(self, request: web.Request) -> web.Response:
-        key = key_of(self.config, request)
-        if key is None:
-            return denied(request)
-        if key not in self.config.management_keys:
-            return error_response(403, "Only management keys can perform this operation")
+        key = authorize_manager(self.config, self.keys, request)
+        if isinstance(key, web.Response):
+            return key
         total = self.account.credits_usd
         return web.json_response(
             {
@@ -86,8 +106,10 @@ class Catalogue:
         )
 
     async def generation(self, request: web.Request) -> web.Response:
-        if key_of(self.config, request) is None:
-            return denied(request)
+        key = authorize(self.config, self.keys, request)
+        if isinstance(key, web.Response):
+            return key
+        # Any key of the account sees every generation of the account.
         data = self.account.generation(request.query.get("id", ""), self.config.generation_delay_s)
         if data is None:
             return error_response(404, "Generation not found")

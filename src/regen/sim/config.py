@@ -262,7 +262,8 @@ class SimConfig(_Model):
     api_keys: list[str] = Field(default_factory=list)
     """If set, only these Bearer keys are accepted; otherwise any non-empty key is."""
     management_keys: list[str] = Field(default_factory=list)
-    """Keys that may read /credits; others get 403, as OpenRouter's current docs say."""
+    """Keys that may read /credits and manage keys (`/api/v1/keys`); others get 403, as
+    OpenRouter's current docs say. They cannot make completions (401)."""
     credits_usd: float | None = None
     """The account's credit; requests it cannot cover get 402. None: unlimited."""
     global_rps: float | None = Field(default=None, gt=0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -13,7 +14,11 @@ from regen.sim.config import SimConfig, SimEndpoint
 from regen.sim.generate import Completion
 from regen.sim.stream import chunk, deltas
 
-PADDING = b"\n         \n" * 8
+PADDING_LINE = b"\n         \n"
+PADDING = PADDING_LINE * 8
+"""What the `padding` and `error_200` faults lead a JSON body with."""
+PADDING_EVERY_S = 10.0
+"""How often (simulated seconds) a non-streamed answer being generated sends a padding line."""
 KEEPALIVE = b": OPENROUTER PROCESSING\n\n"
 
 
@@ -54,7 +59,17 @@ async def respond_json(
     usage: dict[str, Any],
     faults: set[str],
     shown: bool,
+    generating_s: float,
+    done: Callable[[], None] = lambda: None,
 ) -> web.StreamResponse:
+    """A non-streamed answer as OpenRouter sends one: HTTP 200 and its headers (with
+    `X-Generation-Id`) as soon as the request is routed, whitespace padding lines then and
+    about every 10 simulated seconds while the answer is generated (`generating_s`), then the
+    JSON body. An error found later (`error_200`) can only come as a 200 with an `error`
+    body. When nothing is left to wait for (time_scale 0), the headers and body go out in one
+    write, as they would arrive; the padding fault still leads the body with padding.
+    `done()` is called when the whole answer is about to go out (not when it is cut), so
+    that it is billed before the client can see its end."""
     finish = comp.finish_reason if comp.completion_tokens else None
     choice: dict[str, Any] = {
         "index": 0,
@@ -94,17 +109,28 @@ async def respond_json(
             "user_id": None,
         }
     payload = json.dumps(doc).encode()
-    if "padding" in faults or "error_200" in faults:
-        payload = PADDING + payload
-    # An error body names no generation: there is none to look up, and nothing is billed.
-    headers = {} if "error_200" in faults else {"X-Generation-Id": meta["id"]}
-    if not ({"reset", "stall"} & faults):
-        return web.Response(body=payload, content_type="application/json", headers=headers)
+    lead = PADDING if "padding" in faults or "error_200" in faults else b""
     resp = web.StreamResponse(
         headers={"Content-Type": "application/json", "X-Generation-Id": meta["id"]}
     )
-    resp.content_length = len(payload)
-    await resp.prepare(request)
+    wait_s = generating_s * config.time_scale
+    cut = {"reset", "stall"} & faults
+    if wait_s > 0 or cut:
+        # What comes is not known yet: no Content-Length, the body is chunked.
+        await resp.prepare(request)
+        if wait_s > 0:
+            await resp.write(lead or PADDING_LINE)  # the status and headers go out with it
+            await _pad(resp, wait_s, PADDING_EVERY_S * config.time_scale)
+        elif lead:
+            await resp.write(lead)
+        lead = b""
+    if not cut:
+        if not resp.prepared:
+            resp.content_length = len(lead) + len(payload)
+            await resp.prepare(request)
+        done()
+        await resp.write_eof(lead + payload)
+        return resp
     half = len(payload) // 2
     await resp.write(payload[:half])
     if "stall" in faults:
@@ -112,9 +138,24 @@ async def respond_json(
     if "reset" in faults:
         abort(request)
         return resp
+    done()
     await resp.write(payload[half:])
     await resp.write_eof()
     return resp
+
+
+async def _pad(resp: web.StreamResponse, wait_s: float, every_s: float) -> None:
+    """Wait `wait_s`, writing a padding line every `every_s` (on a fixed clock: the lines do
+    not drift later with the loop's delays)."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    end = start + wait_s
+    ticks = 1
+    while start + ticks * every_s < end:
+        await asyncio.sleep(max(0.0, start + ticks * every_s - loop.time()))
+        await resp.write(PADDING_LINE)
+        ticks += 1
+    await asyncio.sleep(max(0.0, end - loop.time()))
 
 
 async def respond_stream(
@@ -126,8 +167,10 @@ async def respond_stream(
     faults: set[str],
     endpoint: SimEndpoint,
     shown: bool,
+    done: Callable[[], None] = lambda: None,
 ) -> web.StreamResponse:
-    """Stream the completion at the endpoint's speed.
+    """Stream the completion at the endpoint's speed; `done()` is called before the last
+    bytes of a whole stream go out.
 
     Chunks that fall within 10 ms of each other go out in one write: the timing stays
     faithful at that grain and the simulator spends its CPU on requests, not on syscalls.
@@ -227,6 +270,7 @@ async def respond_stream(
     )
     send(usage_chunk)
     buf.append(b"data: [DONE]\n\n")
+    done()
     await flush()
     await resp.write_eof()
     return resp

@@ -1,9 +1,11 @@
 """The simulated OpenRouter-compatible server (aiohttp.web), for the demo, tests and benchmarks.
 
 It follows OpenRouter's documented behaviour, quirks included: provider routing and its 404,
-402 for credit that cannot cover `max_tokens`, 429 with Retry-After above an endpoint's
-capacity, errors inside HTTP 200 bodies, whitespace padding, SSE keep-alive comments, a usage
-chunk after the finish chunk, and /generation that lags behind completion.
+402 for credit (or a created key's limit) that cannot cover `max_tokens`, 429 with
+Retry-After above an endpoint's capacity, a non-streamed answer's status and headers sent at
+once and whitespace padding until its body, errors inside HTTP 200 bodies, SSE keep-alive
+comments, a usage chunk after the finish chunk, /generation that lags behind completion, and
+usage billed per key (keys.py: the key management API).
 
 Never imported by the runtime path: only the CLI (`regen sim`, `regen demo`), tests and
 benchmarks use it.
@@ -24,8 +26,8 @@ from typing import Any
 
 from aiohttp import web
 
-from regen.sim.account import Account
-from regen.sim.auth import denied, key_of
+from regen.sim.account import Account, affordable
+from regen.sim.auth import authorize
 from regen.sim.catalogue import Catalogue
 from regen.sim.config import REQUEST_PARAMETERS, SimConfig, SimEndpoint, SimModel
 from regen.sim.faults import draw_faults, forced_faults
@@ -36,6 +38,7 @@ from regen.sim.generate import (
     request_digest,
     rng_for,
 )
+from regen.sim.keys import KeysApi, KeyStore
 from regen.sim.respond import error_response, respond_json, respond_stream
 from regen.sim.routing import route
 
@@ -50,6 +53,9 @@ class LoggedRequest:
     path: str
     status: int
     authorization: str | None
+    """The request's Authorization header as sent (None without one)."""
+    key: str | None = None
+    """The accepted bearer key the request was made with: its bills are charged to it."""
     model: str | None = None
     provider: str | None = None
     endpoint_tag: str | None = None
@@ -58,6 +64,8 @@ class LoggedRequest:
     cost_usd: float = 0.0
     """What the account was charged (0 when not billed)."""
     billed: bool = False
+    billed_at: float | None = None
+    """When the bill was made (wall clock): when the generation ended, client there or not."""
     stream: bool = False
     faults: tuple[str, ...] = ()
     generation_id: str | None = None
@@ -75,6 +83,7 @@ class _Chat:
     """A validated chat request, with its faults and its place among repeats of itself."""
 
     entry: LoggedRequest
+    key: str
     model: SimModel
     messages: list[Any]
     tools: list[Any]
@@ -92,6 +101,8 @@ class Simulator:
     def __init__(self, config: SimConfig) -> None:
         self.config = config
         self.account = Account(config.credits_usd)
+        self.keys = KeyStore(config.seed)
+        """Keys created through the management API (`/api/v1/keys`)."""
         self.log: list[LoggedRequest] = []
         self.in_flight: Counter[str] = Counter()
         self.max_in_flight: Counter[str] = Counter()
@@ -112,7 +123,8 @@ class Simulator:
         app.on_startup.append(self._started)
         for prefix in ("/api/v1", "/v1"):
             app.router.add_post(f"{prefix}/chat/completions", self.chat_completions)
-        Catalogue(self.config, self.account).add_routes(app)
+        Catalogue(self.config, self.account, self.keys).add_routes(app)
+        KeysApi(self.config, self.account, self.keys).add_routes(app)
         app.router.add_get("/_sim/stats", self.stats)
         return app
 
@@ -137,7 +149,13 @@ class Simulator:
         )
 
     def billed_usd(self) -> float:
+        """What the whole account was billed so far."""
         return self.account.used_usd
+
+    def billed_by_key(self) -> dict[str, float]:
+        """What each key (the bearer string) was billed so far, answers still generating not
+        counted; a deleted key keeps its total."""
+        return {key: usage.total for key, usage in self.account.by_key.items()}
 
     def wait_billed(self, timeout: float = 30.0) -> bool:
         """Wait (from another thread) until every answer still generating has been billed;
@@ -192,9 +210,9 @@ class Simulator:
             hold.waiting -= 1
             self._notify()
 
-    def _billed(self, cost: float) -> None:
+    def _billed(self, cost: float, key: str) -> None:
         with self._changed:
-            self.account.charge(cost)
+            self.account.charge(cost, key)
             self.unbilled -= 1
             self._changed.notify_all()
 
@@ -231,8 +249,10 @@ class Simulator:
         return response
 
     async def _chat(self, request: web.Request, entry: LoggedRequest) -> web.StreamResponse:
-        if key_of(self.config, request) is None:
-            return denied(request)
+        key = authorize(self.config, self.keys, request, completions=True)
+        if isinstance(key, web.Response):
+            return key
+        entry.key = key
         try:
             body = json.loads(await request.read())
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -331,6 +351,9 @@ class Simulator:
                 "https://openrouter.ai/settings/credits and add more credits",
                 metadata={"provider_name": None},
             )
+        refused = self._over_key_limit(key, prompt_tokens, max_tokens, first)
+        if refused is not None:
+            return refused
 
         endpoint = next(
             (
@@ -363,6 +386,7 @@ class Simulator:
         self.peak_in_flight = max(self.peak_in_flight, sum(self.in_flight.values()))
         chat = _Chat(
             entry,
+            key,
             model,
             messages,
             tools,
@@ -378,6 +402,29 @@ class Simulator:
             return await self._serve(request, chat, endpoint)
         finally:
             self.in_flight[endpoint.tag] -= 1
+
+    def _over_key_limit(
+        self, key: str, prompt_tokens: int, max_tokens: int, first: SimEndpoint
+    ) -> web.Response | None:
+        """The 402 for a created key whose limit, less what the key was billed so far, cannot
+        pay for the prompt and `max_tokens` at the first candidate endpoint's prices. As on
+        OpenRouter, requests still generating are not counted: they are billed when they end,
+        so a key's usage can pass its limit by what was in flight when it was reached."""
+        managed = self.keys.of_secret(key)
+        if managed is None or managed.limit is None:
+            return None
+        remaining = managed.remaining(self.account.usage_record(key))
+        assert remaining is not None
+        can = affordable(remaining, prompt_tokens * first.prompt_price, first.completion_price)
+        if remaining > 0 and can >= max_tokens:
+            return None
+        return error_response(
+            402,
+            f"This request requires more credits, or fewer max_tokens. You requested up to "
+            f"{max_tokens} tokens, but can only afford {can}. To increase, visit "
+            "https://openrouter.ai/settings/keys and create a key with a higher limit",
+            metadata={"provider_name": None},
+        )
 
     async def _serve(
         self, request: web.Request, chat: _Chat, endpoint: SimEndpoint
@@ -461,13 +508,16 @@ class Simulator:
         shown = chat.reasoning_shown
         # The answer is billed when its generation finishes, whether or not the client is
         # still there to read it (OpenRouter keeps generating after a disconnect).
-        bill = _Bill(self, cost if billed else 0.0)
+        bill = _Bill(self, cost if billed else None, chat.key, entry)
+        generating_s = endpoint.ttft_s + comp.completion_tokens / endpoint.tokens_per_s
+        ends_in = generating_s * self.config.time_scale
         if billed:
             entry.billed, entry.cost_usd = True, cost
             self.unbilled += 1
-            done_in = endpoint.ttft_s + comp.completion_tokens / endpoint.tokens_per_s
-            asyncio.get_running_loop().call_later(done_in * self.config.time_scale, bill.fire)
+            asyncio.get_running_loop().call_later(ends_in, bill.fire)
         entry.completion_tokens = comp.completion_tokens
+        # Its /generation record shows `generation_delay_s` after the generation ends (the
+        # id is known sooner: in the headers, in a stream's first chunk).
         self.account.record(
             gen_id,
             {
@@ -497,16 +547,19 @@ class Simulator:
                     }
                 ],
             },
+            ends_in,
         )
         if entry.stream:
             resp = await respond_stream(
-                self.config, request, meta, comp, usage, faults, endpoint, shown
+                self.config, request, meta, comp, usage, faults, endpoint, shown, bill.fire
             )
         else:
-            await self._sleep(endpoint.ttft_s + comp.completion_tokens / endpoint.tokens_per_s)
-            resp = await respond_json(self.config, request, meta, comp, usage, faults, shown)
+            # Status and headers go out now; padding while the answer is generated.
+            resp = await respond_json(
+                self.config, request, meta, comp, usage, faults, shown, generating_s, bill.fire
+            )
         if "reset" not in faults:
-            bill.fire()  # the whole answer went out: its generation is over
+            bill.fire()  # the whole answer went out: its generation is over (a no-op if done)
         return resp
 
 
@@ -522,18 +575,20 @@ class _Hold:
 
 
 class _Bill:
-    """One answer's charge, made once: when its generation finishes or its answer is sent."""
+    """One answer's charge, made once: when its generation finishes or its answer is sent.
+    `cost` None: an answer that is not billed."""
 
-    __slots__ = ("sim", "cost", "done")
+    __slots__ = ("sim", "cost", "key", "done", "entry")
 
-    def __init__(self, sim: Simulator, cost: float) -> None:
-        self.sim, self.cost, self.done = sim, cost, False
+    def __init__(self, sim: Simulator, cost: float | None, key: str, entry: LoggedRequest) -> None:
+        self.sim, self.cost, self.key, self.done, self.entry = sim, cost, key, False, entry
 
     def fire(self) -> None:
         if not self.done:
             self.done = True
-            if self.cost:
-                self.sim._billed(self.cost)
+            if self.cost is not None:  # a free endpoint's answer too: it is no longer unbilled
+                self.entry.billed_at = time.time()
+                self.sim._billed(self.cost, self.key)
 
 
 @dataclass
