@@ -295,7 +295,7 @@ def test_a_small_loss_is_not_hidden_by_the_reconciliation() -> None:
     account = Account("https://openrouter.ai/api/v1", "K", ("default",))
     lost = Reconciliation(account, 10.00005, 10.0)
     assert not lost.agrees()
-    assert "$0.00005000 billed but not in the ledger" in _spend_line(lost)
+    assert "$0.00005000 billed on the key beyond this job's ledger" in _spend_line(lost)
     noise = Reconciliation(account, 0.1 + 0.2, 0.3)
     assert noise.agrees() and "they agree" in _spend_line(noise)
 

@@ -7,7 +7,7 @@ import sqlite3
 from pathlib import Path
 
 from regen.sim import RunningSim
-from tests.conftest import SECRET_KEY, chat_rows, run_cli, write_job, write_rows
+from tests.conftest import SECRET_KEY, chat_rows, query, run_cli, write_job, write_rows
 
 
 def three_datasets(tmp: Path) -> list[tuple[str, str, str]]:
@@ -101,15 +101,23 @@ def test_rerun_sends_nothing_and_an_added_row_sends_one(tmp_path: Path, sim: Run
     assert len(export) == 21
 
 
+def failing(job: Path, fault: str = "500") -> None:
+    """Every request of the job gets this fault from the simulator, and is tried once."""
+    text = job.read_text().replace(
+        'api_key_env = "REGEN_TEST_KEY"',
+        f'api_key_env = "REGEN_TEST_KEY"\nheaders = {{ "X-Sim-Fault" = "{fault}" }}',
+    )
+    job.write_text(text.replace("[run]", "[run]\nmax_attempts = 1", 1))
+
+
 def test_run_with_failed_items_exits_3_and_keeps_them_out_of_the_export(
     tmp_path: Path, sim: RunningSim
 ) -> None:
     job = write_job(tmp_path, sim.base_url, extra="stop_error_rate = 1.0")
-    text = job.read_text().replace('model = "moonshotai/kimi-k2.5"', 'model = "no/such-model"')
-    job.write_text(text)
+    failing(job)
     proc = run_cli("run", str(job))
     assert proc.returncode == 3, proc.stderr
-    assert "bad_request:20" in proc.stdout
+    assert "server:20" in proc.stdout
     assert (tmp_path / "out" / "export" / "chat.jsonl").read_text() == ""
 
 
@@ -120,11 +128,38 @@ def test_a_high_error_rate_stops_the_run(tmp_path: Path, sim: RunningSim) -> Non
     job = write_job(
         tmp_path, sim.base_url, datasets=[("chat", "chat.jsonl", "openai")], concurrency=4
     )
-    job.write_text(job.read_text().replace('"moonshotai/kimi-k2.5"', '"no/such-model"'))
+    failing(job)
     proc = run_cli("run", str(job))
     assert proc.returncode == 1
     assert "error: run stopped: error rate 100% over the last 20 items" in proc.stderr
     assert len(sim.simulator.chat_log()) < 30  # not all 300
+
+
+def test_an_error_every_request_gets_stops_the_run_and_leaves_the_items_pending(
+    tmp_path: Path, sim: RunningSim
+) -> None:
+    """A wrong model name failed every item for good within 60 ms, and the fixed job then
+    sent nothing. The server's error stops the run; the items stay pending; the fixed job
+    (a changed model needs --force) sends them all."""
+    from tests.conftest import write_rows
+
+    write_rows(tmp_path / "chat.jsonl", chat_rows(300))
+    job = write_job(
+        tmp_path, sim.base_url, datasets=[("chat", "chat.jsonl", "openai")], concurrency=8
+    )
+    right = job.read_text()
+    job.write_text(right.replace('"moonshotai/kimi-k2.5"', '"no/such-model"'))
+    proc = run_cli("run", str(job))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: run stopped: every request fails with the same error: ")
+    assert "no/such-model is not a valid model ID" in line and "stay pending" in line
+    out = tmp_path / "out"
+    assert query(out, "SELECT status, COUNT(*) FROM items GROUP BY status") == [("pending", 300)]
+    job.write_text(right)
+    fixed = run_cli("run", str(job), "--force")
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert query(out, "SELECT status, COUNT(*) FROM items GROUP BY status") == [("done", 300)]
 
 
 def test_wrong_key_stops_the_run_with_a_clear_message(tmp_path: Path) -> None:

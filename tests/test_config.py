@@ -111,6 +111,49 @@ def test_cli_run_without_the_key_names_the_variable(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("http://user:secret@127.0.0.1:8000/v1", "must not hold a user name or password"),
+        ("http://127.0.0.1:99999/v1", "a port that is not a number from 1 to 65535"),
+        ("http://127.0.0.1:0/v1", "port 0"),
+        ("http://:8000/v1", "no host name"),
+        ("ftp://127.0.0.1/v1", "must start with http:// or https://"),
+    ],
+)
+def test_a_base_url_no_server_can_answer_is_refused_when_the_job_is_read(
+    tmp_path: Path, url: str, says: str
+) -> None:
+    """A `user:pass@` URL ended in an aiohttp traceback, an out-of-range port was retried as
+    a connection error: each is a one-line error naming the field, and no secret in it."""
+    msg = _error_for(tmp_path, MINIMAL + f'\n[endpoint]\nbase_url = "{url}"\n')
+    assert "field 'endpoint.base_url'" in msg and says in msg
+    assert "secret" not in msg
+
+
+def test_an_unreachable_endpoint_is_the_first_error_under_a_cap_and_a_credit_floor(
+    tmp_path: Path,
+) -> None:
+    """Under a dollar cap and a credit floor, an endpoint nothing answers at was reported as a
+    price or credit problem, and `regen plan` exited 0 with "$0.00 of $4.00 left"."""
+    from tests.test_pool import free_port
+
+    port = free_port()  # nothing listens there
+    job = write_job(tmp_path, f"http://127.0.0.1:{port}/api/v1")
+    job.write_text(
+        job.read_text() + "\n[budget]\nmax_cost_usd = 4.0\nstop_when_credits_below = 1.0\n"
+    )
+    for command in ("run", "plan"):
+        proc = run_cli(command, str(job))
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        (line,) = proc.stderr.strip().splitlines()
+        assert line.startswith(
+            f"error: endpoint default: http://127.0.0.1:{port}/api/v1 cannot be reached: "
+            f"cannot connect to 127.0.0.1:{port}"
+        ), line
+        assert "price" not in line and "credit" not in line
+
+
 LANES = (
     MINIMAL
     + """

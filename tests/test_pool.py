@@ -157,3 +157,85 @@ def test_a_pool_survives_a_killed_server_and_takes_it_back(tmp_path: Path) -> No
     assert after_restart["chat_requests"] > 0, "the restarted server got requests again"
     assert all(s["chat_requests"] > 0 for s in survivors)
     assert "endpoint gpu1: taken out of the pool" in text, text
+
+
+def single_server_job(tmp_path: Path, port: int, extra: str = "") -> Path:
+    write_rows(
+        tmp_path / "chat.jsonl",
+        [{"messages": [{"role": "user", "content": f"Question {i}: say hi."}]} for i in range(300)],
+    )
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'[job]\noutput_dir = "out"\n[endpoint]\nbase_url = "http://127.0.0.1:{port}/v1"\n'
+        f'dialect = "vllm"\napi_key_env = "REGEN_NO_KEY_NEEDED"\n[generation]\nmodel = "{MODEL}"\n'
+        f"max_tokens = 300\n[run]\nconcurrency = 16\nprogress_interval_s = 0.5\n{extra}\n"
+        '[[datasets]]\nname = "chat"\npath = "chat.jsonl"\n'
+    )
+    return job
+
+
+def test_a_single_server_that_restarts_is_waited_for_not_given_up_on(tmp_path: Path) -> None:
+    """With one server, a restart ended the run after about 14 s: every request failed on the
+    connection until the items ran out of attempts. Its items wait for its /health instead,
+    without using up attempts, and the run finishes when it is back."""
+    port = free_port()
+    job = single_server_job(tmp_path, port)
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != "REGEN_NO_KEY_NEEDED"}
+    with servers(tmp_path, [port]) as procs:
+        run = subprocess.Popen(
+            [sys.executable, "-m", "regen", "run", str(job)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        try:
+            wait_for(lambda: answers(out) >= 40, run, "40 answers")
+            procs[port].send_signal(signal.SIGKILL)
+            procs[port].wait(timeout=10)
+            # Down for a while: the run must wait (it once gave up in 14 s), not fail items.
+            down_until = time.monotonic() + 3
+            while time.monotonic() < down_until:
+                assert run.poll() is None, "the run ended while its only server was down"
+                time.sleep(0.1)
+            procs[port] = start_server(tmp_path, port)
+            stdout, stderr = run.communicate(timeout=180)
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.communicate()
+    text = stdout.decode() + stderr.decode()
+    assert run.returncode == 0, text
+    db = sqlite3.connect(out / "state.db")
+    try:
+        statuses = db.execute("SELECT status, COUNT(*) FROM items GROUP BY status").fetchall()
+    finally:
+        db.close()
+    assert statuses == [("done", 300)], text
+    assert "endpoint default: taken out of the pool" in text, text
+
+
+def test_a_pool_whose_servers_stay_down_stops_after_its_bound_with_items_pending(
+    tmp_path: Path,
+) -> None:
+    port = free_port()  # nothing listens there
+    job = single_server_job(tmp_path, port, extra="pool_down_timeout_s = 1.5")
+    env = {k: v for k, v in os.environ.items() if k != "REGEN_NO_KEY_NEEDED"}
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "regen", "run", str(job)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 5, proc.stdout + proc.stderr
+    assert "stopped: every server of lane default (default) has been down for 1.5 s" in proc.stdout
+    assert "start them (or raise [run].pool_down_timeout_s)" in proc.stdout
+    assert time.monotonic() - started < 60
+    db = sqlite3.connect(tmp_path / "out" / "state.db")
+    try:
+        statuses = db.execute("SELECT status, COUNT(*) FROM items GROUP BY status").fetchall()
+    finally:
+        db.close()
+    assert statuses == [("pending", 300)]

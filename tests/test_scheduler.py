@@ -91,17 +91,64 @@ async def test_transient_failures_are_retried_until_done(tmp_path: Path) -> None
 
 
 async def test_permanent_failures_are_stored_with_their_class(tmp_path: Path) -> None:
-    job, store = make_job(tmp_path, 3, extra="stop_error_rate = 1.0")
-    async with scripted_server(
-        lambda n, _: Reply(400, {"error": {"code": 400, "message": "context too long"}})
-    ) as srv:
+    job, store = make_job(tmp_path, 4, extra="stop_error_rate = 1.0", concurrency=1)
+    too_long = Reply(400, {"error": {"code": 400, "message": "context too long"}})
+    # One answer among them: the error is the items' own, not one every request gets.
+    async with scripted_server(lambda n, _: Reply() if n == 1 else too_long) as srv:
         stats = await run(job, store, srv.url)
-    assert len(srv.requests) == 3  # never retried
+    assert len(srv.requests) == 4  # never retried
     assert stats.datasets["chat"].failed == 3
-    assert rows(store, "SELECT DISTINCT status, failure_class, failure_message FROM items") == [
-        ("failed", "bad_request", "context too long")
+    assert rows(
+        store,
+        "SELECT status, failure_class, failure_message, COUNT(*) FROM items "
+        "GROUP BY 1, 2, 3 ORDER BY 1",
+    ) == [
+        ("done", None, None, 1),
+        ("failed", "bad_request", "context too long", 3),
     ]
-    assert rows(store, "SELECT COUNT(*) FROM results") == [(0,)]
+    assert rows(store, "SELECT COUNT(*) FROM results") == [(1,)]
+
+
+async def test_client_errors_of_some_items_that_come_back_first_fail_only_them(
+    tmp_path: Path,
+) -> None:
+    """Errors come back in milliseconds and answers in seconds: the first outcomes of a run
+    can all be the same 400 of a few items whose prompts are too long. The requests sent with
+    them are still being answered, so the error is theirs: they fail, the rest are answered."""
+    job, store = make_job(tmp_path, 40, extra="stop_error_rate = 1.0", concurrency=8)
+    too_long = Reply(400, {"error": {"code": 400, "message": "maximum context length is 8192"}})
+
+    def script(n: int, body: dict[str, Any]) -> Reply:
+        number = int(body["messages"][-1]["content"].split()[2].rstrip(":"))
+        return too_long if number % 4 == 0 else Reply(delay_s=1.5)
+
+    async with scripted_server(script) as srv:
+        stats = await run(job, store, srv.url)
+    assert stats.stop_reason is None
+    assert rows(store, "SELECT status, COUNT(*) FROM items GROUP BY 1 ORDER BY 1") == [
+        ("done", 30),
+        ("failed", 10),
+    ]
+
+
+async def test_a_client_error_that_every_request_gets_leaves_the_items_pending(
+    tmp_path: Path,
+) -> None:
+    """The same 400 for every item, none answered: it is the job's error (a model name the
+    server does not know), not theirs. The run stops with the server's message and the items
+    stay pending, for the fixed job to send."""
+    job, store = make_job(tmp_path, 30, extra="stop_error_rate = 1.0", concurrency=4)
+    unknown = Reply(
+        400, {"error": {"code": 400, "message": "no/such-model is not a valid model ID"}}
+    )
+    async with scripted_server(lambda n, _: unknown) as srv:
+        stats = await run(job, store, srv.url)
+    assert stats.stop_reason is not None
+    assert stats.stop_reason.startswith(
+        "every request fails with the same error: no/such-model is not a valid model ID"
+    )
+    assert rows(store, "SELECT status, COUNT(*) FROM items GROUP BY status") == [("pending", 30)]
+    assert stats.datasets["chat"].failed == 0
 
 
 async def test_retries_stop_at_max_attempts(tmp_path: Path) -> None:
@@ -336,10 +383,10 @@ async def test_a_batch_that_cannot_be_written_stops_dispatch_and_is_saved_when_i
     real_commit = store.commit_outcomes
     failures = [StateError("state.db: write failed: database or disk is full")] * 3
 
-    def commit(outcomes: Any, charges: Any = ()) -> None:
+    def commit(*args: Any) -> None:
         if failures:
             raise failures.pop()
-        real_commit(outcomes, charges)
+        real_commit(*args)
 
     store.commit_outcomes = commit  # type: ignore[method-assign]
     async with scripted_server(lambda n, _: Reply()) as srv:
@@ -362,7 +409,7 @@ async def test_a_batch_never_written_is_reported_with_how_many_answers_it_held(
 
     job, store = make_job(tmp_path, 40, "stop_grace_s = 0.2", concurrency=2)
 
-    def commit(outcomes: Any, charges: Any = ()) -> None:
+    def commit(*args: Any) -> None:
         raise StateError("state.db: write failed: database or disk is full")
 
     store.commit_outcomes = commit  # type: ignore[method-assign]

@@ -54,6 +54,7 @@ def test_migrations_are_recorded_once(tmp_path: Path) -> None:
         (6, "m006_usage_source"),
         (7, "m007_runs"),
         (8, "m008_startup_indexes"),
+        (9, "m009_outstanding"),
     ]
     assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 
@@ -137,6 +138,54 @@ def test_m002_upgrades_a_database_made_by_m001(tmp_path: Path) -> None:
     assert s2.schema_version() == len(MIGRATIONS)
     row = s2._db.execute("SELECT lane, escalated, prompt_tokens_est FROM items").fetchone()
     assert row == (None, 0, c.estimate_prompt_tokens(1)) and row[2] > 10
+
+
+def test_m009_holds_an_older_states_exposure_for_the_whole_job(tmp_path: Path) -> None:
+    """An older regen kept one number for what a killed run's requests might still cost
+    (`exposure_usd` in meta, with the holds it inherited): each becomes one request held
+    against the job alone, until its time, and the number goes."""
+    import json
+
+    from regen import store as store_mod
+
+    old = store_mod.MIGRATIONS
+    store_mod.MIGRATIONS = old[:8]
+    try:
+        s1 = Store.open(tmp_path)
+        exposure = {"usd": 0.25, "at": 1000.0, "pid": 7, "holds": [{"usd": 0.5, "until": 2000.0}]}
+        s1.set_meta("exposure_usd", json.dumps(exposure))
+        s1.close()
+    finally:
+        store_mod.MIGRATIONS = old
+    s2 = Store.open(tmp_path)
+    held = sorted((r.dataset, r.worst_usd, r.deadline) for r in s2.outstanding.all())
+    assert held == [(None, 0.25, 4600.0), (None, 0.5, 2000.0)]
+    assert s2.get_meta("exposure_usd") is None
+    assert s2.outstanding.held() == (2, 0.75, 4600.0)
+
+
+def test_outstanding_requests_leave_with_the_commit_of_their_bills(tmp_path: Path) -> None:
+    """A request is written before it is sent, named by its generation id when the response
+    says it, and leaves in the transaction that commits its bill: a kill at any moment leaves
+    either its bill in the ledger or the request outstanding, never both and never neither."""
+    from regen.outstanding import Sent
+
+    store = Store.open(tmp_path)
+    c = conv("q", 0)
+    add(store, c, 1)
+    iid = item_id(c.id, 1)
+    sent = [Sent(k, 1, iid, "ds", "lane", "default", 0.01, 50.0, 10.0, 99.0) for k in (1, 2)]
+    store.outstanding.write(sent, [(1, "gen-1")])
+    assert [(r.id, r.generation_id) for r in store.outstanding.all()] == [(1, "gen-1"), (2, None)]
+    result = Result(
+        iid, Message("assistant", "a"), "stop", Usage(1, 2, 0, 0.005), generation_id="gen-1"
+    )
+    store.commit_outcomes(
+        [Outcome(iid, "ds", (Attempt(1, 0.0, 0.1, 200),), result=result)], (), [1]
+    )
+    assert [r.id for r in store.outstanding.all()] == [2]
+    assert store.outstanding.held(live_run=1) == (0, 0.0, None)  # the live run's own
+    assert store.outstanding.held() == (1, 0.01, 99.0)
 
 
 def test_assign_lanes_takes_the_first_lane_that_selects(tmp_path: Path) -> None:

@@ -19,28 +19,46 @@ from regen.client.account import JsonGetter, account_credit, key_info, model_pri
 from regen.config import Job
 from regen.store import Store
 
+UsageReader = Callable[[], Awaitable[float | None]]
+"""What an account's provider says this job's keys have used in all (None: it cannot say)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Account:
-    """Endpoints that bill one provider account: one base URL and one key variable. Only the
-    variable's name is known here, never the key."""
+    """Endpoints that bill one provider account: one base URL and one key variable (or one
+    management key variable, whose keys the job makes for itself: `job_keys.py`). Only the
+    variables' names are known here, never the keys."""
 
     base_url: str
     api_key_env: str
     endpoints: tuple[str, ...]
+    management_key_env: str | None = None
 
     @property
     def key(self) -> str:
+        if self.management_key_env is not None:
+            return f"{self.base_url} management {self.management_key_env}"
         return f"{self.base_url} {self.api_key_env}"
 
 
 def billing_accounts(job: Job) -> list[Account]:
     """The job's OpenRouter accounts (the dialect whose `/key` reports usage)."""
-    groups: dict[tuple[str, str], list[str]] = {}
+    groups: dict[tuple[str, str, str | None], list[str]] = {}
     for e in job.endpoint_pool:
         if e.dialect == "openrouter":
-            groups.setdefault((e.base_url, e.api_key_env), []).append(e.name)
-    return [Account(url, env, tuple(names)) for (url, env), names in groups.items()]
+            key = (e.base_url, e.api_key_env, e.management_key_env)
+            groups.setdefault(key, []).append(e.name)
+    return [Account(url, env, tuple(names), manage) for (url, env, manage), names in groups.items()]
+
+
+def key_usage(client: JsonGetter) -> UsageReader:
+    """An account read through its key's `GET /key` (usage of that key, whoever used it)."""
+
+    async def read() -> float | None:
+        info = await key_info(client)
+        return None if info is None else info.usage_usd
+
+    return read
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +120,7 @@ def save_baseline(store: Store, account: Account, baseline: Baseline) -> None:
 
 
 async def take_baselines(
-    store: Store, accounts: list[Account], clients: Mapping[str, JsonGetter]
+    store: Store, accounts: list[Account], usage: Mapping[str, UsageReader]
 ) -> dict[str, Baseline]:
     """Each account's baseline: stored by the job's first run, else read now, before any
     request of this run is sent. An account whose usage cannot be read has none."""
@@ -110,10 +128,10 @@ async def take_baselines(
     for account in accounts:
         baseline = load_baseline(store, account)
         if baseline is None:
-            info = await key_info(clients[account.endpoints[0]])
-            if info is None:
+            used = await usage[account.key]()
+            if used is None:
                 continue
-            baseline = Baseline(info.usage_usd, store.ledger_usd(account.endpoints))
+            baseline = Baseline(used, store.ledger_usd(account.endpoints))
             save_baseline(store, account, baseline)
         out[account.key] = baseline
     return out
@@ -123,16 +141,16 @@ async def reconcile_accounts(
     store: Store,
     accounts: list[Account],
     baselines: Mapping[str, Baseline],
-    clients: Mapping[str, JsonGetter],
+    usage: Mapping[str, UsageReader],
 ) -> list[Reconciliation]:
     """Spend since each account's baseline, by the provider and by the ledger."""
     out = []
     for account in accounts:
         baseline = baselines.get(account.key)
-        info = await key_info(clients[account.endpoints[0]])
-        if baseline is not None and info is not None:
+        used = await usage[account.key]()
+        if baseline is not None and used is not None:
             ledger = store.ledger_usd(account.endpoints)
-            out.append(reconcile(account, baseline, info.usage_usd, ledger))
+            out.append(reconcile(account, baseline, used, ledger))
     return out
 
 

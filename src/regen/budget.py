@@ -12,6 +12,14 @@ max_tokens at the completion price plus an upper bound of the prompt's cost. Far
 that reservation never binds; near it, fewer attempts fit, and no way the attempts in flight
 can end takes the spend past the cap.
 
+Holds. One rule serves every scope (the job, each dataset; dollars and tokens): a request that
+may have been billed and whose bill is not known yet (one of a killed run, which OpenRouter
+bills when its generation ends, after the client is gone; or one of this run cut short) holds
+its worst case against every dollar cap and its expected tokens against its dataset's token
+budget, like a request in flight, until its bill is found and counted in its place
+(`holds.py` finds them). Only the job's own requests count: spend on a shared key that this
+job's requests cannot explain never does.
+
 Waiting. An attempt denied while requests in flight hold the room waits in the queue of its
 dataset and lane. A settlement wakes the first waiter of each queue, and each attempt admitted
 wakes the next of its queue, so waiters are tried as long as room is found. Waking them all at
@@ -80,24 +88,30 @@ class Denial:
 
 @dataclass
 class _Scope:
-    """Spend and reservations of one dataset, or of the whole job."""
+    """Spend, reservations and holds of one dataset, or of the whole job."""
 
     spent_tokens: int = 0
     spent_usd: float = 0.0
-    uncertain_usd: float = 0.0
-    """The worst cases of attempts that may have been billed without a bill regen can see (a
-    timeout before any answer came): counted as spent against dollar caps."""
     reserved_tokens: float = 0.0
     reserved_usd: float = 0.0
     reserved_max_tokens: int = 0
     in_flight: int = 0
     bound_at_last_admission: int = 0
     """The max_tokens of everything in flight when the last attempt was admitted."""
+    held: int = 0
+    held_usd: float = 0.0
+    held_tokens: float = 0.0
+    awaited: int = 0
+    """Of the held requests, those whose bills are looked up by generation id (they come
+    within seconds); the others wait for their deadline (a lane timeout or more)."""
+    """Requests that may have been billed and whose bill is not known yet (a killed run's, or
+    this run's cut short): each holds its worst case against the dollar caps and its expected
+    tokens against the token budget until its bill is found (`BudgetBook.hold`)."""
 
     @property
     def charged_usd(self) -> float:
-        """What counts as spent against a dollar cap."""
-        return self.spent_usd + self.uncertain_usd
+        """What counts as spent against a dollar cap: the bills known."""
+        return self.spent_usd
 
     def take(self, lease: Lease) -> None:
         self.reserved_tokens += lease.tokens
@@ -115,6 +129,27 @@ class _Scope:
             self.reserved_tokens -= lease.tokens
             self.reserved_usd -= lease.worst_usd
             self.reserved_max_tokens -= lease.max_tokens
+
+    def hold(self, usd: float, tokens: float, awaited: bool) -> None:
+        self.held += 1
+        self.awaited += awaited
+        self.held_usd += usd
+        self.held_tokens += tokens
+
+    @property
+    def stuck(self) -> bool:
+        """Nothing in flight, and no held bill expected soon: waiting for room here could
+        take a lane timeout."""
+        return not self.in_flight and not self.awaited
+
+    def unhold(self, usd: float, tokens: float, awaited: bool) -> None:
+        self.held -= 1
+        self.awaited -= awaited
+        if self.held == 0:
+            self.held_usd = self.held_tokens = 0.0
+        else:
+            self.held_usd -= usd
+            self.held_tokens -= tokens
 
 
 @dataclass
@@ -166,12 +201,12 @@ class BudgetBook:
             self.datasets[d.name] = state
             state.met = self._met_before_start(state)
         self.stopped: str | None = None
+        self.key_lag_usd = 0.0
+        """Room freed for the job that the credit limit of the key made for this run does not
+        have yet (it is raised every few seconds): held against the job's cap meanwhile, so
+        that nothing is sent that the provider would refuse."""
         self._waiting: dict[tuple[str, str], deque[asyncio.Future[None]]] = {}
         """Attempts denied while room is held, by (dataset, lane), first come first."""
-        self.unrecorded_usd = 0.0
-        """Billed by the provider beyond the ledger, counted against the job's cap."""
-        self.dead_usd = 0.0
-        """Held for requests of a killed run that may still be billed (`hold_dead`)."""
 
     @property
     def needs_prices(self) -> bool:
@@ -179,6 +214,11 @@ class BudgetBook:
         return self._job_cap is not None or any(
             s.max_cost_usd is not None for s in self.datasets.values()
         )
+
+    @property
+    def has_limits(self) -> bool:
+        """Whether any budget or cap applies (else nothing needs holding)."""
+        return self.needs_prices or any(s.token_budget is not None for s in self.datasets.values())
 
     def _tokens(self, prompt: int, completion: int) -> int:
         return prompt + completion if self._count_total else completion
@@ -189,18 +229,22 @@ class BudgetBook:
 
     def left(self, dataset: str) -> tuple[float | None, float | None]:
         """What the dataset's token budget and dollar cap still allow (None: no limit),
-        net of what the requests in flight are expected to use."""
+        net of what the requests in flight are expected to use and what is held."""
         s = self.datasets[dataset]
+        sc = s.scope
         tokens = usd = None
         if s.token_budget is not None:
-            tokens = max(0.0, s.token_budget - s.scope.spent_tokens - s.scope.reserved_tokens)
+            tokens = max(
+                0.0, s.token_budget - sc.spent_tokens - sc.reserved_tokens - sc.held_tokens
+            )
         if s.max_cost_usd is not None:
-            usd = max(0.0, s.max_cost_usd - s.scope.charged_usd)
+            usd = max(0.0, s.max_cost_usd - sc.charged_usd - sc.held_usd)
         if self._job_cap is not None:
             # The job's cap is shared: each dataset is bounded by what is left of it as if it
             # had it alone (an upper bound when several datasets run side by side).
-            job = max(0.0, self._job_cap - self.job.charged_usd - self.job.reserved_usd)
-            usd = job if usd is None else min(usd, job)
+            job = self.job
+            room = self._job_cap - job.charged_usd - job.reserved_usd - job.held_usd
+            usd = max(0.0, room) if usd is None else min(usd, max(0.0, room))
         return tokens, usd
 
     @staticmethod
@@ -231,7 +275,9 @@ class BudgetBook:
         prompt_tokens_bound: Callable[[], int],
         prices: Prices | None,
     ) -> Lease | Denial:
-        """A lease for one attempt, or why it may not be sent now."""
+        """A lease for one attempt, or why it may not be sent now. A budget is met when no
+        outcome of what is in flight or held can make room for the attempt (the spend only
+        grows); while some outcome could, the attempt waits."""
         if self.stopped is not None:
             return Denial(self.stopped, stops_run=True)
         state = self.datasets[dataset]
@@ -244,41 +290,61 @@ class BudgetBook:
         if state.token_budget is not None:
             if ds.spent_tokens >= state.token_budget:
                 return self._meet(state, "token budget met")
-            if ds.spent_tokens + ds.reserved_tokens >= state.token_budget:
-                return Denial("token budget held by requests in flight", wait=True)
+            if ds.spent_tokens + ds.reserved_tokens + ds.held_tokens >= state.token_budget:
+                if ds.stuck:
+                    return self._meet(state, "token budget met")
+                return Denial(self._held_reason(ds, "token budget"), wait=True)
         worst = 0.0
         if state.max_cost_usd is not None or self._job_cap is not None:
             if prices is None:
                 raise ValueError("a dollar cap needs the endpoint's prices")
             worst = prices.cost(prompt_tokens_bound(), max_tokens)
-            if state.max_cost_usd is not None and (
-                ds.charged_usd + ds.reserved_usd + worst > state.max_cost_usd
-            ):
-                if ds.in_flight == 0:
+            cap = state.max_cost_usd
+            if cap is not None:
+                if ds.charged_usd + worst > cap:
                     return self._meet(state, "dollar cap met")
-                return Denial("dollar cap held by requests in flight", wait=True)
-            if self._job_cap is not None and (
-                self.job.charged_usd + self.job.reserved_usd + worst > self._job_cap
-            ):
-                held = self.job.charged_usd - self.dead_usd + self.job.reserved_usd + worst
-                if self.dead_usd > 0 and held <= self._job_cap:
-                    # Not met: held for a killed run's requests, which will be billed or over.
-                    return Denial("job dollar cap held for a killed run's requests", wait=True)
-                if self.job.in_flight == 0:
+                if ds.charged_usd + ds.reserved_usd + ds.held_usd + worst > cap:
+                    if ds.stuck:
+                        return self._meet(state, "dollar cap met")
+                    return Denial(self._held_reason(ds, "dollar cap"), wait=True)
+            job = self.job
+            if self._job_cap is not None:
+                if job.charged_usd + worst > self._job_cap:
                     self.stopped = (
                         f"the job's dollar cap [budget].max_cost_usd = {self._job_cap:g} is met "
-                        f"(${self.job.charged_usd:.4f} spent or possibly spent; the next "
-                        f"request could cost up to ${worst:.4f})"
+                        f"(${job.charged_usd:.4f} spent; the next request could cost up to "
+                        f"${worst:.4f})"
                     )
                     self._notify(everyone=True)
                     return Denial(self.stopped, stops_run=True)
-                return Denial("job dollar cap held by requests in flight", wait=True)
+                held = job.held_usd + self.key_lag_usd
+                if job.charged_usd + job.reserved_usd + held + worst > self._job_cap:
+                    if job.stuck and not self.key_lag_usd:
+                        # Only bills that come no sooner than their deadline (a lane timeout or
+                        # more) stand between the job and its cap: stop rather than idle.
+                        self.stopped = (
+                            f"the job's dollar cap [budget].max_cost_usd = {self._job_cap:g} is "
+                            f"met (${job.charged_usd:.4f} spent, and up to ${job.held_usd:.4f} "
+                            f"held for {job.held} requests whose bills cannot be seen yet: run "
+                            "again later to send what they leave)"
+                        )
+                        self._notify(everyone=True)
+                        return Denial(self.stopped, stops_run=True)
+                    return Denial(self._held_reason(job, "job dollar cap"), wait=True)
         lease = Lease(dataset, lane, tokens, worst, max_tokens)
         ds.take(lease)
         self.job.take(lease)
         # There may be room for the next waiter too: it tries, and if admitted wakes the next.
         self._wake_first(dataset, lane)
         return lease
+
+    @staticmethod
+    def _held_reason(scope: _Scope, what: str) -> str:
+        if scope.in_flight:
+            return f"{what} held by requests in flight"
+        if scope.held:
+            return f"{what} held for requests whose bills are not known yet"
+        return f"{what} held until the run's key's credit limit is raised"
 
     def _meet(self, state: DatasetBudgetState, reason: str) -> Denial:
         state.met = reason
@@ -291,10 +357,7 @@ class BudgetBook:
         state.scope.give_back(lease)
         self.job.give_back(lease)
         if usage is not None:
-            cost = usage.cost_usd or 0.0
-            state.scope.spent_tokens += self._tokens(usage.prompt_tokens, usage.completion_tokens)
-            state.scope.spent_usd += cost
-            self.job.spent_usd += cost
+            self._spend(lease.dataset, usage)
             key = (lease.dataset, lease.lane)
             window = self._lengths.get(key)
             if window is None:
@@ -308,46 +371,62 @@ class BudgetBook:
                 self._p90[key] = float(ordered[int(0.9 * (len(ordered) - 1))])
         self._notify()
 
-    def hold(self, lease: Lease) -> None:
-        """An attempt may have been billed, and its bill cannot be known: give its lease back
-        but count its worst case as spent against the dollar caps for the rest of the run."""
-        self.datasets[lease.dataset].scope.uncertain_usd += lease.worst_usd
-        self.job.uncertain_usd += lease.worst_usd
-        self.settle(lease, None)
+    def _spend(self, dataset: str | None, usage: Usage) -> None:
+        cost = usage.cost_usd or 0.0
+        state = self.datasets.get(dataset) if dataset is not None else None
+        if state is not None:
+            state.scope.spent_tokens += self._tokens(usage.prompt_tokens, usage.completion_tokens)
+            state.scope.spent_usd += cost
+        self.job.spent_usd += cost
 
-    def count_unrecorded(self, usd: float) -> None:
-        """Spend the provider reports beyond the ledger (answers lost to a crash, say): it
-        counts against the job's cap, since no dataset can be told."""
-        self.job.uncertain_usd += max(0.0, usd)
-        self.unrecorded_usd += max(0.0, usd)
+    def hold(self, lease: Lease, *, awaited: bool = False) -> None:
+        """An attempt may have been billed and its bill is not known yet: its lease becomes a
+        hold (`release` ends it when the bill is known). `awaited`: its bill is looked up by
+        generation id, so it comes within seconds."""
+        state = self.datasets[lease.dataset]
+        state.scope.give_back(lease)
+        self.job.give_back(lease)
+        state.scope.hold(lease.worst_usd, lease.tokens, awaited)
+        self.job.hold(lease.worst_usd, lease.tokens, awaited)
+        self._notify()
+
+    def add_hold(
+        self, dataset: str | None, usd: float, tokens: float, *, awaited: bool = False
+    ) -> None:
+        """Hold a request of an earlier run that may still be billed against every scope it
+        belongs to (its dataset, if it is still in the job, and the job)."""
+        state = self.datasets.get(dataset) if dataset is not None else None
+        if state is not None:
+            state.scope.hold(usd, tokens, awaited)
+        self.job.hold(usd, tokens, awaited)
+
+    def release(
+        self,
+        dataset: str | None,
+        usd: float,
+        tokens: float,
+        usage: Usage | None,
+        *,
+        awaited: bool = False,
+    ) -> None:
+        """A held request's bill is known (`usage`; None: not billed): it counts as spent in
+        place of its hold."""
+        state = self.datasets.get(dataset) if dataset is not None else None
+        if state is not None:
+            state.scope.unhold(usd, tokens, awaited)
+        self.job.unhold(usd, tokens, awaited)
+        if usage is not None:
+            self._spend(dataset, usage)
+        self._notify()
+
+    def key_caught_up(self, usd: float) -> None:
+        """The run's key's credit limit now has `usd` more of the room freed for the job."""
+        self.key_lag_usd = max(0.0, self.key_lag_usd - usd)
+        self._notify()
 
     @property
     def has_job_cap(self) -> bool:
         return self._job_cap is not None
-
-    @property
-    def exposure_usd(self) -> float:
-        """What requests of this run may still add to the provider's bill beyond the ledger:
-        the worst cases in flight and the holds of attempts whose bill is unknown (not what it
-        holds for killed runs). A run that is killed leaves this for the next to hold."""
-        return self.job.reserved_usd + self.job.uncertain_usd - self.unrecorded_usd - self.dead_usd
-
-    def hold_dead(self, usd: float) -> None:
-        """Hold what a killed run's requests may still be billed (their worst cases, as it
-        recorded them) against the job's cap: OpenRouter bills an answer when its generation
-        ends, after the client that asked for it is gone."""
-        self.dead_usd += usd
-        self.job.uncertain_usd += usd
-        self._notify()
-
-    def release_dead(self, usd: float, newly_unrecorded: float) -> None:
-        """A killed run's requests are over: count what the provider billed beyond the ledger
-        since, in place of their worst cases."""
-        usd = min(usd, self.dead_usd)
-        self.job.uncertain_usd -= usd
-        self.dead_usd -= usd
-        self.count_unrecorded(newly_unrecorded)
-        self._notify()
 
     def _notify(self, *, everyone: bool = False) -> None:
         """Room may have changed: the first waiter of each queue tries again (`everyone`:
@@ -402,12 +481,6 @@ class BudgetBook:
                     f"dataset {name}: dollar cap {s.max_cost_usd:g}: spent "
                     f"${s.scope.spent_usd:.4f}" + (f"; {s.met}" if s.met else "")
                 )
-        if self.job.uncertain_usd > 0:
-            lines.append(
-                f"job: up to ${self.job.uncertain_usd:.4f} counted as spent for attempts that "
-                "may have been billed without a bill in sight (timeouts, cut connections, or "
-                "spend the provider reports beyond the ledger)"
-            )
         return lines
 
 

@@ -764,6 +764,9 @@ def _finish(report: object, console: Console) -> int:
         console.print(f"stopped: {report.stop_reason}", markup=False, soft_wrap=True)
         if capped:
             return EXIT_CAP
+    elif report.outage:
+        console.print(f"stopped: {report.stop_reason}", markup=False, soft_wrap=True)
+        return EXIT_ITEMS_LEFT
     elif report.stop_reason:
         print(f"error: run stopped: {report.stop_reason}", file=sys.stderr)
         return EXIT_USER
@@ -777,16 +780,22 @@ def _finish(report: object, console: Console) -> int:
 
 
 def _spend_line(r: Reconciliation) -> str:
+    source = (
+        "the keys made for the job"
+        if r.account.management_key_env is not None
+        else f"{r.account.base_url}/key"
+    )
     head = (
         f"spend since the job started: ledger ${r.ledger_usd:.4f}, "
-        f"provider ${r.provider_usd:.4f} ({r.account.base_url}/key)"
+        f"provider ${r.provider_usd:.4f} ({source})"
     )
     if r.agrees():
         return f"{head}: they agree (difference ${abs(r.difference_usd):.8f})"
     if r.difference_usd > 0:
         return (
-            f"{head}: ${r.difference_usd:.8f} billed but not in the ledger (answers lost when "
-            "a run was killed or cut short, or other use of the same key)"
+            f"{head}: ${r.difference_usd:.8f} billed on the key beyond this job's ledger "
+            "(other jobs or clients using the same key, or requests of this job whose bills "
+            "regen never saw); it does not count against this job's caps"
         )
     return f"{head}: the ledger is ${-r.difference_usd:.8f} above the provider's usage"
 

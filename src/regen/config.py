@@ -6,6 +6,7 @@ import json
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -65,6 +66,11 @@ class EndpointConfig(_Model):
     base_url: str = "https://openrouter.ai/api/v1"
     dialect: Dialect = "openrouter"
     api_key_env: str = "OPENROUTER_API_KEY"
+    management_key_env: str | None = None
+    """OpenRouter only: a variable holding a management key. Each run then makes a key of its
+    own whose credit limit is what [budget].max_cost_usd still allows (OpenRouter enforces
+    it), runs on it, and disables it at its end; the job's keys are deleted when it is done.
+    api_key_env is not needed then."""
     headers: dict[str, str] = Field(default_factory=dict)
     extra_body: dict[str, Any] = Field(default_factory=dict)
     provider: dict[str, Any] | None = None
@@ -88,6 +94,20 @@ class EndpointConfig(_Model):
     def _http_url(cls, v: str) -> str:
         if not v.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
+        parts = urlsplit(v)
+        if parts.username is not None or parts.password is not None:
+            raise ValueError(
+                "must not hold a user name or password (user:pass@): give the key in the "
+                "variable api_key_env names, or other credentials in headers"
+            )
+        if not parts.hostname:
+            raise ValueError(f"has no host name: {v}")
+        try:
+            port = parts.port
+        except ValueError:
+            raise ValueError(f"has a port that is not a number from 1 to 65535: {v}") from None
+        if port == 0:
+            raise ValueError(f"has port 0, which no server listens on: {v}")
         return v.rstrip("/")
 
     @model_validator(mode="after")
@@ -99,6 +119,15 @@ class EndpointConfig(_Model):
                 raise ValueError(
                     "give either usd_per_gpu_hour or per-token prices (*_usd_per_mtok), not both"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _management_keys_are_openrouters(self) -> EndpointConfig:
+        if self.management_key_env is not None and self.dialect != "openrouter":
+            raise ValueError(
+                f"management_key_env: only OpenRouter makes keys with a management key, not "
+                f"{self.dialect}"
+            )
         return self
 
     @model_validator(mode="after")
@@ -154,6 +183,9 @@ class RunConfig(_Model):
     """... once at least this many items ended."""
     stop_grace_s: float = Field(default=60.0, ge=0)
     """On a stop, how long requests in flight may take to finish."""
+    pool_down_timeout_s: float = Field(default=900.0, gt=0)
+    """How long items wait for a self-hosted server to come back (its /health probed) when
+    every server of their lane is down or loading; then the run stops, its items pending."""
     progress_interval_s: float = Field(default=10.0, gt=0)
     shuffle_seed: int = 0
     metrics_port: int | None = Field(default=None, ge=0, le=65535)

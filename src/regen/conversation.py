@@ -255,13 +255,17 @@ class Outcome:
 
 @dataclass(frozen=True, slots=True)
 class Charge:
-    """A charge learnt after the fact: a failed attempt (a stream cut short) that the provider
-    billed all the same, as its generation record says."""
+    """A charge learnt after the fact, with its kind in the ledger: `failed_attempt` (a stream
+    cut short that the provider billed all the same, as its generation record says), `lost`
+    (an answer of a killed run, billed after the client was gone: its text is lost), or
+    `unverified` (a request whose bill never showed, counted at what the account's spend
+    beyond the ledger allowed, at most its worst case)."""
 
     item_id: str
     dataset: str
     usage: Usage
-    generation_id: str
+    generation_id: str | None
     endpoint: str | None = None
     provider: str | None = None
     lane: str | None = None
+    kind: str = "failed_attempt"

@@ -190,6 +190,17 @@ class RunCollector(Collector):
                 "The account's remaining credit in dollars (USD), as last read",
                 value=s.credits_usd,
             )
+        held = s.holds()
+        yield GaugeMetricFamily(
+            "regen_held_requests",
+            "Requests held for bills not known yet (a killed run's, or cut short in this run)",
+            value=held.requests,
+        )
+        yield GaugeMetricFamily(
+            "regen_held_usd",
+            "The most the held requests can cost, in USD, held against the dollar caps",
+            value=held.usd,
+        )
         if s.max_cost_usd is not None:
             yield GaugeMetricFamily(
                 "regen_cost_cap_usd",

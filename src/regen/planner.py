@@ -23,7 +23,7 @@ from regen.eta import format_duration
 from regen.forecast import Interval, JobPlan, coverage, plan
 from regen.lock import RunLock
 from regen.progress import format_tokens
-from regen.runner import dispatch, endpoint_keys, prepare
+from regen.runner import check_reachable, dispatch, endpoint_keys, prepare
 from regen.store import BadRowGroup, Store
 
 
@@ -45,6 +45,7 @@ async def _account_reads(
 ) -> tuple[Prices | None, float | None]:
     """The highest prices of the job's endpoints and the account's remaining credit (free
     reads: no request is sent)."""
+    await check_reachable(job)
     async with contextlib.AsyncExitStack() as stack:
         clients = {
             e.name: await stack.enter_async_context(
@@ -88,10 +89,12 @@ def plan_job(job: Job, *, console: Console, api_key: str | None = None, pilot: i
                 credit_room,
             )
             bad_reasons = store.bad_row_reasons(limit=10)
+            _, held_usd, _ = store.outstanding.held()
         finally:
             store.close()
     cap = job.budget.max_cost_usd
-    room = None if cap is None else max(0.0, cap - spent)
+    # Requests of killed runs whose bills are not known yet may still take their worst case.
+    room = None if cap is None else max(0.0, cap - spent - held_usd)
     return Plan(
         estimate,
         coverage(estimate.datasets, credit, room),

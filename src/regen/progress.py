@@ -118,6 +118,7 @@ def progress_line(stats: RunStats, now: float | None = None) -> str:
     t = _totals(stats)
     rates = stats.rolling(now)
     _, job_eta = stats.etas(now)
+    held = stats.holds()
     per_ds = " ".join(
         f"{name}={d.done_before + d.done}/{d.items}" for name, d in stats.datasets.items()
     )
@@ -134,6 +135,11 @@ def progress_line(stats: RunStats, now: float | None = None) -> str:
         f"cost_usd={t.cost_usd:.4f} usd_per_mtok={per_mtok(t.cost_usd, t.completion_tokens):.2f} "
         + (f"credits_usd={stats.credits_usd:.4f} " if stats.credits_usd is not None else "")
         + (f"cost_left_usd={left:.4f} " if (left := cap_left_usd(stats)) is not None else "")
+        + (
+            f"held={held.requests} held_usd={held.usd:.4f} held_until={held.until:.0f} "
+            if held.requests and held.until is not None
+            else ""
+        )
         + f"errors={errors_text(t.errors)} "
         f"elapsed_s={elapsed:.0f} {per_ds} {per_lane}"
     ).rstrip()
@@ -326,6 +332,11 @@ def progress_view(stats: RunStats, now: float | None = None) -> ProgressView:
     rates = stats.rolling(now)
     etas, job_eta = stats.etas(now)
     t = _totals(stats)
+    held = stats.holds()
+    eta = f"ETA {eta_text(job_eta)}"
+    if held.requests and not t.in_flight and held.until is not None and not stats.stop_reason:
+        # Nothing goes out while held bills stand between the job and a budget: say so.
+        eta = f"ETA: held for bills until {time.strftime('%H:%M:%S', time.localtime(held.until))}"
     progress = [
         f"regen {format_duration(elapsed)} elapsed",
         f"done {t.done_before + t.done}/{t.items}",
@@ -333,7 +344,7 @@ def progress_view(stats: RunStats, now: float | None = None) -> ProgressView:
         f"in flight {t.in_flight}",
         f"{rates[''][0]:.1f} req/s",
         f"{format_tokens(round(rates[''][1]))} tok/s",
-        f"ETA {eta_text(job_eta)}",
+        eta,
     ]
     spent = f"spent ${t.cost_usd:,.4f}"
     job_spent = _job_spent_usd(stats)
@@ -365,8 +376,11 @@ def progress_view(stats: RunStats, now: float | None = None) -> ProgressView:
             core.append(f"{lane.escalated} escalated")
         detail = (f"{lane.done} done", f"mean {on_wire:.0f} on wire")
         lanes.append((tuple(core), detail))
+    header: tuple[tuple[str, ...], ...] = (tuple(progress), tuple(money))
+    if held.requests:
+        header += ((held.line(),),)
     return ProgressView(
-        header=(tuple(progress), tuple(money)),
+        header=header,
         errors=dict(t.errors),
         rows=tuple(rows),
         row_errors=tuple(row_errors),

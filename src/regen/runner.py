@@ -10,7 +10,7 @@ import os
 import signal
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,9 @@ from regen.billing import (
     Account,
     Baseline,
     Reconciliation,
+    UsageReader,
     billing_accounts,
+    key_usage,
     poll_credit,
     reconcile_accounts,
     remaining_credit,
@@ -33,6 +35,7 @@ from regen.billing import (
 from regen.budget import LENGTH_WINDOW, BudgetBook, Prices
 from regen.client import RETRYABLE, STOPS_RUN, ChatClient, Timeouts, chat_body
 from regen.client.account import JsonGetter
+from regen.client.keys import KeyApi
 from regen.config import EndpointConfig, Job, fingerprint_changes
 from regen.conversation import (
     Request,
@@ -40,7 +43,9 @@ from regen.conversation import (
 )
 from regen.errors import ConfigError, RegenError, StateError
 from regen.export import clean_stale_exports, export_specforge
+from regen.holds import HoldKeeper
 from regen.ingest import ingest, lane_rules
+from regen.job_keys import JobKeys
 from regen.lock import RunLock
 from regen.progress import (
     ProgressReporter,
@@ -52,9 +57,8 @@ from regen.providers import excluded_names, fetch_endpoints, shared_name_warning
 from regen.reconstruct import Target, spec_from_store
 from regen.report import write_report
 from regen.scheduler import (
-    EXPOSURE_META,
+    CLIENT_ERRORS,
     DatasetStats,
-    DeadHold,
     EndpointRuntime,
     JobTotals,
     LaneRuntime,
@@ -92,6 +96,8 @@ class RunReport:
     """Per dataset with a budget: what it used, and why it stopped if it did."""
     budget_stop: bool = False
     """Stopped at the job's dollar cap or credit floor: a planned end."""
+    outage: bool = False
+    """Stopped because every server of a lane stayed down (`[run] pool_down_timeout_s`)."""
     drained: dict[str, int] = field(default_factory=dict)
     """Per endpoint of a pool: times it was taken out (its server down or loading)."""
     counted_usage: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -107,12 +113,23 @@ class RunReport:
 
 
 def api_key_from_env(endpoint: EndpointConfig) -> str | None:
-    """The key from the variable that the endpoint names; self-hosted servers may need none."""
+    """The key from the variable that the endpoint names; self-hosted servers may need none,
+    and an endpoint with a management key gets a key made for the run instead (`job_keys`)."""
+    if endpoint.management_key_env is not None:
+        management_key(endpoint.management_key_env)  # said now, before anything is read
+        return None
     name = endpoint.api_key_env
     key = os.environ.get(name, "").strip()
     if not key and endpoint.dialect not in SELF_HOSTED:
         raise ConfigError(f"set {name} or name another variable in [endpoint].api_key_env")
     return key or None
+
+
+def management_key(env: str) -> str:
+    key = os.environ.get(env, "").strip()
+    if not key:
+        raise ConfigError(f"set {env} or name another variable in [endpoint].management_key_env")
+    return key
 
 
 def health_url(base_url: str) -> str:
@@ -280,6 +297,8 @@ def build_lanes(
             e.weight,
             prices=prices.get(e.name),
             generation_records=e.dialect == "openrouter",
+            job_key=e.management_key_env is not None,
+            billed_after_gone=e.dialect not in SELF_HOSTED,
             excluded_providers=excluded.get(e.name, frozenset()),
             health_url=health_url(e.base_url) if e.dialect in SELF_HOSTED else None,
         )
@@ -346,11 +365,15 @@ def unsent_items(
     budget_stop: bool,
     unassigned: dict[str, int],
     blocked: dict[str, int],
+    book: BudgetBook | None = None,
 ) -> list[Unsent]:
     """Every item a run leaves pending, with the reason it was not sent. An item no reason
-    covers is said to be one: a run never ends with work left in silence."""
+    covers is said to be one: a run never ends with work left in silence. `book`: the run's
+    budgets as they ended (a dollar cap is met when the next request no longer fits, before
+    the spend reaches it, which only the run's own book knows)."""
     progress = store.dataset_progress()
-    book = budget_book(job, progress)
+    if book is None:
+        book = budget_book(job, progress)
     out: list[Unsent] = []
     for p in progress:
         n = p.pending
@@ -395,6 +418,8 @@ class Dispatched:
     stats: RunStats
     budget_lines: list[str]
     reconciliations: list[Reconciliation]
+    book: BudgetBook | None = None
+    """The run's budgets as they ended (which datasets' budgets were met)."""
 
 
 async def dispatch(
@@ -439,23 +464,48 @@ async def dispatch(
     for lane in job.lane_list:
         for name in lane.endpoints or [e.name for e in job.endpoint_pool]:
             pool_size[name] = pool_size.get(name, 0) + lane.concurrency
-    clients = {
-        e.name: ChatClient(
-            e.base_url, keys[e.name], concurrency=pool_size.get(e.name, 1), headers=e.headers
-        )
-        for e in job.endpoint_pool
-    }
+    await check_reachable(job)
+    accounts = billing_accounts(job)
     async with contextlib.AsyncExitStack() as stack:
+        job_keys: dict[str, JobKeys] = {}
+        limit: float | None = None
+        for a in accounts:
+            if a.management_key_env is None:
+                continue
+            api = KeyApi(a.base_url, management_key(a.management_key_env))
+            await stack.enter_async_context(api)
+            made = JobKeys(store, api, a.key, a.management_key_env)
+            limit = key_limit(job, progress, store, await made.disable_earlier())
+            secret = await made.start(key_name(job), limit)
+            keys = {**keys, **dict.fromkeys(a.endpoints, secret)}
+            job_keys[a.key] = made
+            note = (
+                f"key: made a key for this run (hash {made.current.hash[:12]}...) with a credit "
+                f"limit of ${made.limit_usd:.4f}, which OpenRouter enforces; earlier keys of "
+                "the job are disabled"
+                if made.current is not None and made.limit_usd is not None
+                else "key: made a key for this run (no credit limit: the job has no dollar cap)"
+            )
+            console.print(note, markup=False, highlight=False, soft_wrap=True)
+            append_log(job.output_path / "run.log", [note])
+        clients = {
+            e.name: ChatClient(
+                e.base_url, keys[e.name], concurrency=pool_size.get(e.name, 1), headers=e.headers
+            )
+            for e in job.endpoint_pool
+        }
         for c in clients.values():
             await stack.enter_async_context(c)
-        accounts = billing_accounts(job)
-        await check_credit_floor(job, accounts, clients)
-        baselines = await take_baselines(store, accounts, clients)
+        usage = {
+            a.key: (
+                job_keys[a.key].usage if a.key in job_keys else key_usage(clients[a.endpoints[0]])
+            )
+            for a in accounts
+        }
+        credit = {a.key: credit_reader(a, clients, job_keys) for a in accounts}
+        await check_credit_floor(job, accounts, credit)
+        baselines = await take_baselines(store, accounts, usage)
         book = budget_book(job, progress, store)
-        # Spend the provider reports beyond the ledger (answers lost in an earlier run's crash)
-        # counts against the job's cap.
-        for r in await reconcile_accounts(store, accounts, baselines, clients):
-            book.count_unrecorded(r.difference_usd)
         prices = await resolve_prices(job, clients)
         unproven: set[str] = set()
         excluded = await check_routes(job, clients, console, unproven)
@@ -472,6 +522,10 @@ async def dispatch(
                     f"a dollar cap needs prices, and endpoint(s) {', '.join(unpriced)} list "
                     "none: set prompt_usd_per_mtok and completion_usd_per_mtok in [endpoint]"
                 )
+        run_id = store.begin_run(
+            "run" if pilot is None else "pilot", job.budget.max_cost_usd, lane_settings(job)
+        )
+        keeper = hold_keeper(job, store, book, clients, prices, accounts, baselines, usage)
         scheduler = Scheduler(
             store,
             build_lanes(job, clients, prices, excluded),
@@ -480,33 +534,28 @@ async def dispatch(
             budget=book,
             pilot=pilot,
             sequential=[d.name for d in job.datasets if d.mode == "sequential"],
+            run_id=run_id,
+            keeper=keeper,
         )
-        holds = inherited_holds(store, job) if book.has_job_cap else []
-        if holds:
-            for h in holds:
-                book.hold_dead(h.usd)
-            scheduler.dead_holds = holds
-            scheduler.save_exposure()  # so that a kill before the first request keeps them
-            lines = hold_lines(holds)
-            for line in lines:
-                console.print(line, markup=False, highlight=False, soft_wrap=True)
-            append_log(job.output_path / "run.log", lines)
-        if book.job_cap_met() and not holds:
+        keeper.settle = scheduler.settle_held
+        keeper.flush = scheduler.flush
+        keeper.key_limits = bool(job_keys) and job.budget.max_cost_usd is not None
+        stats.holds = keeper.summary
+        held = keeper.load(store.outstanding.all(), billed_after_gone(job))
+        scheduler.flush()  # requests to servers that bill nothing after a kill leave at once
+        if held:
+            line = f"budget: {keeper.summary().line()}"
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+            append_log(job.output_path / "run.log", [line])
+        if book.job_cap_met():
             scheduler.stop(
                 f"the job's dollar cap [budget].max_cost_usd = {job.budget.max_cost_usd:g} is "
-                f"met (${book.job.charged_usd:.4f} spent or possibly spent)",
+                f"met (${book.job.charged_usd:.4f} spent)",
                 budget=True,
             )
-        tasks = [asyncio.create_task(watch_credit(job, accounts, clients, scheduler, stats))]
-        if holds:
-            tasks.append(
-                asyncio.create_task(
-                    release_holds(scheduler, book, store, accounts, baselines, clients, console)
-                )
-            )
-        run_id = store.begin_run(
-            "run" if pilot is None else "pilot", job.budget.max_cost_usd, lane_settings(job)
-        )
+        tasks = [asyncio.create_task(watch_credit(job, accounts, credit, scheduler, stats))]
+        for made in job_keys.values():
+            tasks.append(asyncio.create_task(follow_key_limit(made, limit, keeper)))
         tasks.append(asyncio.create_task(sample_timeline(store, run_id, stats)))
         reporter = ProgressReporter(
             stats, console, job.run.progress_interval_s, job.output_path / "run.log"
@@ -567,8 +616,27 @@ async def dispatch(
             for sig in signals:
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.remove_signal_handler(sig)
-        reconciliations = await reconcile_accounts(store, accounts, baselines, clients)
-    return Dispatched(stats, book.report(), reconciliations)
+        reconciliations = await reconcile_accounts(store, accounts, baselines, usage)
+        done_all = store.outstanding.held()[0] == 0 and not any(
+            p.pending for p in store.dataset_progress()
+        )
+        for made in job_keys.values():
+            await made.end(job_done=done_all)
+        held_lines = []
+        summary = keeper.summary()
+        if summary.requests:
+            held_lines.append(
+                f"budget: {summary.requests} requests may still be billed (up to "
+                f"${summary.usd:.4f}): their bills were not found yet; the next run holds them "
+                "against the budgets until they are"
+            )
+        if keeper.released_unverified > 0:
+            held_lines.append(
+                f"budget: ${keeper.released_unverified:.4f} counted for requests whose bills "
+                "never showed (at most their worst case, as the account's spend beyond the "
+                "ledger allowed)"
+            )
+    return Dispatched(stats, book.report() + held_lines, reconciliations, book)
 
 
 def lane_settings(job: Job) -> dict[str, dict[str, Any]]:
@@ -602,73 +670,86 @@ async def sample_timeline(
         await asyncio.sleep(every_s)
 
 
-def inherited_holds(store: Store, job: Job) -> list[DeadHold]:
-    """What earlier runs that did not end cleanly (killed) may still be billed: their own
-    exposure, held until a lane timeout from now (a request of theirs ends by then), and the
-    holds they kept for runs before them, until their own times."""
-    raw = store.get_meta(EXPOSURE_META)
-    if not raw:
-        return []
-    data = json.loads(raw)
-    now = time.time()
-    holds = [DeadHold(**h) for h in data.get("holds", []) if h["until"] > now]
-    if data.get("usd", 0) > 1e-12:
-        timeout = max(job.lane_timeout_s(lane) for lane in job.lane_list)
-        holds.append(DeadHold(float(data["usd"]), now + timeout, data.get("pid")))
-    return holds
+def billed_after_gone(job: Job) -> Callable[[str | None], bool]:
+    """Whether a request to an endpoint may be billed after its client is gone: hosted APIs
+    finish a generation whose connection closed (OpenRouter bills it when it ends); vLLM and
+    SGLang abort it. An endpoint no longer in the job is assumed to bill."""
+    dialects = {e.name: e.dialect for e in job.endpoint_pool}
+
+    def bills(endpoint: str | None) -> bool:
+        return dialects.get(endpoint or "") not in SELF_HOSTED
+
+    return bills
 
 
-def hold_lines(holds: list[DeadHold]) -> list[str]:
-    return [
-        f"budget: holding ${h.usd:.4f} against the job's cap for requests of an earlier run"
-        + (f" (pid {h.pid})" if h.pid else "")
-        + " that may still be billed (OpenRouter bills an answer when it ends, after the client "
-        f"is gone), until {time.strftime('%H:%M:%S', time.localtime(h.until))} or until the "
-        "provider's usage shows them"
-        for h in holds
-    ]
-
-
-async def release_holds(
-    scheduler: Scheduler,
-    book: BudgetBook,
+def hold_keeper(
+    job: Job,
     store: Store,
+    book: BudgetBook,
+    clients: Mapping[str, ChatClient],
+    prices: Mapping[str, Prices | None],
     accounts: list[Account],
     baselines: Mapping[str, Baseline],
-    clients: Mapping[str, ChatClient],
-    console: Console,
-    poll_s: float = 2.0,
-) -> None:
-    """Release each hold for a killed run when its time is up, or all of them once the
-    provider's usage beyond the ledger has grown by their whole worst case, counting what the
-    provider billed beyond the ledger in their place."""
-    while scheduler.dead_holds:
-        first_due = min(h.until for h in scheduler.dead_holds) - time.time()
-        await asyncio.sleep(max(0.05, min(poll_s, first_due)))
-        unrecorded = sum(
-            r.difference_usd for r in await reconcile_accounts(store, accounts, baselines, clients)
-        )
-        new = max(0.0, unrecorded - book.unrecorded_usd)
-        holds = scheduler.dead_holds
-        done = (
-            holds
-            if new >= sum(h.usd for h in holds)
-            else [h for h in holds if h.until <= time.time()]
-        )
-        if done:
-            scheduler.dead_holds = [h for h in holds if h not in done]
-            book.release_dead(sum(h.usd for h in done), new)
-            scheduler.save_exposure()
-            line = (
-                f"budget: released ${sum(h.usd for h in done):.4f} held for an earlier run's "
-                f"requests; the provider billed ${new:.4f} beyond the ledger meanwhile"
+    usage: Mapping[str, UsageReader],
+) -> HoldKeeper:
+    """The keeper of this job's held requests: it reads bills from each OpenRouter endpoint's
+    `/generation` and the accounts' spend beyond the ledger. Its `settle` and `flush` are the
+    scheduler's, set once the scheduler exists."""
+
+    async def unexplained() -> dict[str, float]:
+        return {
+            r.account.key: r.difference_usd
+            for r in await reconcile_accounts(store, accounts, baselines, usage)
+        }
+
+    def nothing(*_: object) -> None:
+        return None
+
+    return HoldKeeper(
+        book,
+        lookup={e.name: clients[e.name] for e in job.endpoint_pool if e.dialect == "openrouter"},
+        prices=prices,
+        account_of={name: a.key for a in accounts for name in a.endpoints},
+        unexplained=unexplained,
+        settle=nothing,
+        flush=nothing,
+    )
+
+
+async def check_reachable(job: Job) -> None:
+    """The first error is the real one: a hosted endpoint that cannot be reached is said so
+    before its keys, prices, credit or routes are read (each would fail in its own terms: a
+    cap "needs prices", a floor "cannot be read"). Self-hosted servers may still be loading:
+    their requests wait for their /health instead (`[run] pool_down_timeout_s`)."""
+    for e in job.endpoint_pool:
+        if e.dialect in SELF_HOSTED:
+            continue
+        async with ChatClient(e.base_url, None, concurrency=1, headers=e.headers) as probe:
+            why = await probe.reach()
+        if why is not None:
+            raise ConfigError(
+                f"endpoint {e.name}: {e.base_url} cannot be reached: {why} (is [endpoint]."
+                "base_url right, and the network up?)"
             )
-            console.print(line, markup=False, highlight=False)
-            append_log(store.path.parent / "run.log", [line])
+
+
+def credit_reader(
+    account: Account, clients: Mapping[str, ChatClient], job_keys: Mapping[str, JobKeys]
+) -> Callable[[], Awaitable[float | None]]:
+    """How to read what an account may still spend: its key's remaining limit, else the
+    account's credit; with a management key, the account's credit (`/credits`: the run's own
+    key's limit is the job's cap, not the account's money)."""
+    made = job_keys.get(account.key)
+    if made is not None:
+        return made.credit
+    client = clients[account.endpoints[0]]
+    return lambda: remaining_credit(client)
 
 
 async def check_credit_floor(
-    job: Job, accounts: list[Account], clients: Mapping[str, ChatClient]
+    job: Job,
+    accounts: list[Account],
+    credit: Mapping[str, Callable[[], Awaitable[float | None]]],
 ) -> None:
     """A credit floor that could never fire is refused before anything is sent."""
     floor = job.budget.stop_when_credits_below
@@ -681,7 +762,7 @@ async def check_credit_floor(
             "[budget].max_cost_usd)"
         )
     for account in accounts:
-        if await remaining_credit(clients[account.endpoints[0]]) is None:
+        if await credit[account.key]() is None:
             raise ConfigError(
                 f"[budget].stop_when_credits_below = {floor:g} cannot work: the credit of the "
                 f"key in {account.api_key_env} cannot be read ({account.base_url}/key shows no "
@@ -694,7 +775,7 @@ async def check_credit_floor(
 async def watch_credit(
     job: Job,
     accounts: list[Account],
-    clients: Mapping[str, ChatClient],
+    credit: Mapping[str, Callable[[], Awaitable[float | None]]],
     scheduler: Scheduler,
     stats: RunStats,
 ) -> None:
@@ -702,18 +783,63 @@ async def watch_credit(
     if not accounts:
         return
     floor = job.budget.stop_when_credits_below
-    client = clients[accounts[0].endpoints[0]]
 
-    def seen(credit: float) -> None:
-        stats.credits_usd = credit
-        if floor is not None and credit < floor:
+    def seen(value: float) -> None:
+        stats.credits_usd = value
+        if floor is not None and value < floor:
             scheduler.stop(
-                f"the account's credit (${credit:.4f}) is below "
+                f"the account's credit (${value:.4f}) is below "
                 f"[budget].stop_when_credits_below = {floor:g}",
                 budget=True,
             )
 
-    await poll_credit(lambda: remaining_credit(client), job.budget.credit_poll_s, seen)
+    await poll_credit(credit[accounts[0].key], job.budget.credit_poll_s, seen)
+
+
+def key_limit(
+    job: Job, progress: list[DatasetProgress], store: Store, keys_used_usd: float
+) -> float | None:
+    """The credit limit of a key made for this run: what the job's cap still allows after
+    the spend so far (the ledger's, or what the job's earlier keys have used as OpenRouter
+    says, whichever is more) and what requests of killed runs may still be billed (None: no
+    cap)."""
+    cap = job.budget.max_cost_usd
+    if cap is None:
+        return None
+    _, held_usd, _ = store.outstanding.held()
+    # What the job's earlier requests will have cost: at most the ledger and their holds'
+    # worst cases; at least what the earlier keys were billed already (more, if the ledger
+    # missed something).
+    spent = max(sum(p.cost_usd for p in progress) + held_usd, keys_used_usd)
+    return max(0.0, cap - spent)
+
+
+def key_name(job: Job) -> str:
+    """A made key's name: the job, its output directory and when, to find it by in the
+    account's key list."""
+    return (
+        f"regen {job.job.name} {job.output_path.name} "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())}Z"
+    )
+
+
+async def follow_key_limit(
+    made: JobKeys, start_usd: float | None, keeper: HoldKeeper, every_s: float = 2.0
+) -> None:
+    """Raise the run's key's limit as requests of killed runs are billed less than their
+    worst cases (each freed dollar is the job's to spend again), until cancelled."""
+    if start_usd is None:
+        return
+    while True:
+        await asyncio.sleep(every_s)
+        freed = keeper.freed_earlier_usd
+        if await made.raise_limit(start_usd + freed):
+            # The book counted that room as not the job's until OpenRouter's limit had it too.
+            keeper.book.key_caught_up(freed - made.freed)
+            made.freed = freed
+
+
+FORCED_NOTE = "resuming with changed settings (--force)"
 
 
 def check_fingerprint(store: Store, job: Job, *, force: bool) -> list[str]:
@@ -732,7 +858,7 @@ def check_fingerprint(store: Store, job: Job, *, force: bool) -> list[str]:
             )
         if not changes:
             return notes
-        notes.append(f"resuming with changed settings (--force): {'; '.join(changes)}")
+        notes.append(f"{FORCED_NOTE}: {'; '.join(changes)}")
     store.set_meta("fingerprint_fields", canonical_json(fields))
     store.set_meta("fingerprint", job.fingerprint())
     if store.get_meta("regen_version") is None:
@@ -794,7 +920,13 @@ def prepare(
     if stale_pid is not None:
         notes.insert(0, f"took over the lock of pid {stale_pid}, which ended without releasing it")
     notes += ingest(store, job)
-    store.requeue_retryable_failures(RETRYABLE | STOPS_RUN)
+    again = RETRYABLE | STOPS_RUN
+    if any(note.startswith(FORCED_NOTE) for note in notes):
+        # The job's settings changed: items the server refused (400, 404) may go through now.
+        again |= CLIENT_ERRORS
+    requeued = store.requeue_retryable_failures(again)
+    if requeued and again & CLIENT_ERRORS:
+        notes.append(f"{requeued} items that failed before are sent again with the new settings")
     unassigned = store.assign_lanes(lane_rules(job))
     progress = store.dataset_progress()
     refuse_unusable_datasets(job, store, progress)
@@ -890,12 +1022,14 @@ def _run_locked(
     budget_lines: list[str] = []
     budget_stop = False
     drained: dict[str, int] = {}
+    book: BudgetBook | None = None
+    outage = False
     try:
         with quiet_gc():
             done = asyncio.run(dispatch(job, store, keys, console, progress=prepared.progress))
         stop_reason, budget_stop = done.stats.stop_reason, done.stats.budget_stop
         reconciliations, budget_lines = done.reconciliations, done.budget_lines
-        drained = done.stats.drained
+        drained, book, outage = done.stats.drained, done.book, done.stats.outage
     except (KeyboardInterrupt, asyncio.CancelledError):
         aborted, stop_reason = True, "interrupted"
     append_log(
@@ -913,6 +1047,7 @@ def _run_locked(
         budget_stop=budget_stop,
         unassigned=unassigned,
         blocked=blocked,
+        book=book,
     )
     append_log(out / "run.log", [unsent_line(u) for u in unsent if u.kind != "budget"])
     names = [d.name for d in job.datasets]
@@ -935,6 +1070,7 @@ def _run_locked(
         reconciliations=reconciliations,
         budget_lines=budget_lines,
         budget_stop=budget_stop,
+        outage=outage,
         drained=drained,
         counted_usage=store.usage_sources(),
         unsent=unsent,

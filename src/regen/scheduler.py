@@ -11,10 +11,9 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
-import json
 import math
-import os
 import random
+import re
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable
@@ -23,7 +22,6 @@ from typing import Any, Protocol
 
 from regen import failpoints
 from regen.budget import BudgetBook, Lease, Prices, fill_cost
-from regen.client.account import generation_charge
 from regen.client.errors import RETRYABLE, STOPS_RUN
 from regen.client.http import Timeouts
 from regen.client.response import counted_usage
@@ -49,8 +47,10 @@ from regen.eta import (
     lane_eta,
 )
 from regen.forecast import Stat
+from regen.holds import DEADLINE_GRACE_S, HoldKeeper, HoldSummary
 from regen.limiter import AdaptiveLimit, EndpointHealth
 from regen.modes import build_request
+from regen.outstanding import SEQUENCE_BITS, Sent
 from regen.store import PendingItem, Store
 
 # Signals for the limiter, by failure class: a 429 says the endpoint is full; a 503 or 529
@@ -68,6 +68,7 @@ class Sender(Protocol):
         *,
         stream: bool = False,
         timeouts: Timeouts | None = None,
+        on_generation: Callable[[str], None] | None = None,
     ) -> Result: ...
 
     async def get_json(self, path: str) -> Any: ...
@@ -75,25 +76,28 @@ class Sender(Protocol):
     async def probe(self, url: str) -> bool: ...
 
 
-# When to ask for a cut-short generation's bill: its record lags a little behind the answer.
-BILL_LOOKUP_WAITS_S = (1.0, 1.0, 2.0, 4.0, 8.0)
+SENT_WRITE_EVERY_S = 0.025
+"""Requests about to be sent are written to `outstanding` together, at most this often."""
+BILL_WAIT_S = 21.0
+"""At the end of a run, how long this run's cut-short requests are looked up (their records
+lag the answers) before they are left in `outstanding` for the next run."""
 # A drained server's /health is probed this often, doubling up to the second figure.
 PROBE_EVERY_S = (0.5, 2.0)
-EXPOSURE_META = "exposure_usd"
-"""state.db meta: what a run's requests may still be billed beyond the ledger (see
-`Scheduler._record_exposure`)."""
+CLIENT_ERRORS = frozenset({"bad_request"})
+"""Failures that may be the item's (a prompt too long) or the job's, when the server gives
+them to every request (an unknown model, a refused field, filters that leave no provider):
+see `Scheduler._suspect`."""
+JOB_WIDE_AFTER = (3, 20)
+"""Items in a row failing with the same client error, and nothing answered in between, that
+may make it the job's error rather than theirs (`Scheduler._suspect`): before this run's
+first answer, and after it (answers show that requests can succeed: only a long streak says
+that something changed, a model withdrawn, say)..."""
+JOB_WIDE_WAIT_S = 1.0
+"""... once, this long later (or three of their latencies), no request sent before them is
+still running: a healthy request would still be generating its answer."""
 FAILOVERS_PER_ENDPOINT = 8
 """An item moved off failing servers more than this many times per endpoint of its lane
 counts the next failures against its attempts again (so a fleet that is gone ends it)."""
-
-
-@dataclass
-class DeadHold:
-    """A killed run's exposure, held against the job's cap until `until` (wall clock)."""
-
-    usd: float
-    until: float
-    pid: int | None = None
 
 
 @dataclass
@@ -133,6 +137,13 @@ class EndpointRuntime:
     generation_records: bool = False
     """The endpoint answers `GET /generation?id=` (OpenRouter): a stream cut short can be
     looked up there for what it was billed."""
+    job_key: bool = False
+    """Requests go out with a key made for this run (`job_keys.py`), whose credit limit is
+    the job's cap: a 402 from it means the cap is met, not the account's money gone."""
+    billed_after_gone: bool = False
+    """A request may be billed after its client is gone (OpenRouter and other hosted APIs
+    finish a generation whose connection closed; vLLM and SGLang abort it): such requests are
+    recorded in `outstanding` before they are sent, under budgets."""
     excluded_providers: frozenset[str] = frozenset()
     """Provider display names that only endpoints the job excludes carry: an answer naming one
     is paid for but not used (`excluded_provider`)."""
@@ -251,11 +262,16 @@ class RunStats:
     """The job's dollar cap, [budget].max_cost_usd (None: no cap), for what is left of it."""
     budget_stop: bool = False
     """The run stopped because the job's dollar cap or the credit floor was reached."""
+    outage: bool = False
+    """The run stopped because every server of a lane stayed down too long."""
     drained: dict[str, int] = field(default_factory=dict)
     """Times each endpoint was taken out of its pool (a server down or loading)."""
     recent_failures: deque[int] = field(default_factory=lambda: deque(maxlen=200))
     budget_left: Callable[[str], tuple[float | None, float | None]] | None = None
     """What a dataset's token budget and dollar cap still allow (set when budgets apply)."""
+    holds: Callable[[], HoldSummary] = HoldSummary
+    """What is held for bills not known yet (a killed run's requests, or this run's cut
+    short): set when holds are kept."""
     samples: deque[tuple[float, dict[str, tuple[int, int]]]] = field(
         default_factory=lambda: deque(maxlen=600)
     )
@@ -336,6 +352,11 @@ def after_feeder(eta: Eta, feeder: Eta, flow: Flow) -> Eta:
     )
 
 
+def _error_key(message: str | None) -> str:
+    """An error message with its numbers blanked: the same error for every request."""
+    return re.sub(r"\d+", "#", (message or "").lower())[:200]
+
+
 def backoff_s(attempt: int, retry_after_s: float | None, rng: random.Random) -> float:
     """Full-jitter exponential backoff (0.5 s doubling, capped at 30 s); Retry-After is a floor."""
     ceiling = min(30.0, 0.5 * 2 ** (attempt - 1))
@@ -359,13 +380,25 @@ class Scheduler:
         budget: BudgetBook | None = None,
         pilot: int | None = None,
         sequential: Iterable[str] = (),
+        run_id: int = 0,
+        keeper: HoldKeeper | None = None,
     ) -> None:
         self._store = store
         self._budget = budget
         self._pilot = pilot
         self._fed: Counter[str] = Counter()
         self._charges: list[Charge] = []
-        self._lookups: set[asyncio.Task[None]] = set()
+        self._settled: list[int] = []
+        """Requests leaving `outstanding` with the next commit: their bills are in it (or they
+        ended unbilled)."""
+        self._run_id = run_id
+        self._sent_seq = 0
+        self._to_write: list[Sent] = []
+        self._to_identify: list[tuple[int, str]] = []
+        self._writing: asyncio.Future[bool] | None = None
+        self._last_write = 0.0
+        self.keeper = keeper
+        """Finds the bills of held requests (None: nothing is held, as without budgets)."""
         self._probes: set[asyncio.Task[None]] = set()
         self._lanes = {lane.name: lane for lane in lanes}
         self._run = run
@@ -378,12 +411,6 @@ class Scheduler:
         self._pending: list[Outcome] = []
         self._commit_error: StateError | None = None
         self._gone = asyncio.Event()
-        self._exposure = 0.0
-        """The exposure last written to state.db (`_record_exposure`)."""
-        self.dead_holds: list[DeadHold] = []
-        """What killed runs' requests may still be billed, held until their time is up; kept
-        in state.db with this run's own exposure."""
-        self._exposure_headroom = 0.0
         self._causes: deque[str | None] = deque(maxlen=200)
         """Why each of the recent items failed (None: it did not), beside recent_failures."""
         self._lane_done = {lane.name: asyncio.Event() for lane in lanes}
@@ -392,6 +419,18 @@ class Scheduler:
         """Datasets in sequential mode: their turns wait for the previous turn's answer."""
         self._recorded: Counter[str] = Counter()
         """Outcomes recorded per dataset (a sequential rescan waits for a new one)."""
+        self._down_since: dict[str, float] = {}
+        """When every server of a lane was drained (its items wait for one to come back)."""
+        self._revived = asyncio.Event()
+        """Set when a drained server comes back (then replaced for the next wait)."""
+        self._answered = 0
+        self._suspects: list[Outcome] = []
+        """The latest items that failed with the same client error, with no answer since."""
+        self._requeue: list[str] = []
+        """Items recorded as failed by the job's own error, to be pending again."""
+        self._suspect_key: str | None = None
+        self._job_wide: str | None = None
+        """The server's message, once a client error is known to be the job's."""
         self._commits = 0
         """Successful commits so far (a claim made before the last one may be stale)."""
         self._committed = 0
@@ -442,12 +481,14 @@ class Scheduler:
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
-    def stop(self, reason: str, *, budget: bool = False) -> None:
+    def stop(self, reason: str, *, budget: bool = False, outage: bool = False) -> None:
         """Stop dispatching; requests in flight may finish (up to [run].stop_grace_s).
-        `budget`: a planned end (the job's dollar cap or credit floor), not a failure."""
+        `budget`: a planned end (the job's dollar cap or credit floor), not a failure;
+        `outage`: every server of a lane stayed down (the next run sends what is left)."""
         if not self._stopping.is_set():
             self.stats.stop_reason = reason
             self.stats.budget_stop = budget
+            self.stats.outage = outage
             self._stopped_at = time.monotonic()
             self._stopping.set()
 
@@ -465,27 +506,29 @@ class Scheduler:
             tasks.append(asyncio.create_task(self._mark_done(lane.name, lane_workers)))
         tasks.append(asyncio.create_task(self._commit_loop()))
         tasks.append(asyncio.create_task(self._deadline(workers)))
+        keeper = self.keeper
+        keeping = asyncio.create_task(keeper.run()) if keeper is not None else None
         try:
             await asyncio.gather(*workers, return_exceptions=True)
-            if self._lookups:  # bills of attempts cut short, looked up for a few seconds
-                wait_s = sum(BILL_LOOKUP_WAITS_S) + 5
+            self._judge(None, 0.0)  # a streak of one client error that nothing answered
+            if keeping is not None:
+                keeping.cancel()
+                await asyncio.gather(keeping, return_exceptions=True)
+            if keeper is not None and keeper.held:
+                # Bills of this run's requests cut short: looked up for a few seconds more;
+                # what is still held then stays in `outstanding` for the next run.
+                wait_s = BILL_WAIT_S
                 if self.stopping:  # within what is left of the stop's grace period
                     grace_end = self._stopped_at + self._run.stop_grace_s
                     wait_s = min(wait_s, max(0.0, grace_end - time.monotonic()))
-                await asyncio.wait(set(self._lookups), timeout=wait_s)
+                await keeper.settle_all(wait_s)
             self._flush()  # answers finished since the last tick: a failed write is retried too
             await self._retry_unsaved()
-            if self._budget is not None and self._budget.has_job_cap:
-                # What is left is what may still be billed unseen (holds of attempts whose
-                # bill never came): the next run holds it until the provider shows it.
-                with contextlib.suppress(StateError):
-                    self._exposure = self._budget.exposure_usd
-                    self.save_exposure()
         finally:
-            lookups = list(self._lookups) + list(self._probes)
-            for t in tasks + workers + lookups:
+            rest = tasks + workers + list(self._probes) + ([keeping] if keeping else [])
+            for t in rest:
                 t.cancel()
-            await asyncio.gather(*tasks, *workers, *lookups, return_exceptions=True)
+            await asyncio.gather(*rest, return_exceptions=True)
             self._flush()
         if isinstance(self._commit_error, StateGone):
             raise self._commit_error
@@ -663,9 +706,9 @@ class Scheduler:
     def _drain(self, lane: LaneRuntime, ep: EndpointRuntime, exc: EndpointError) -> bool:
         """A self-hosted server that refused or dropped a connection, or is loading (503),
         leaves the pool until its health probe passes. True when the attempt is a failover:
-        the server was drained and another of the lane's endpoints is healthy, so the item
-        goes there at once without using up an attempt."""
-        if ep.health_url is None or len(lane.endpoints) == 1:
+        the server was drained, and the item goes to another healthy endpoint of the lane at
+        once, or waits for one to come back (`_pool_back`), without using up an attempt."""
+        if ep.health_url is None:
             return False
         if exc.failure_class != "connection" and exc.status != 503:
             return False
@@ -676,7 +719,30 @@ class Scheduler:
                 ep.probing = asyncio.create_task(self._probe(ep))
                 self._probes.add(ep.probing)
                 ep.probing.add_done_callback(self._probes.discard)
-        return any(e.health.healthy for e in lane.endpoints if e is not ep)
+        return True
+
+    async def _pool_back(self, lane: LaneRuntime) -> bool:
+        """When every server of the lane is drained, wait for a health probe to bring one
+        back, for at most [run].pool_down_timeout_s from when the last one went down; then
+        stop the run (its items stay pending). False: the run stops."""
+        if not all(e.health.drained for e in lane.endpoints):
+            return not self.stopping
+        since = self._down_since.setdefault(lane.name, time.monotonic())
+        bound = self._run.pool_down_timeout_s
+        while all(e.health.drained for e in lane.endpoints) and not self.stopping:
+            left = since + bound - time.monotonic()
+            if left <= 0:
+                names = ", ".join(e.name for e in lane.endpoints)
+                self.stop(
+                    f"every server of lane {lane.name} ({names}) has been down for {bound:g} s "
+                    "(connections refused, or loading: /health never answered 200); start them "
+                    "(or raise [run].pool_down_timeout_s) and run again to send what is left",
+                    outage=True,
+                )
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._until_stop(self._revived.wait()), left)
+        return not self.stopping
 
     async def _probe(self, ep: EndpointRuntime) -> None:
         """Probe a drained server's /health until it answers 200, then put it back."""
@@ -688,6 +754,9 @@ class Scheduler:
                 return
             if await ep.sender.probe(ep.health_url):
                 ep.health.revive()
+                self._down_since.clear()
+                revived, self._revived = self._revived, asyncio.Event()
+                revived.set()
                 return
             wait = min(most, wait * 2)
 
@@ -712,6 +781,8 @@ class Scheduler:
 
         number = failures = rate_limited = failovers = 0
         while True:
+            if not await self._pool_back(lane):  # every server of the lane is down
+                return ended(abandoned=True)
             number += 1
             ep = self._pick(lane)
             limit = lane.limits[ep.name]
@@ -725,9 +796,18 @@ class Scheduler:
                 ep.outstanding -= 1
                 return ended(abandoned=True)
             lease, epoch = admitted
+            sent = None
+            if lease is not None and ep.billed_after_gone and self._budget is not None:
+                sent = self._sent(lease, item, ep, lane)
+                if not await self._record_sent():
+                    # Not recorded, so not sent: state.db cannot be written (the run stops).
+                    self._budget.settle(lease, None)
+                    limit.release("other", epoch=epoch)
+                    ep.outstanding -= 1
+                    return ended(abandoned=True)
             billed: Usage | None = None
             begun: str | None = None
-            maybe_billed = False
+            maybe_billed = unbilled = False
             started, t0 = time.time(), time.monotonic()
             signal, latency = "other", None
             # "In flight" counts requests on the wire, not workers waiting for a slot.
@@ -748,6 +828,7 @@ class Scheduler:
                         ep.make_body(req, lane.max_tokens, lane.stream),
                         stream=lane.stream,
                         timeouts=lane.timeouts,
+                        on_generation=(None if sent is None else self._identifier(sent.id)),
                     )
                     result = counted_usage(result, item.prompt_tokens_est)
                     usage = result.usage
@@ -760,9 +841,10 @@ class Scheduler:
                     billed = usage
                     ok = True
                 except EndpointError as exc:
-                    # The provider may have billed it: look the bill up when the generation
-                    # is known; else its worst case stays counted against the caps.
-                    maybe_billed = exc.maybe_billed and ep.generation_records
+                    # The provider may have billed it: the request is held until its bill is
+                    # found (by its generation id) or its deadline passes.
+                    maybe_billed = exc.maybe_billed and ep.billed_after_gone
+                    unbilled = not maybe_billed
                     begun = exc.generation_id if maybe_billed else None
                     raise
                 finally:
@@ -778,13 +860,20 @@ class Scheduler:
                         lane_stats.observe_latency(t1 - t0)
                     else:
                         flow.failed_wire_s += t1 - t0
-                    if begun is not None:
-                        self._look_up_bill(ep, item, begun, lease, lane.name)
-                    elif lease is not None and self._budget is not None:
-                        if maybe_billed:
-                            self._budget.hold(lease)
-                        else:
+                    if lease is not None and self._budget is not None:
+                        if ok or unbilled:
                             self._budget.settle(lease, billed)
+                            if sent is not None and unbilled:
+                                self._settled.append(sent.id)
+                        else:
+                            # Cut short (its bill is to be found), or cancelled at the end of
+                            # a stop (its row stays in `outstanding` for the next run).
+                            kept = sent is not None and maybe_billed and self.keeper is not None
+                            self._budget.hold(lease, awaited=kept and begun is not None)
+                            if kept and sent is not None and self.keeper is not None:
+                                if begun is not None:
+                                    sent = replace(sent, generation_id=begun)
+                                self.keeper.add(sent)
                 signal, latency = "ok", result.latency_s
             except EndpointError as exc:
                 cls = exc.failure_class
@@ -807,7 +896,13 @@ class Scheduler:
                 if failover:
                     failovers += 1
                     failover = failovers <= FAILOVERS_PER_ENDPOINT * len(lane.endpoints)
-                if cls in STOPS_RUN:
+                if cls == "insufficient_credits" and ep.job_key:
+                    self.stop(
+                        "the key made for this run reached its credit limit, the job's dollar "
+                        f"cap [budget].max_cost_usd (OpenRouter: {exc.message})",
+                        budget=True,
+                    )
+                elif cls in STOPS_RUN:
                     self.stop(f"{cls}: {exc.message}")
                 if cls == "rate_limited":
                     rate_limited += 1
@@ -823,7 +918,9 @@ class Scheduler:
                     return ended(abandoned=True)
                 limit.release(signal, epoch=epoch, retry_after_s=exc.retry_after_s)
                 signal = "released"
-                if failover:  # straight to another server
+                if failover:  # straight to another server, or wait for one to come back
+                    if not await self._pool_back(lane):
+                        return ended(abandoned=True)
                     continue
                 await self._backoff(
                     backoff_s(max(failures, rate_limited), exc.retry_after_s, self._rng)
@@ -867,6 +964,8 @@ class Scheduler:
                         lane.name,
                     )
                 )
+                if sent is not None:
+                    self._settled.append(sent.id)
                 ds.charge(result.usage)
                 ds.errors["excluded_provider"] += 1
                 failures += 1
@@ -876,54 +975,83 @@ class Scheduler:
                 continue
             ep.health.record(True)
             result = replace(result, attempts=number, endpoint=ep.name)
+            if sent is not None:  # its bill is committed with the outcome, in one transaction
+                self._settled.append(sent.id)
             if result.finish_reason == "length" and lane.escalate_to is not None:
                 return ended(result=result, escalate_to=lane.escalate_to)
             return ended(result=result)
 
-    def _look_up_bill(
-        self,
-        ep: EndpointRuntime,
-        item: PendingItem,
-        generation_id: str,
-        lease: Lease | None,
-        lane: str,
-    ) -> None:
-        task = asyncio.create_task(self._bill(ep, item, generation_id, lease, lane))
-        self._lookups.add(task)
-        task.add_done_callback(self._lookups.discard)
+    def _sent(
+        self, lease: Lease, item: PendingItem, ep: EndpointRuntime, lane: LaneRuntime
+    ) -> Sent:
+        """Queue the record of a request about to be sent (`_record_sent` writes it)."""
+        self._sent_seq += 1
+        now = time.time()
+        sent = Sent(
+            (self._run_id << SEQUENCE_BITS) | self._sent_seq,
+            self._run_id,
+            item.id,
+            item.dataset,
+            lane.name,
+            ep.name,
+            lease.worst_usd,
+            lease.tokens,
+            now,
+            now + lane.timeouts.total_s + DEADLINE_GRACE_S,
+        )
+        self._to_write.append(sent)
+        return sent
 
-    async def _bill(
-        self,
-        ep: EndpointRuntime,
-        item: PendingItem,
-        generation_id: str,
-        lease: Lease | None,
-        lane: str,
-    ) -> None:
-        """Charge what the provider billed for an attempt cut short, as its generation record
-        says; its budget hold is given back only then, so a dollar cap holds through it."""
-        usage: Usage | None = None
-        found = None
+    def _identifier(self, key: int) -> Callable[[str], None]:
+        """What the client calls with a request's generation id as soon as the response names
+        it: written at once, so that a kill from then on leaves the id to look its bill up."""
+
+        def identified(generation_id: str) -> None:
+            self._to_identify.append((key, generation_id))
+            self._schedule_write()
+
+        return identified
+
+    async def _record_sent(self) -> bool:
+        """Wait until the requests queued to be sent are in state.db (one transaction for all
+        that queued meanwhile). False: it cannot be written, and they must not be sent."""
+        return await self._schedule_write()
+
+    def _schedule_write(self) -> asyncio.Future[bool]:
+        if self._writing is None:
+            loop = asyncio.get_running_loop()
+            self._writing = loop.create_future()
+            # Every admission until then joins the write: at most one transaction every
+            # SENT_WRITE_EVERY_S (a few milliseconds before a request that takes seconds),
+            # rather than one per turn of the loop (that cost a sixth of a run's CPU).
+            wait = self._last_write + SENT_WRITE_EVERY_S - loop.time()
+            loop.call_later(max(0.0, wait), self._write_sent)
+        return self._writing
+
+    def _write_sent(self) -> None:
+        self._last_write = asyncio.get_running_loop().time()
+        done, self._writing = self._writing, None
+        sent, self._to_write = self._to_write, []
+        identified, self._to_identify = self._to_identify, []
+        ok = True
         try:
-            for wait in BILL_LOOKUP_WAITS_S:
-                await self._sleep(wait)
-                found = await generation_charge(ep.sender, generation_id)
-                if found is None:
-                    continue
-                charged = fill_cost(found[0], ep.prices)
-                if charged.cost_usd:  # 0: not billed (a provider error, say)
-                    usage = charged
-                    self._charges.append(
-                        Charge(item.id, item.dataset, usage, generation_id, ep.name, found[1], lane)
-                    )
-                    self.stats.datasets[item.dataset].charge(usage)
-                return
-        finally:
-            if lease is not None and self._budget is not None:
-                if found is None:  # no record came: the bill stays unknown
-                    self._budget.hold(lease)
-                else:
-                    self._budget.settle(lease, usage)
+            self._store.outstanding.write(sent, identified)
+        except StateError as exc:
+            ok = False
+            self.stop(f"cannot write state: {exc}")
+            if isinstance(exc, StateGone):
+                self._gone.set()
+        if done is not None and not done.done():
+            done.set_result(ok)
+
+    def settle_held(self, charge: Charge | None, key: int) -> None:
+        """A held request's bill (None: not billed) goes to the ledger with the next commit,
+        and the request leaves `outstanding` in the same transaction."""
+        if charge is not None:
+            self._charges.append(charge)
+            if charge.dataset in self.stats.datasets:
+                self.stats.datasets[charge.dataset].charge(charge.usage)
+        self._settled.append(key)
 
     async def _admit(
         self,
@@ -953,13 +1081,6 @@ class Scheduler:
                 prices=ep.prices,
             )
             if isinstance(decision, Lease):
-                try:
-                    self._record_exposure(decision)
-                except StateError as exc:
-                    self._budget.settle(decision, None)
-                    limit.release("other", epoch=epoch)
-                    self.stop(f"cannot write state: {exc}")
-                    return None
                 return decision, epoch
             limit.release("other", epoch=epoch)
             if not decision.wait:
@@ -967,36 +1088,6 @@ class Scheduler:
                     self.stop(decision.reason, budget=True)
                 return None
             await self._until_stop(self._budget.changed(item.dataset, lane.name))
-
-    def _record_exposure(self, lease: Lease | None) -> None:
-        """Keep in state.db an upper bound of what this run's requests may still be billed
-        beyond the ledger, written before a request that would pass it is sent: a kill -9
-        leaves it for the next run to hold against the job's cap. Raised with headroom (few
-        writes), and lowered at commit ticks when far above."""
-        book = self._budget
-        if book is None or not book.has_job_cap:
-            return
-        exposure = book.exposure_usd
-        lowered = lease is None and exposure + self._exposure_headroom < self._exposure / 2
-        if exposure > self._exposure or lowered:
-            worst = lease.worst_usd if lease is not None else 0.0
-            self._exposure_headroom = max(self._exposure_headroom, 20 * worst)
-            self._exposure = exposure + self._exposure_headroom
-            self.save_exposure()
-
-    def save_exposure(self) -> None:
-        """Write this run's exposure and the holds it keeps for killed runs."""
-        self._store.set_meta(
-            EXPOSURE_META,
-            json.dumps(
-                {
-                    "usd": self._exposure,
-                    "at": time.time(),
-                    "pid": os.getpid(),
-                    "holds": [h.__dict__ for h in self.dead_holds],
-                }
-            ),
-        )
 
     async def _backoff(self, seconds: float) -> None:
         """Sleep, but wake at once when the run stops."""
@@ -1031,6 +1122,83 @@ class Scheduler:
                 )
 
     def _record(self, lane: LaneRuntime, outcome: Outcome) -> None:
+        suspect = False
+        if outcome.failure_class in CLIENT_ERRORS:
+            if self._job_wide is not None:  # the job's error: the item stays pending
+                outcome = replace(outcome, failure_class=None, abandoned=True)
+            else:
+                suspect = self._suspect(outcome)
+        elif outcome.result is not None:
+            self._answered += 1
+            self._clear_suspects()
+        self._count(lane, outcome, suspect=suspect)
+
+    def _suspect(self, outcome: Outcome) -> bool:
+        """A client error (400, 404, 422) may be the item's own (a prompt too long) or one the
+        server gives every request of the job (an unknown model, a refused field). The item is
+        recorded as failed, but not yet counted against the error rate: when the same error
+        ends JOB_WIDE_AFTER items in a row, no answer comes in between, and after a while no
+        request sent before them is still running (a healthy request would be, generating),
+        the error is the job's: the run stops with the server's message, and those items go
+        back to pending for the fixed job to send (`_requeue`). An answer, or another error,
+        ends the streak: its items failed on their own."""
+        key = _error_key(outcome.failure_message)
+        if self._suspects and key != self._suspect_key:
+            self._clear_suspects()
+        if not self._suspects:
+            self._suspect_key = key
+        self._suspects.append(outcome)
+        if len(self._suspects) == self._streak_needed():
+            latency = max(a.latency_s for o in self._suspects for a in o.attempts[-1:])
+            wait_s = max(JOB_WIDE_WAIT_S, 3 * latency)
+            since = time.monotonic()
+            asyncio.get_running_loop().call_later(wait_s, self._judge, key, wait_s, since)
+        return True
+
+    def _judge(self, key: str | None, wait_s: float, since: float = 0.0) -> None:
+        """The verdict on a streak of one client error, `wait_s` after it reached its length
+        at `since` (`_suspect`), or when every worker is done (key None: nothing runs any
+        more). A request sent before `since` and still running got past the error (which
+        comes back within a fraction of `wait_s`): the error is not every request's."""
+        if self._job_wide is not None or len(self._suspects) < self._streak_needed():
+            return
+        if key is not None and key != self._suspect_key:
+            return
+        now = time.monotonic()
+        oldest = min(
+            (
+                t0
+                for lane in self.stats.lanes.values()
+                for f in lane.flows.values()
+                for t0 in f.on_wire.values()
+            ),
+            default=now,
+        )
+        if key is not None and oldest < since:  # one that passed the error's gate still runs
+            asyncio.get_running_loop().call_later(wait_s, self._judge, key, wait_s, now)
+            return
+        suspects, self._suspects = self._suspects, []
+        self._job_wide = suspects[-1].failure_message or "client error"
+        for o in suspects:
+            self.stats.datasets[o.dataset].failed -= 1
+            self._requeue.append(o.item_id)
+        self.stop(
+            f"every request fails with the same error: {self._job_wide} ({len(suspects)} "
+            "items in a row, none answered and none still running; they stay pending: fix "
+            "the job file and run again)"
+        )
+
+    def _streak_needed(self) -> int:
+        return JOB_WIDE_AFTER[1 if self._answered else 0]
+
+    def _clear_suspects(self) -> None:
+        """The streak of one client error ended: its items failed on their own, and count
+        against the error rate now."""
+        suspects, self._suspects = self._suspects, []
+        for o in suspects:
+            self._count_item(failed=True, cause=f"{o.failure_class}: {o.failure_message}")
+
+    def _count(self, lane: LaneRuntime, outcome: Outcome, *, suspect: bool = False) -> None:
         ds = self.stats.datasets[outcome.dataset]
         r = outcome.result
         if r is not None:
@@ -1058,10 +1226,15 @@ class Scheduler:
             self._count_item(failed=False)
         elif not outcome.abandoned:
             ds.failed += 1
-            cause = f"{outcome.failure_class}: {outcome.failure_message}"
-            self._count_item(failed=True, cause=cause)
+            if not suspect:  # a suspect counts once its streak ends (`_clear_suspects`)
+                cause = f"{outcome.failure_class}: {outcome.failure_message}"
+                self._count_item(failed=True, cause=cause)
         self._pending.append(outcome)
         self._recorded[outcome.dataset] += 1
+
+    def flush(self) -> None:
+        """Commit what finished now, rather than at the next tick."""
+        self._flush()
 
     async def _commit_loop(self) -> None:
         while True:
@@ -1072,14 +1245,14 @@ class Scheduler:
         # Group commit: one transaction for many finished items, each complete in itself. A
         # batch that cannot be written (a full disk) stays in memory and is tried again at each
         # tick while the run stops, so that space freed meanwhile saves it.
-        with contextlib.suppress(StateError):  # a failed write shows in the commit below
-            self._record_exposure(None)
-        if not self._pending and not self._charges:
+        if not self._pending and not self._charges and not self._settled and not self._requeue:
             return
         batch, self._pending = self._pending, []
         charges, self._charges = self._charges, []
+        settled, self._settled = self._settled, []
+        requeue, self._requeue = self._requeue, []
         try:
-            self._store.commit_outcomes(batch, charges)
+            self._store.commit_outcomes(batch, charges, settled, requeue)
             self._commits += 1
             self._committed += len(batch)
             failpoints.reached("commit", count=self._committed)
@@ -1088,6 +1261,8 @@ class Scheduler:
         except StateError as exc:
             self._pending = batch + self._pending
             self._charges = charges + self._charges
+            self._settled = settled + self._settled
+            self._requeue = requeue + self._requeue
             if self._commit_error is None:
                 self.stop(f"cannot write state: {exc}")
             self._commit_error = exc

@@ -39,14 +39,21 @@ class Snapshot:
     """The fields of run.log's last progress line (empty before the first)."""
     live_audit: dict[str, Any] | None = None
     """The live audit's tally (`[reconstruct] live_audit`), as the run last wrote it."""
+    held: tuple[int, float, float | None] = (0, 0.0, None)
+    """Requests of earlier runs (killed, or ended before their bills came) whose bills are not
+    known yet: how many, up to how many dollars, and the latest time they are held until."""
 
 
 def take_snapshot(out_dir: Path) -> Snapshot:
     store = Store.open_readonly(out_dir)
     try:
+        pid = running_holder(out_dir)
+        live = None
+        if pid is not None:
+            live = max((r.id for r in store.runs()), default=None)
         return Snapshot(
             str(out_dir),
-            running_holder(out_dir),
+            pid,
             store.dataset_progress(),
             store.failure_counts(),
             store.recent_failures(),
@@ -54,6 +61,7 @@ def take_snapshot(out_dir: Path) -> Snapshot:
             store.bad_row_reasons(),
             _last_progress(out_dir / "run.log"),
             _live_audit(store.get_meta("live_audit")),
+            store.outstanding.held(live) if store.schema_version() >= 9 else (0, 0.0, None),
         )
     finally:
         store.close()
@@ -106,6 +114,7 @@ def snapshot_json(s: Snapshot) -> dict[str, Any]:
         "bad_row_reasons": [asdict(g) for g in s.bad_row_reasons],
         "progress": s.progress,
         "live_audit": s.live_audit,
+        "held": {"requests": s.held[0], "usd": s.held[1], "until": s.held[2]},
     }
 
 
@@ -124,7 +133,11 @@ def snapshot_view(s: Snapshot) -> Group:
         )
         if "credits_usd" in p:
             head += f", credit ${float(p['credits_usd']):,.2f}"
-        if p.get("eta_s", "-") != "-" and s.running_pid is not None:
+        held_until = p.get("held_until")
+        if s.running_pid is not None and held_until and p.get("in_flight") == "0":
+            when = datetime.fromtimestamp(float(held_until)).strftime("%H:%M:%S")
+            head += f", waiting for held bills (until {when} at the latest) as of that line"
+        elif p.get("eta_s", "-") != "-" and s.running_pid is not None:
             head += (
                 f", ETA {format_duration(float(p['eta_s']))} "
                 f"({format_duration(float(p['eta_p10_s']))}-"
@@ -159,6 +172,17 @@ def snapshot_view(s: Snapshot) -> Group:
             errors_text(errs),
         )
     parts: list[Any] = [Text(head), table]
+    n, usd, until = s.held
+    if n:
+        when = datetime.fromtimestamp(until).strftime("%H:%M:%S") if until else "-"
+        who = "earlier runs" if s.running_pid is not None else "runs that ended"
+        parts.append(
+            Text(
+                f"held: {n} requests of {who} may still be billed (up to ${usd:.4f}); "
+                f"{'this' if s.running_pid is not None else 'the next'} run holds them against "
+                f"the budgets until their bills are known (until {when} at the latest)"
+            )
+        )
     a = s.live_audit
     if a:
         line = (

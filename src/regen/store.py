@@ -30,6 +30,7 @@ from regen.conversation import (
     estimate_prompt_tokens,
 )
 from regen.errors import StateError, StateGone
+from regen.outstanding import Outstanding, m009_outstanding
 
 STATE_FILE = "state.db"
 
@@ -271,6 +272,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m006_usage_source,
     m007_runs,
     m008_startup_indexes,
+    m009_outstanding,
 ]
 
 
@@ -680,6 +682,8 @@ class Store:
         self.path = path
         self._identity = _identity(path)
         """The file opened (device, inode): each write checks it is still the one there."""
+        self.outstanding = Outstanding(db, self._tx)
+        """Requests sent whose bill is not in the ledger yet."""
 
     @classmethod
     def open(cls, out_dir: Path) -> Store:
@@ -1092,9 +1096,18 @@ class Store:
         ).fetchone()
         return int(row[0])
 
-    def commit_outcomes(self, outcomes: Iterable[Outcome], charges: Iterable[Charge] = ()) -> None:
+    def commit_outcomes(
+        self,
+        outcomes: Iterable[Outcome],
+        charges: Iterable[Charge] = (),
+        settled: Iterable[int] = (),
+        requeued: Iterable[str] = (),
+    ) -> None:
         """Commit finished items (each one's result or failure, attempts and ledger charge) and
-        charges learnt after the fact (`ledger.kind = 'failed_attempt'`), in one transaction."""
+        charges learnt after the fact (`Charge.kind`), in one transaction, with the requests
+        whose bills these are leaving `outstanding` (`settled`: their ids) in it too.
+        `requeued`: items recorded as failed (in this batch or before) that are pending again
+        (their error was the job's, not theirs)."""
         now = time.time()
         results: Rows = []
         failures: Rows = []
@@ -1181,7 +1194,7 @@ class Store:
                 (
                     c.item_id,
                     c.dataset,
-                    "failed_attempt",
+                    c.kind,
                     u.prompt_tokens,
                     u.completion_tokens,
                     u.cost_usd,
@@ -1229,6 +1242,12 @@ class Store:
                 "UPDATE items SET status = 'failed', attempts = attempts + ?, failure_class = ?, "
                 "failure_message = ?, updated_at = ? WHERE id = ?",
                 failures,
+            )
+            Outstanding.write_in(db, (), (), settled)
+            db.executemany(
+                "UPDATE items SET status = 'pending', failure_class = NULL, "
+                "failure_message = NULL WHERE id = ? AND status = 'failed'",
+                [(i,) for i in requeued],
             )
 
     # reads
@@ -1478,8 +1497,8 @@ class Store:
 
     def ledger_facts(self) -> Iterator[tuple[float, float, str, str]]:
         """(charged at, USD, kind, dataset) of every charge, in the order made; kind is
-        `completion`, `escalated` (a truncated answer sent again on a longer lane) or
-        `failed_attempt`."""
+        `completion`, `escalated` (a truncated answer sent again on a longer lane), or one of
+        the charges learnt after the fact (`Charge.kind`)."""
         yield from self._db.execute(
             "SELECT created_at, COALESCE(cost_usd, 0.0), kind, dataset FROM ledger ORDER BY id"
         )
@@ -1550,7 +1569,8 @@ class Store:
         and sent on to a longer lane."""
         rows = self._db.execute(
             "SELECT lane, dataset, COUNT(*), SUM(kind = 'escalated') FROM ledger "
-            "WHERE lane IS NOT NULL AND kind != 'failed_attempt' GROUP BY lane, dataset"
+            "WHERE lane IS NOT NULL AND kind IN ('completion', 'escalated') "
+            "GROUP BY lane, dataset"
         ).fetchall()
         return {(lane, ds): (n, e) for lane, ds, n, e in rows}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -99,9 +100,10 @@ class ChatClient:
         key = (t, stream)
         timeout = self._timeouts.get(key)
         if timeout is None:
-            timeout = aiohttp.ClientTimeout(
-                total=t.total_s, sock_connect=t.connect_s, sock_read=t.idle_s if stream else None
-            )
+            # A stream's silences are timed by the reads below, not by aiohttp's sock_read:
+            # that one also times the wait for the response headers, which ttfb_s is for (a
+            # stream whose headers took longer than idle_s was cut before they came).
+            timeout = aiohttp.ClientTimeout(total=t.total_s, sock_connect=t.connect_s)
             self._timeouts[key] = timeout
         return timeout
 
@@ -112,8 +114,11 @@ class ChatClient:
         *,
         stream: bool = False,
         timeouts: Timeouts | None = None,
+        on_generation: Callable[[str], None] | None = None,
     ) -> Result:
-        """Send one request; return its Result or raise an EndpointError with its class."""
+        """Send one request; return its Result or raise an EndpointError with its class.
+        `on_generation` is called with the generation id as soon as the response names it (its
+        `X-Generation-Id` header, else a stream's first chunk), before the answer is in."""
         assert self._session is not None, "use ChatClient as an async context manager"
         t = timeouts or self.default_timeouts
         if stream:
@@ -146,6 +151,8 @@ class ChatClient:
                     raise _http_error(status, await resp.read(), retry_after)
                 # From here on a generation exists and may be billed, even if its body is cut.
                 generation_id = resp.headers.get("X-Generation-Id")
+                if generation_id and on_generation is not None:
+                    on_generation(generation_id)
                 if not stream:
                     raw = await resp.read()
                     return parse_chat_body(
@@ -161,13 +168,23 @@ class ChatClient:
                 pace = min(t.read_interval_s, t.idle_s / 4)
                 conn = resp.connection
                 transport = conn.transport if conn is not None and pace > 0 else None
+                named = generation_id is not None or on_generation is None
                 while piece:
                     self.stream_reads += 1
                     assembler.feed(piece)
-                    if transport is None or assembler.finish_reason is not None:
-                        piece = await resp.content.readany()
-                    else:
-                        piece = await read_later(transport, resp.content, pace)
+                    if not named and assembler.meta.get("id"):
+                        named = True
+                        gen = assembler.meta["id"]
+                        if isinstance(gen, str) and on_generation is not None:
+                            on_generation(gen)
+                    try:
+                        async with asyncio.timeout(t.idle_s):
+                            if transport is None or assembler.finish_reason is not None:
+                                piece = await resp.content.readany()
+                            else:
+                                piece = await read_later(transport, resp.content, pace)
+                    except TimeoutError as exc:
+                        raise EndpointError("stalled", f"no bytes for {t.idle_s:g} s") from exc
                 self.chunks_received += assembler.chunks
                 return result_from_body(
                     item_id, assembler.body(), status=200, latency_s=time.monotonic() - started
@@ -225,6 +242,28 @@ class ChatClient:
                 return orjson.loads(await resp.read())
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
             return None
+
+    async def reach(self, timeout_s: float = 15.0) -> str | None:
+        """Whether the server answers at all (`GET {base_url}/models`, whatever its status):
+        None if it does, else why not, in one line."""
+        side = self._side_session()
+        url = f"{self.base_url}/models"
+        try:
+            async with side.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                await resp.read()
+                return None
+        except aiohttp.ClientConnectorCertificateError as exc:
+            return (
+                f"the TLS certificate of {exc.host} is not trusted ({exc.certificate_error}): "
+                "for a server behind a private CA, point SSL_CERT_FILE at its CA bundle"
+            )
+        except aiohttp.ClientConnectorError as exc:
+            reason = exc.strerror or type(exc.os_error).__name__
+            return f"cannot connect to {exc.host}:{exc.port}: {reason}"
+        except TimeoutError:
+            return f"no answer from {url} within {timeout_s:g} s"
+        except (aiohttp.ClientError, ValueError) as exc:
+            return f"{type(exc).__name__}{_detail(exc)}"
 
     async def probe(self, url: str) -> bool:
         """Whether a GET of `url` (a server's /health) answers 200 within 5 s."""
