@@ -229,3 +229,21 @@ def test_the_progress_line_adds_what_is_left_of_the_cap() -> None:
     assert fields["cost_left_usd"] == "25.1655"
     assert fields["cost_usd"] == "10.3345"
     assert fields["credits_usd"] == "123.4500"
+
+
+def test_held_bills_show_as_what_they_are_and_stand_in_for_the_eta_when_they_block() -> None:
+    """A rerun waiting for a killed run's bills showed `in_flight=0 req_s=0.00 eta_s=4293`
+    and nothing of the hold."""
+    from regen.holds import HoldSummary
+
+    stats = busy_stats()
+    held = HoldSummary(36, 0.0712, 36, 0.0712, 1_800_000_000.0)
+    stats.holds = lambda: held
+    text = render(progress_view(stats, NOW), 200)
+    assert "waiting for the bills of 36 requests of a killed run: up to $0.0712" in text
+    fields = dict(kv.split("=", 1) for kv in progress_line(stats, NOW).split()[2:])
+    assert (fields["held"], fields["held_usd"]) == ("36", "0.0712")
+    for d in stats.datasets.values():
+        d.in_flight = 0
+    blocked = render(progress_view(stats, NOW), 120)
+    assert "ETA: held for bills until" in blocked

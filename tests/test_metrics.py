@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from regen.client import RETRYABLE, STOPS_RUN
+from regen.holds import HoldSummary
 from regen.limiter import AdaptiveLimit
 from regen.metrics import exposition
 from regen.scheduler import DatasetStats, JobTotals, LaneStats, RunStats
@@ -149,6 +150,7 @@ def fake_stats() -> RunStats:
     stats = RunStats(datasets={"chat": d}, lanes={"default": lane})
     stats.credits_usd, stats.max_cost_usd = 12.5, 5.0
     stats.drained["upstream"] = 1
+    stats.holds = lambda: HoldSummary(36, 0.07, 36, 0.07, 1e9)
     return stats
 
 
@@ -176,6 +178,7 @@ def test_job_totals_are_before_the_run_plus_this_run_and_run_counters_stand_apar
     assert value(fams, "regen_concurrency_limit") == 4
     assert value(fams, "regen_concurrency_configured") == 8
     assert value(fams, "regen_cost_cap_usd") == 5.0
+    assert value(fams, "regen_held_requests") == 36 and value(fams, "regen_held_usd") == 0.07
     assert value(fams, "regen_credit_remaining_usd") == 12.5
     p10, p50, p90 = (value(fams, "regen_eta_seconds", quantile=q) for q in ("0.1", "0.5", "0.9"))
     assert 0 < p10 <= p50 <= p90
