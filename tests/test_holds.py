@@ -301,3 +301,26 @@ async def test_this_runs_cut_short_requests_are_looked_up_after_a_wait() -> None
     await asyncio.wait_for(keeper.settle_all(5.0), 1.0)
     assert [(c.kind if c else None, k) for c, k in settled] == [("failed_attempt", 7)]
     assert keeper.freed_earlier_usd == 0.0  # this run's own: its key pays it
+
+
+async def test_bills_to_be_found_by_id_are_counted_before_the_rest_share_what_is_unexplained() -> (
+    None
+):
+    """The account's spend beyond the ledger holds the bills still to be found by their ids
+    too: a request without one is counted only once those are, or it would take their share
+    and the ledger would count them twice."""
+    book = two_datasets(max_cost_usd=0.01)
+    keeper, gens, settled, clock = keeper_for(book, unexplained=0.0015)
+    keeper.load([sent(1, None), sent(2, "gen-2", deadline=1500.0)], lambda ep: True)
+    clock.now = 1200.0  # the first is past its deadline; the second's bill is not there yet
+    await keeper.step()
+    assert settled == [] and set(keeper.held) == {1, 2}
+    gens.records["gen-2"] = {"tokens_prompt": 10, "tokens_completion": 100, "total_cost": 0.001}
+    clock.now += 1.0  # its next look-up
+    await keeper.step()
+    # Found first, then the other takes what the account leaves unexplained (the ledger, which
+    # the keeper commits before it reads the account, now has the first).
+    assert [(c.kind if c else None, key) for c, key in settled] == [
+        ("lost", 2),
+        ("unverified", 1),
+    ]

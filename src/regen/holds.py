@@ -159,6 +159,13 @@ class HoldKeeper:
             await self._look_up(h)
         now = self.clock()
         expired = [h for h in self.held.values() if h.sent.deadline <= now]
+        if any(h.sent.generation_id is None for h in expired) and any(
+            h.sent.generation_id is not None and h.sent.deadline > now
+            for h in self.held.values()
+        ):
+            # The account's spend beyond the ledger also holds the bills still to be found by
+            # their ids: counted first, they leave the rest to the requests without one.
+            expired = [h for h in expired if h.sent.generation_id is not None]
         if expired:
             await self._expire(expired)
 
