@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -114,6 +115,22 @@ progress_interval_s = 0.5
 """
     )
     return job
+
+
+def kill_at(job: Path, point: str, times: int, env: dict[str, str] | None = None) -> int:
+    """Run `regen run JOB` `times` times as a process, each killed with SIGKILL at `point`
+    (REGEN_CRASH_AT) and run again at once: how many kills landed."""
+    full = {**os.environ, "REGEN_TEST_KEY": SECRET_KEY, **(env or {}), "REGEN_CRASH_AT": point}
+    kills = 0
+    for _ in range(times):
+        proc = subprocess.run(
+            [sys.executable, "-m", "regen", "run", str(job)],
+            env=full,
+            capture_output=True,
+            timeout=120,
+        )
+        kills += proc.returncode == -signal.SIGKILL
+    return kills
 
 
 def run_cli(

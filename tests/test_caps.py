@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import aiohttp
 
 from regen.sim import SimConfig, sim_in_thread
-from tests.conftest import SECRET_KEY, chat_rows, query, run_cli, write_job, write_rows
+from tests.conftest import SECRET_KEY, chat_rows, kill_at, query, run_cli, write_job, write_rows
 
 TWO = [("chat", "chat.jsonl", "openai"), ("more", "more.jsonl", "openai")]
 
@@ -29,19 +27,19 @@ def two_datasets(tmp: Path, base_url: str, chat: str, extra: str = "", **kw: obj
     return job
 
 
-def kill_at(job: Path, point: str, times: int) -> int:
-    """Run the job `times` times, each killed at `point` (REGEN_CRASH_AT), rerun at once."""
-    env = {**os.environ, "REGEN_TEST_KEY": SECRET_KEY, "REGEN_CRASH_AT": point}
-    kills = 0
-    for _ in range(times):
-        proc = subprocess.run(
-            [sys.executable, "-m", "regen", "run", str(job)],
-            env=env,
-            capture_output=True,
-            timeout=120,
+def killed_then_finished(
+    tmp: Path, chat: str, kills: int
+) -> tuple[int, subprocess.CompletedProcess[str], list]:  # type: ignore[type-arg]
+    """The two-dataset job with `chat` on its first dataset, killed `kills` times with 96 in
+    flight (20 answers in), then run to its end: kills landed, the final run, the sim's log."""
+    with sim_in_thread(SimConfig(seed=4, time_scale=0.3, log_bodies=True)) as sim:
+        job = two_datasets(
+            tmp, sim.base_url, chat, "initial_limit = 96\ntimeout_s = 4", concurrency=96
         )
-        kills += proc.returncode == -signal.SIGKILL
-    return kills
+        landed = kill_at(job, "commit:20", kills)
+        final = run_cli("run", str(job), timeout=120)
+        assert sim.simulator.wait_billed(60)
+        return landed, final, sim.simulator.chat_log()
 
 
 def billed_by_dataset(sim_log: list, prefix: str) -> tuple[float, int]:  # type: ignore[type-arg]
@@ -57,18 +55,8 @@ def test_a_dataset_cap_holds_across_kill_9_and_immediate_reruns(tmp_path: Path) 
     """Only the job's scope held a killed run's requests: a dataset's $1.50 cap ended at
     $3.74. Each request left outstanding holds its own dataset's cap too."""
     cap = 0.25
-    with sim_in_thread(SimConfig(seed=4, time_scale=0.3, log_bodies=True)) as sim:
-        job = two_datasets(
-            tmp_path,
-            sim.base_url,
-            f"max_cost_usd = {cap}",
-            "initial_limit = 96\ntimeout_s = 4",
-            concurrency=96,
-        )
-        kills = kill_at(job, "commit:20", 5)
-        final = run_cli("run", str(job), timeout=120)
-        assert sim.simulator.wait_billed(60)
-        chat_usd, _ = billed_by_dataset(sim.simulator.chat_log(), "Question")
+    kills, final, log = killed_then_finished(tmp_path, f"max_cost_usd = {cap}", 5)
+    chat_usd, _ = billed_by_dataset(log, "Question")
     assert kills >= 3, kills
     # A met dataset cap is the dataset's planned end: exit 0, with its reason.
     assert final.returncode == 0, final.stdout + final.stderr
@@ -89,18 +77,8 @@ def test_a_token_budget_holds_across_kill_9_and_immediate_reruns(tmp_path: Path)
     """A 200k budget once paid for 585k tokens across kills: the killed runs' requests hold
     their expected tokens, and their bills count when found."""
     budget = 40_000
-    with sim_in_thread(SimConfig(seed=4, time_scale=0.3, log_bodies=True)) as sim:
-        job = two_datasets(
-            tmp_path,
-            sim.base_url,
-            f"token_budget = {budget}",
-            "initial_limit = 96\ntimeout_s = 4",
-            concurrency=96,
-        )
-        kills = kill_at(job, "commit:20", 4)
-        final = run_cli("run", str(job), timeout=120)
-        assert sim.simulator.wait_billed(60)
-        _, tokens = billed_by_dataset(sim.simulator.chat_log(), "Question")
+    kills, final, log = killed_then_finished(tmp_path, f"token_budget = {budget}", 4)
+    _, tokens = billed_by_dataset(log, "Question")
     assert kills >= 3, kills
     assert final.returncode == 0, final.stdout + final.stderr
     # The overshoot stays within what one run keeps in flight (96 requests of 512 tokens).

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 from regen.sim import SimConfig, sim_in_thread
-from tests.conftest import chat_rows, query, run_cli, write_job, write_rows
+from tests.conftest import chat_rows, kill_at, query, run_cli, write_job, write_rows
 
 MANAGEMENT = "sk-mgmt-test-0123456789abcdef"
 
@@ -36,15 +33,7 @@ def test_each_run_makes_its_own_key_and_the_keys_hold_the_cap_across_kills(
     config = SimConfig(seed=3, time_scale=0.2, management_keys=[MANAGEMENT])
     with sim_in_thread(config) as sim:
         job = managed_job(tmp_path, sim.base_url, 400, cap)
-        kills = 0
-        for _ in range(2):
-            proc = subprocess.run(
-                [sys.executable, "-m", "regen", "run", str(job)],
-                env={**env, "REGEN_CRASH_AT": "commit:30"},
-                capture_output=True,
-                timeout=120,
-            )
-            kills += proc.returncode == -signal.SIGKILL
+        kills = kill_at(job, "commit:30", 2, env=env)
         final = run_cli("run", str(job), env={"REGEN_TEST_MANAGEMENT_KEY": MANAGEMENT})
         assert sim.simulator.wait_billed(60)
         keys = sim.simulator.keys.listed(include_disabled=True)

@@ -87,6 +87,17 @@ def wait_for(condition: Any, run: subprocess.Popen[bytes], what: str, limit_s: f
         time.sleep(0.05)
 
 
+def start_regen(job: Path) -> subprocess.Popen[bytes]:
+    """`regen run JOB` as a process, with no key in its environment (vLLM needs none)."""
+    env = {k: v for k, v in os.environ.items() if k != "REGEN_NO_KEY_NEEDED"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "regen", "run", str(job)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+
+
 @contextmanager
 def servers(tmp: Path, ports: list[int]) -> Iterator[dict[int, subprocess.Popen[bytes]]]:
     procs = {port: start_server(tmp, port) for port in ports}
@@ -121,14 +132,8 @@ def test_a_pool_survives_a_killed_server_and_takes_it_back(tmp_path: Path) -> No
     )
     out = tmp_path / "out"
     victim = ports[1]
-    env = {k: v for k, v in os.environ.items() if k != "REGEN_NO_KEY_NEEDED"}
     with servers(tmp_path, ports) as procs:
-        run = subprocess.Popen(
-            [sys.executable, "-m", "regen", "run", str(job)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-        )
+        run = start_regen(job)
         try:
             wait_for(lambda: answers(out) >= ITEMS // 6, run, f"{ITEMS // 6} answers")
             procs[victim].send_signal(signal.SIGKILL)
@@ -181,14 +186,8 @@ def test_a_single_server_that_restarts_is_waited_for_not_given_up_on(tmp_path: P
     port = free_port()
     job = single_server_job(tmp_path, port)
     out = tmp_path / "out"
-    env = {k: v for k, v in os.environ.items() if k != "REGEN_NO_KEY_NEEDED"}
     with servers(tmp_path, [port]) as procs:
-        run = subprocess.Popen(
-            [sys.executable, "-m", "regen", "run", str(job)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-        )
+        run = start_regen(job)
         try:
             wait_for(lambda: answers(out) >= 40, run, "40 answers")
             procs[port].send_signal(signal.SIGKILL)
@@ -220,18 +219,12 @@ def test_a_pool_whose_servers_stay_down_stops_after_its_bound_with_items_pending
 ) -> None:
     port = free_port()  # nothing listens there
     job = single_server_job(tmp_path, port, extra="pool_down_timeout_s = 1.5")
-    env = {k: v for k, v in os.environ.items() if k != "REGEN_NO_KEY_NEEDED"}
     started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "regen", "run", str(job)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert proc.returncode == 5, proc.stdout + proc.stderr
-    assert "stopped: every server of lane default (default) has been down for 1.5 s" in proc.stdout
-    assert "start them (or raise [run].pool_down_timeout_s)" in proc.stdout
+    run = start_regen(job)
+    stdout = run.communicate(timeout=120)[0].decode()
+    assert run.returncode == 5, stdout
+    assert "stopped: every server of lane default (default) has been down for 1.5 s" in stdout
+    assert "start them (or raise [run].pool_down_timeout_s)" in stdout
     assert time.monotonic() - started < 60
     db = sqlite3.connect(tmp_path / "out" / "state.db")
     try:
