@@ -160,8 +160,7 @@ class HoldKeeper:
         now = self.clock()
         expired = [h for h in self.held.values() if h.sent.deadline <= now]
         if any(h.sent.generation_id is None for h in expired) and any(
-            h.sent.generation_id is not None and h.sent.deadline > now
-            for h in self.held.values()
+            h.sent.generation_id is not None and h.sent.deadline > now for h in self.held.values()
         ):
             # The account's spend beyond the ledger also holds the bills still to be found by
             # their ids: counted first, they leave the rest to the requests without one.
