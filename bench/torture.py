@@ -17,6 +17,9 @@ requests in flight at each kill are billed after the client is gone. Scenarios:
   once stopped the job at "$9.56 spent" with $2.39 of its own).
 - `managed`: a $5 job cap with a management key: each run makes a key of its own whose
   credit limit the simulator enforces as OpenRouter documents.
+- `managed-stale`: the same, but the job file's prices are a fifth of what the provider
+  bills (a price list gone stale): each run's first requests are admitted at a fifth of
+  their worst cases, until a bill raises the prices.
 
 Each kill lands at a named moment (start-up, or dispatch after a seeded number of answers);
 the runs after the kills go on until the job ends. For each rerun after a kill, the bench
@@ -53,6 +56,8 @@ from regen.sim.server import LoggedRequest
 
 KEY = "sk-torture-not-a-secret"
 MANAGEMENT_KEY = "sk-torture-management-not-a-secret"
+STALE_PROMPT, STALE_COMPLETION = 0.12, 0.5
+"""USD per million tokens: a fifth of the simulator's highest for the model (0.6, 2.5)."""
 NEIGHBOUR_PREFIX = "nb"
 MOMENTS = ("start-up", "dispatch", "dataset boundary", "export")
 
@@ -218,6 +223,20 @@ SCENARIOS = {
         lambda seed: calm(seed, management_keys=[MANAGEMENT_KEY]),
         lambda tmp, url: job_text(
             tmp, url, job_cap=5.0, endpoint='management_key_env = "TORTURE_MANAGEMENT_KEY"'
+        ),
+        (1, 6),
+        {"job": 5.0},
+        managed=True,
+    ),
+    "managed-stale": Scenario(
+        "managed-stale",
+        lambda seed: calm(seed, management_keys=[MANAGEMENT_KEY]),
+        lambda tmp, url: job_text(
+            tmp,
+            url,
+            job_cap=5.0,
+            endpoint='management_key_env = "TORTURE_MANAGEMENT_KEY"\n'
+            f"prompt_usd_per_mtok = {STALE_PROMPT}\ncompletion_usd_per_mtok = {STALE_COMPLETION}",
         ),
         (1, 6),
         {"job": 5.0},
@@ -499,6 +518,7 @@ def torture(s: Scenario, kills: int, seed: int, n_rows: int) -> dict[str, Any]:
                 1 for k in made if k.limit is not None and usage[k.hash] > k.limit + 1e-9
             )
             report["refused_402"] = sum(1 for e in ours if e.status == 402)
+            report["repriced"] = [ln for ln in last.splitlines() if "were billed up to" in ln]
     failures = []
     if sum(moments.values()) < min(kills, 20):
         failures.append(f"only {sum(moments.values())} kills landed")

@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from regen.sim import SimConfig, sim_in_thread
 from tests.conftest import SECRET_KEY, chat_rows, kill_at, query, run_cli, write_job, write_rows
@@ -155,3 +156,34 @@ def test_a_killed_runs_requests_show_as_held_until_their_bills_come(tmp_path: Pa
     assert all(gen is None for (gen,) in left)
     if left:
         assert f"budget: {len(left)} requests may still be billed" in rerun.stdout
+
+
+def test_answers_billed_above_the_job_files_prices_raise_them_for_the_cap(
+    tmp_path: Path,
+) -> None:
+    """Prices in the job file a tenth of the provider's let a cap admit ten times what the
+    requests in flight really cost. The first bill above them raises them (for the next runs
+    too), and the end says so."""
+    cap = 0.2
+    with sim_in_thread(SimConfig(seed=4, time_scale=0.3, log_bodies=True)) as sim:
+        write_rows(tmp_path / "chat.jsonl", chat_rows(1500))
+        job = write_job(
+            tmp_path, sim.base_url, datasets=[TWO[0]], extra="initial_limit = 96", concurrency=96
+        )
+        text = job.read_text().replace(
+            'api_key_env = "REGEN_TEST_KEY"',
+            'api_key_env = "REGEN_TEST_KEY"\nprompt_usd_per_mtok = 0.06\n'
+            "completion_usd_per_mtok = 0.25",
+        )
+        job.write_text(text + f"\n[budget]\nmax_cost_usd = {cap}\n")
+        final = run_cli("run", str(job), timeout=120)
+        assert sim.simulator.wait_billed(60)
+        billed, _ = billed_by_dataset(sim.simulator.chat_log(), "Question")
+    assert final.returncode == 4, final.stdout + final.stderr
+    assert 0.5 * cap < billed <= cap, billed
+    factor = re.search(r"endpoint default: answers were billed up to ([\d.]+)x", final.stdout)
+    assert factor is not None, final.stdout
+    assert 4.0 <= float(factor.group(1)) <= 10.5
+    ((kept,),) = query(tmp_path / "out", "SELECT value FROM meta WHERE key = 'repriced'")
+    learned = json.loads(kept)["default"]
+    assert learned["prompt"] == pytest.approx(0.06e-6) and learned["factor"] > 4.0

@@ -62,6 +62,9 @@ class Prices:
     def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
         return prompt_tokens * self.prompt + completion_tokens * self.completion
 
+    def scaled(self, factor: float) -> Prices:
+        return replace(self, prompt=self.prompt * factor, completion=self.completion * factor)
+
 
 @dataclass(frozen=True, slots=True)
 class Lease:

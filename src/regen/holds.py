@@ -103,7 +103,11 @@ class HoldKeeper:
     """The job runs on a key made for it, whose credit limit is raised by what is freed."""
     freed_earlier_usd: float = 0.0
     """What requests of earlier runs turned out not to cost of their worst cases: room the
-    job may spend again (a key made for this run gets it added to its limit)."""
+    job may spend again (a key made for this run gets it added to its limit). Negative parts
+    are bills above their worst cases (prices gone stale), which the key's limit loses."""
+    lagging_usd: float = 0.0
+    """The room freed so far that the run's key's limit must get before the job spends it
+    (the positive parts of `freed_earlier_usd`)."""
 
     def load(self, rows: Iterable[Sent], billed_after_gone: Callable[[str | None], bool]) -> int:
         """Hold the requests earlier runs left outstanding. Those to servers that bill nothing
@@ -111,13 +115,18 @@ class HoldKeeper:
         for s in rows:
             if not billed_after_gone(s.endpoint):
                 self.settle(None, s.id)
-                self.freed_earlier_usd += s.worst_usd
-                if self.key_limits:
-                    self.book.key_lag_usd += s.worst_usd
+                self._free(s.worst_usd)
                 continue
             self.book.add_hold(s.dataset, s.worst_usd, s.tokens, awaited=bool(s.generation_id))
             self.held[s.id] = Held(s, earlier_run=True)
         return len(self.held)
+
+    def _free(self, usd: float) -> None:
+        self.freed_earlier_usd += usd
+        if usd > 0:
+            self.lagging_usd += usd
+            if self.key_limits:  # not the job's to spend until the run's key says so too
+                self.book.key_lag_usd += usd
 
     def add(self, sent: Sent) -> None:
         """A request of this run that ended without its bill (its lease is already held)."""
@@ -228,9 +237,6 @@ class HoldKeeper:
         del self.held[s.id]
         awaited = bool(s.generation_id)
         if h.earlier_run:
-            freed = s.worst_usd - ((usage.cost_usd or 0.0) if usage else 0.0)
-            self.freed_earlier_usd += freed
-            if self.key_limits:  # not the job's to spend until the run's key says so too
-                self.book.key_lag_usd += freed
+            self._free(s.worst_usd - ((usage.cost_usd or 0.0) if usage else 0.0))
         self.book.release(s.dataset, s.worst_usd, s.tokens, usage, awaited=awaited)
         self.settle(charge, s.id)

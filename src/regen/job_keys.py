@@ -125,13 +125,13 @@ class JobKeys:
         """The account's remaining credit (`/credits`, which a management key may read)."""
         return await self._api.credit()
 
-    async def raise_limit(self, limit_usd: float) -> bool:
-        """Let this run's key spend up to `limit_usd` (more room was freed: requests of killed
-        runs billed less than their worst cases). True when the key's limit is that now."""
+    async def set_limit(self, limit_usd: float) -> bool:
+        """Let this run's key spend up to `limit_usd` (requests of killed runs were billed less
+        than their worst cases, or more). True when the key's limit is that now."""
         if self.current is None:
             return False
         limit = max(0.0, limit_usd)
-        if self.limit_usd is not None and limit <= self.limit_usd:
+        if self.limit_usd is not None and abs(limit - self.limit_usd) < 1e-9:
             return True
         try:
             record = await self._api.update(self.current.hash, limit=limit)

@@ -65,6 +65,7 @@ from regen.scheduler import (
     RunStats,
     Scheduler,
     Sender,
+    learned_prices,
 )
 from regen.store import DatasetProgress, Store, TimelinePoint
 
@@ -506,7 +507,7 @@ async def dispatch(
         await check_credit_floor(job, accounts, credit)
         baselines = await take_baselines(store, accounts, usage)
         book = budget_book(job, progress, store)
-        prices = await resolve_prices(job, clients)
+        prices, stats.repriced = learned_prices(await resolve_prices(job, clients), store)
         unproven: set[str] = set()
         excluded = await check_routes(job, clients, console, unproven)
         store.set_meta("unproven_providers", json.dumps(sorted(unproven)))
@@ -636,6 +637,13 @@ async def dispatch(
                 "never showed (at most their worst case, as the account's spend beyond the "
                 "ledger allowed)"
             )
+    for name, factor in stats.repriced.items():
+        held_lines.append(
+            f"endpoint {name}: answers were billed up to {factor:.2f}x the prices regen had "
+            "for it, so the worst cases under the dollar caps use the billed rate from then on; "
+            "give the provider's current prices in [endpoint] (*_usd_per_mtok) or leave them out "
+            "to read OpenRouter's"
+        )
     return Dispatched(stats, book.report() + held_lines, reconciliations, book)
 
 
@@ -826,17 +834,19 @@ def key_name(job: Job) -> str:
 async def follow_key_limit(
     made: JobKeys, start_usd: float | None, keeper: HoldKeeper, every_s: float = 2.0
 ) -> None:
-    """Raise the run's key's limit as requests of killed runs are billed less than their
-    worst cases (each freed dollar is the job's to spend again), until cancelled."""
+    """Keep the run's key's limit at what the cap allows as requests of killed runs are
+    billed: raised by what they cost less than their worst cases (each freed dollar is the
+    job's to spend again), lowered by what they cost more (prices gone stale), until
+    cancelled."""
     if start_usd is None:
         return
     while True:
         await asyncio.sleep(every_s)
-        freed = keeper.freed_earlier_usd
-        if await made.raise_limit(start_usd + freed):
+        freed, lagging = keeper.freed_earlier_usd, keeper.lagging_usd
+        if await made.set_limit(start_usd + freed):
             # The book counted that room as not the job's until OpenRouter's limit had it too.
-            keeper.book.key_caught_up(freed - made.freed)
-            made.freed = freed
+            keeper.book.key_caught_up(lagging - made.freed)
+            made.freed = lagging
 
 
 FORCED_NOTE = "resuming with changed settings (--force)"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import json
 import math
 import random
 import re
@@ -89,6 +90,10 @@ CLIENT_ERRORS = frozenset({"bad_request"})
 """Failures that may be the item's (a prompt too long) or the job's, when the server gives
 them to every request (an unknown model, a refused field, filters that leave no provider):
 see `Scheduler._suspect`."""
+REPRICE_TOLERANCE = 0.01
+"""Bills above the known prices by more than this share raise them (rounding stays below)."""
+REPRICED_META = "repriced"
+"""state.db meta: per endpoint, the prices an answer was billed above and by how much."""
 JOB_WIDE_AFTER = (3, 20)
 """Items in a row failing with the same client error, and nothing answered in between, that
 may make it the job's error rather than theirs (`Scheduler._suspect`): before this run's
@@ -268,6 +273,9 @@ class RunStats:
     """The run stopped because every server of a lane stayed down too long."""
     drained: dict[str, int] = field(default_factory=dict)
     """Times each endpoint was taken out of its pool (a server down or loading)."""
+    repriced: dict[str, float] = field(default_factory=dict)
+    """Per endpoint: how many times its known prices its answers were billed at most, when
+    more than once (the prices the worst cases of dollar caps use were raised to it)."""
     recent_failures: deque[int] = field(default_factory=lambda: deque(maxlen=200))
     budget_left: Callable[[str], tuple[float | None, float | None]] | None = None
     """What a dataset's token budget and dollar cap still allow (set when budgets apply)."""
@@ -364,6 +372,51 @@ def backoff_s(attempt: int, retry_after_s: float | None, rng: random.Random) -> 
     ceiling = min(30.0, 0.5 * 2 ** (attempt - 1))
     wait = rng.uniform(0, ceiling)
     return max(wait, retry_after_s or 0.0)
+
+
+def repriced_meta(store: Store) -> dict[str, dict[str, float]]:
+    """What earlier runs learned of endpoints' prices from their bills (state.db is untrusted:
+    anything but finite numbers, factors above 1, is ignored)."""
+    try:
+        raw = json.loads(store.get_meta(REPRICED_META) or "{}")
+    except ValueError:
+        return {}
+    out: dict[str, dict[str, float]] = {}
+    if not isinstance(raw, dict):
+        return out
+    for name, entry in raw.items():
+        if not isinstance(entry, dict):
+            continue
+        values = [entry.get(k) for k in ("prompt", "completion", "factor")]
+        if (
+            all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                for v in values
+            )
+            and 1.0 < entry["factor"] < 1e6
+        ):
+            out[str(name)] = {k: float(entry[k]) for k in ("prompt", "completion", "factor")}
+    return out
+
+
+def learned_prices(
+    prices: dict[str, Prices | None], store: Store
+) -> tuple[dict[str, Prices | None], dict[str, float]]:
+    """The endpoints' prices raised to what earlier runs' answers were billed at, where the
+    prices are still those the bills were compared with; and the factors applied."""
+    known = repriced_meta(store)
+    out = dict(prices)
+    factors: dict[str, float] = {}
+    for name, p in prices.items():
+        entry = known.get(name)
+        if p is None or entry is None or p.usd_per_s:
+            continue
+        if math.isclose(p.prompt, entry["prompt"], rel_tol=1e-6, abs_tol=1e-15) and math.isclose(
+            p.completion, entry["completion"], rel_tol=1e-6, abs_tol=1e-15
+        ):
+            out[name] = p.scaled(entry["factor"])
+            factors[name] = entry["factor"]
+    return out, factors
 
 
 class Scheduler:
@@ -705,6 +758,28 @@ class Scheduler:
             return min(eps, key=lambda e: (e.health.cool_until, self._rng.random()))
         return min(healthy, key=lambda e: ((e.outstanding + 1) / e.weight, self._rng.random()))
 
+    def _learn_price(self, ep: EndpointRuntime, usage: Usage) -> None:
+        """Raise the endpoint's prices when an answer was billed more than they say it costs (a
+        price list gone stale, or prices in the job file below the provider's): a dollar cap's
+        worst cases must not be below what requests really cost."""
+        prices = ep.prices
+        if prices is None or usage.cost_usd is None:
+            return
+        priced = prices.cost(usage.prompt_tokens, usage.completion_tokens)
+        if priced <= 0 or usage.cost_usd <= priced * (1 + REPRICE_TOLERANCE):
+            return
+        factor = usage.cost_usd / priced
+        ep.prices = prices.scaled(factor)
+        total = self.stats.repriced[ep.name] = self.stats.repriced.get(ep.name, 1.0) * factor
+        # Kept for the next runs, with the prices it applies to (changed prices start afresh).
+        known = repriced_meta(self._store)
+        known[ep.name] = {
+            "prompt": prices.prompt / total * factor,
+            "completion": prices.completion / total * factor,
+            "factor": total,
+        }
+        self._store.set_meta(REPRICED_META, json.dumps(known, sort_keys=True))
+
     def _drain(self, lane: LaneRuntime, ep: EndpointRuntime, exc: EndpointError) -> bool:
         """A self-hosted server that refused or dropped a connection, or is loading (503),
         leaves the pool until its health probe passes. True when the attempt is a failover:
@@ -837,6 +912,8 @@ class Scheduler:
                     if ep.prices is not None and ep.prices.usd_per_s:
                         busy_s = ep.busy.take(time.monotonic())
                         usage = replace(usage, cost_usd=busy_s * ep.prices.usd_per_s)
+                    else:
+                        self._learn_price(ep, usage)
                     usage = fill_cost(usage, ep.prices)
                     if usage is not result.usage:  # a Result's copy costs a few us: only if new
                         result = replace(result, usage=usage)
