@@ -152,14 +152,14 @@ def child_ingest(job_path: str) -> None:
     """In its own process: ingest the job into a new state.db; print CPU, wall, items, RSS."""
     from regen.config import load_job
     from regen.ingest import ingest
-    from regen.store import Store
+    from regen.state.db import Store
 
     job = load_job(Path(job_path))
     store = Store.open(job.output_path)
     cpu0, wall0 = time.process_time(), time.monotonic()
     ingest(store, job)
     cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
-    progress = store.dataset_progress()
+    progress = store.work.dataset_progress()
     store.close()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     items = sum(p.items for p in progress)
@@ -170,7 +170,7 @@ def child_answer(out: str) -> None:
     """In its own process: record a short answer for every pending item, as a run would: in
     dispatch order (which is random in the source's order)."""
     from regen.conversation import Attempt, Message, Outcome, Result, Usage
-    from regen.store import Store
+    from regen.state.db import Store
 
     store = Store.open(Path(out))
     items = list(

@@ -33,7 +33,7 @@ from regen.conversation import Attempt, Message, Outcome, Result, ToolCall, Usag
 from regen.ingest import ingest
 from regen.sim.generate import count_prompt_tokens, generate
 from regen.sim.words import WORDS
-from regen.store import Store
+from regen.state.db import Store
 
 MODELS = {"kimi-k2.5": "moonshotai/kimi-k2.5", "qwen3": "qwen/qwen3-8b"}
 TOOLS = [

@@ -13,7 +13,7 @@ import pytest
 from regen.audit import Checks, structure
 from regen.reconstruct import Answer, Target, TargetSpec, family
 from regen.sim import SimConfig, sim_in_thread
-from regen.store import ExportRow
+from regen.state.answers import ExportRow
 from tests.conftest import run_cli, write_job, write_rows
 
 FIXTURES = Path(__file__).parent / "sources" / "fixtures"

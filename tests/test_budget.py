@@ -14,7 +14,7 @@ from regen.budget import LENGTH_WINDOW, RAMP_ANSWERS, BudgetBook, Denial, Lease,
 from regen.config import DatasetConfig
 from regen.conversation import Usage
 from regen.sim import SimConfig, sim_in_thread
-from regen.store import DatasetProgress
+from regen.state.work import DatasetProgress
 from tests.conftest import SECRET_KEY, chat_rows, query, run_cli, write_job, write_rows
 
 PRICES = Prices(0.5e-6, 2.0e-6)

@@ -15,7 +15,7 @@ from regen.errors import StateError
 from regen.export import ExportOptions, export_job
 from regen.reconstruct import Target, TargetSpec
 from regen.sim import SimConfig, sim_in_thread
-from regen.store import Store
+from regen.state.db import Store
 from tests.conftest import chat_rows, query, run_cli, write_job, write_rows
 
 

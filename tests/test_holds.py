@@ -13,8 +13,8 @@ from regen.budget import BudgetBook, Denial, Lease, Prices, fill_cost
 from regen.config import DatasetConfig
 from regen.conversation import Charge, Usage
 from regen.holds import HoldKeeper, HoldSummary
-from regen.outstanding import Sent
-from regen.store import DatasetProgress
+from regen.state.outstanding import Sent
+from regen.state.work import DatasetProgress
 
 PRICES = Prices(0.5e-6, 2.0e-6)
 

@@ -18,7 +18,7 @@ from regen.conversation import Conversation
 from regen.ingest import ingest, order_key
 from regen.modes import item_id, prompt_hash, target_turns
 from regen.sources import Source
-from regen.store import Store
+from regen.state.db import Store
 from tests.conftest import query
 
 FIXTURES = Path(__file__).parent / "sources" / "fixtures"
@@ -259,16 +259,16 @@ def test_ingested_ids_and_bad_rows_are_the_definitions(tmp_path: Path, mode: str
 def test_batches_commit_every_few_rows_and_give_the_connection_back_as_it_was(
     tmp_path: Path,
 ) -> None:
-    from regen.store import NewConversation, NewItem
+    from regen.state.work import NewConversation, NewItem
 
     store = Store.open(tmp_path)
-    store.register_dataset("d", 0, "src")
+    store.sources.register("d", 0, "src")
     cache = store._db.execute("PRAGMA cache_size").fetchone()
 
     def batch(k: int) -> list[NewConversation]:
         return [NewConversation(f"c{k}", "d", k, "{}", [NewItem(f"i{k}", 1, f"h{k}", k)])]
 
-    assert store.add_conversation_batches((batch(k) for k in range(5)), commit_rows=2) == 5
+    assert store.work.add_conversation_batches((batch(k) for k in range(5)), commit_rows=2) == 5
     assert query(tmp_path, "SELECT COUNT(*) FROM items") == [(5,)]
     assert store._db.execute("PRAGMA foreign_keys").fetchone() == (1,)
     assert store._db.execute("PRAGMA cache_size").fetchone() == cache
@@ -300,10 +300,10 @@ def test_items_are_read_into_the_lane_assign_lanes_gives_them(tmp_path: Path) ->
     ingest(store, job)
     lanes = query(job.output_path, "SELECT id, lane FROM items ORDER BY id")
     assert {lane for _, lane in lanes} == {"short", "mid", "long", None}
-    assert store.assign_lanes(lane_rules(job)) == {"b": 5}
+    assert store.work.assign_lanes(lane_rules(job)) == {"b": 5}
     assert query(job.output_path, "SELECT id, lane FROM items ORDER BY id") == lanes
     store._db.execute("UPDATE items SET lane = NULL")
-    store.assign_lanes(lane_rules(job))
+    store.work.assign_lanes(lane_rules(job))
     assert query(job.output_path, "SELECT id, lane FROM items ORDER BY id") == lanes
 
 
@@ -332,10 +332,11 @@ import os, signal, sys
 from pathlib import Path
 from regen import ingest as ingest_mod
 from regen.config import load_job
-from regen.store import Store
+from regen.state.db import Store
+from regen.state.work import Work
 
 ingest_mod.INGEST_BATCH = 2
-add = Store.add_conversation_batches
+add = Work.add_conversation_batches
 
 def killed_after_two_commits(self, batches, commit_rows=0, sort_rows=0):
     def feed():
@@ -345,7 +346,7 @@ def killed_after_two_commits(self, batches, commit_rows=0, sort_rows=0):
             yield batch
     return add(self, feed(), commit_rows=4, sort_rows=3)
 
-Store.add_conversation_batches = killed_after_two_commits
+Work.add_conversation_batches = killed_after_two_commits
 job = load_job(Path(sys.argv[1]))
 ingest_mod.ingest(Store.open(job.output_path), job)
 """

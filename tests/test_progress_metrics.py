@@ -154,7 +154,7 @@ def test_report_is_written_at_the_end_and_on_demand(tmp_path: Path) -> None:
 def test_budget_left_counts_token_budgets_dataset_caps_and_the_job_cap() -> None:
     from regen.budget import BudgetBook
     from regen.config import DatasetConfig
-    from regen.store import DatasetProgress
+    from regen.state.work import DatasetProgress
 
     datasets = [
         DatasetConfig(name="a", path="a.jsonl", token_budget=1000, max_cost_usd=5.0),

@@ -18,7 +18,7 @@ from regen.reconstruct import FAMILIES, Answer, Target, TargetSpec, family
 from regen.sim import SimConfig, sim_in_thread
 from regen.sim.chat import completion_text
 from regen.sim.grammar import grammar, sim_tokenizer
-from regen.store import ExportRow
+from regen.state.answers import ExportRow
 from tests.conftest import run_cli, write_job, write_rows
 
 FIXTURES = Path(__file__).parent / "sources" / "fixtures"

@@ -12,7 +12,7 @@ from regen.config import Job, load_job
 from regen.ingest import ingest, lane_rules
 from regen.runner import build_lanes
 from regen.scheduler import DatasetStats, RunStats, Scheduler, Sender, backoff_s
-from regen.store import Store
+from regen.state.db import Store
 from tests.conftest import chat_rows, write_job, write_rows
 from tests.scripted_server import Reply, Scripted, scripted_server
 
@@ -23,7 +23,7 @@ def make_job(tmp: Path, n: int, extra: str = "", **kw: Any) -> tuple[Job, Store]
     job = load_job(write_job(tmp, "http://127.0.0.1:9/v1", datasets=datasets, extra=extra, **kw))
     store = Store.open(job.output_path)
     ingest(store, job)
-    store.assign_lanes(lane_rules(job))
+    store.work.assign_lanes(lane_rules(job))
     return job, store
 
 
@@ -35,7 +35,7 @@ async def run_with(
     until: Callable[[Scheduler], bool] | None = None,
     sequential: list[str] | None = None,
 ) -> tuple[RunStats, Scheduler]:
-    stats = RunStats({p.name: DatasetStats(items=p.items) for p in store.dataset_progress()})
+    stats = RunStats({p.name: DatasetStats(items=p.items) for p in store.work.dataset_progress()})
 
     async def fake_sleep(s: float) -> None:
         if sleeps is not None:
@@ -171,7 +171,7 @@ async def test_auth_failure_stops_dispatch(tmp_path: Path) -> None:
     assert len(srv.requests) <= 4  # at most what was in flight when the first 401 came back
     pending = rows(store, "SELECT COUNT(*) FROM items WHERE status = 'pending'")[0][0]
     assert pending >= 196
-    assert store.requeue_retryable_failures({"auth"}) == 200 - pending
+    assert store.work.requeue_retryable_failures({"auth"}) == 200 - pending
 
 
 async def test_in_flight_never_exceeds_concurrency_and_all_finish(tmp_path: Path) -> None:
@@ -232,7 +232,7 @@ max_tokens = 1000
     job = load_job(job_file)
     store = Store.open(job.output_path)
     ingest(store, job)
-    store.assign_lanes(lane_rules(job))
+    store.work.assign_lanes(lane_rules(job))
 
     def script(n: int, body: dict[str, Any]) -> Reply:
         if body["max_tokens"] == 100 and "number 3:" in body["messages"][0]["content"]:
@@ -290,7 +290,7 @@ api_key_env = "X"
     job = load_job(job_file)
     store = Store.open(job.output_path)
     ingest(store, job)
-    store.assign_lanes(lane_rules(job))
+    store.work.assign_lanes(lane_rules(job))
     bad = Flaky()
     async with (
         scripted_server(lambda n, _: Reply()) as srv,
@@ -324,7 +324,7 @@ class Slow:
 async def test_stop_lets_in_flight_finish_and_sends_nothing_after(tmp_path: Path) -> None:
     job, store = make_job(tmp_path, 100, concurrency=5)
     slow = Slow(0.05, busy_at=12)  # some answered, 5 in flight
-    stats = RunStats({p.name: DatasetStats(items=p.items) for p in store.dataset_progress()})
+    stats = RunStats({p.name: DatasetStats(items=p.items) for p in store.work.dataset_progress()})
     sched = Scheduler(
         store, build_lanes(job, {"default": slow}), job.run, stats, commit_interval_s=0.01
     )
@@ -342,7 +342,7 @@ async def test_stop_lets_in_flight_finish_and_sends_nothing_after(tmp_path: Path
 async def test_stop_grace_abandons_requests_that_take_too_long(tmp_path: Path) -> None:
     job, store = make_job(tmp_path, 10, concurrency=3, extra="stop_grace_s = 0.1")
     slow = Slow(30, busy_at=3)
-    stats = RunStats({p.name: DatasetStats(items=p.items) for p in store.dataset_progress()})
+    stats = RunStats({p.name: DatasetStats(items=p.items) for p in store.work.dataset_progress()})
     sched = Scheduler(
         store, build_lanes(job, {"default": slow}), job.run, stats, commit_interval_s=0.01
     )
@@ -366,7 +366,7 @@ def test_ingested_ids_are_the_vocabularys_ids(tmp_path: Path) -> None:
     from regen.modes import item_id, prompt_hash
 
     job, store = make_job(tmp_path, 5)
-    for p in store.claim_batch("chat", -1, 10):
+    for p in store.work.claim_batch("chat", -1, 10):
         conv = Conversation.from_dict(p.dataset, p.row_index, p.conversation)
         assert p.conversation_id == conv.id
         assert p.id == item_id(conv.id, p.turn_index)
@@ -453,7 +453,7 @@ def escalating_job(
     job = load_job(job_file)
     store = Store.open(job.output_path)
     ingest(store, job)
-    store.assign_lanes(lane_rules(job))
+    store.work.assign_lanes(lane_rules(job))
     return job, store
 
 
@@ -537,14 +537,16 @@ async def test_a_sequential_rescan_never_resends_a_turn_answered_but_not_yet_com
     job = load_job(job_file)
     store = Store.open(job.output_path)
     ingest(store, job)
-    store.assign_lanes(lane_rules(job))
+    store.work.assign_lanes(lane_rules(job))
     delays = _random.Random(7)
 
     def script(n: int, body: dict[str, Any]) -> Reply:
         return Reply(delay_s=delays.choice((0.0, 0.0, 0.0, 0.02, 0.08)))
 
     async with scripted_server(script) as srv, ChatClient(srv.url, "k", concurrency=8) as c:
-        stats = RunStats({p.name: DatasetStats(items=p.items) for p in store.dataset_progress()})
+        stats = RunStats(
+            {p.name: DatasetStats(items=p.items) for p in store.work.dataset_progress()}
+        )
         sched = Scheduler(
             store,
             build_lanes(job, {"default": c}),

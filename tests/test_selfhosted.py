@@ -19,7 +19,7 @@ from regen.config import load_job
 from regen.runner import run_job
 from regen.sim import SimConfig, sim_in_thread
 from regen.sim.config import SimFaults
-from regen.store import unpack_ids
+from regen.state.answers import unpack_ids
 from tests.conftest import query, write_rows
 
 MODEL = "qwen/qwen3-8b"

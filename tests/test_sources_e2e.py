@@ -13,7 +13,7 @@ from regen.config import load_job
 from regen.ingest import ingest
 from regen.sim import SimConfig, sim_in_thread
 from regen.sim.config import SimFaults
-from regen.store import Store
+from regen.state.db import Store
 from tests.conftest import query, run_cli, write_job, write_rows
 
 FIXTURES = Path(__file__).parent / "sources" / "fixtures"
@@ -141,19 +141,19 @@ def chat(i: int, field: str = "x") -> dict[str, object]:
 def test_filter_sample_and_limit_select_rows(tmp_path: Path) -> None:
     rows = [chat(i) for i in range(300)]
     store = ingested(tmp_path / "a", 'filter = {"meta.lang" = "py"}', rows)
-    (p,) = store.dataset_progress()
+    (p,) = store.work.dataset_progress()
     assert (p.rows_read, p.items) == (300, 100)
     store = ingested(tmp_path / "b", "sample = 0.25\nshuffle_seed = 3", rows)
-    (p,) = store.dataset_progress()
+    (p,) = store.work.dataset_progress()
     assert 50 < p.items < 100  # a quarter of 300, seeded
     store = ingested(tmp_path / "c", "sample = 40\nlimit = 200", rows)
-    (p,) = store.dataset_progress()
+    (p,) = store.work.dataset_progress()
     assert (p.rows_read, p.items) == (200, 40)
     rows_c = [r[0] for r in query(tmp_path / "c" / "out", "SELECT row_index FROM conversations")]
     assert max(rows_c) < 200 and len(set(rows_c)) == 40
     # The same seed picks the same rows; another seed others.
     again = ingested(tmp_path / "d", "sample = 40\nlimit = 200", rows)
-    assert again.dataset_progress()[0].items == 40
+    assert again.work.dataset_progress()[0].items == 40
     assert sorted(rows_c) == sorted(
         r[0] for r in query(tmp_path / "d" / "out", "SELECT row_index FROM conversations")
     )
@@ -182,7 +182,7 @@ def test_system_policies_and_prompt_limit(tmp_path: Path) -> None:
     assert systems('system = "replace"\nsystem_prompt = "new"', "rep") == ["new", "new", "new"]
     assert systems('system = "fill"\nsystem_prompt = "new"', "fill") == ["old", "new", "new"]
     store = ingested(tmp_path / "lim", "max_prompt_tokens = 1000", rows)
-    (bad,) = store.bad_rows()
+    (bad,) = store.sources.bad_rows()
     assert bad.row_index == 2
     assert bad.reason.startswith("prompt over max_prompt_tokens (") and "limit 1000" in bad.reason
 

@@ -9,7 +9,9 @@ import pytest
 from regen.conversation import Attempt, Conversation, Message, Outcome, Result, Usage
 from regen.errors import StateError
 from regen.modes import item_id, prompt_hash
-from regen.store import MIGRATIONS, NewConversation, NewItem, Store
+from regen.state.db import Store
+from regen.state.schema import MIGRATIONS
+from regen.state.work import NewConversation, NewItem
 
 
 def conv(text: str, row: int = 0, answer: str = "a") -> Conversation:
@@ -24,7 +26,7 @@ def new(c: Conversation, key: int, est: int = 0) -> NewConversation:
 def add_first_release_item(store: Store, c: Conversation, iid: str, key: int) -> None:
     """A conversation and one item, written with only the columns of the first schema (for
     migration tests, where today's add_conversations would write columns not there yet)."""
-    store.register_dataset("ds", 0, "src")
+    store.sources.register("ds", 0, "src")
     store._db.execute(
         "INSERT INTO conversations VALUES (?, 'ds', 0, ?)", (c.id, json.dumps(c.to_dict()))
     )
@@ -36,8 +38,8 @@ def add_first_release_item(store: Store, c: Conversation, iid: str, key: int) ->
 
 
 def add(store: Store, c: Conversation, key: int) -> int:
-    store.register_dataset("ds", 0, "src")
-    return store.add_conversations([new(c, key)])
+    store.sources.register("ds", 0, "src")
+    return store.work.add_conversations([new(c, key)])
 
 
 def test_migrations_are_recorded_once(tmp_path: Path) -> None:
@@ -65,17 +67,17 @@ def test_identical_prompts_are_one_item_and_rereads_add_nothing(tmp_path: Path) 
     assert add(store, conv("q", 1, "other answer"), 6) == 0  # same prompt, other row
     assert add(store, conv("q", 0, "first answer"), 5) == 0  # the same row read again
     assert add(store, conv("q2", 2), 7) == 1
-    assert [p.items for p in store.dataset_progress()] == [2]
+    assert [p.items for p in store.work.dataset_progress()] == [2]
 
 
 def test_claim_batch_walks_dispatch_order(tmp_path: Path) -> None:
     store = Store.open(tmp_path)
     for i, key in enumerate([30, 10, 20]):
         add(store, conv(f"q{i}", i), key)
-    first = store.claim_batch("ds", -1, 2)
+    first = store.work.claim_batch("ds", -1, 2)
     assert [p.order_key for p in first] == [10, 20]
     assert first[0].conversation_id == conv("q1", 1).id  # the item with key 10
-    assert [p.order_key for p in store.claim_batch("ds", 20, 2)] == [30]
+    assert [p.order_key for p in store.work.claim_batch("ds", 20, 2)] == [30]
 
 
 def test_outcomes_commit_result_attempts_and_ledger_together(tmp_path: Path) -> None:
@@ -98,7 +100,7 @@ def test_outcomes_commit_result_attempts_and_ledger_together(tmp_path: Path) -> 
         failure_message="no",
     )
     store.commit_outcomes([ok, bad])
-    (p,) = store.dataset_progress()
+    (p,) = store.work.dataset_progress()
     assert (p.done, p.failed, p.prompt_tokens, p.completion_tokens, p.cost_usd) == (
         1,
         1,
@@ -106,13 +108,13 @@ def test_outcomes_commit_result_attempts_and_ledger_together(tmp_path: Path) -> 
         20,
         0.5,
     )
-    assert store.failure_counts() == {("ds", "overloaded"): 1, ("ds", "bad_request"): 1}
-    (row,) = store.export_rows("ds")
+    assert store.spend.failure_counts() == {("ds", "overloaded"): 1, ("ds", "bad_request"): 1}
+    (row,) = store.answers.export_rows("ds")
     assert (row.item_id, row.content) == (i1, "new")
     with pytest.raises(StateError):  # a second commit of the same result is refused whole
         store.commit_outcomes([ok])
-    assert store.dataset_progress()[0].done == 1
-    assert len(store.failure_counts()) == 2
+    assert store.work.dataset_progress()[0].done == 1
+    assert len(store.spend.failure_counts()) == 2
 
 
 def test_unwritable_output_dir_is_a_state_error(tmp_path: Path) -> None:
@@ -123,7 +125,7 @@ def test_unwritable_output_dir_is_a_state_error(tmp_path: Path) -> None:
 
 
 def test_m002_upgrades_a_database_made_by_m001(tmp_path: Path) -> None:
-    from regen import store as store_mod
+    from regen.state import db as store_mod
 
     old = store_mod.MIGRATIONS
     store_mod.MIGRATIONS = old[:1]  # the schema as the first release made it
@@ -146,7 +148,7 @@ def test_m009_holds_an_older_states_exposure_for_the_whole_job(tmp_path: Path) -
     against the job alone, until its time, and the number goes."""
     import json
 
-    from regen import store as store_mod
+    from regen.state import db as store_mod
 
     old = store_mod.MIGRATIONS
     store_mod.MIGRATIONS = old[:8]
@@ -168,7 +170,7 @@ def test_outstanding_requests_leave_with_the_commit_of_their_bills(tmp_path: Pat
     """A request is written before it is sent, named by its generation id when the response
     says it, and leaves in the transaction that commits its bill: a kill at any moment leaves
     either its bill in the ledger or the request outstanding, never both and never neither."""
-    from regen.outstanding import Sent
+    from regen.state.outstanding import Sent
 
     store = Store.open(tmp_path)
     c = conv("q", 0)
@@ -189,22 +191,28 @@ def test_outstanding_requests_leave_with_the_commit_of_their_bills(tmp_path: Pat
 
 
 def test_assign_lanes_takes_the_first_lane_that_selects(tmp_path: Path) -> None:
-    from regen.store import LaneRule
+    from regen.state.work import LaneRule
 
     store = Store.open(tmp_path)
     short, long_ = conv("q", 0), conv("q" * 4000, 1)
     add(store, short, 1)
-    store.add_conversations([new(long_, 2, long_.estimate_prompt_tokens(1))])
-    unassigned = store.assign_lanes([LaneRule("small", max_prompt_tokens=100), LaneRule("big")])
+    store.work.add_conversations([new(long_, 2, long_.estimate_prompt_tokens(1))])
+    unassigned = store.work.assign_lanes(
+        [LaneRule("small", max_prompt_tokens=100), LaneRule("big")]
+    )
     assert unassigned == {}
-    assert [i.id for i in store.claim_batch("ds", -1, 10, lane="big")] == [item_id(long_.id, 1)]
-    assert [i.id for i in store.claim_batch("ds", -1, 10, lane="small")] == [item_id(short.id, 1)]
-    unassigned = store.assign_lanes([LaneRule("only-other", datasets=["other"])])
+    assert [i.id for i in store.work.claim_batch("ds", -1, 10, lane="big")] == [
+        item_id(long_.id, 1)
+    ]
+    assert [i.id for i in store.work.claim_batch("ds", -1, 10, lane="small")] == [
+        item_id(short.id, 1)
+    ]
+    unassigned = store.work.assign_lanes([LaneRule("only-other", datasets=["other"])])
     assert unassigned == {"ds": 2}
 
 
 def test_m003_upgrades_a_database_made_by_m002_and_keeps_its_charges(tmp_path: Path) -> None:
-    from regen import store as store_mod
+    from regen.state import db as store_mod
 
     old = store_mod.MIGRATIONS
     store_mod.MIGRATIONS = old[:2]  # the schema as m002 left it
@@ -230,9 +238,9 @@ def test_m003_upgrades_a_database_made_by_m002_and_keeps_its_charges(tmp_path: P
     assert s2.schema_version() == len(MIGRATIONS)
     row = s2._db.execute("SELECT endpoint, provider, generation_id, cost_usd FROM ledger")
     assert row.fetchall() == [(None, "DeepInfra", "gen-1", 0.25)]
-    assert s2.dataset_progress()[0].cost_usd == 0.25
+    assert s2.work.dataset_progress()[0].cost_usd == 0.25
     # A charge made before endpoints were recorded belongs to no account.
-    assert s2.ledger_usd(["default"]) == 0.0
+    assert s2.spend.ledger_usd(["default"]) == 0.0
 
 
 def test_ledger_charges_name_their_endpoint_provider_and_generation(tmp_path: Path) -> None:
@@ -252,8 +260,8 @@ def test_ledger_charges_name_their_endpoint_provider_and_generation(tmp_path: Pa
     store.commit_outcomes([Outcome(iid, "ds", (Attempt(1, 0.0, 0.1, 200),), result=result)])
     row = store._db.execute("SELECT endpoint, provider, generation_id FROM ledger").fetchone()
     assert row == ("local-1", "Fireworks", "gen-9")
-    assert store.ledger_usd(["local-1", "other"]) == 0.125
-    assert store.ledger_usd(["other"]) == 0.0
+    assert store.spend.ledger_usd(["local-1", "other"]) == 0.125
+    assert store.spend.ledger_usd(["other"]) == 0.0
 
 
 def test_rows_sorted_before_they_go_in_still_keep_the_first_of_each_key(tmp_path: Path) -> None:
@@ -261,7 +269,7 @@ def test_rows_sorted_before_they_go_in_still_keep_the_first_of_each_key(tmp_path
     id, or two items with one prompt, the earlier in the source still wins, within a sorted
     group and across groups."""
     store = Store.open(tmp_path)
-    store.register_dataset("ds", 0, "src")
+    store.sources.register("ds", 0, "src")
 
     def row(cid: str, index: int, item: str, prompt: str) -> NewConversation:
         return NewConversation(cid, "ds", index, "{}", [NewItem(item, 1, prompt, index)])
@@ -273,7 +281,7 @@ def test_rows_sorted_before_they_go_in_still_keep_the_first_of_each_key(tmp_path
         row("c5", 3, "i5", "q"),  # the same row again, later
         row("c0", 4, "i0", "p"),  # in the next sorted group
     ]
-    added = store.add_conversation_batches(([r] for r in source), commit_rows=10, sort_rows=4)
+    added = store.work.add_conversation_batches(([r] for r in source), commit_rows=10, sort_rows=4)
     assert added == 2
     items = store._db.execute("SELECT id, prompt_hash FROM items ORDER BY id").fetchall()
     assert items == [("i5", "q"), ("i9", "p")]

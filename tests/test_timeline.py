@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from regen.sim import SimConfig, sim_in_thread
-from regen.store import Store
+from regen.state.db import Store
 from tests.conftest import run_cli, two_lanes, write_job
 
 
@@ -19,10 +19,10 @@ def test_each_run_and_pilot_is_recorded_with_its_lanes_and_a_timeline(tmp_path: 
         assert run.returncode == 0, run.stderr
     store = Store.open_readonly(tmp_path / "out")
     try:
-        runs = store.runs()
-        points = store.timeline()
-        attempts = list(store.attempt_facts())
-        charges = list(store.ledger_facts())
+        runs = store.runs.all()
+        points = store.runs.timeline()
+        attempts = list(store.spend.attempt_facts())
+        charges = list(store.spend.ledger_facts())
     finally:
         store.close()
     assert [r.kind for r in runs] == ["pilot", "run"]

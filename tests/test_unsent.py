@@ -13,7 +13,7 @@ from regen.cli import EXIT_CAP, EXIT_ITEMS_LEFT, EXIT_OK, _finish
 from regen.config import load_job
 from regen.ingest import ingest, lane_rules
 from regen.runner import RunReport, unsent_items
-from regen.store import Store
+from regen.state.db import Store
 from tests.conftest import chat_rows, write_job, write_rows
 
 
@@ -24,7 +24,7 @@ def pending_job(tmp: Path, extra: str = "") -> tuple[object, Store]:
     )
     store = Store.open(job.output_path)
     ingest(store, job)
-    store.assign_lanes(lane_rules(job))
+    store.work.assign_lanes(lane_rules(job))
     return job, store
 
 
@@ -35,7 +35,7 @@ def finish(report: RunReport) -> tuple[int, str]:
 
 
 def report_for(store: Store, tmp: Path, unsent: list, **kw: object) -> RunReport:
-    return RunReport(tmp, store.dataset_progress(), {}, {}, unsent=unsent, **kw)  # type: ignore[arg-type]
+    return RunReport(tmp, store.work.dataset_progress(), {}, {}, unsent=unsent, **kw)  # type: ignore[arg-type]
 
 
 def test_items_left_without_a_known_reason_are_named_as_a_bug(tmp_path: Path) -> None:

@@ -21,7 +21,8 @@ from typing import Any
 
 from regen.reconstruct import ReconstructError, Sample, Target, TargetSpec, spec_from_store
 from regen.reconstruct.parse import first_difference, parse, server_form
-from regen.store import ExportRow, Store
+from regen.state.answers import ExportRow
+from regen.state.db import Store
 
 BATCH = 256
 """Answers rebuilt together (their texts are encoded in one batch)."""
@@ -288,7 +289,7 @@ def rebuilt(
         rows.clear()
         batch.clear()
 
-    for row in store.export_rows(dataset, since):
+    for row in store.answers.export_rows(dataset, since):
         rows.append(row)
         if wanted(row):
             batch.append(row)
@@ -343,7 +344,7 @@ def audit(
             return include_truncated or row.finish_reason != "length"
 
         audits = []
-        for p in store.dataset_progress():
+        for p in store.work.dataset_progress():
             a = DatasetAudit(p.name)
             audits.append(a)
             for row, sample in rebuilt(store, p.name, tgt, wanted=counted):
@@ -427,8 +428,8 @@ class LiveAudit:
         """Audit the next sample; return the samples that failed."""
         store = Store.open_readonly(self.out)
         try:
-            found = store.results_after(self._cursor, self.sample)
-            self._cursor = max(store.last_result_rowid(), self._cursor)
+            found = store.answers.results_after(self._cursor, self.sample)
+            self._cursor = max(store.answers.last_result_rowid(), self._cursor)
         finally:
             store.close()
         rows = [row for _, _, row in found if row.finish_reason != "length"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from regen.budget import Prices, configured_prices
 from regen.client.account import JsonGetter, account_credit, key_info, model_prices
 from regen.config import Job
-from regen.store import Store
+from regen.state.db import Store
 
 UsageReader = Callable[[], Awaitable[float | None]]
 """What an account's provider says this job's keys have used in all (None: it cannot say)."""
@@ -131,7 +131,7 @@ async def take_baselines(
             used = await usage[account.key]()
             if used is None:
                 continue
-            baseline = Baseline(used, store.ledger_usd(account.endpoints))
+            baseline = Baseline(used, store.spend.ledger_usd(account.endpoints))
             save_baseline(store, account, baseline)
         out[account.key] = baseline
     return out
@@ -149,7 +149,7 @@ async def reconcile_accounts(
         baseline = baselines.get(account.key)
         used = await usage[account.key]()
         if baseline is not None and used is not None:
-            ledger = store.ledger_usd(account.endpoints)
+            ledger = store.spend.ledger_usd(account.endpoints)
             out.append(reconcile(account, baseline, used, ledger))
     return out
 

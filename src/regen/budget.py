@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 
 from regen.config import DatasetConfig, EndpointConfig
 from regen.conversation import Usage
-from regen.store import DatasetProgress
+from regen.state.work import DatasetProgress
 
 RAMP_ANSWERS = 16
 """Answers of a dataset and lane seen before its attempts are reserved less than max_tokens."""

@@ -555,7 +555,7 @@ def _export(args: argparse.Namespace, console: Console) -> int:
 
     from regen.audit import checks_for, target_for
     from regen.export import ExportOptions, export_job
-    from regen.store import Store
+    from regen.state.db import Store
 
     if not 0 <= args.validation < 1:
         print("error: --validation takes a fraction from 0 to below 1", file=sys.stderr)
@@ -564,7 +564,7 @@ def _export(args: argparse.Namespace, console: Console) -> int:
     caps = _pairs(args.cap, "--cap", int)
     store = Store.open_readonly(args.out)
     try:
-        names = [p.name for p in store.dataset_progress()]
+        names = [p.name for p in store.work.dataset_progress()]
         unknown = sorted((set(weights) | set(caps)) - set(names))
         if unknown:
             print(

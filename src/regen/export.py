@@ -22,7 +22,8 @@ from regen.audit import Checks, rebuilt, sample_problems
 from regen.conversation import seeded_unit
 from regen.errors import StateError
 from regen.reconstruct import ReconstructError, Sample, Target
-from regen.store import ExportRow, Store, pack_ids
+from regen.state.answers import ExportRow, pack_ids
+from regen.state.db import Store
 
 
 def _specforge_message(m: dict[str, Any]) -> dict[str, Any]:
@@ -121,7 +122,8 @@ def export_specforge(store: Store, datasets: list[str], export_dir: Path) -> dic
     """`<export_dir>/<dataset>.jsonl` for each dataset; returns rows written per dataset."""
     return {
         name: write_jsonl_atomic(
-            export_dir / f"{name}.jsonl", (specforge_record(r) for r in store.export_rows(name))
+            export_dir / f"{name}.jsonl",
+            (specforge_record(r) for r in store.answers.export_rows(name)),
         )
         for name in datasets
     }
@@ -494,7 +496,7 @@ def _export_dataset(
         # Answers the filters drop are not rebuilt.
         rebuilt(store, name, target, since, wanted=lambda row: _drop_reason(row, opts) is None)
         if target is not None
-        else ((row, None) for row in store.export_rows(name, since))
+        else ((row, None) for row in store.answers.export_rows(name, since))
     )
     for row, sample in rows:
         until = max(until, row.created_at)

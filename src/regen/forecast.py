@@ -40,7 +40,9 @@ from dataclasses import dataclass, field
 from regen.budget import Prices
 from regen.config import Job, LaneConfig
 from regen.eta import Z90, LatencyModel, escalation_order, format_duration, kaplan_meier
-from regen.store import DatasetProgress, FlowEntry, LaneCapacity
+from regen.state.runs import LaneCapacity
+from regen.state.spend import FlowEntry
+from regen.state.work import DatasetProgress
 
 FEW_PASSAGES = 30
 """Fewer finished passages than this behind an estimate: the plan says so."""

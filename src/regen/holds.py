@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from regen.budget import BudgetBook, Prices, fill_cost
 from regen.client.account import JsonGetter, generation_charge
 from regen.conversation import Charge, Usage
-from regen.outstanding import Sent
+from regen.state.outstanding import Sent
 
 LOOKUP_WAITS_S = (1.0, 1.0, 2.0, 4.0, 8.0)
 """When to read a generation's bill after its request ended (its record lags the answer),

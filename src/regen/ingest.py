@@ -30,7 +30,8 @@ from regen.errors import SourceError
 from regen.modes import item_id, target_turns
 from regen.sources import Source
 from regen.sources.readers import HUB_PREFIX, file_digest, source_files
-from regen.store import LaneRule, NewConversation, NewItem, Store, first_lane
+from regen.state.db import Store
+from regen.state.work import LaneRule, NewConversation, NewItem, first_lane
 
 INGEST_BATCH = 2000
 """Rows planned before they go to the store (which commits far fewer times)."""
@@ -115,12 +116,12 @@ LaneOf = Callable[[int], str | None]
 
 
 def no_lane(prompt_tokens_est: int) -> None:
-    """No lane: Store.assign_lanes places the item (`regen inspect` stores nothing)."""
+    """No lane: Work.assign_lanes places the item (`regen inspect` stores nothing)."""
     return None
 
 
 def lane_of(rules: list[LaneRule], dataset: str) -> LaneOf:
-    """The lane Store.assign_lanes would give each of a dataset's new items: written with the
+    """The lane Work.assign_lanes would give each of a dataset's new items: written with the
     item, so that the first run after a read does not rewrite every item's lane (9-12 s at a
     million items, each a move in items_lane). Most jobs have one lane for a dataset: then
     no rule is asked per item."""
@@ -276,7 +277,7 @@ def read_dataset(
         if batch:
             yield batch
 
-    store.add_conversation_batches(batches())
+    store.work.add_conversation_batches(batches())
     if failed:
         raise failed[0]
     return bad, turns_read
@@ -289,15 +290,15 @@ def ingest(store: Store, job: Job) -> list[str]:
     rules = lane_rules(job)
     for position, ds in enumerate(job.datasets):
         source = source_of(job, ds)
-        store.register_dataset(ds.name, position, str(source.path))
+        store.sources.register(ds.name, position, str(source.path))
         fingerprint = source_fingerprint(job, ds, source)
-        if source_unchanged(store.source_fingerprint(ds.name), fingerprint):
+        if source_unchanged(store.sources.fingerprint(ds.name), fingerprint):
             unchanged.append(ds.name)
             continue
         bad, turns_read = read_dataset(
             store, ds, source, job.dataset_seed(ds), lane_of(rules, ds.name)
         )
-        store.record_source_stats(
+        store.sources.record_read(
             ds.name,
             source.rows,
             turns_read,

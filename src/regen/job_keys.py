@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 
 from regen.client.keys import KeyApi, KeyApiError
 from regen.errors import ConfigError
-from regen.store import Store
+from regen.state.db import Store
 
 JOB_KEYS_META = "job_keys"
 

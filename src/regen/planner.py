@@ -24,7 +24,8 @@ from regen.forecast import Interval, JobPlan, coverage, plan
 from regen.lock import RunLock
 from regen.progress import format_tokens
 from regen.runner import check_reachable, dispatch, endpoint_keys, prepare
-from regen.store import BadRowGroup, Store
+from regen.state.db import Store
+from regen.state.sources import BadRowGroup
 
 
 @dataclass(frozen=True)
@@ -74,21 +75,21 @@ def plan_job(job: Job, *, console: Console, api_key: str | None = None, pilot: i
             if pilot > 0:
                 asyncio.run(dispatch(job, store, keys, console, pilot=pilot))
             prices, credit = asyncio.run(_account_reads(job, keys))
-            progress = store.dataset_progress()
+            progress = store.work.dataset_progress()
             spent = sum(p.cost_usd for p in progress)
             floor = job.budget.stop_when_credits_below
             credit_room = None if credit is None else credit - (floor or 0.0)
             estimate = plan(
                 job,
                 progress,
-                store.flow_entries(),
-                {lane.name: store.answer_latencies(lane.name) for lane in job.lane_list},
-                store.pending_flows(),
+                store.spend.flow_entries(),
+                {lane.name: store.spend.answer_latencies(lane.name) for lane in job.lane_list},
+                store.work.pending_flows(),
                 prices,
-                store.lane_capacity(),
+                store.runs.lane_capacity(),
                 credit_room,
             )
-            bad_reasons = store.bad_row_reasons(limit=10)
+            bad_reasons = store.sources.bad_row_reasons(limit=10)
             _, held_usd, _ = store.outstanding.held()
         finally:
             store.close()

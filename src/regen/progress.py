@@ -24,7 +24,8 @@ from regen.billing import Reconciliation
 from regen.errors import StateError
 from regen.eta import Eta, eta_text, format_duration
 from regen.scheduler import DatasetStats, RunStats
-from regen.store import BadRowGroup, DatasetProgress
+from regen.state.sources import BadRowGroup
+from regen.state.work import DatasetProgress
 
 
 def log_stamp() -> str:

@@ -67,7 +67,9 @@ from regen.scheduler import (
     Sender,
     learned_prices,
 )
-from regen.store import DatasetProgress, Store, TimelinePoint
+from regen.state.db import Store
+from regen.state.runs import TimelinePoint
+from regen.state.work import DatasetProgress
 
 SELF_HOSTED = ("vllm", "sglang")
 TIMELINE_EVERY_S = 1.0
@@ -333,7 +335,7 @@ def budget_book(
     """The job's budgets as they stand; with `store`, a budgeted dataset that has answers
     reserves from their lengths at once (no ramp again on a resume)."""
     recent = {
-        d.name: store.recent_completion_lengths(d.name, LENGTH_WINDOW)
+        d.name: store.answers.recent_completion_lengths(d.name, LENGTH_WINDOW)
         for d in job.datasets
         if store is not None and d.token_budget is not None
     }
@@ -372,7 +374,7 @@ def unsent_items(
     covers is said to be one: a run never ends with work left in silence. `book`: the run's
     budgets as they ended (a dollar cap is met when the next request no longer fits, before
     the spend reaches it, which only the run's own book knows)."""
-    progress = store.dataset_progress()
+    progress = store.work.dataset_progress()
     if book is None:
         book = budget_book(job, progress)
     out: list[Unsent] = []
@@ -437,10 +439,10 @@ async def dispatch(
     `progress`: the datasets' counts as `prepare` just read them (each read counts every
     item: 0.1-0.2 s at a million)."""
     if progress is None:
-        progress = store.dataset_progress()
+        progress = store.work.dataset_progress()
     budgets = {d.name: d.token_budget for d in job.datasets}
     errors: dict[str, dict[str, int]] = {}
-    for (dataset, cls), n in store.failure_counts().items():
+    for (dataset, cls), n in store.spend.failure_counts().items():
         errors.setdefault(dataset, {})[cls] = n
     stats = RunStats(
         datasets={
@@ -523,7 +525,7 @@ async def dispatch(
                     f"a dollar cap needs prices, and endpoint(s) {', '.join(unpriced)} list "
                     "none: set prompt_usd_per_mtok and completion_usd_per_mtok in [endpoint]"
                 )
-        run_id = store.begin_run(
+        run_id = store.runs.begin(
             "run" if pilot is None else "pilot", job.budget.max_cost_usd, lane_settings(job)
         )
         keeper = hold_keeper(job, store, book, clients, prices, accounts, baselines, usage)
@@ -613,13 +615,13 @@ async def dispatch(
             if metrics is not None:
                 await metrics.cleanup()
             with contextlib.suppress(StateError):
-                store.end_run(run_id, stats.stop_reason)
+                store.runs.end(run_id, stats.stop_reason)
             for sig in signals:
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.remove_signal_handler(sig)
         reconciliations = await reconcile_accounts(store, accounts, baselines, usage)
         done_all = store.outstanding.held()[0] == 0 and not any(
-            p.pending for p in store.dataset_progress()
+            p.pending for p in store.work.dataset_progress()
         )
         for made in job_keys.values():
             await made.end(job_done=done_all)
@@ -672,7 +674,7 @@ async def sample_timeline(
             for name, lane in stats.lanes.items()
         ]
         try:
-            store.add_timeline(points)
+            store.runs.add_timeline(points)
         except StateError:
             return
         await asyncio.sleep(every_s)
@@ -934,11 +936,11 @@ def prepare(
     if any(note.startswith(FORCED_NOTE) for note in notes):
         # The job's settings changed: items the server refused (400, 404) may go through now.
         again |= CLIENT_ERRORS
-    requeued = store.requeue_retryable_failures(again)
+    requeued = store.work.requeue_retryable_failures(again)
     if requeued and again & CLIENT_ERRORS:
         notes.append(f"{requeued} items that failed before are sent again with the new settings")
-    unassigned = store.assign_lanes(lane_rules(job))
-    progress = store.dataset_progress()
+    unassigned = store.work.assign_lanes(lane_rules(job))
+    progress = store.work.dataset_progress()
     refuse_unusable_datasets(job, store, progress)
     met = {name: d.met for name, d in budget_book(job, progress).datasets.items()}
     lines = notes + [dataset_start_line(p, met.get(p.name)) for p in progress]
@@ -969,8 +971,8 @@ def refuse_unusable_datasets(job: Job, store: Store, progress: list[DatasetProgr
         ds = in_job.get(p.name)
         if ds is None or p.items or not p.bad_rows:
             continue
-        first = store.bad_rows(p.name, limit=3)
-        source = store.dataset_source(p.name)
+        first = store.sources.bad_rows(p.name, limit=3)
+        source = store.sources.source(p.name)
         rows = "; ".join(f"row {b.row_index}: {b.reason[:150]}" for b in first)
         raise ConfigError(
             f"dataset {p.name}: none of the {p.bad_rows} rows of {source} can be used ({rows}); "
@@ -1048,7 +1050,7 @@ def _run_locked(
         + [reconciliation_line(r) for r in reconciliations]
         + [drained_line(name, n) for name, n in drained.items()],
     )
-    blocked = store.blocked_items()
+    blocked = store.work.blocked_items()
     unproven = json.loads(store.get_meta("unproven_providers") or "[]")
     unsent = unsent_items(
         job,
@@ -1069,9 +1071,9 @@ def _run_locked(
         console.print(f"warning: report.html not written: {exc}", markup=False)
     return RunReport(
         out_dir=out,
-        datasets=store.dataset_progress(),
+        datasets=store.work.dataset_progress(),
         exports=exports,
-        errors=store.failure_counts(),
+        errors=store.spend.failure_counts(),
         stop_reason=stop_reason,
         interrupted=stop_reason == "interrupted",
         aborted=aborted,
@@ -1082,7 +1084,7 @@ def _run_locked(
         budget_stop=budget_stop,
         outage=outage,
         drained=drained,
-        counted_usage=store.usage_sources(),
+        counted_usage=store.answers.usage_sources(),
         unsent=unsent,
-        unproven=store.answers_by_provider(unproven),
+        unproven=store.answers.answers_by_provider(unproven),
     )

@@ -51,8 +51,9 @@ from regen.forecast import Stat
 from regen.holds import DEADLINE_GRACE_S, HoldKeeper, HoldSummary
 from regen.limiter import AdaptiveLimit, EndpointHealth
 from regen.modes import build_request
-from regen.outstanding import SEQUENCE_BITS, Sent
-from regen.store import PendingItem, Store
+from regen.state.db import Store
+from regen.state.outstanding import SEQUENCE_BITS, Sent
+from regen.state.work import PendingItem
 
 # Signals for the limiter, by failure class: a 429 says the endpoint is full; a 503 or 529
 # says so too, but also comes now and then when it is not (see limiter.py).
@@ -506,7 +507,7 @@ class Scheduler:
                 datasets=list(lane.datasets),
                 escalate_to=lane.escalate_to,
             )
-        pending = store.pending_flows()
+        pending = store.work.pending_flows()
         for (lane_name, ds), (n, _) in pending.items():
             if lane_name in self.stats.lanes:
                 self.stats.lanes[lane_name].flow(ds).remaining += n
@@ -514,7 +515,7 @@ class Scheduler:
         # on a dataset's own times from the start, not on the datasets that happen to go first;
         # scaled as `regen plan` adjusts its means, to the prompt sizes still to come (a pilot
         # of 30 that drew long prompts would otherwise say so for the whole run's start).
-        for (lane_name, ds), answers in store.earlier_latencies().items():
+        for (lane_name, ds), answers in store.spend.earlier_latencies().items():
             if lane_name not in self.stats.lanes:
                 continue
             flow = self.stats.lanes[lane_name].flow(ds)
@@ -524,7 +525,7 @@ class Scheduler:
             factor = scale.mean / (sum(times) / len(times)) if sum(times) > 0 else 1.0
             for seconds in reversed(times):
                 flow.add_latency(seconds * factor)
-        for (lane_name, ds), (answered, escalated) in store.lane_answers().items():
+        for (lane_name, ds), (answered, escalated) in store.spend.lane_answers().items():
             if lane_name in self.stats.lanes:
                 flow = self.stats.lanes[lane_name].flow(ds)
                 flow.answered += answered
@@ -630,7 +631,7 @@ class Scheduler:
                 after = -1
                 failpoints.reached("dataset", name)
                 while not self.stopping and not self._held_back(name):
-                    batch = self._store.claim_batch(name, after, batch_size, lane=lane.name)
+                    batch = self._store.work.claim_batch(name, after, batch_size, lane=lane.name)
                     if not batch:
                         break
                     for item in batch:
@@ -660,7 +661,7 @@ class Scheduler:
                 sources_done = all(self._lane_done[s.name].is_set() for s in sources)
                 self._flush()
                 fed = False
-            page = self._store.claim_escalated(lane.name, batch_size, after=cursor)
+            page = self._store.work.claim_escalated(lane.name, batch_size, after=cursor)
             for item in page:
                 if item.id not in self._escalated_sent:
                     self._escalated_sent.add(item.id)
@@ -706,7 +707,7 @@ class Scheduler:
             scanned_at = self._recorded[name]
             after, fed = -1, 0
             while True:
-                batch = self._store.claim_batch(name, after, batch_size, lane=lane.name)
+                batch = self._store.work.claim_batch(name, after, batch_size, lane=lane.name)
                 if not batch:
                     break
                 claimed_at = self._commits
@@ -715,7 +716,7 @@ class Scheduler:
                         continue
                     # Handing out the batch waits on the queue, and meanwhile an earlier scan's
                     # turn may have been answered and committed: the claim is stale then.
-                    if self._commits != claimed_at and not self._store.is_pending(item.id):
+                    if self._commits != claimed_at and not self._store.work.is_pending(item.id):
                         continue
                     if self.stopping or self._held_back(name):
                         return
@@ -724,7 +725,7 @@ class Scheduler:
                 after = batch[-1].order_key
             in_flight = any(ds == name for ds in self._uncommitted.values())
             # A turn escalated to another lane unblocks the next turn when it is done there.
-            in_flight = in_flight or self._store.escalated_pending(name) > 0
+            in_flight = in_flight or self._store.work.escalated_pending(name) > 0
             if not fed and not in_flight:
                 # Nothing in flight can unblock the rest: their earlier turns failed.
                 return
@@ -847,7 +848,9 @@ class Scheduler:
         conv = Conversation.from_dict(item.dataset, item.row_index, history)
         regenerated = None
         if item.after_item is not None:
-            regenerated = self._store.regenerated_turns(item.conversation_id, item.turn_index)
+            regenerated = self._store.answers.regenerated_turns(
+                item.conversation_id, item.turn_index
+            )
         req = build_request(conv, item.turn_index, item.conversation_id, regenerated)
         attempts: list[Attempt] = []
         ds = self.stats.datasets[item.dataset]

@@ -21,7 +21,10 @@ from rich.text import Text
 from regen.eta import format_duration
 from regen.lock import running_holder
 from regen.progress import bad_rows_table, errors_text, format_tokens, per_mtok
-from regen.store import BadRowGroup, DatasetProgress, FailedAttempt, Store
+from regen.state.db import Store
+from regen.state.sources import BadRowGroup
+from regen.state.spend import FailedAttempt
+from regen.state.work import DatasetProgress
 
 
 @dataclass(frozen=True)
@@ -50,15 +53,15 @@ def take_snapshot(out_dir: Path) -> Snapshot:
         pid = running_holder(out_dir)
         live = None
         if pid is not None:
-            live = max((r.id for r in store.runs()), default=None)
+            live = max((r.id for r in store.runs.all()), default=None)
         return Snapshot(
             str(out_dir),
             pid,
-            store.dataset_progress(),
-            store.failure_counts(),
-            store.recent_failures(),
-            store.top_failure_reasons(),
-            store.bad_row_reasons(),
+            store.work.dataset_progress(),
+            store.spend.failure_counts(),
+            store.spend.recent_failures(),
+            store.spend.top_failure_reasons(),
+            store.sources.bad_row_reasons(),
             _last_progress(out_dir / "run.log"),
             _live_audit(store.get_meta("live_audit")),
             store.outstanding.held(live) if store.schema_version() >= 9 else (0, 0.0, None),

@@ -26,7 +26,7 @@ from regen.client.sse import StreamAssembler
 from regen.config import EndpointConfig, GenerationConfig, load_job
 from regen.conversation import Message, Request
 from regen.errors import ConfigError
-from regen.store import unpack_ids
+from regen.state.answers import unpack_ids
 from tests.conftest import chat_rows, query, write_rows
 from tests.scripted_server import Reply, scripted_server
 

@@ -14,7 +14,7 @@ from regen.audit import Checks, reparse, sample_problems
 from regen.errors import ConfigError
 from regen.reconstruct import FAMILIES, Target, TargetSpec
 from regen.reconstruct.families import Family
-from regen.store import ExportRow
+from regen.state.answers import ExportRow
 from tests.reconstruct import vocab
 from tests.reconstruct.corpus import PARIS, USER, WEATHER, call
 

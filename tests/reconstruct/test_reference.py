@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from regen.reconstruct import Target, TargetSpec
-from regen.store import ExportRow
+from regen.state.answers import ExportRow
 from tests.reconstruct import vocab
 from tests.reconstruct.corpus import CASES, Case
 from tests.reconstruct.render import render

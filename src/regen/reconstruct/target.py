@@ -23,7 +23,7 @@ from typing import Any
 from regen.errors import ConfigError
 from regen.kimi_ts import sorted_keys, tools_typescript
 from regen.reconstruct.families import Answer, Family, family
-from regen.store import ExportRow, unpack_ids
+from regen.state.answers import ExportRow, unpack_ids
 
 
 @dataclass(frozen=True)

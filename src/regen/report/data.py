@@ -15,7 +15,9 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from regen.store import DatasetProgress, RunRecord, Store, TimelinePoint
+from regen.state.db import Store
+from regen.state.runs import RunRecord, TimelinePoint
+from regen.state.work import DatasetProgress
 
 RUNS_SCHEMA = 7
 """The schema version (m007_runs) from which state.db records runs, the timeline and lanes."""
@@ -99,15 +101,15 @@ def _sorted(values: array[float]) -> array[float]:
 def gather(store: Store) -> Report:
     """Read everything the page shows, each table once, in one pass each."""
     recorded = store.schema_version() >= RUNS_SCHEMA
-    runs = store.runs() if recorded else []
+    runs = store.runs.all() if recorded else []
     job = JobFacts(runs=runs, recorded=recorded)
-    job.timeline = store.timeline() if recorded else []
+    job.timeline = store.runs.timeline() if recorded else []
 
-    reports = {p.name: DatasetReport(p) for p in store.dataset_progress()}
+    reports = {p.name: DatasetReport(p) for p in store.work.dataset_progress()}
     add_answer = job.answers.append
     served: dict[tuple[str, str | None, str | None], int] = {}
     current, r = None, None
-    for ds, created, tokens, latency, provider, finish in store.result_facts():
+    for ds, created, tokens, latency, provider, finish in store.answers.result_facts():
         add_answer(created)
         if ds != current:
             current, r = ds, reports.get(ds)
@@ -124,7 +126,7 @@ def gather(store: Store) -> Report:
         r.providers[name] = r.providers.get(name, 0) + n
         reason = finish or "(none)"
         r.finish_reasons[reason] = r.finish_reasons.get(reason, 0) + n
-    for (ds, cls), n in store.failure_counts().items():
+    for (ds, cls), n in store.spend.failure_counts().items():
         if ds in reports:
             reports[ds].errors[cls] = n
 
@@ -137,19 +139,19 @@ def gather(store: Store) -> Report:
 
     if recorded:
         tried = job.lane_attempts
-        for a in store.attempt_facts():
+        for a in store.spend.attempt_facts():
             tried[a.lane] = tried.get(a.lane, 0) + 1
             if a.failure_class is not None or a.status == 429:
                 failed(a.started_at, a.status, a.failure_class, a.lane)
     else:
         # Attempts made before lanes were recorded: only the failed ones carry what is drawn.
-        for f in store.recent_failures(limit=-1):
+        for f in store.spend.recent_failures(limit=-1):
             failed(f.started_at, f.status, f.failure_class, None)
     job.failures.sort()
     job.rate_limited.sort(key=lambda f: f[0])
 
     charges: list[tuple[float, float]] = []
-    for created, usd, kind, ds in store.ledger_facts():
+    for created, usd, kind, ds in store.spend.ledger_facts():
         charges.append((created, usd))
         if kind == "escalated":
             job.escalated_charges += 1
@@ -162,7 +164,7 @@ def gather(store: Store) -> Report:
     job.charge_cum = array("d", itertools.accumulate(usd for _, usd in charges))
     del charges
     if recorded:
-        for (ds, lane, escalated), n in store.item_lanes().items():
+        for (ds, lane, escalated), n in store.work.item_lanes().items():
             if ds in reports:
                 reports[ds].lanes[(lane, escalated)] = n
 

@@ -13,7 +13,7 @@ from regen.report.axes import TimeAxis, fmt_tick, nice_step, nice_ticks
 from regen.report.data import DatasetReport, JobFacts, percentile, run_labels
 from regen.report.markup import _esc, _table
 from regen.report.svg import PALETTE, Plot, _f, _frame, _rates, _time_chart
-from regen.store import RunRecord
+from regen.state.runs import RunRecord
 
 DS_WIDTH = 580
 

@@ -16,7 +16,7 @@ from regen.report.dataset import DS_WIDTH, _section
 from regen.report.job import _job_section
 from regen.report.markup import _table
 from regen.report.svg import Plot
-from regen.store import Store
+from regen.state.db import Store
 
 STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:2em;color:#222;max-width:1240px}

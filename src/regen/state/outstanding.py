@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+from regen.state.owner import Owner
 
 SEQUENCE_BITS = 32
 """A row's id is (run id << SEQUENCE_BITS) | its number within the run: known before it is
@@ -93,16 +94,8 @@ _COLUMNS = (
 )
 
 
-class Outstanding:
+class Outstanding(Owner):
     """Reads and writes of the `outstanding` table, inside Store's transactions."""
-
-    def __init__(
-        self,
-        db: sqlite3.Connection,
-        tx: Callable[[], AbstractContextManager[sqlite3.Connection]],
-    ) -> None:
-        self._db = db
-        self._tx = tx
 
     def write(
         self,

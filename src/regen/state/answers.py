@@ -1,0 +1,198 @@
+"""The answers: each done item's result, with its usage and token ids (table `results`)."""
+
+from __future__ import annotations
+
+import array
+import json
+import sqlite3
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, overload
+
+from regen.conversation import Message, ToolCall
+from regen.state.owner import Owner, Rows
+
+
+@overload
+def pack_ids(ids: Sequence[int]) -> bytes: ...
+@overload
+def pack_ids(ids: None) -> None: ...
+def pack_ids(ids: Sequence[int] | None) -> bytes | None:
+    """Token ids as little-endian uint32 bytes (4 bytes an id, a tenth of their JSON)."""
+    if ids is None:
+        return None
+    arr = array.array("I", ids)
+    if sys.byteorder == "big":
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def unpack_ids(blob: bytes | None) -> list[int] | None:
+    if blob is None:
+        return None
+    arr = array.array("I")
+    arr.frombytes(blob)
+    if sys.byteorder == "big":
+        arr.byteswap()
+    return arr.tolist()
+
+
+_EXPORT_COLUMNS = (
+    "r.item_id, i.turn_index, c.data, r.content, r.reasoning, r.tool_calls, r.finish_reason, "
+    "i.after_item, c.id, r.provider, r.prompt_tokens, r.completion_tokens, r.cost_usd, "
+    "r.created_at, r.prompt_token_ids, r.completion_token_ids"
+)
+"""What an ExportRow is read from (results r, items i, conversations c)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExportRow:
+    """A done item with its conversation, as export needs it."""
+
+    item_id: str
+    turn_index: int
+    conversation: dict[str, Any]
+    content: str
+    reasoning: str | None
+    tool_calls: list[dict[str, Any]]
+    finish_reason: str | None
+    regenerated: dict[int, dict[str, Any]] | None = None
+    """Sequential mode: the regenerated earlier turns (by turn index), as messages."""
+    conversation_id: str = ""
+    provider: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float | None = None
+    created_at: float = 0.0
+    prompt_token_ids: bytes | None = None
+    completion_token_ids: bytes | None = None
+    """Exact ids as stored (store.unpack_ids), when the server returned them."""
+
+    def history(self) -> list[dict[str, Any]]:
+        """The messages the request sent: the turns before this one, with sequential mode's
+        regenerated answers in place of the original ones."""
+        history: list[dict[str, Any]] = self.conversation["messages"][: self.turn_index]
+        if self.regenerated:
+            history = [self.regenerated.get(i, m) for i, m in enumerate(history)]
+        return history
+
+
+class Answers(Owner):
+    """The `results` table."""
+
+    @staticmethod
+    def insert_in(db: sqlite3.Connection, results: Rows) -> None:
+        """Store answers (outcomes.py's rows) in the open transaction."""
+        db.executemany(
+            "INSERT INTO results (item_id, dataset, content, reasoning, tool_calls, "
+            "finish_reason, prompt_tokens, completion_tokens, reasoning_tokens, cost_usd, "
+            "provider, model, generation_id, latency_s, created_at, prompt_token_ids, "
+            "completion_token_ids, usage_source) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            results,
+        )
+
+    def result_facts(self) -> Iterator[tuple[str, float, int, float, str | None, str | None]]:
+        """(dataset, finished at, completion tokens, latency, provider, finish reason) of
+        every answer, for the report."""
+        yield from self._db.execute(
+            "SELECT dataset, created_at, completion_tokens, latency_s, provider, finish_reason "
+            "FROM results"
+        )
+
+    def recent_completion_lengths(self, dataset: str, n: int) -> list[int]:
+        """The completion tokens of a dataset's latest `n` answers."""
+        rows = self._db.execute(
+            "SELECT completion_tokens FROM results WHERE dataset = ? ORDER BY rowid DESC LIMIT ?",
+            (dataset, n),
+        ).fetchall()
+        return [int(r[0]) for r in rows]
+
+    def answers_by_provider(self, providers: Sequence[str]) -> dict[str, int]:
+        """How many answers each of these provider names served."""
+        if not providers:
+            return {}
+        marks = ",".join("?" * len(providers))
+        rows = self._db.execute(
+            f"SELECT provider, COUNT(*) FROM results WHERE provider IN ({marks}) GROUP BY provider",
+            tuple(providers),
+        ).fetchall()
+        return {str(p): int(n) for p, n in rows}
+
+    def usage_sources(self) -> dict[tuple[str, str], int]:
+        """Answers whose server sent no usage, by (dataset, how they were counted: `ids` or
+        `estimate`)."""
+        rows = self._db.execute(
+            "SELECT dataset, usage_source, COUNT(*) FROM results WHERE usage_source IS NOT NULL "
+            "GROUP BY dataset, usage_source"
+        ).fetchall()
+        return {(d, src): n for d, src, n in rows}
+
+    def export_rows(self, dataset: str, since: float | None = None) -> Iterator[ExportRow]:
+        """Done items of a dataset (answered after `since`, if given), in source row order,
+        each exactly once."""
+        cur = self._db.execute(
+            f"SELECT {_EXPORT_COLUMNS} FROM results r JOIN items i ON i.id = r.item_id "
+            "JOIN conversations c ON c.id = i.conversation_id "
+            "WHERE r.dataset = ? AND r.created_at > ? ORDER BY c.row_index, i.turn_index",
+            (dataset, -1.0 if since is None else since),
+        )
+        for r in cur:
+            yield self._export_row(r)
+
+    def _export_row(self, r: Sequence[Any]) -> ExportRow:
+        regenerated = None
+        if r[7] is not None:
+            regenerated = {t: m.to_dict() for t, m in self.regenerated_turns(r[8], r[1]).items()}
+        return ExportRow(
+            item_id=r[0],
+            turn_index=r[1],
+            conversation=json.loads(r[2]),
+            content=r[3],
+            reasoning=r[4],
+            tool_calls=json.loads(r[5]) if r[5] else [],
+            finish_reason=r[6],
+            regenerated=regenerated,
+            conversation_id=r[8],
+            provider=r[9],
+            prompt_tokens=r[10],
+            completion_tokens=r[11],
+            cost_usd=r[12],
+            created_at=r[13],
+            prompt_token_ids=r[14],
+            completion_token_ids=r[15],
+        )
+
+    def results_after(self, rowid: int, limit: int) -> list[tuple[int, str, ExportRow]]:
+        """Up to `limit` answers stored after the answer with this rowid, oldest first, as
+        (rowid, dataset, row): a cheap cursor over what a run commits."""
+        rows = self._db.execute(
+            f"SELECT {_EXPORT_COLUMNS}, r.rowid, r.dataset FROM results r "
+            "JOIN items i ON i.id = r.item_id JOIN conversations c ON c.id = i.conversation_id "
+            "WHERE r.rowid > ? ORDER BY r.rowid LIMIT ?",
+            (rowid, limit),
+        ).fetchall()
+        return [(r[16], r[17], self._export_row(r)) for r in rows]
+
+    def last_result_rowid(self) -> int:
+        row = self._db.execute("SELECT max(rowid) FROM results").fetchone()
+        return int(row[0] or 0)
+
+    def regenerated_turns(self, conversation_id: str, before_turn: int) -> dict[int, Message]:
+        """The done answers of a conversation's turns before `before_turn`, as assistant
+        messages by turn index (what sequential mode sends as history)."""
+        rows = self._db.execute(
+            "SELECT i.turn_index, r.content, r.reasoning, r.tool_calls FROM items i "
+            "JOIN results r ON r.item_id = i.id "
+            "WHERE i.conversation_id = ? AND i.turn_index < ?",
+            (conversation_id, before_turn),
+        ).fetchall()
+        return {
+            t: Message(
+                "assistant",
+                content,
+                reasoning=reasoning,
+                tool_calls=tuple(ToolCall.from_openai(tc) for tc in json.loads(calls or "[]")),
+            )
+            for t, content, reasoning, calls in rows
+        }

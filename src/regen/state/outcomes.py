@@ -1,0 +1,124 @@
+"""The rows one commit of finished items writes, table by table: built here from the
+scheduler's outcomes and charges, written by each table's owner in the Store's one
+transaction (Store.commit_outcomes)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from regen.conversation import Charge, Outcome
+from regen.state.answers import pack_ids
+from regen.state.owner import Rows
+
+
+@dataclass(slots=True)
+class OutcomeRows:
+    """Each table's rows of one commit."""
+
+    attempts: Rows = field(default_factory=list)
+    ledger: Rows = field(default_factory=list)
+    results: Rows = field(default_factory=list)
+    done: Rows = field(default_factory=list)
+    """Items answered: (attempts, now, id)."""
+    moved: Rows = field(default_factory=list)
+    """Items whose truncated answer goes on to a longer lane: (attempts, lane, now, id)."""
+    touched: Rows = field(default_factory=list)
+    """Items abandoned when the run stopped, pending still: (attempts, now, id)."""
+    failures: Rows = field(default_factory=list)
+    """Items failed for good: (attempts, class, message, now, id)."""
+
+
+def outcome_rows(outcomes: Iterable[Outcome], charges: Iterable[Charge], now: float) -> OutcomeRows:
+    """The rows that record finished items (each one's result or failure, attempts and ledger
+    charge) and charges learnt after the fact (`Charge.kind`)."""
+    rows = OutcomeRows()
+    attempts, ledger, results = rows.attempts, rows.ledger, rows.results
+    done, moved, touched, failures = rows.done, rows.moved, rows.touched, rows.failures
+    for o in outcomes:
+        attempts.extend(
+            (
+                o.item_id,
+                a.number,
+                a.started_at,
+                a.latency_s,
+                a.status,
+                a.failure_class,
+                a.message,
+                a.provider,
+                a.generation_id,
+                a.lane,
+            )
+            for a in o.attempts
+        )
+        r = o.result
+        if r is not None:
+            # Every answer is charged, a truncated one that moves on to another lane too.
+            u = r.usage
+            kind = "completion" if o.escalate_to is None else "escalated"
+            ledger.append(
+                (
+                    r.item_id,
+                    o.dataset,
+                    kind,
+                    u.prompt_tokens,
+                    u.completion_tokens,
+                    u.cost_usd,
+                    now,
+                    r.endpoint,
+                    r.provider,
+                    r.generation_id,
+                    o.attempts[-1].lane if o.attempts else None,
+                )
+            )
+        if o.escalate_to is not None and r is not None:
+            moved.append((len(o.attempts), o.escalate_to, now, o.item_id))
+        elif o.abandoned:
+            touched.append((len(o.attempts), now, o.item_id))
+        elif r is not None:
+            m = r.message
+            calls = json.dumps([tc.to_openai() for tc in m.tool_calls]) if m.tool_calls else None
+            results.append(
+                (
+                    r.item_id,
+                    o.dataset,
+                    m.content,
+                    m.reasoning,
+                    calls,
+                    r.finish_reason,
+                    u.prompt_tokens,
+                    u.completion_tokens,
+                    u.reasoning_tokens,
+                    u.cost_usd,
+                    r.provider,
+                    r.model,
+                    r.generation_id,
+                    r.latency_s,
+                    now,
+                    pack_ids(r.prompt_token_ids),
+                    pack_ids(r.completion_token_ids),
+                    None if u.source == "server" else u.source,
+                )
+            )
+            done.append((len(o.attempts), now, o.item_id))
+        else:
+            failures.append((len(o.attempts), o.failure_class, o.failure_message, now, o.item_id))
+    for c in charges:
+        u = c.usage
+        ledger.append(
+            (
+                c.item_id,
+                c.dataset,
+                c.kind,
+                u.prompt_tokens,
+                u.completion_tokens,
+                u.cost_usd,
+                now,
+                c.endpoint,
+                c.provider,
+                c.generation_id,
+                c.lane,
+            )
+        )
+    return rows

@@ -1,0 +1,492 @@
+"""The work to do: conversations, their items (one per turn to regenerate), the lanes that
+take them and their status (tables `conversations`, `items`)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any
+
+from regen.errors import StateError
+from regen.state.owner import Owner, Rows
+
+if TYPE_CHECKING:
+    from regen.state.outcomes import OutcomeRows
+
+
+DEFERRED_INDEXES = {
+    "items_dispatch": "CREATE INDEX IF NOT EXISTS items_dispatch ON items "
+    "(dataset, status, order_key)",
+    "items_lane": "CREATE INDEX IF NOT EXISTS items_lane ON items "
+    "(lane, dataset, status, escalated, order_key, prompt_tokens_est)",
+}
+"""Indexes on items that a first read into an empty table builds after its rows are in
+(Work.add_conversation_batches): their keys are random, and inserting a million of them
+one by one took 5 s more than sorting them once. They are dropped in the same transaction
+that records so in meta (DEFERRED_META), and Store.open builds them while it is there: a kill
+in between leaves nothing the next run does not mend. The other indexes stay: the unique
+ones decide which rows are new."""
+
+
+DEFERRED_META = "deferred_indexes"
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetProgress:
+    """Counts and totals for one dataset, all read from state.db."""
+
+    name: str
+    position: int
+    rows_read: int
+    bad_rows: int
+    turns_read: int
+    items: int
+    done: int
+    failed: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+
+    @property
+    def pending(self) -> int:
+        return self.items - self.done - self.failed
+
+    @property
+    def duplicates(self) -> int:
+        """Turns of the last read whose prompt an earlier row already had."""
+        return max(0, self.turns_read - self.items)
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetSample:
+    """What a dataset's answers so far say about the rest: prompt-size estimates of the done
+    and pending items, and the done answers' total latency."""
+
+    name: str
+    pending: int
+    pending_prompt_est: int
+    done_prompt_est: int
+    latency_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class NewItem:
+    """An item to insert: its id, turn, prompt hash (for dedup) and dispatch position."""
+
+    id: str
+    turn_index: int
+    prompt_hash: str
+    order_key: int
+    prompt_tokens_est: int = 0
+    after_item: str | None = None
+    """Sequential mode: the item of the previous turn, which must be done first."""
+    lane: str | None = None
+    """The lane that takes it (first_lane), as Work.assign_lanes would give it."""
+
+
+@dataclass(frozen=True, slots=True)
+class NewConversation:
+    """A source row to insert: its id, the normalized conversation as JSON, and its items."""
+
+    id: str
+    dataset: str
+    row_index: int
+    data: str
+    items: list[NewItem]
+
+
+@dataclass(frozen=True, slots=True)
+class LaneRule:
+    """Which pending items a lane takes: by dataset and estimated prompt tokens."""
+
+    name: str
+    datasets: list[str] | None = None
+    min_prompt_tokens: int | None = None
+    max_prompt_tokens: int | None = None
+
+    def selects(self, dataset: str, prompt_tokens_est: int) -> bool:
+        """Whether the rule takes an item (what Work.assign_lanes asks in SQL)."""
+        return (
+            (self.datasets is None or dataset in self.datasets)
+            and (self.min_prompt_tokens is None or prompt_tokens_est >= self.min_prompt_tokens)
+            and (self.max_prompt_tokens is None or prompt_tokens_est <= self.max_prompt_tokens)
+        )
+
+
+def first_lane(rules: Sequence[LaneRule], dataset: str, prompt_tokens_est: int) -> str | None:
+    """The lane of a new item: the first rule that selects it (None: no lane does)."""
+    for rule in rules:
+        if rule.selects(dataset, prompt_tokens_est):
+            return rule.name
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class PendingItem:
+    """An item to send, with the conversation it comes from."""
+
+    id: str
+    dataset: str
+    turn_index: int
+    order_key: int
+    conversation: dict[str, Any]
+    row_index: int
+    conversation_id: str
+    prompt_tokens_est: int = 0
+    after_item: str | None = None
+
+
+_PENDING_COLUMNS = (
+    "i.id, i.dataset, i.turn_index, i.order_key, c.data, c.row_index, c.id, i.prompt_tokens_est, "
+    "i.after_item FROM items i JOIN conversations c ON c.id = i.conversation_id"
+)
+
+
+INGEST_COMMIT_ROWS = 250_000
+"""Rows per transaction while a source is read (Work.add_conversation_batches)."""
+
+
+INGEST_SORT_ROWS = 50_000
+"""Rows inserted at once in key order while a source is read (a commit holds several)."""
+
+
+INGEST_CACHE_KIB = 512 * 1024
+"""SQLite's page cache while a source is read: about the indexes of 2M items."""
+
+
+def _add_rows(batch: Iterable[NewConversation], conv_rows: Rows, item_rows: Rows) -> None:
+    """The conversations' and their items' table rows, appended in the source's order."""
+    for conv in batch:
+        cid = conv.id
+        conv_rows.append((cid, conv.dataset, conv.row_index, conv.data))
+        item_rows.extend(
+            (
+                it.id,
+                conv.dataset,
+                cid,
+                it.turn_index,
+                it.prompt_hash,
+                it.order_key,
+                it.prompt_tokens_est,
+                it.after_item,
+                it.lane,
+            )
+            for it in conv.items
+        )
+
+
+def _insert_sorted(db: sqlite3.Connection, conv_rows: Rows, item_rows: Rows) -> int:
+    """_insert_rows with conversations in id order and items in prompt-hash order. The sorts
+    are stable: of two rows with the same key, the earlier still goes in first, and wins."""
+    conv_rows.sort(key=itemgetter(0))
+    item_rows.sort(key=itemgetter(4))
+    return _insert_rows(db, conv_rows, item_rows)
+
+
+def _insert_rows(db: sqlite3.Connection, conv_rows: Rows, item_rows: Rows) -> int:
+    """Insert conversations and items (_add_rows) in the open transaction; return the new
+    items. Where two rows have the same id, or two items the same prompt, the earlier wins."""
+    db.executemany("INSERT OR IGNORE INTO conversations VALUES (?, ?, ?, ?)", conv_rows)
+    mid = db.total_changes
+    db.executemany(
+        "INSERT OR IGNORE INTO items (id, dataset, conversation_id, turn_index, "
+        "prompt_hash, order_key, prompt_tokens_est, after_item, lane) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        item_rows,
+    )
+    return db.total_changes - mid
+
+
+def _pending(r: tuple[Any, ...]) -> PendingItem:
+    return PendingItem(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6], r[7], r[8])
+
+
+class Work(Owner):
+    """The `conversations` and `items` tables."""
+
+    @staticmethod
+    def finish_in(db: sqlite3.Connection, rows: OutcomeRows, requeued: Iterable[str]) -> None:
+        """Move items on as a commit's outcomes say (done, escalated, touched, failed), and
+        make `requeued` failed items pending again, in the open transaction."""
+        db.executemany(
+            "UPDATE items SET status = 'done', attempts = attempts + ?, updated_at = ? "
+            "WHERE id = ?",
+            rows.done,
+        )
+        db.executemany(
+            "UPDATE items SET lane = ?2, escalated = 1, attempts = attempts + ?1, "
+            "updated_at = ?3 WHERE id = ?4",
+            rows.moved,
+        )
+        db.executemany(
+            "UPDATE items SET attempts = attempts + ?, updated_at = ? WHERE id = ?",
+            rows.touched,
+        )
+        db.executemany(
+            "UPDATE items SET status = 'failed', attempts = attempts + ?, failure_class = ?, "
+            "failure_message = ?, updated_at = ? WHERE id = ?",
+            rows.failures,
+        )
+        db.executemany(
+            "UPDATE items SET status = 'pending', failure_class = NULL, "
+            "failure_message = NULL WHERE id = ? AND status = 'failed'",
+            [(i,) for i in requeued],
+        )
+
+    def add_conversations(self, batch: Iterable[NewConversation]) -> int:
+        """Insert conversations and their items; return how many items are new.
+
+        Existing ids and already-seen prompts are left as they are, so re-reading a source only
+        adds what is new.
+        """
+        conv_rows: Rows = []
+        item_rows: Rows = []
+        _add_rows(batch, conv_rows, item_rows)
+        with self._tx() as db:
+            return _insert_rows(db, conv_rows, item_rows)
+
+    def add_conversation_batches(
+        self,
+        batches: Iterable[Iterable[NewConversation]],
+        commit_rows: int = INGEST_COMMIT_ROWS,
+        sort_rows: int = INGEST_SORT_ROWS,
+    ) -> int:
+        """add_conversations for a whole source, committed every `commit_rows` rows; returns
+        how many items are new.
+
+        A source's rows land at random places in five indexes (ids, prompt hashes, dispatch
+        order), and each commit writes every index page it touched: a commit per 1,000 rows
+        with SQLite's default 2 MB cache made ingest slower per row the larger the dataset.
+        So: few commits, and a page cache that holds the indexes while the source is read
+        (given back afterwards). Foreign keys are not checked meanwhile: each item's
+        conversation is inserted just before it. Into an empty table, the DEFERRED_INDEXES
+        are built once the rows are in. Rows go in `sort_rows` at a time in key order
+        (_insert_sorted), so that each index page takes its keys together.
+        """
+        db = self._db
+        (cache,) = db.execute("PRAGMA cache_size").fetchone()
+        db.execute(f"PRAGMA cache_size = {-INGEST_CACHE_KIB}")
+        db.execute("PRAGMA foreign_keys = OFF")
+        added = 0
+        deferred: bool | None = None
+        try:
+            pending = iter(batches)
+            more = True
+            while more:
+                more = False
+                with self._tx() as tx:
+                    if deferred is None:
+                        deferred = tx.execute("SELECT 1 FROM items LIMIT 1").fetchone() is None
+                        if deferred:
+                            for name in DEFERRED_INDEXES:
+                                tx.execute(f"DROP INDEX IF EXISTS {name}")
+                            tx.execute(
+                                "INSERT OR REPLACE INTO meta VALUES (?, '1')", [DEFERRED_META]
+                            )
+                    rows = 0
+                    conv_rows: Rows = []
+                    item_rows: Rows = []
+                    for batch in pending:
+                        _add_rows(batch, conv_rows, item_rows)
+                        if len(conv_rows) >= sort_rows:
+                            added += _insert_sorted(tx, conv_rows, item_rows)
+                            rows += len(conv_rows)
+                            conv_rows, item_rows = [], []
+                        if rows >= commit_rows:
+                            more = True
+                            break
+                    added += _insert_sorted(tx, conv_rows, item_rows)
+            if deferred:
+                self.build_deferred_indexes()
+        except BaseException:
+            if deferred:
+                # Best effort: what is not built now, the next Store.open builds.
+                with contextlib.suppress(StateError):
+                    self.build_deferred_indexes()
+            raise
+        finally:
+            db.execute("PRAGMA foreign_keys = ON")
+            db.execute(f"PRAGMA cache_size = {int(cache)}")
+        return added
+
+    def build_deferred_indexes(self) -> None:
+        """Build the DEFERRED_INDEXES if a read dropped them (a write only then)."""
+        marked = self._db.execute("SELECT 1 FROM meta WHERE key = ?", (DEFERRED_META,))
+        if marked.fetchone() is None:
+            return
+        with self._tx() as tx:
+            for sql in DEFERRED_INDEXES.values():
+                tx.execute(sql)
+            tx.execute("DELETE FROM meta WHERE key = ?", (DEFERRED_META,))
+
+    def requeue_retryable_failures(self, retryable: Iterable[str]) -> int:
+        """Give items that failed for a transient reason in an earlier run another chance."""
+        classes = sorted(retryable)
+        marks = ",".join("?" * len(classes))
+        with self._tx() as db:
+            cur = db.execute(
+                "UPDATE items SET status = 'pending', failure_class = NULL, failure_message = NULL"
+                f" WHERE status = 'failed' AND failure_class IN ({marks})",
+                classes,
+            )
+            return cur.rowcount
+
+    def assign_lanes(self, rules: list[LaneRule]) -> dict[str, int]:
+        """Give every pending item the first lane whose rule selects it; items escalated to a
+        lane that still exists keep it. Returns the pending items no lane selects (they are
+        not sent), by dataset."""
+        names = [r.name for r in rules]
+        marks = ",".join("?" * len(names))
+        whens: list[str] = []
+        args: list[Any] = []
+        for rule in rules:
+            where: list[str] = []
+            if rule.datasets is not None:
+                where.append(f"dataset IN ({','.join('?' * len(rule.datasets))})")
+                args.extend(rule.datasets)
+            if rule.min_prompt_tokens is not None:
+                where.append("prompt_tokens_est >= ?")
+                args.append(rule.min_prompt_tokens)
+            if rule.max_prompt_tokens is not None:
+                where.append("prompt_tokens_est <= ?")
+                args.append(rule.max_prompt_tokens)
+            whens.append(f"WHEN {' AND '.join(where) or '1'} THEN ?")
+            args.append(rule.name)
+        # The first rule that selects an item names its lane. Only items whose lane changes
+        # are written: each write moves the item in items_lane, and rewriting a million
+        # unchanged lanes took 17-23 s of every restart.
+        lane = f"CASE {' '.join(whens)} ELSE NULL END" if whens else "NULL"
+        with self._tx() as db:
+            db.execute(
+                "UPDATE items SET escalated = 0 WHERE status = 'pending' AND escalated = 1 "
+                f"AND lane NOT IN ({marks})",
+                names,
+            )
+            db.execute(
+                f"UPDATE items SET lane = {lane} WHERE status = 'pending' "
+                f"AND (escalated = 0 OR lane IS NULL) AND lane IS NOT ({lane})",
+                [*args, *args],
+            )
+            rows = db.execute(
+                "SELECT dataset, COUNT(*) FROM items WHERE lane IS NULL AND status = 'pending' "
+                "GROUP BY dataset"
+            ).fetchall()
+        return {ds: n for ds, n in rows}
+
+    def claim_batch(
+        self, dataset: str, after_key: int, limit: int, lane: str | None = None
+    ) -> list[PendingItem]:
+        """The next pending items of a dataset (in a lane) in dispatch order (keyset on
+        order_key). Escalated items are claimed separately."""
+        lane_sql = "AND i.lane = ? AND i.escalated = 0 " if lane is not None else ""
+        args: tuple[Any, ...] = (dataset, after_key, *((lane,) if lane else ()), limit)
+        # An item of a sequential conversation waits until its previous turn is done.
+        rows = self._db.execute(
+            f"SELECT {_PENDING_COLUMNS} "
+            "WHERE i.dataset = ? AND i.status = 'pending' AND i.order_key > ? "
+            "AND (i.after_item IS NULL OR "
+            "(SELECT p.status FROM items p WHERE p.id = i.after_item) = 'done') "
+            f"{lane_sql}ORDER BY i.order_key LIMIT ?",
+            args,
+        ).fetchall()
+        return [_pending(r) for r in rows]
+
+    def blocked_items(self) -> dict[str, int]:
+        """Pending turns of sequential conversations whose earlier turn failed, per dataset."""
+        rows = self._db.execute(
+            "WITH RECURSIVE blocked(id, dataset) AS ("
+            " SELECT i.id, i.dataset FROM items i JOIN items p ON p.id = i.after_item"
+            " WHERE i.status = 'pending' AND p.status = 'failed'"
+            " UNION SELECT i.id, i.dataset FROM items i JOIN blocked b ON i.after_item = b.id"
+            " WHERE i.status = 'pending')"
+            " SELECT dataset, COUNT(*) FROM blocked GROUP BY dataset"
+        ).fetchall()
+        return {ds: n for ds, n in rows}
+
+    def claim_escalated(
+        self, lane: str, limit: int, after: tuple[int, str] | None = None
+    ) -> list[PendingItem]:
+        """Pending items escalated to a lane, in dispatch order, after `(order_key, id)`
+        (keyset: the first page is mostly items already in flight on a wide lane)."""
+        key, item = after if after is not None else (-1, "")
+        rows = self._db.execute(
+            f"SELECT {_PENDING_COLUMNS} "
+            "WHERE i.lane = ? AND i.escalated = 1 AND i.status = 'pending' "
+            "AND (i.order_key, i.id) > (?, ?) ORDER BY i.order_key, i.id LIMIT ?",
+            (lane, key, item, limit),
+        ).fetchall()
+        return [_pending(r) for r in rows]
+
+    def is_pending(self, item_id: str) -> bool:
+        row = self._db.execute("SELECT status FROM items WHERE id = ?", (item_id,)).fetchone()
+        return row is not None and row[0] == "pending"
+
+    def escalated_pending(self, dataset: str) -> int:
+        """Items of a dataset escalated to another lane and not finished yet."""
+        row = self._db.execute(
+            "SELECT COUNT(*) FROM items WHERE dataset = ? AND escalated = 1 AND status = 'pending'",
+            (dataset,),
+        ).fetchone()
+        return int(row[0])
+
+    def dataset_progress(self) -> list[DatasetProgress]:
+        """Per-dataset counts and ledger totals, in the job's dataset order."""
+        rows = self._db.execute(
+            """
+            SELECT d.name, d.position, d.rows_read, d.bad_rows, d.turns_read,
+                   COALESCE(i.items, 0), COALESCE(i.done, 0), COALESCE(i.failed, 0),
+                   COALESCE(l.pt, 0), COALESCE(l.ct, 0), COALESCE(l.cost, 0.0)
+            FROM datasets d
+            LEFT JOIN (
+                -- Counted by (dataset, status) first: half the time of summing expressions
+                -- over every item.
+                SELECT dataset, SUM(n) AS items, SUM(CASE WHEN status = 'done' THEN n END) AS done,
+                       SUM(CASE WHEN status = 'failed' THEN n END) AS failed
+                FROM (SELECT dataset, status, COUNT(*) AS n FROM items GROUP BY dataset, status)
+                GROUP BY dataset
+            ) i ON i.dataset = d.name
+            LEFT JOIN (
+                SELECT dataset, SUM(prompt_tokens) AS pt, SUM(completion_tokens) AS ct,
+                       SUM(COALESCE(cost_usd, 0)) AS cost
+                FROM ledger GROUP BY dataset
+            ) l ON l.dataset = d.name
+            ORDER BY d.position
+            """
+        ).fetchall()
+        return [DatasetProgress(*r) for r in rows]
+
+    def dataset_samples(self) -> dict[str, DatasetSample]:
+        """Per dataset: the estimates and latencies a forecast needs."""
+        rows = self._db.execute(
+            """
+            SELECT i.dataset,
+                   SUM(i.status = 'pending'),
+                   SUM(CASE WHEN i.status = 'pending' THEN i.prompt_tokens_est ELSE 0 END),
+                   SUM(CASE WHEN i.status = 'done' THEN i.prompt_tokens_est ELSE 0 END),
+                   COALESCE(SUM(r.latency_s), 0.0)
+            FROM items i LEFT JOIN results r ON r.item_id = i.id
+            GROUP BY i.dataset
+            """
+        ).fetchall()
+        return {r[0]: DatasetSample(*r) for r in rows}
+
+    def item_lanes(self) -> dict[tuple[str, str | None, bool], int]:
+        """Done items by (dataset, the lane that answered, whether a shorter lane's truncated
+        answer was escalated to it)."""
+        rows = self._db.execute(
+            "SELECT dataset, lane, escalated, COUNT(*) FROM items WHERE status = 'done' "
+            "GROUP BY dataset, lane, escalated"
+        ).fetchall()
+        return {(d, lane, bool(e)): n for d, lane, e, n in rows}
+
+    def pending_flows(self) -> dict[tuple[str | None, str], tuple[int, int]]:
+        """Pending items per (lane, dataset): how many, and their estimated prompt tokens."""
+        rows = self._db.execute(
+            "SELECT lane, dataset, COUNT(*), COALESCE(SUM(prompt_tokens_est), 0) FROM items "
+            "WHERE status = 'pending' GROUP BY lane, dataset"
+        ).fetchall()
+        return {(lane, ds): (n, est) for lane, ds, n, est in rows}
