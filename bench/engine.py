@@ -197,7 +197,7 @@ async def _openai_worker(url: str, n: int, concurrency: int) -> dict[str, Any]:
 async def _regen_client_worker(
     url: str, n: int, concurrency: int, stream: bool, read_interval_s: float = 0.0
 ) -> dict[str, Any]:
-    from regen.client import ChatClient, Timeouts
+    from regen.engine.client import ChatClient, Timeouts
     from regen.errors import EndpointError
 
     sem = asyncio.Semaphore(concurrency)
@@ -229,7 +229,7 @@ async def _aiohttp_worker(
     between reads with regen's own helper."""
     import aiohttp
 
-    from regen.client.http import read_later
+    from regen.engine.client.http import read_later
 
     sem = asyncio.Semaphore(concurrency)
     ok = failed = chunks = 0
@@ -435,7 +435,7 @@ def bench_stream(tmp: Path, n: int, rounds: int, intervals: list[float]) -> list
 
 def assembler_us_per_chunk(n: int = 200_000) -> float:
     """CPU of regen's SSE assembler alone on a typical OpenRouter content chunk."""
-    from regen.client.sse import StreamAssembler
+    from regen.engine.client.sse import StreamAssembler
 
     line = (
         b'data: {"id":"gen-1-abc","provider":"Bench","model":"bench/model","created":1,'

@@ -4,9 +4,9 @@ A run is modelled as C slots fed in order with items whose latencies follow the 
 length model (70% short prompts, 20% with two length hints, 10% long prompts with many hints;
 log-normal token counts, sigma 0.6, at 100 tokens/s plus 0.2 s to the first token). At 10%,
 25% and 50% of items done, the state a run would see (finished latencies, requests on the wire
-with their age) goes through regen.eta.lane_eta, and the estimate is compared with the time the
-modelled run then took. The sizes span few items per slot (the end decided by a handful of long
-answers) to many.
+with their age) goes through regen.engine.eta.lane_eta, and the estimate is compared with the
+time the modelled run then took. The sizes span few items per slot (the end decided by a
+handful of long answers) to many.
 
 Run: .venv/bin/python bench/eta_model.py [--seeds 30]
 """
@@ -19,7 +19,7 @@ import math
 import random
 import statistics
 
-from regen.eta import Flow, lane_eta
+from regen.engine.eta import Flow, lane_eta
 
 
 def modelled_run(seed: int, items: int, slots: int) -> list[tuple[float, float]]:

@@ -24,7 +24,7 @@ import simproc
 
 from regen.config import load_job
 from regen.conversation import Attempt, Message, Outcome, Result, Usage
-from regen.ingest import ingest
+from regen.sources.ingest import ingest
 from regen.state.db import Store
 
 WORDS = ("the", "of", "and", "to", "in", "is", "that", "for", "model", "token", "data")

@@ -151,7 +151,7 @@ def make_data(data: Path, n: int, kind: str) -> Path:
 def child_ingest(job_path: str) -> None:
     """In its own process: ingest the job into a new state.db; print CPU, wall, items, RSS."""
     from regen.config import load_job
-    from regen.ingest import ingest
+    from regen.sources.ingest import ingest
     from regen.state.db import Store
 
     job = load_job(Path(job_path))

@@ -30,9 +30,9 @@ import simproc
 
 from regen.config import load_job
 from regen.conversation import Attempt, Message, Outcome, Result, ToolCall, Usage
-from regen.ingest import ingest
 from regen.sim.generate import count_prompt_tokens, generate
 from regen.sim.words import WORDS
+from regen.sources.ingest import ingest
 from regen.state.db import Store
 
 MODELS = {"kimi-k2.5": "moonshotai/kimi-k2.5", "qwen3": "qwen/qwen3-8b"}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from regen.audit import Checks, structure
+from regen.outputs.audit import Checks, structure
 from regen.reconstruct import Answer, Target, TargetSpec, family
 from regen.sim import SimConfig, sim_in_thread
 from regen.state.answers import ExportRow

@@ -10,9 +10,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from regen.budget import LENGTH_WINDOW, RAMP_ANSWERS, BudgetBook, Denial, Lease, Prices, fill_cost
 from regen.config import DatasetConfig
 from regen.conversation import Usage
+from regen.engine.budget import (
+    LENGTH_WINDOW,
+    RAMP_ANSWERS,
+    BudgetBook,
+    Denial,
+    Lease,
+    Prices,
+    fill_cost,
+)
 from regen.sim import SimConfig, sim_in_thread
 from regen.state.work import DatasetProgress
 from tests.conftest import SECRET_KEY, chat_rows, query, run_cli, write_job, write_rows
@@ -289,8 +297,8 @@ def test_a_credit_floor_that_cannot_be_read_is_refused_before_sending(tmp_path: 
 
 def test_a_small_loss_is_not_hidden_by_the_reconciliation() -> None:
     """A $0.00005 answer lost out of $10 shows, with its exact size; float noise does not."""
-    from regen.billing import Account, Reconciliation
     from regen.cli import _spend_line
+    from regen.engine.billing import Account, Reconciliation
 
     account = Account("https://openrouter.ai/api/v1", "K", ("default",))
     lost = Reconciliation(account, 10.00005, 10.0)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from regen.errors import StateError
-from regen.export import write_jsonl_atomic
+from regen.outputs.export import write_jsonl_atomic
 
 
 def test_an_export_that_fails_half_way_leaves_the_previous_file_whole(tmp_path: Path) -> None:
@@ -31,7 +31,7 @@ def test_a_run_removes_what_a_killed_export_left(tmp_path: Path) -> None:
     export folder whose swap was cut between its two renames."""
     import os
 
-    from regen.export import clean_stale_exports
+    from regen.outputs.export import clean_stale_exports
 
     export = tmp_path / "export"
     export.mkdir()

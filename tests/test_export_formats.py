@@ -12,7 +12,7 @@ import pytest
 
 from regen.conversation import Attempt, Message, Outcome, Result, Usage
 from regen.errors import StateError
-from regen.export import ExportOptions, export_job
+from regen.outputs.export import ExportOptions, export_job
 from regen.reconstruct import Target, TargetSpec
 from regen.sim import SimConfig, sim_in_thread
 from regen.state.db import Store
@@ -181,7 +181,7 @@ def test_tokenized_parquet_loads_with_datasets_and_incremental_parts(tmp_path: P
     write_rows(tmp_path / "chat.jsonl", chat_rows(30))
     job = write_job(tmp_path, "http://127.0.0.1:9/v1", datasets=[("chat", "chat.jsonl", "openai")])
     from regen.config import load_job
-    from regen.ingest import ingest
+    from regen.sources.ingest import ingest
 
     store = Store.open(load_job(job).output_path)
     ingest(store, load_job(job))

@@ -9,10 +9,10 @@ import asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from regen.budget import BudgetBook, Denial, Lease, Prices, fill_cost
 from regen.config import DatasetConfig
 from regen.conversation import Charge, Usage
-from regen.holds import HoldKeeper, HoldSummary
+from regen.engine.budget import BudgetBook, Denial, Lease, Prices, fill_cost
+from regen.engine.holds import HoldKeeper, HoldSummary
 from regen.state.outstanding import Sent
 from regen.state.work import DatasetProgress
 

@@ -15,9 +15,9 @@ import pytest
 
 from regen.config import Job, load_job
 from regen.conversation import Conversation
-from regen.ingest import ingest, order_key
-from regen.modes import item_id, prompt_hash, target_turns
 from regen.sources import Source
+from regen.sources.ingest import ingest, order_key
+from regen.sources.modes import item_id, prompt_hash, target_turns
 from regen.state.db import Store
 from tests.conftest import query
 
@@ -290,7 +290,7 @@ datasets = ["a"]
 
 
 def test_items_are_read_into_the_lane_assign_lanes_gives_them(tmp_path: Path) -> None:
-    from regen.ingest import lane_rules
+    from regen.sources.ingest import lane_rules
 
     # Prompts of 8 estimated tokens (question 0-9), 11 (10**12 on) and 18 (10**40 on).
     (tmp_path / "a.jsonl").write_text(rows(10) + rows(10, start=10**12) + rows(10, start=10**40))
@@ -330,7 +330,7 @@ def test_a_first_read_builds_its_indexes_after_its_rows(tmp_path: Path) -> None:
 KILLED_READ = """
 import os, signal, sys
 from pathlib import Path
-from regen import ingest as ingest_mod
+from regen.sources import ingest as ingest_mod
 from regen.config import load_job
 from regen.state.db import Store
 from regen.state.work import Work

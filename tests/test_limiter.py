@@ -5,7 +5,7 @@ import asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from regen.limiter import AdaptiveLimit, EndpointHealth
+from regen.engine.limiter import AdaptiveLimit, EndpointHealth
 
 
 class Clock:

@@ -11,16 +11,16 @@ import pytest
 from rich.cells import cell_len
 from rich.console import Console
 
-from regen.eta import eta_text
-from regen.limiter import AdaptiveLimit
-from regen.progress import (
+from regen.engine.eta import eta_text
+from regen.engine.limiter import AdaptiveLimit
+from regen.engine.scheduler import DatasetStats, JobTotals, LaneStats, RunStats
+from regen.view.progress import (
     DEGRADE_ORDER,
     LIVE_COLUMNS,
     ProgressView,
     progress_line,
     progress_view,
 )
-from regen.scheduler import DatasetStats, JobTotals, LaneStats, RunStats
 
 NOW = 10_000.0
 STARTED = NOW - 1_500.0
@@ -234,7 +234,7 @@ def test_the_progress_line_adds_what_is_left_of_the_cap() -> None:
 def test_held_bills_show_as_what_they_are_and_stand_in_for_the_eta_when_they_block() -> None:
     """A rerun waiting for a killed run's bills showed `in_flight=0 req_s=0.00 eta_s=4293`
     and nothing of the hold."""
-    from regen.holds import HoldSummary
+    from regen.engine.holds import HoldSummary
 
     stats = busy_stats()
     held = HoldSummary(36, 0.0712, 36, 0.0712, 1_800_000_000.0)

@@ -18,13 +18,13 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from regen.client import RETRYABLE, STOPS_RUN
-from regen.holds import HoldSummary
-from regen.limiter import AdaptiveLimit
-from regen.metrics import exposition
-from regen.scheduler import DatasetStats, JobTotals, LaneStats, RunStats
+from regen.engine.client import RETRYABLE, STOPS_RUN
+from regen.engine.holds import HoldSummary
+from regen.engine.limiter import AdaptiveLimit
+from regen.engine.scheduler import DatasetStats, JobTotals, LaneStats, RunStats
 from regen.sim import SimConfig, sim_in_thread
 from regen.sim.config import SimFaults
+from regen.view.metrics import exposition
 from tests.conftest import (
     SECRET_KEY,
     chat_rows,

@@ -7,7 +7,7 @@ import html.parser
 import re
 from pathlib import Path
 
-from regen.eta import Flow, kaplan_meier, lane_eta
+from regen.engine.eta import Flow, kaplan_meier, lane_eta
 from regen.sim import SimConfig, sim_in_thread
 from tests.conftest import chat_rows, run_cli, write_job, write_rows
 
@@ -152,8 +152,8 @@ def test_report_is_written_at_the_end_and_on_demand(tmp_path: Path) -> None:
 
 
 def test_budget_left_counts_token_budgets_dataset_caps_and_the_job_cap() -> None:
-    from regen.budget import BudgetBook
     from regen.config import DatasetConfig
+    from regen.engine.budget import BudgetBook
     from regen.state.work import DatasetProgress
 
     datasets = [

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from regen.providers import EndpointInfo, excluded_names, verdicts, warnings
+from regen.engine.providers import EndpointInfo, excluded_names, verdicts, warnings
 from regen.sim import SimConfig, sim_in_thread
 from regen.sim.config import SimFaults
 from tests.conftest import chat_rows, query, run_cli, write_job, write_rows

@@ -7,11 +7,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from regen.client import ChatClient
 from regen.config import Job, load_job
-from regen.ingest import ingest, lane_rules
-from regen.runner import build_lanes
-from regen.scheduler import DatasetStats, RunStats, Scheduler, Sender, backoff_s
+from regen.engine.client import ChatClient
+from regen.engine.scheduler import DatasetStats, RunStats, Scheduler, Sender, backoff_s
+from regen.run.runner import build_lanes
+from regen.sources.ingest import ingest, lane_rules
 from regen.state.db import Store
 from tests.conftest import chat_rows, write_job, write_rows
 from tests.scripted_server import Reply, Scripted, scripted_server
@@ -363,7 +363,7 @@ def test_backoff_is_jittered_capped_and_floors_at_retry_after() -> None:
 
 def test_ingested_ids_are_the_vocabularys_ids(tmp_path: Path) -> None:
     from regen.conversation import Conversation
-    from regen.modes import item_id, prompt_hash
+    from regen.sources.modes import item_id, prompt_hash
 
     job, store = make_job(tmp_path, 5)
     for p in store.work.claim_batch("chat", -1, 10):

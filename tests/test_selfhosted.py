@@ -16,7 +16,7 @@ import pytest
 from rich.console import Console
 
 from regen.config import load_job
-from regen.runner import run_job
+from regen.run.runner import run_job
 from regen.sim import SimConfig, sim_in_thread
 from regen.sim.config import SimFaults
 from regen.state.answers import unpack_ids
@@ -220,7 +220,7 @@ def test_the_servers_ids_prove_each_familys_rebuild(
 ) -> None:
     """The rebuild of every answer (template for the prompt, grammar for the completion)
     equals the ids the server generated, token for token."""
-    from regen.audit import audit, audit_json
+    from regen.outputs.audit import audit, audit_json
 
     out = served_run(tmp_path, model, family)
     overall = audit_json(audit(out, include_truncated=True)[0])["overall"]
@@ -237,7 +237,7 @@ def test_a_wrong_grammar_is_caught_by_the_servers_ids(
     """One newline too many after Qwen3's reasoning: the audit names the first token where
     the rebuild leaves the server's ids, and the answer's exact ids still export."""
     from regen import reconstruct
-    from regen.audit import audit, audit_json
+    from regen.outputs.audit import audit, audit_json
     from regen.reconstruct.families import Family
 
     out = served_run(tmp_path, MODEL, "qwen3")

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from regen.config import load_job
-from regen.ingest import ingest
 from regen.sim import SimConfig, sim_in_thread
 from regen.sim.config import SimFaults
+from regen.sources.ingest import ingest
 from regen.state.db import Store
 from tests.conftest import query, run_cli, write_job, write_rows
 

@@ -8,7 +8,7 @@ import pytest
 
 from regen.conversation import Attempt, Conversation, Message, Outcome, Result, Usage
 from regen.errors import StateError
-from regen.modes import item_id, prompt_hash
+from regen.sources.modes import item_id, prompt_hash
 from regen.state.db import Store
 from regen.state.schema import MIGRATIONS
 from regen.state.work import NewConversation, NewItem

@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 
 from regen import __version__
-from regen.billing import Reconciliation
+from regen.engine.billing import Reconciliation
 from regen.errors import ConfigError, RegenError
 
 EXIT_OK, EXIT_USER, EXIT_USAGE, EXIT_FAILED_ITEMS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report(args: argparse.Namespace, console: Console) -> int:
-    from regen.report import write_report
+    from regen.outputs.report import write_report
 
     print(f"report: {write_report(args.out, args.to)}")
     return EXIT_OK
@@ -330,7 +330,7 @@ def _report(args: argparse.Namespace, console: Console) -> int:
 
 def _run(args: argparse.Namespace, console: Console) -> int:
     from regen.config import load_job
-    from regen.runner import run_job
+    from regen.run.runner import run_job
 
     overrides: dict[str, object] = {"job.output_dir": str(args.out.resolve())} if args.out else {}
     if args.metrics_port is not None:
@@ -345,8 +345,8 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
     import json
 
     from regen.config import load_job
-    from regen.planner import plan_job, plan_tables
-    from regen.progress import bad_rows_table
+    from regen.run.planner import plan_job, plan_tables
+    from regen.view.progress import bad_rows_table
 
     if args.pilot < 0:
         print("error: --pilot must be 0 or more", file=sys.stderr)
@@ -395,7 +395,7 @@ def _status(args: argparse.Namespace, console: Console) -> int:
     import json
     import time
 
-    from regen.status import snapshot_json, snapshot_view, take_snapshot
+    from regen.view.status import snapshot_json, snapshot_view, take_snapshot
 
     if args.watch is not None and args.watch <= 0:
         print("error: --watch takes a number of seconds above 0", file=sys.stderr)
@@ -453,7 +453,7 @@ def _audit(args: argparse.Namespace, console: Console) -> int:
 
     from rich.table import Table
 
-    from regen.audit import audit, audit_json
+    from regen.outputs.audit import audit, audit_json
 
     audits, target = audit(
         args.out,
@@ -553,8 +553,8 @@ def _pairs(values: list[str], flag: str, kind: type) -> dict[str, object]:
 def _export(args: argparse.Namespace, console: Console) -> int:
     from rich.table import Table
 
-    from regen.audit import checks_for, target_for
-    from regen.export import ExportOptions, export_job
+    from regen.outputs.audit import checks_for, target_for
+    from regen.outputs.export import ExportOptions, export_job
     from regen.state.db import Store
 
     if not 0 <= args.validation < 1:
@@ -631,9 +631,9 @@ def _providers(args: argparse.Namespace, console: Console) -> int:
 
     from rich.table import Table
 
-    from regen.client import ChatClient
     from regen.config import EndpointConfig, load_job
-    from regen.providers import EndpointInfo, fetch_endpoints, verdicts, warnings
+    from regen.engine.client import ChatClient
+    from regen.engine.providers import EndpointInfo, fetch_endpoints, verdicts, warnings
 
     endpoint = EndpointConfig()
     max_tokens = 1
@@ -709,7 +709,7 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
     import json
 
     from regen.config import load_job
-    from regen.inspection import inspect_dataset, inspection_json, inspection_view
+    from regen.sources.inspection import inspect_dataset, inspection_json, inspection_view
 
     if args.rows < 1 or args.start < 0:
         print("error: --rows takes a number above 0 and --from one of 0 or more", file=sys.stderr)
@@ -723,14 +723,14 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
 
 
 def _finish(report: object, console: Console) -> int:
-    from regen.progress import summary_table
-    from regen.runner import (
+    from regen.run.runner import (
         RunReport,
         counted_usage_line,
         drained_line,
         unproven_line,
         unsent_line,
     )
+    from regen.view.progress import summary_table
 
     assert isinstance(report, RunReport)
     console.print(summary_table(report.datasets, report.errors, report.exports))
@@ -837,7 +837,7 @@ def _sim(args: argparse.Namespace, console: Console) -> int:
 
 def _demo(args: argparse.Namespace, console: Console) -> int:
     from regen.demo import DEMO_KEY, demo_job
-    from regen.runner import run_job
+    from regen.run.runner import run_job
     from regen.sim import SimConfig, sim_in_thread
 
     # time_scale 0.1: simulated latencies run ten times faster than the real provider's.
@@ -850,7 +850,7 @@ def _demo(args: argparse.Namespace, console: Console) -> int:
             return EXIT_USER
         report = run_job(job, console=console, api_key=DEMO_KEY)
     code = _finish(report, console)
-    from regen.audit import audit, audit_json
+    from regen.outputs.audit import audit, audit_json
 
     overall = audit_json(audit(args.out.resolve())[0])["overall"]
     console.print(

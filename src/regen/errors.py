@@ -26,7 +26,7 @@ class StateGone(StateError):
 
 
 class EndpointError(RegenError):
-    """A request failed; `failure_class` is one of regen.client.errors.FAILURE_CLASSES."""
+    """A request failed; `failure_class` is one of regen.engine.client.errors.FAILURE_CLASSES."""
 
     def __init__(
         self,

@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from regen.client.body import chat_body
-from regen.client.response import result_from_body
-from regen.client.sse import StreamAssembler
 from regen.config import EndpointConfig, GenerationConfig, load_job
 from regen.conversation import Message, Request
+from regen.engine.client.body import chat_body
+from regen.engine.client.response import result_from_body
+from regen.engine.client.sse import StreamAssembler
 from regen.errors import ConfigError
 from regen.state.answers import unpack_ids
 from tests.conftest import chat_rows, query, write_rows

@@ -4,7 +4,7 @@ import socket
 
 import pytest
 
-from regen.client import ChatClient
+from regen.engine.client import ChatClient
 from regen.errors import EndpointError
 from regen.sim import RunningSim
 from tests.conftest import SECRET_KEY

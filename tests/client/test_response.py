@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from regen.client.errors import FAILURE_CLASSES, class_of_status, parse_retry_after
-from regen.client.response import parse_chat_body
+from regen.engine.client.errors import FAILURE_CLASSES, class_of_status, parse_retry_after
+from regen.engine.client.response import parse_chat_body
 from regen.errors import EndpointError
 
 OK = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from regen.client import ChatClient, Timeouts
+from regen.engine.client import ChatClient, Timeouts
 from regen.errors import EndpointError
 from regen.sim import RunningSim, SimConfig, sim_in_thread
 from regen.sim.config import SimFaults

@@ -12,7 +12,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from regen.client import ChatClient, Timeouts
+from regen.engine.client import ChatClient, Timeouts
 
 TLS = Path(__file__).parent / "tls"
 BODY = {"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]}

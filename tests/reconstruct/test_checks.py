@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from regen.audit import Checks, reparse, sample_problems
 from regen.errors import ConfigError
+from regen.outputs.audit import Checks, reparse, sample_problems
 from regen.reconstruct import FAMILIES, Target, TargetSpec
 from regen.reconstruct.families import Family
 from regen.state.answers import ExportRow

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from regen.kimi_ts import tools_typescript
+from regen.reconstruct.kimi_ts import tools_typescript
 
 GOLDEN = json.loads((Path(__file__).parent / "kimi_ts_golden.json").read_text(encoding="utf-8"))
 CASES: list[dict[str, Any]] = GOLDEN["cases"]

@@ -298,7 +298,7 @@ async def test_faults_of_a_json_answer_that_took_time(fault: str) -> None:
 
 
 async def test_regen_client_reads_padded_answers_and_late_errors() -> None:
-    from regen.client import ChatClient
+    from regen.engine.client import ChatClient
     from regen.errors import EndpointError
 
     with sim_in_thread(_slow(35, 0.002)) as sim:

@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from regen.client.http import ChatClient
+from regen.engine.client.http import ChatClient
 from regen.errors import EndpointError
 from regen.sim import SimConfig
 from regen.sim.server import start_sim

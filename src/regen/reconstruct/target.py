@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from regen.errors import ConfigError
-from regen.kimi_ts import sorted_keys, tools_typescript
 from regen.reconstruct.families import Answer, Family, family
+from regen.reconstruct.kimi_ts import sorted_keys, tools_typescript
 from regen.state.answers import ExportRow, unpack_ids
 
 

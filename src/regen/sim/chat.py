@@ -33,7 +33,7 @@ import jinja2
 import jinja2.ext
 import jinja2.sandbox
 
-from regen.kimi_ts import sorted_keys, tools_typescript
+from regen.reconstruct.kimi_ts import sorted_keys, tools_typescript
 
 END = {
     "kimi-k2.5": "<|im_end|>",

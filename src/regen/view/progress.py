@@ -20,10 +20,10 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from regen.billing import Reconciliation
+from regen.engine.billing import Reconciliation
+from regen.engine.eta import Eta, eta_text, format_duration
+from regen.engine.scheduler import DatasetStats, RunStats
 from regen.errors import StateError
-from regen.eta import Eta, eta_text, format_duration
-from regen.scheduler import DatasetStats, RunStats
 from regen.state.sources import BadRowGroup
 from regen.state.work import DatasetProgress
 

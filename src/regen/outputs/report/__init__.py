@@ -18,8 +18,8 @@ Modules, each importing only those before it: `data` (state.db into dataclasses)
 
 from __future__ import annotations
 
-from regen.report.axes import Span, TimeAxis, activity_spans, nice_step, nice_ticks
-from regen.report.data import (
+from regen.outputs.report.axes import Span, TimeAxis, activity_spans, nice_step, nice_ticks
+from regen.outputs.report.data import (
     DatasetReport,
     JobFacts,
     Report,
@@ -28,7 +28,7 @@ from regen.report.data import (
     run_labels,
     run_windows,
 )
-from regen.report.page import render, write_report
+from regen.outputs.report.page import render, write_report
 
 __all__ = [
     "DatasetReport",

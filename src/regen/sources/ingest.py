@@ -27,8 +27,8 @@ from regen.conversation import (
     stable_hash,
 )
 from regen.errors import SourceError
-from regen.modes import item_id, target_turns
 from regen.sources import Source
+from regen.sources.modes import item_id, target_turns
 from regen.sources.readers import HUB_PREFIX, file_digest, source_files
 from regen.state.db import Store
 from regen.state.work import LaneRule, NewConversation, NewItem, first_lane

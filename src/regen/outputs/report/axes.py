@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from regen.report.data import SLACK_S, JobFacts
+from regen.outputs.report.data import SLACK_S, JobFacts
 
 IDLE_GAP_S = 600.0
 """Without a record of runs, a stretch this long with nothing happening is cut from the axis."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from regen.client.account import JsonGetter
+from regen.engine.client.account import JsonGetter
 
 QUANT_FAMILIES = {"fp4": {"fp4", "mxfp4", "nvfp4"}, "fp8": {"fp8", "mxfp8"}}
 PER_MTOK = 1e6

@@ -7,8 +7,8 @@ from typing import Any
 
 import orjson
 
-from regen.client.errors import error_from_body, looks_like_html
 from regen.conversation import Message, Result, ToolCall, Usage
+from regen.engine.client.errors import error_from_body, looks_like_html
 from regen.errors import EndpointError
 
 

@@ -14,9 +14,9 @@ import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
-from regen.budget import Prices, configured_prices
-from regen.client.account import JsonGetter, account_credit, key_info, model_prices
 from regen.config import Job
+from regen.engine.budget import Prices, configured_prices
+from regen.engine.client.account import JsonGetter, account_credit, key_info, model_prices
 from regen.state.db import Store
 
 UsageReader = Callable[[], Awaitable[float | None]]

@@ -37,9 +37,9 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from regen.budget import Prices
 from regen.config import Job, LaneConfig
-from regen.eta import Z90, LatencyModel, escalation_order, format_duration, kaplan_meier
+from regen.engine.budget import Prices
+from regen.engine.eta import Z90, LatencyModel, escalation_order, format_duration, kaplan_meier
 from regen.state.runs import LaneCapacity
 from regen.state.spend import FlowEntry
 from regen.state.work import DatasetProgress

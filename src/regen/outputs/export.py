@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from regen import failpoints
-from regen.audit import Checks, rebuilt, sample_problems
 from regen.conversation import seeded_unit
 from regen.errors import StateError
+from regen.outputs.audit import Checks, rebuilt, sample_problems
 from regen.reconstruct import ReconstructError, Sample, Target
 from regen.state.answers import ExportRow, pack_ids
 from regen.state.db import Store

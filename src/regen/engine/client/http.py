@@ -13,15 +13,15 @@ from typing import Any
 import aiohttp
 import orjson
 
-from regen.client.errors import (
+from regen.conversation import Result
+from regen.engine.client.errors import (
     class_of_status,
     error_from_body,
     looks_like_html,
     parse_retry_after,
 )
-from regen.client.response import parse_chat_body, result_from_body
-from regen.client.sse import StreamAssembler
-from regen.conversation import Result
+from regen.engine.client.response import parse_chat_body, result_from_body
+from regen.engine.client.sse import StreamAssembler
 from regen.errors import EndpointError
 
 

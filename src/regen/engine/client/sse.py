@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from regen.client.errors import error_from_body
+from regen.engine.client.errors import error_from_body
 from regen.errors import EndpointError
 
 

@@ -22,10 +22,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from regen import failpoints
-from regen.budget import BudgetBook, Lease, Prices, fill_cost
-from regen.client.errors import RETRYABLE, STOPS_RUN
-from regen.client.http import Timeouts
-from regen.client.response import counted_usage
 from regen.config import RunConfig
 from regen.conversation import (
     Attempt,
@@ -37,8 +33,11 @@ from regen.conversation import (
     Usage,
     prompt_tokens_bound,
 )
-from regen.errors import EndpointError, StateError, StateGone
-from regen.eta import (
+from regen.engine.budget import BudgetBook, Lease, Prices, fill_cost
+from regen.engine.client.errors import RETRYABLE, STOPS_RUN
+from regen.engine.client.http import Timeouts
+from regen.engine.client.response import counted_usage
+from regen.engine.eta import (
     Concurrency,
     Eta,
     Flow,
@@ -47,10 +46,11 @@ from regen.eta import (
     items_left,
     lane_eta,
 )
-from regen.forecast import Stat
-from regen.holds import DEADLINE_GRACE_S, HoldKeeper, HoldSummary
-from regen.limiter import AdaptiveLimit, EndpointHealth
-from regen.modes import build_request
+from regen.engine.holds import DEADLINE_GRACE_S, HoldKeeper, HoldSummary
+from regen.engine.limiter import AdaptiveLimit, EndpointHealth
+from regen.errors import EndpointError, StateError, StateGone
+from regen.run.forecast import Stat
+from regen.sources.modes import build_request
 from regen.state.db import Store
 from regen.state.outstanding import SEQUENCE_BITS, Sent
 from regen.state.work import PendingItem

@@ -8,10 +8,10 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 
-from regen.report.axes import IDLE_GAP_S, Span, TimeAxis, activity_spans, fmt_duration, utc
-from regen.report.data import DatasetReport, JobFacts, Report, run_labels
-from regen.report.markup import _esc, _legend, _table
-from regen.report.svg import PALETTE, Plot, _f, _rates, _time_chart
+from regen.outputs.report.axes import IDLE_GAP_S, Span, TimeAxis, activity_spans, fmt_duration, utc
+from regen.outputs.report.data import DatasetReport, JobFacts, Report, run_labels
+from regen.outputs.report.markup import _esc, _legend, _table
+from regen.outputs.report.svg import PALETTE, Plot, _f, _rates, _time_chart
 
 JOB_WIDTH = 1180
 

@@ -14,12 +14,12 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from regen.client.body import chat_body
 from regen.config import DatasetConfig, Job, LaneConfig
 from regen.conversation import BadRow, Conversation, Message
+from regen.engine.client.body import chat_body
 from regen.errors import ConfigError
-from regen.ingest import plan_items, source_of
-from regen.modes import build_request
+from regen.sources.ingest import plan_items, source_of
+from regen.sources.modes import build_request
 
 REGENERATED = "<regenerated answer of turn {turn}>"
 

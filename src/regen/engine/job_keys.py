@@ -24,7 +24,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 
-from regen.client.keys import KeyApi, KeyApiError
+from regen.engine.client.keys import KeyApi, KeyApiError
 from regen.errors import ConfigError
 from regen.state.db import Store
 

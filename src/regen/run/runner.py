@@ -18,8 +18,12 @@ from typing import Any
 from rich.console import Console
 
 from regen import __version__
-from regen.audit import Checks, LiveAudit, server_kwargs
-from regen.billing import (
+from regen.config import EndpointConfig, Job, fingerprint_changes
+from regen.conversation import (
+    Request,
+    canonical_json,
+)
+from regen.engine.billing import (
     Account,
     Baseline,
     Reconciliation,
@@ -32,31 +36,14 @@ from regen.billing import (
     resolve_prices,
     take_baselines,
 )
-from regen.budget import LENGTH_WINDOW, BudgetBook, Prices
-from regen.client import RETRYABLE, STOPS_RUN, ChatClient, Timeouts, chat_body
-from regen.client.account import JsonGetter
-from regen.client.keys import KeyApi
-from regen.config import EndpointConfig, Job, fingerprint_changes
-from regen.conversation import (
-    Request,
-    canonical_json,
-)
-from regen.errors import ConfigError, RegenError, StateError
-from regen.export import clean_stale_exports, export_specforge
-from regen.holds import HoldKeeper
-from regen.ingest import ingest, lane_rules
-from regen.job_keys import JobKeys
-from regen.lock import RunLock
-from regen.progress import (
-    ProgressReporter,
-    append_log,
-    dataset_start_line,
-    reconciliation_line,
-)
-from regen.providers import excluded_names, fetch_endpoints, shared_name_warning, verdicts
-from regen.reconstruct import Target, spec_from_store
-from regen.report import write_report
-from regen.scheduler import (
+from regen.engine.budget import LENGTH_WINDOW, BudgetBook, Prices
+from regen.engine.client import RETRYABLE, STOPS_RUN, ChatClient, Timeouts, chat_body
+from regen.engine.client.account import JsonGetter
+from regen.engine.client.keys import KeyApi
+from regen.engine.holds import HoldKeeper
+from regen.engine.job_keys import JobKeys
+from regen.engine.providers import excluded_names, fetch_endpoints, shared_name_warning, verdicts
+from regen.engine.scheduler import (
     CLIENT_ERRORS,
     DatasetStats,
     EndpointRuntime,
@@ -67,9 +54,22 @@ from regen.scheduler import (
     Sender,
     learned_prices,
 )
+from regen.errors import ConfigError, RegenError, StateError
+from regen.lock import RunLock
+from regen.outputs.audit import Checks, LiveAudit, server_kwargs
+from regen.outputs.export import clean_stale_exports, export_specforge
+from regen.outputs.report import write_report
+from regen.reconstruct import Target, spec_from_store
+from regen.sources.ingest import ingest, lane_rules
 from regen.state.db import Store
 from regen.state.runs import TimelinePoint
 from regen.state.work import DatasetProgress
+from regen.view.progress import (
+    ProgressReporter,
+    append_log,
+    dataset_start_line,
+    reconciliation_line,
+)
 
 SELF_HOSTED = ("vllm", "sglang")
 TIMELINE_EVERY_S = 1.0
@@ -570,7 +570,7 @@ async def dispatch(
             tasks.append(asyncio.create_task(auditor.run()))
         metrics = None
         if job.run.metrics_port is not None:
-            from regen.metrics import serve_metrics
+            from regen.view.metrics import serve_metrics
 
             try:
                 metrics = await serve_metrics(stats, job.run.metrics_host, job.run.metrics_port)

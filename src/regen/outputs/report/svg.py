@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from regen.report.axes import TimeAxis, fmt_duration, fmt_tick, nice_ticks, utc
-from regen.report.data import JobFacts
-from regen.report.markup import _esc
+from regen.outputs.report.axes import TimeAxis, fmt_duration, fmt_tick, nice_ticks, utc
+from regen.outputs.report.data import JobFacts
+from regen.outputs.report.markup import _esc
 from regen.state.runs import RunRecord
 
 PALETTE = ("#2a7", "#27c", "#d62", "#a3c", "#c90", "#3aa", "#c36", "#777", "#68a", "#9a3")

@@ -15,17 +15,17 @@ from dataclasses import dataclass, field
 from rich.console import Console
 from rich.table import Table
 
-from regen.billing import billing_accounts, remaining_credit, resolve_prices
-from regen.budget import Prices
-from regen.client import ChatClient
 from regen.config import Job
-from regen.eta import format_duration
-from regen.forecast import Interval, JobPlan, coverage, plan
+from regen.engine.billing import billing_accounts, remaining_credit, resolve_prices
+from regen.engine.budget import Prices
+from regen.engine.client import ChatClient
+from regen.engine.eta import format_duration
 from regen.lock import RunLock
-from regen.progress import format_tokens
-from regen.runner import check_reachable, dispatch, endpoint_keys, prepare
+from regen.run.forecast import Interval, JobPlan, coverage, plan
+from regen.run.runner import check_reachable, dispatch, endpoint_keys, prepare
 from regen.state.db import Store
 from regen.state.sources import BadRowGroup
+from regen.view.progress import format_tokens
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,13 @@ from pathlib import Path
 
 from regen import __version__
 from regen.errors import StateError
-from regen.export import write_text_atomic
-from regen.report.axes import TimeAxis, activity_spans
-from regen.report.data import Report, gather
-from regen.report.dataset import DS_WIDTH, _section
-from regen.report.job import _job_section
-from regen.report.markup import _table
-from regen.report.svg import Plot
+from regen.outputs.export import write_text_atomic
+from regen.outputs.report.axes import TimeAxis, activity_spans
+from regen.outputs.report.data import Report, gather
+from regen.outputs.report.dataset import DS_WIDTH, _section
+from regen.outputs.report.job import _job_section
+from regen.outputs.report.markup import _table
+from regen.outputs.report.svg import Plot
 from regen.state.db import Store
 
 STYLE = """

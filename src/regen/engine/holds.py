@@ -23,9 +23,9 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from regen.budget import BudgetBook, Prices, fill_cost
-from regen.client.account import JsonGetter, generation_charge
 from regen.conversation import Charge, Usage
+from regen.engine.budget import BudgetBook, Prices, fill_cost
+from regen.engine.client.account import JsonGetter, generation_charge
 from regen.state.outstanding import Sent
 
 LOOKUP_WAITS_S = (1.0, 1.0, 2.0, 4.0, 8.0)

@@ -8,12 +8,12 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
-from regen.progress import per_mtok
-from regen.report.axes import TimeAxis, fmt_tick, nice_step, nice_ticks
-from regen.report.data import DatasetReport, JobFacts, percentile, run_labels
-from regen.report.markup import _esc, _table
-from regen.report.svg import PALETTE, Plot, _f, _frame, _rates, _time_chart
+from regen.outputs.report.axes import TimeAxis, fmt_tick, nice_step, nice_ticks
+from regen.outputs.report.data import DatasetReport, JobFacts, percentile, run_labels
+from regen.outputs.report.markup import _esc, _table
+from regen.outputs.report.svg import PALETTE, Plot, _f, _frame, _rates, _time_chart
 from regen.state.runs import RunRecord
+from regen.view.progress import per_mtok
 
 DS_WIDTH = 580
 
