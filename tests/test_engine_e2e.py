@@ -8,7 +8,7 @@ import re
 import signal
 from pathlib import Path
 
-from regen.run.runner import quiet_gc
+from regen.run.dispatch import quiet_gc
 from regen.sim import SimConfig, sim_in_thread
 from regen.sim.config import SimFaults
 from tests.conftest import chat_rows, query, run_cli, start_cli, write_job, write_rows

@@ -10,7 +10,7 @@ from typing import Any
 from regen.config import Job, load_job
 from regen.engine.client import ChatClient
 from regen.engine.scheduler import DatasetStats, RunStats, Scheduler, Sender, backoff_s
-from regen.run.runner import build_lanes
+from regen.run.lanes import build_lanes
 from regen.sources.ingest import ingest, lane_rules
 from regen.state.db import Store
 from tests.conftest import chat_rows, write_job, write_rows

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from regen.cli import EXIT_CAP, EXIT_ITEMS_LEFT, EXIT_OK, _finish
 from regen.config import load_job
-from regen.run.runner import RunReport, unsent_items
+from regen.run.summary import RunReport, unsent_items
 from regen.sources.ingest import ingest, lane_rules
 from regen.state.db import Store
 from tests.conftest import chat_rows, write_job, write_rows

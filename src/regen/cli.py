@@ -723,7 +723,7 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
 
 
 def _finish(report: object, console: Console) -> int:
-    from regen.run.runner import (
+    from regen.run.summary import (
         RunReport,
         counted_usage_line,
         drained_line,

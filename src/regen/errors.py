@@ -52,3 +52,10 @@ class EndpointError(RegenError):
         self.unbilled = False
         """A whole JSON body that is an error object (OpenRouter's HTTP 200 with `error`): the
         provider's answer is that it failed, and such answers are not billed."""
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line: regen's own as they are, others with their type."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    return first if isinstance(exc, RegenError) and first else f"{type(exc).__name__}: {first}"

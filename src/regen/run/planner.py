@@ -21,8 +21,10 @@ from regen.engine.budget import Prices
 from regen.engine.client import ChatClient
 from regen.engine.eta import format_duration
 from regen.lock import RunLock
+from regen.run.accounts import check_reachable, endpoint_keys
+from regen.run.dispatch import dispatch
 from regen.run.forecast import Interval, JobPlan, coverage, plan
-from regen.run.runner import check_reachable, dispatch, endpoint_keys, prepare
+from regen.run.prepare import prepare
 from regen.state.db import Store
 from regen.state.sources import BadRowGroup
 from regen.view.progress import format_tokens

@@ -1,0 +1,140 @@
+"""The run's lanes as the engine takes them: each endpoint's sender, body, prices, health
+probe and the providers its routing excludes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from rich.console import Console
+
+from regen.config import EndpointConfig, Job
+from regen.conversation import (
+    Request,
+)
+from regen.engine.budget import Prices
+from regen.engine.client import Timeouts, chat_body
+from regen.engine.client.account import JsonGetter
+from regen.engine.providers import excluded_names, fetch_endpoints, shared_name_warning, verdicts
+from regen.engine.scheduler import (
+    EndpointRuntime,
+    LaneRuntime,
+    Sender,
+)
+from regen.errors import ConfigError
+
+SELF_HOSTED = ("vllm", "sglang")
+
+
+def health_url(base_url: str) -> str:
+    """A vLLM or SGLang server's `/health`, at the root beside its `/v1`."""
+    return base_url.rstrip("/").removesuffix("/v1") + "/health"
+
+
+def _make_body(
+    job: Job, endpoint: EndpointConfig
+) -> Callable[[Request, int, bool], dict[str, Any]]:
+    def make(req: Request, max_tokens: int, stream: bool) -> dict[str, Any]:
+        return chat_body(req, job.generation, endpoint, max_tokens, stream=stream)
+
+    return make
+
+
+async def check_routes(
+    job: Job, clients: Mapping[str, JsonGetter], console: Console, unproven: set[str]
+) -> dict[str, frozenset[str]]:
+    """For each OpenRouter endpoint: the model's provider endpoints against the job's
+    `provider` filters and max_tokens. Filters that leave nothing stop the run before it
+    sends; the display names only excluded endpoints carry are returned (an answer that
+    names one is `excluded_provider`). A catalogue that cannot be read changes nothing.
+    `unproven` gets the names that an allowed and an excluded endpoint share (their answers
+    cannot be proven to come from the allowed one)."""
+    out: dict[str, frozenset[str]] = {}
+    for e in job.endpoint_pool:
+        if e.dialect != "openrouter":
+            continue
+        endpoints = await fetch_endpoints(clients[e.name], job.generation.model)
+        if not endpoints:
+            continue
+        lanes = [lane for lane in job.lane_list if not lane.endpoints or e.name in lane.endpoints]
+        max_tokens = min((job.lane_max_tokens(lane) for lane in lanes), default=0)
+        verdict = verdicts(endpoints, e.provider, max_tokens)
+        if all(v is not None for v in verdict.values()):
+            why = "; ".join(f"{tag}: {reason}" for tag, reason in verdict.items())
+            raise ConfigError(
+                f"endpoint '{e.name}': no provider endpoint of {job.generation.model} is left "
+                f"for max_tokens {max_tokens} ({why}); every request would fail with 404. "
+                f"See `regen providers {job.generation.model} --job JOB.toml`"
+            )
+        only_excluded, mixed = excluded_names(endpoints, verdict)
+        if mixed:
+            advice = shared_name_warning(endpoints, e.provider, verdict)
+            console.print(
+                f"note: endpoint '{e.name}': {', '.join(sorted(mixed))} also serve(s) from an "
+                "excluded endpoint; an answer names only its provider, so those answers cannot "
+                "be proven to come from an allowed endpoint (routing honours the filters)"
+                + (f". {advice}" if advice else ""),
+                markup=False,
+                soft_wrap=True,
+            )
+            unproven.update(mixed)
+        out[e.name] = frozenset(only_excluded)
+    return out
+
+
+def build_lanes(
+    job: Job,
+    senders: Mapping[str, Sender],
+    prices: Mapping[str, Prices | None] | None = None,
+    excluded: Mapping[str, frozenset[str]] | None = None,
+) -> list[LaneRuntime]:
+    """The job's lanes, each with its endpoints (by name in `senders`) and settings."""
+    prices = prices or {}
+    excluded = excluded or {}
+    runtimes = {
+        e.name: EndpointRuntime(
+            e.name,
+            senders[e.name],
+            _make_body(job, e),
+            e.weight,
+            prices=prices.get(e.name),
+            generation_records=e.dialect == "openrouter",
+            job_key=e.management_key_env is not None,
+            billed_after_gone=e.dialect not in SELF_HOSTED,
+            excluded_providers=excluded.get(e.name, frozenset()),
+            health_url=health_url(e.base_url) if e.dialect in SELF_HOSTED else None,
+        )
+        for e in job.endpoint_pool
+    }
+    order = [d.name for d in job.datasets]
+    return [
+        LaneRuntime(
+            name=lane.name,
+            concurrency=lane.concurrency,
+            max_tokens=job.lane_max_tokens(lane),
+            timeouts=Timeouts(
+                total_s=job.lane_timeout_s(lane),
+                connect_s=job.run.connect_timeout_s,
+                ttfb_s=job.run.ttfb_timeout_s,
+                idle_s=job.run.idle_timeout_s,
+                read_interval_s=job.run.stream_read_interval_s,
+            ),
+            endpoints=[runtimes[n] for n in lane.endpoints or list(runtimes)],
+            datasets=[d for d in order if lane.datasets is None or d in lane.datasets],
+            stream=lane.stream,
+            escalate_to=lane.escalate_to,
+        )
+        for lane in job.lane_list
+    ]
+
+
+def lane_settings(job: Job) -> dict[str, dict[str, Any]]:
+    """What the report needs to know of each lane, as this run had it."""
+    return {
+        lane.name: {
+            "max_tokens": job.lane_max_tokens(lane),
+            "concurrency": lane.concurrency,
+            "escalate_to": lane.escalate_to,
+        }
+        for lane in job.lane_list
+    }

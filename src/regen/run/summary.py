@@ -1,0 +1,150 @@
+"""What a run says at its end: its report, the items it left unsent and why, and the
+lines that explain the rest."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from regen.config import Job
+from regen.engine.billing import (
+    Reconciliation,
+)
+from regen.engine.budget import BudgetBook
+from regen.run.budgets import budget_book
+from regen.state.db import Store
+from regen.state.work import DatasetProgress
+
+
+@dataclass
+class RunReport:
+    """What a finished (or stopped) run did; everything in it was read back from state.db."""
+
+    out_dir: Path
+    datasets: list[DatasetProgress]
+    exports: dict[str, int]
+    errors: dict[tuple[str, str], int]
+    stop_reason: str | None = None
+    interrupted: bool = False
+    """Stopped by a signal: what finished is kept, the rest is sent by the next run."""
+    aborted: bool = False
+    """A second signal cut requests in flight short."""
+    unassigned: dict[str, int] = field(default_factory=dict)
+    """Pending items no lane selects, per dataset (they are not sent)."""
+    blocked: dict[str, int] = field(default_factory=dict)
+    """Sequential mode: pending turns whose earlier turn failed, per dataset."""
+    reconciliations: list[Reconciliation] = field(default_factory=list)
+    """Per billing account: spend since the job started, by the provider and by the ledger."""
+    budget_lines: list[str] = field(default_factory=list)
+    """Per dataset with a budget: what it used, and why it stopped if it did."""
+    budget_stop: bool = False
+    """Stopped at the job's dollar cap or credit floor: a planned end."""
+    outage: bool = False
+    """Stopped because every server of a lane stayed down (`[run] pool_down_timeout_s`)."""
+    drained: dict[str, int] = field(default_factory=dict)
+    """Per endpoint of a pool: times it was taken out (its server down or loading)."""
+    counted_usage: dict[tuple[str, str], int] = field(default_factory=dict)
+    """Answers whose server sent no usage, by (dataset, `ids` or `estimate`)."""
+    unsent: list[Unsent] = field(default_factory=list)
+    """The items left pending at the end, by dataset and why."""
+    unproven: dict[str, int] = field(default_factory=dict)
+    """Answers per provider name that an allowed and an excluded endpoint share."""
+
+    @property
+    def failed(self) -> int:
+        return sum(d.failed for d in self.datasets)
+
+
+@dataclass(frozen=True)
+class Unsent:
+    """Items of a dataset left pending when a run ended, and why."""
+
+    dataset: str
+    items: int
+    reason: str
+    kind: str
+    """`budget`: the dataset's own budget is met (its planned end); `cap`: the job's dollar
+    cap or the credit floor stopped the run; `left`: anything else (the next run sends them)."""
+
+
+def unsent_items(
+    job: Job,
+    store: Store,
+    *,
+    stop_reason: str | None,
+    budget_stop: bool,
+    unassigned: dict[str, int],
+    blocked: dict[str, int],
+    book: BudgetBook | None = None,
+) -> list[Unsent]:
+    """Every item a run leaves pending, with the reason it was not sent. An item no reason
+    covers is said to be one: a run never ends with work left in silence. `book`: the run's
+    budgets as they ended (a dollar cap is met when the next request no longer fits, before
+    the spend reaches it, which only the run's own book knows)."""
+    progress = store.work.dataset_progress()
+    if book is None:
+        book = budget_book(job, progress)
+    out: list[Unsent] = []
+    for p in progress:
+        n = p.pending
+        for reason, k in (
+            ("no lane selects them (see [[lanes]] datasets and prompt sizes)", unassigned),
+            ("they wait for an earlier turn of their conversation that failed", blocked),
+        ):
+            take = min(n, k.get(p.name, 0))
+            if take:
+                out.append(Unsent(p.name, take, reason, "left"))
+                n -= take
+        if n <= 0:
+            continue
+        state = book.datasets.get(p.name)
+        if state is None:
+            out.append(Unsent(p.name, n, "the dataset is no longer in the job file", "budget"))
+        elif state.met is not None:
+            out.append(Unsent(p.name, n, f"its budget is met: {state.met}", "budget"))
+        elif budget_stop and stop_reason:
+            out.append(Unsent(p.name, n, stop_reason, "cap"))
+        elif stop_reason == "interrupted":
+            out.append(Unsent(p.name, n, "the run was interrupted", "left"))
+        elif stop_reason:
+            out.append(Unsent(p.name, n, f"the run stopped: {stop_reason}", "left"))
+        else:
+            out.append(
+                Unsent(
+                    p.name,
+                    n,
+                    "not sent for a reason regen does not know (a bug: please report it with "
+                    "run.log)",
+                    "left",
+                )
+            )
+    return out
+
+
+def unproven_line(provider: str, answers: int) -> str:
+    return (
+        f"{answers} answers came from {provider}, which also serves from an endpoint the job "
+        "excludes: an answer names only its provider, so these cannot be proven to come from "
+        "an allowed one (see `regen providers MODEL --job JOB.toml` for a quantizations "
+        "allow-list that keeps the excluded one out)"
+    )
+
+
+def unsent_line(u: Unsent) -> str:
+    return f"dataset {u.dataset}: {u.items} items not sent: {u.reason}"
+
+
+def counted_usage_line(dataset: str, source: str, n: int) -> str:
+    how = (
+        "counted from the token ids it returned"
+        if source == "ids"
+        else "estimated from their text (about 4 bytes a token; budgets and prices use it)"
+    )
+    return f"dataset {dataset}: {n} answers came without usage from the server: {how}"
+
+
+def drained_line(endpoint: str, times: int) -> str:
+    return (
+        f"endpoint {endpoint}: taken out of the pool {times} time(s) (server down or loading) "
+        "and probed until it was back; its requests went to the other servers"
+    )
