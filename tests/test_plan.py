@@ -173,7 +173,7 @@ def test_a_provider_that_refuses_requests_slows_the_planned_lane(tmp_path: Path)
 
 
 def test_the_regression_estimator_corrects_a_sample_that_drew_short_prompts() -> None:
-    from regen.run.forecast import Stat
+    from regen.engine.eta import Stat
 
     rng = random.Random(3)
     # Answers grow with prompts; the sample drew mostly short prompts (mean 100), the items to

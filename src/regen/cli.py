@@ -709,7 +709,7 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
     import json
 
     from regen.config import load_job
-    from regen.sources.inspection import inspect_dataset, inspection_json, inspection_view
+    from regen.run.inspection import inspect_dataset, inspection_json, inspection_view
 
     if args.rows < 1 or args.start < 0:
         print("error: --rows takes a number above 0 and --from one of 0 or more", file=sys.stderr)

@@ -501,3 +501,8 @@ def configured_prices(endpoint: EndpointConfig) -> Prices | None:
         return Prices(0.0, 0.0, endpoint.usd_per_gpu_hour * endpoint.gpus / 3600)
     p, c = endpoint.prompt_usd_per_mtok, endpoint.completion_usd_per_mtok
     return None if p is None or c is None else Prices(p / 1e6, c / 1e6)
+
+
+def per_mtok(cost_usd: float, completion_tokens: int) -> float:
+    """Effective dollars per million completion tokens (everything spent, over what came)."""
+    return cost_usd / completion_tokens * 1e6 if completion_tokens else 0.0

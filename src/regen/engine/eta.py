@@ -411,3 +411,66 @@ def eta_text(eta: Eta | None) -> str:
         return "0s"
     text = f"{format_duration(eta.seconds)} ({format_duration(eta.p10)}-{format_duration(eta.p90)})"
     return text + (" budget" if eta.bound == "budget" else "")
+
+
+PRIOR_REL_SD = 0.8
+"""How unsure the prior's means are (the sd of their logarithm): p10-p90 about /2.8 to x2.8."""
+REGRESS_MIN = 20
+"""Passages needed before their prompt sizes adjust a mean (Stat.regressed)."""
+REGRESS_CLAMP = 3.0
+"""A prompt-size adjustment beyond this factor is not trusted: the plain mean stands."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stat:
+    """A per-passage quantity: its mean, the sd of one draw, and how many it rests on (0: a
+    prior, whose mean is unsure by PRIOR_REL_SD)."""
+
+    mean: float
+    sd: float
+    n: int
+    error: float | None = None
+    """The standard error of the mean, when not sd / sqrt(n) (a regression's)."""
+
+    @classmethod
+    def of(cls, xs: Sequence[float]) -> Stat:
+        n = len(xs)
+        mean = sum(xs) / n
+        var = sum((x - mean) ** 2 for x in xs) / (n - 1) if n > 1 else mean**2
+        return cls(mean, math.sqrt(var), n)
+
+    @classmethod
+    def regressed(cls, ys: Sequence[float], xs: Sequence[float], x_to: float | None) -> Stat:
+        """The mean of `ys` for passages whose `xs` average `x_to` (the regression estimator
+        of survey sampling): a sample of 30 that happened to draw few long prompts says so in
+        its prompts, and the answers' lengths follow them. Falls back to the plain mean with
+        fewer than REGRESS_MIN, no spread in `xs`, or a correction beyond REGRESS_CLAMP."""
+        plain = cls.of(ys)
+        n = len(ys)
+        if x_to is None or n < REGRESS_MIN:
+            return plain
+        mx = sum(xs) / n
+        sxx = sum((x - mx) ** 2 for x in xs)
+        if sxx <= 0:
+            return plain
+        slope = sum((x - mx) * (y - plain.mean) for x, y in zip(xs, ys, strict=True)) / sxx
+        mean = plain.mean + slope * (x_to - mx)
+        if not plain.mean / REGRESS_CLAMP <= mean <= plain.mean * REGRESS_CLAMP:
+            return plain
+        resid = sum(
+            (y - plain.mean - slope * (x - mx)) ** 2 for x, y in zip(xs, ys, strict=True)
+        ) / max(1, n - 2)
+        error = math.sqrt(resid * (1 / n + (x_to - mx) ** 2 / sxx))
+        return cls(mean, plain.sd, n, error)
+
+    @property
+    def se(self) -> float:
+        """The standard error of the mean."""
+        if self.error is not None:
+            return self.error
+        return self.sd / math.sqrt(self.n) if self.n else PRIOR_REL_SD * self.mean
+
+    def total_sd(self, count: float) -> float:
+        """The sd of the sum over `count` more passages: the mean's error counts `count`
+        times over, each passage's own spread once."""
+        return math.sqrt((count * self.se) ** 2 + count * self.sd**2)

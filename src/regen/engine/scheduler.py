@@ -19,7 +19,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from regen import failpoints
 from regen.config import RunConfig
@@ -41,6 +41,7 @@ from regen.engine.eta import (
     Concurrency,
     Eta,
     Flow,
+    Stat,
     combine,
     escalation_order,
     items_left,
@@ -49,7 +50,6 @@ from regen.engine.eta import (
 from regen.engine.holds import DEADLINE_GRACE_S, HoldKeeper, HoldSummary
 from regen.engine.limiter import AdaptiveLimit, EndpointHealth
 from regen.errors import EndpointError, StateError, StateGone
-from regen.run.forecast import Stat
 from regen.sources.modes import build_request
 from regen.state.db import Store
 from regen.state.outstanding import SEQUENCE_BITS, Sent
@@ -418,6 +418,66 @@ def learned_prices(
             out[name] = p.scaled(entry["factor"])
             factors[name] = entry["factor"]
     return out, factors
+
+
+@dataclass
+class Try:
+    """One attempt at an item, from its admission until its slot goes back: the endpoint it
+    goes to, the slot of that endpoint's limit and the lease it holds, and how its request
+    ended (`Scheduler._settle`)."""
+
+    number: int
+    ep: EndpointRuntime
+    limit: AdaptiveLimit
+    epoch: int
+    """The epoch `limit.acquire` gave the slot, for its release."""
+    lease: Lease | None
+    """What it may spend under budgets (None without)."""
+    sent: Sent | None = None
+    """Its row in `outstanding`, written before it is sent (a request billed after its client
+    is gone, under budgets)."""
+    started: float = 0.0
+    """When it went on the wire: by the wall clock, for its record..."""
+    t0: float = 0.0
+    """... and by the monotonic clock, for its latency."""
+    end: Literal["cut", "answered", "unbilled", "maybe_billed"] = "cut"
+    """How its request ended: answered; failed, not billed; failed, but the provider may have
+    billed it; or cut short (cancelled, or an error on this side)."""
+    billed: Usage | None = None
+    """An answer's usage, priced."""
+    begun: str | None = None
+    """The generation id of a request that may have been billed: its bill is looked up by it."""
+
+
+@dataclass
+class Tally:
+    """An item's attempts so far, and its retries of each kind (each kind has its own limit)."""
+
+    item: PendingItem
+    attempts: list[Attempt] = field(default_factory=list)
+    number: int = 0
+    """The current attempt's number (1 for the first)."""
+    failures: int = 0
+    """Failed attempts, against [run].max_attempts."""
+    rate_limited: int = 0
+    """429s, against [run].max_rate_limit_retries."""
+    failovers: int = 0
+    """Moves off drained servers, against FAILOVERS_PER_ENDPOINT."""
+
+    def ended(self, **kw: Any) -> Outcome:
+        """The item's outcome, with its attempts."""
+        return Outcome(self.item.id, self.item.dataset, tuple(self.attempts), **kw)
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """An item to be tried again: at once, on another server or the first to come back
+    (`failover`), or after a backoff for its `tries` so far, no shorter than the server's
+    Retry-After."""
+
+    tries: int = 0
+    retry_after_s: float | None = None
+    failover: bool = False
 
 
 class Scheduler:
@@ -839,6 +899,24 @@ class Scheduler:
             wait = min(most, wait * 2)
 
     async def _process(self, lane: LaneRuntime, item: PendingItem) -> Outcome:
+        """Send an item until it ends: answered (or escalated to another lane), failed for
+        good, or abandoned (the run stops, or the lane's servers stay down). Each attempt is
+        admitted, sent and settled, then classified: the item's outcome, or a retry, which
+        waits its turn."""
+        req = self._request(item)
+        tally = Tally(item)
+        while True:
+            att = await self._admit_try(lane, item, req, tally)
+            if att is None:
+                return tally.ended(abandoned=True)
+            step = await self._attempt(lane, item, req, att, tally)
+            if isinstance(step, Outcome):
+                return step
+            if not await self._before_retry(step):
+                return tally.ended(abandoned=True)
+
+    def _request(self, item: PendingItem) -> Request:
+        """The request for an item's turn, with the conversation before it."""
         # Only the history before the turn is sent: the turn and those after it are not read
         # into messages (in a two-message row they were half of the parsing).
         history = {
@@ -851,217 +929,301 @@ class Scheduler:
             regenerated = self._store.answers.regenerated_turns(
                 item.conversation_id, item.turn_index
             )
-        req = build_request(conv, item.turn_index, item.conversation_id, regenerated)
-        attempts: list[Attempt] = []
+        return build_request(conv, item.turn_index, item.conversation_id, regenerated)
+
+    async def _admit_try(
+        self, lane: LaneRuntime, item: PendingItem, req: Request, tally: Tally
+    ) -> Try | None:
+        """The item's next attempt, admitted: an endpoint of the lane picked once one is up, a
+        slot of its limit and, under budgets, a lease taken (`_admit`), and the request
+        recorded in `outstanding` when it may be billed after its client is gone. None: it is
+        not sent (the run stops, a budget is met, or state.db cannot be written)."""
+        if not await self._pool_back(lane):  # every server of the lane is down
+            return None
+        tally.number += 1
+        ep = self._pick(lane)
+        limit = lane.limits[ep.name]
+        ep.outstanding += 1
+        try:
+            admitted = await self._admit(lane, ep, limit, item, req)
+        except BaseException:
+            ep.outstanding -= 1
+            raise
+        if admitted is None:
+            ep.outstanding -= 1
+            return None
+        lease, epoch = admitted
+        att = Try(tally.number, ep, limit, epoch, lease)
+        if lease is not None and ep.billed_after_gone and self._budget is not None:
+            att.sent = self._sent(lease, item, ep, lane)
+            if not await self._record_sent():
+                # Not recorded, so not sent: state.db cannot be written (the run stops).
+                self._budget.settle(lease, None)
+                limit.release("other", epoch=epoch)
+                ep.outstanding -= 1
+                return None
+        return att
+
+    async def _attempt(
+        self, lane: LaneRuntime, item: PendingItem, req: Request, att: Try, tally: Tally
+    ) -> Outcome | Retry:
+        """Send an admitted attempt and classify how it went. Its slot goes back to the
+        endpoint's limit exactly once: before a retry, with the server's Retry-After; else on
+        the way out, saying "ok" (and the latency) for an answer, the signal of its failure's
+        class for an error (LIMIT_SIGNALS), "other" when it was cut short."""
+        signal, latency = "other", None
+        try:
+            result = await self._send(lane, item, req, att)
+            signal, latency = "ok", result.latency_s
+        except EndpointError as exc:
+            signal = LIMIT_SIGNALS.get(exc.failure_class, "other")
+            step = self._classify_error(lane, item, att, tally, exc)
+            if isinstance(step, Retry):
+                att.limit.release(signal, epoch=att.epoch, retry_after_s=exc.retry_after_s)
+                signal = "released"
+            return step
+        finally:
+            if signal != "released":
+                att.limit.release(signal, epoch=att.epoch, latency_s=latency)
+        return self._classify_answer(lane, item, att, tally, result)
+
+    async def _send(self, lane: LaneRuntime, item: PendingItem, req: Request, att: Try) -> Result:
+        """Send an admitted attempt's request and price its answer, or raise its EndpointError.
+        However it ends, the request comes off the wire's counts (`_off_wire`) and its lease
+        is settled or held (`_settle`)."""
+        ep = att.ep
+        flow = self._on_wire(lane, item, att)
+        try:
+            result = await ep.sender.chat(
+                item.id,
+                ep.make_body(req, lane.max_tokens, lane.stream),
+                stream=lane.stream,
+                timeouts=lane.timeouts,
+                on_generation=(None if att.sent is None else self._identifier(att.sent.id)),
+            )
+            result = self._price(ep, item, result)
+            att.billed, att.end = result.usage, "answered"
+            return result
+        except EndpointError as exc:
+            # The provider may have billed it: the request is held until its bill is found (by
+            # its generation id) or its deadline passes.
+            maybe_billed = exc.maybe_billed and ep.billed_after_gone
+            att.end = "maybe_billed" if maybe_billed else "unbilled"
+            att.begun = exc.generation_id if maybe_billed else None
+            raise
+        finally:
+            self._off_wire(lane, item, att, flow)
+            self._settle(att)
+
+    def _on_wire(self, lane: LaneRuntime, item: PendingItem, att: Try) -> Flow:
+        """The attempt's request goes on the wire now: it counts as in flight, in the lane's
+        wire timeline, on its server's busy clock and among its flow's requests on the wire
+        (the flow is returned)."""
         ds = self.stats.datasets[item.dataset]
         lane_stats = self.stats.lanes[lane.name]
+        att.started, att.t0 = time.time(), time.monotonic()
+        t0 = att.t0
+        # "In flight" counts requests on the wire, not workers waiting for a slot.
+        ds.in_flight += 1
+        lane_stats.in_flight += 1
+        lane_stats.wire.change(t0, +1)
+        if lane_stats.wire.full_since is None and lane_stats.in_flight >= lane_stats.limit:
+            lane_stats.wire.full(t0)
+        att.ep.busy.change(t0, +1)
+        flow = lane_stats.flow(item.dataset)
+        flow.on_wire[id(att)] = t0
+        return flow
 
-        def ended(**kw: Any) -> Outcome:
-            return Outcome(item.id, item.dataset, tuple(attempts), **kw)
+    def _off_wire(self, lane: LaneRuntime, item: PendingItem, att: Try, flow: Flow) -> None:
+        """The attempt's request is off the wire, however it ended: out of the counts
+        `_on_wire` put it in (and its endpoint's `outstanding`), its time on the wire counted
+        as an answer's latency, or as time a failure took."""
+        ds = self.stats.datasets[item.dataset]
+        lane_stats = self.stats.lanes[lane.name]
+        att.ep.outstanding -= 1
+        ds.in_flight -= 1
+        lane_stats.in_flight -= 1
+        t1 = time.monotonic()
+        lane_stats.wire.change(t1, -1)
+        att.ep.busy.change(t1, -1)
+        del flow.on_wire[id(att)]
+        if att.end == "answered":
+            flow.add_latency(t1 - att.t0)
+            lane_stats.observe_latency(t1 - att.t0)
+        else:
+            flow.failed_wire_s += t1 - att.t0
 
-        number = failures = rate_limited = failovers = 0
-        while True:
-            if not await self._pool_back(lane):  # every server of the lane is down
-                return ended(abandoned=True)
-            number += 1
-            ep = self._pick(lane)
-            limit = lane.limits[ep.name]
-            ep.outstanding += 1
-            try:
-                admitted = await self._admit(lane, ep, limit, item, req)
-            except BaseException:
-                ep.outstanding -= 1
-                raise
-            if admitted is None:
-                ep.outstanding -= 1
-                return ended(abandoned=True)
-            lease, epoch = admitted
-            sent = None
-            if lease is not None and ep.billed_after_gone and self._budget is not None:
-                sent = self._sent(lease, item, ep, lane)
-                if not await self._record_sent():
-                    # Not recorded, so not sent: state.db cannot be written (the run stops).
-                    self._budget.settle(lease, None)
-                    limit.release("other", epoch=epoch)
-                    ep.outstanding -= 1
-                    return ended(abandoned=True)
-            billed: Usage | None = None
-            begun: str | None = None
-            maybe_billed = unbilled = False
-            started, t0 = time.time(), time.monotonic()
-            signal, latency = "other", None
-            # "In flight" counts requests on the wire, not workers waiting for a slot.
-            ds.in_flight += 1
-            lane_stats.in_flight += 1
-            lane_stats.wire.change(t0, +1)
-            if lane_stats.wire.full_since is None and lane_stats.in_flight >= lane_stats.limit:
-                lane_stats.wire.full(t0)
-            ep.busy.change(t0, +1)
-            flow = lane_stats.flow(item.dataset)
-            wire_token = id(attempts)
-            flow.on_wire[wire_token] = t0
-            ok = False
-            try:
-                try:
-                    result = await ep.sender.chat(
-                        item.id,
-                        ep.make_body(req, lane.max_tokens, lane.stream),
-                        stream=lane.stream,
-                        timeouts=lane.timeouts,
-                        on_generation=(None if sent is None else self._identifier(sent.id)),
-                    )
-                    result = counted_usage(result, item.prompt_tokens_est)
-                    usage = result.usage
-                    if ep.prices is not None and ep.prices.usd_per_s:
-                        busy_s = ep.busy.take(time.monotonic())
-                        usage = replace(usage, cost_usd=busy_s * ep.prices.usd_per_s)
-                    else:
-                        self._learn_price(ep, usage)
-                    usage = fill_cost(usage, ep.prices)
-                    if usage is not result.usage:  # a Result's copy costs a few us: only if new
-                        result = replace(result, usage=usage)
-                    billed = usage
-                    ok = True
-                except EndpointError as exc:
-                    # The provider may have billed it: the request is held until its bill is
-                    # found (by its generation id) or its deadline passes.
-                    maybe_billed = exc.maybe_billed and ep.billed_after_gone
-                    unbilled = not maybe_billed
-                    begun = exc.generation_id if maybe_billed else None
-                    raise
-                finally:
-                    ep.outstanding -= 1
-                    ds.in_flight -= 1
-                    lane_stats.in_flight -= 1
-                    t1 = time.monotonic()
-                    lane_stats.wire.change(t1, -1)
-                    ep.busy.change(t1, -1)
-                    del flow.on_wire[wire_token]
-                    if ok:
-                        flow.add_latency(t1 - t0)
-                        lane_stats.observe_latency(t1 - t0)
-                    else:
-                        flow.failed_wire_s += t1 - t0
-                    if lease is not None and self._budget is not None:
-                        if ok or unbilled:
-                            self._budget.settle(lease, billed)
-                            if sent is not None and unbilled:
-                                self._settled.append(sent.id)
-                        else:
-                            # Cut short (its bill is to be found), or cancelled at the end of
-                            # a stop (its row stays in `outstanding` for the next run).
-                            kept = sent is not None and maybe_billed and self.keeper is not None
-                            self._budget.hold(lease, awaited=kept and begun is not None)
-                            if kept and sent is not None and self.keeper is not None:
-                                if begun is not None:
-                                    sent = replace(sent, generation_id=begun)
-                                self.keeper.add(sent)
-                signal, latency = "ok", result.latency_s
-            except EndpointError as exc:
-                cls = exc.failure_class
-                signal = LIMIT_SIGNALS.get(cls, "other")
-                attempts.append(
-                    Attempt(
-                        number,
-                        started,
-                        time.monotonic() - t0,
-                        exc.status,
-                        cls,
-                        exc.message,
-                        generation_id=exc.generation_id,
-                        lane=lane.name,
-                    )
-                )
-                ds.errors[cls] += 1
-                ep.health.record(cls not in UNHEALTHY)
-                failover = self._drain(lane, ep, exc)
-                if failover:
-                    failovers += 1
-                    failover = failovers <= FAILOVERS_PER_ENDPOINT * len(lane.endpoints)
-                if cls == "insufficient_credits" and ep.job_key:
-                    self.stop(
-                        "the key made for this run reached its credit limit, the job's dollar "
-                        f"cap [budget].max_cost_usd (OpenRouter: {exc.message})",
-                        budget=True,
-                    )
-                elif cls in STOPS_RUN:
-                    self.stop(f"{cls}: {exc.message}")
-                if cls == "rate_limited":
-                    rate_limited += 1
-                    exhausted = rate_limited > self._run.max_rate_limit_retries
-                elif failover:
-                    exhausted = False
-                else:
-                    failures += 1
-                    exhausted = failures >= self._run.max_attempts
-                if cls not in RETRYABLE or exhausted:
-                    return ended(failure_class=cls, failure_message=exc.message)
-                if self.stopping:
-                    return ended(abandoned=True)
-                limit.release(signal, epoch=epoch, retry_after_s=exc.retry_after_s)
-                signal = "released"
-                if failover:  # straight to another server, or wait for one to come back
-                    if not await self._pool_back(lane):
-                        return ended(abandoned=True)
-                    continue
-                await self._backoff(
-                    backoff_s(max(failures, rate_limited), exc.retry_after_s, self._rng)
-                )
-                if self.stopping:
-                    return ended(abandoned=True)
-                continue
-            finally:
-                if signal != "released":
-                    limit.release(signal, epoch=epoch, latency_s=latency)
-            excluded = result.provider is not None and result.provider in ep.excluded_providers
-            message = (
-                f"answered by {result.provider}, which the job's provider filters exclude"
-                if excluded
-                else None
-            )
-            attempts.append(
-                Attempt(
-                    number,
-                    started,
-                    result.latency_s,
-                    200,
-                    "excluded_provider" if excluded else None,
-                    message,
-                    result.provider,
-                    result.generation_id,
-                    lane.name,
-                )
-            )
-            if excluded:
-                # Served by an endpoint the job excludes: paid for, never used. Another
-                # attempt may be routed elsewhere.
-                self._charges.append(
-                    Charge(
-                        item.id,
-                        item.dataset,
-                        result.usage,
-                        result.generation_id or f"excluded:{item.id}:{number}",
-                        ep.name,
-                        result.provider,
-                        lane.name,
-                    )
-                )
-                if sent is not None:
-                    self._settled.append(sent.id)
-                ds.charge(result.usage)
-                ds.errors["excluded_provider"] += 1
-                failures += 1
-                if failures >= self._run.max_attempts or self.stopping:
-                    return ended(failure_class="excluded_provider", failure_message=message)
-                await self._backoff(backoff_s(failures, None, self._rng))
-                continue
-            ep.health.record(True)
-            result = replace(result, attempts=number, endpoint=ep.name)
-            if sent is not None:  # its bill is committed with the outcome, in one transaction
+    def _price(self, ep: EndpointRuntime, item: PendingItem, result: Result) -> Result:
+        """An answer with its usage counted and its cost filled in: a server priced by the
+        second charges its busy time; otherwise the bill stands (and raises the endpoint's
+        prices when above them), or the prices give the cost."""
+        result = counted_usage(result, item.prompt_tokens_est)
+        usage = result.usage
+        if ep.prices is not None and ep.prices.usd_per_s:
+            busy_s = ep.busy.take(time.monotonic())
+            usage = replace(usage, cost_usd=busy_s * ep.prices.usd_per_s)
+        else:
+            self._learn_price(ep, usage)
+        usage = fill_cost(usage, ep.prices)
+        if usage is not result.usage:  # a Result's copy costs a few us: only if new
+            result = replace(result, usage=usage)
+        return result
+
+    def _settle(self, att: Try) -> None:
+        """Under budgets, the attempt's lease: settled by an answer's bill, or by none when the
+        request failed unbilled (its row leaves `outstanding` with the next commit); else held,
+        when the provider may have billed a request cut short by an error (the keeper looks
+        its bill up), or when it was cancelled at the end of a stop (its row stays in
+        `outstanding` for the next run)."""
+        lease, sent = att.lease, att.sent
+        if lease is None or self._budget is None:
+            return
+        if att.end in ("answered", "unbilled"):
+            self._budget.settle(lease, att.billed)
+            if sent is not None and att.end == "unbilled":
                 self._settled.append(sent.id)
-            if result.finish_reason == "length" and lane.escalate_to is not None:
-                return ended(result=result, escalate_to=lane.escalate_to)
-            return ended(result=result)
+            return
+        kept = sent is not None and att.end == "maybe_billed" and self.keeper is not None
+        self._budget.hold(lease, awaited=kept and att.begun is not None)
+        if kept and sent is not None and self.keeper is not None:
+            if att.begun is not None:
+                sent = replace(sent, generation_id=att.begun)
+            self.keeper.add(sent)
+
+    def _classify_error(
+        self, lane: LaneRuntime, item: PendingItem, att: Try, tally: Tally, exc: EndpointError
+    ) -> Outcome | Retry:
+        """A failed attempt: recorded, counted for its endpoint's health, its server drained
+        when it is down (the item fails over), and the run stopped by the errors that stop it;
+        then `_retry_or_end` says what comes next."""
+        cls = exc.failure_class
+        tally.attempts.append(
+            Attempt(
+                att.number,
+                att.started,
+                time.monotonic() - att.t0,
+                exc.status,
+                cls,
+                exc.message,
+                generation_id=exc.generation_id,
+                lane=lane.name,
+            )
+        )
+        self.stats.datasets[item.dataset].errors[cls] += 1
+        att.ep.health.record(cls not in UNHEALTHY)
+        failover = self._drain(lane, att.ep, exc)
+        if failover:
+            tally.failovers += 1
+            failover = tally.failovers <= FAILOVERS_PER_ENDPOINT * len(lane.endpoints)
+        if cls == "insufficient_credits" and att.ep.job_key:
+            self.stop(
+                "the key made for this run reached its credit limit, the job's dollar "
+                f"cap [budget].max_cost_usd (OpenRouter: {exc.message})",
+                budget=True,
+            )
+        elif cls in STOPS_RUN:
+            self.stop(f"{cls}: {exc.message}")
+        return self._retry_or_end(tally, exc, failover=failover)
+
+    def _retry_or_end(self, tally: Tally, exc: EndpointError, *, failover: bool) -> Outcome | Retry:
+        """After a failed attempt, the item fails when its error is not worth another or it
+        used up the retries of its kind (a failover uses none), is abandoned when the run
+        stops, or is tried again: at once when it fails over, else after a backoff."""
+        cls = exc.failure_class
+        if cls == "rate_limited":
+            tally.rate_limited += 1
+            exhausted = tally.rate_limited > self._run.max_rate_limit_retries
+        elif failover:
+            exhausted = False
+        else:
+            tally.failures += 1
+            exhausted = tally.failures >= self._run.max_attempts
+        if cls not in RETRYABLE or exhausted:
+            return tally.ended(failure_class=cls, failure_message=exc.message)
+        if self.stopping:
+            return tally.ended(abandoned=True)
+        if failover:
+            return Retry(failover=True)
+        return Retry(max(tally.failures, tally.rate_limited), exc.retry_after_s)
+
+    async def _before_retry(self, retry: Retry) -> bool:
+        """Wait before an item's next attempt. False: the run stopped meanwhile."""
+        if retry.failover:  # straight to another server, or to one that comes back (`_pool_back`)
+            return True
+        await self._backoff(backoff_s(retry.tries, retry.retry_after_s, self._rng))
+        return not self.stopping
+
+    def _classify_answer(
+        self, lane: LaneRuntime, item: PendingItem, att: Try, tally: Tally, result: Result
+    ) -> Outcome | Retry:
+        """An answer, recorded as the attempt: one from a provider the job's filters exclude is
+        paid for but not used (`_excluded`); any other ends the item (`_use_answer`)."""
+        excluded = result.provider is not None and result.provider in att.ep.excluded_providers
+        message = (
+            f"answered by {result.provider}, which the job's provider filters exclude"
+            if excluded
+            else None
+        )
+        tally.attempts.append(
+            Attempt(
+                att.number,
+                att.started,
+                result.latency_s,
+                200,
+                "excluded_provider" if excluded else None,
+                message,
+                result.provider,
+                result.generation_id,
+                lane.name,
+            )
+        )
+        if excluded:
+            return self._excluded(lane, item, att, tally, result, message)
+        return self._use_answer(lane, att, tally, result)
+
+    def _excluded(
+        self,
+        lane: LaneRuntime,
+        item: PendingItem,
+        att: Try,
+        tally: Tally,
+        result: Result,
+        message: str | None,
+    ) -> Outcome | Retry:
+        """Served by an endpoint the job excludes: paid for, never used. Another attempt may be
+        routed elsewhere, after a backoff, unless the item's attempts are used up or the run
+        stops: then it fails."""
+        self._charges.append(
+            Charge(
+                item.id,
+                item.dataset,
+                result.usage,
+                result.generation_id or f"excluded:{item.id}:{att.number}",
+                att.ep.name,
+                result.provider,
+                lane.name,
+            )
+        )
+        if att.sent is not None:
+            self._settled.append(att.sent.id)
+        ds = self.stats.datasets[item.dataset]
+        ds.charge(result.usage)
+        ds.errors["excluded_provider"] += 1
+        tally.failures += 1
+        if tally.failures >= self._run.max_attempts or self.stopping:
+            return tally.ended(failure_class="excluded_provider", failure_message=message)
+        return Retry(tally.failures)
+
+    def _use_answer(self, lane: LaneRuntime, att: Try, tally: Tally, result: Result) -> Outcome:
+        """An answer used: the item is done, or, truncated (`length`), escalates to the lane
+        with more room that its lane names."""
+        att.ep.health.record(True)
+        result = replace(result, attempts=att.number, endpoint=att.ep.name)
+        if att.sent is not None:  # its bill is committed with the outcome, in one transaction
+            self._settled.append(att.sent.id)
+        if result.finish_reason == "length" and lane.escalate_to is not None:
+            return tally.ended(result=result, escalate_to=lane.escalate_to)
+        return tally.ended(result=result)
 
     def _sent(
         self, lease: Lease, item: PendingItem, ep: EndpointRuntime, lane: LaneRuntime

@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from regen.engine.billing import Reconciliation
+from regen.engine.budget import per_mtok
 from regen.engine.eta import Eta, eta_text, format_duration
 from regen.engine.scheduler import DatasetStats, RunStats
 from regen.errors import StateError
@@ -97,11 +98,6 @@ def _totals(stats: RunStats) -> DatasetStats:
         total.cost_usd += d.cost_usd
         total.errors.update(d.errors)
     return total
-
-
-def per_mtok(cost_usd: float, completion_tokens: int) -> float:
-    """Effective dollars per million completion tokens (everything spent, over what came)."""
-    return cost_usd / completion_tokens * 1e6 if completion_tokens else 0.0
 
 
 def _eta_fields(eta: Eta | None) -> str:

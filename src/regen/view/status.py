@@ -18,13 +18,14 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from regen.engine.budget import per_mtok
 from regen.engine.eta import format_duration
 from regen.lock import running_holder
 from regen.state.db import Store
 from regen.state.sources import BadRowGroup
 from regen.state.spend import FailedAttempt
 from regen.state.work import DatasetProgress
-from regen.view.progress import bad_rows_table, errors_text, format_tokens, per_mtok
+from regen.view.progress import bad_rows_table, errors_text, format_tokens
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,12 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
+from regen.engine.budget import per_mtok
 from regen.outputs.report.axes import TimeAxis, fmt_tick, nice_step, nice_ticks
 from regen.outputs.report.data import DatasetReport, JobFacts, percentile, run_labels
 from regen.outputs.report.markup import _esc, _table
 from regen.outputs.report.svg import PALETTE, Plot, _f, _frame, _rates, _time_chart
 from regen.state.runs import RunRecord
-from regen.view.progress import per_mtok
 
 DS_WIDTH = 580
 
