@@ -321,13 +321,53 @@ def plan(
 ) -> JobPlan:
     """The plan from here. `pending`: items and their estimated prompt tokens per (lane,
     dataset); `capacity`: what providers let lanes keep on the wire; `credit_room_usd`: what
-    the account can still spend before its credit (or the job's credit floor) stops the job."""
+    the account can still spend before its credit (or the job's credit floor) stops the job.
+
+    In steps: the passages each flow will take (escalations included), the share of them the
+    datasets' budgets let through, each lane's timeline, what stops the job (its cap or the
+    credit) and when, then each dataset's rows and the totals."""
     profiles = _profiles(job, entries, latencies, pending, prices)
     lanes = _order(job)
     spent = {p.name: p for p in progress}
-    count_total = job.budget.budget_tokens == "total"
+    passages = _passages(job, lanes, pending, profiles)
+    share, stops = _budget_shares(job, lanes, spent, passages, profiles)
+    timeline = _Timeline()
+    for lane in lanes:
+        timeline.add(job, lane, lanes, passages, share, profiles, pending, capacity)
+    job_end = max((e for e, _ in timeline.lane_end.values()), default=0.0)
+    job_sd = max((sd for e, sd in timeline.lane_end.values() if e == job_end), default=0.0)
+    room = _room(job, progress, credit_room_usd)
+    stop, cut_at = _job_stop(timeline.segments, room, job_end)
+    datasets = [
+        _dataset_plan(ds.name, spent[ds.name], share, stops, timeline, stop, cut_at)
+        for ds in job.datasets
+        if ds.name in spent
+    ]
+    total_cost = _sum_intervals([d.cost_usd for d in datasets])
+    time_s = Interval.of(job_end, job_sd) if timeline.flows else None
+    if cut_at is not None:
+        time_s = Interval.of(cut_at, job_sd * cut_at / job_end if job_end else 0.0)
+        if total_cost is not None and room is not None:
+            total_cost = Interval(room[0], min(total_cost.p10, room[0]), room[0])
+    return JobPlan(
+        timeline.flows,
+        datasets,
+        timeline.lanes,
+        total_cost,
+        time_s,
+        stop,
+        _assumptions(job, profiles, timeline.lanes),
+    )
 
-    # Passages per flow before budgets, lanes in escalation order.
+
+def _passages(
+    job: Job,
+    lanes: list[LaneConfig],
+    pending: dict[tuple[str | None, str], tuple[int, int]],
+    profiles: dict[tuple[str, str], Profile],
+) -> dict[tuple[str, str], float]:
+    """Passages per flow before budgets, lanes in escalation order: a lane's pending items and
+    the share of the lanes escalating to it that come back truncated."""
     passages: dict[tuple[str, str], float] = {}
     for lane in lanes:
         for ds in job.datasets:
@@ -339,8 +379,19 @@ def plan(
                         * profiles[src.name, ds.name].escalated
                     )
             passages[lane.name, ds.name] = n
+    return passages
 
-    # Budgets: the share of each dataset's passages they let through.
+
+def _budget_shares(
+    job: Job,
+    lanes: list[LaneConfig],
+    spent: dict[str, DatasetProgress],
+    passages: dict[tuple[str, str], float],
+    profiles: dict[tuple[str, str], Profile],
+) -> tuple[dict[str, float], dict[str, str]]:
+    """The share of each dataset's passages its budgets let through, and which budget stops
+    the datasets that do not get them all."""
+    count_total = job.budget.budget_tokens == "total"
     share: dict[str, float] = {}
     stops: dict[str, str] = {}
     for ds in job.datasets:
@@ -362,16 +413,34 @@ def plan(
                 f = max(0.0, (ds.max_cost_usd - p.cost_usd) / usd)
                 stops[ds.name] = "its dollar cap"
         share[ds.name] = f
+    return share, stops
 
-    # Each lane's timeline: its datasets in order.
-    flow_plans: list[FlowPlan] = []
-    lane_plans: list[LanePlan] = []
-    segments: list[tuple[float, float, float, str, str]] = []
+
+@dataclass
+class _Timeline:
+    """The lanes' timelines as they are planned, lane by lane in escalation order."""
+
+    flows: list[FlowPlan] = field(default_factory=list)
+    lanes: list[LanePlan] = field(default_factory=list)
+    segments: list[tuple[float, float, float, str, str]] = field(default_factory=list)
     """(start s, end s, dollars, lane, dataset) of each flow on its lane's timeline."""
-    lane_end: dict[str, tuple[float, float]] = {}
-    flow_end: dict[tuple[str, str], tuple[float, float]] = {}
+    lane_end: dict[str, tuple[float, float]] = field(default_factory=dict)
+    flow_end: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
     """(mean, sd) of when each lane is through with each dataset, from now."""
-    for lane in lanes:
+
+    def add(
+        self,
+        job: Job,
+        lane: LaneConfig,
+        lanes: list[LaneConfig],
+        passages: dict[tuple[str, str], float],
+        share: dict[str, float],
+        profiles: dict[tuple[str, str], Profile],
+        pending: dict[tuple[str | None, str], tuple[int, int]],
+        capacity: dict[str, LaneCapacity],
+    ) -> None:
+        """Plan one lane: its datasets in order, each at the rate of the slower of its two
+        bounds (slots held, requests on the wire), then the drain of its last requests."""
         limit, limit_basis = on_wire_for(lane, capacity.get(lane.name))
         on_wire = min(float(lane.concurrency), limit) if limit else float(lane.concurrency)
         t = 0.0
@@ -411,9 +480,9 @@ def plan(
                 Interval.of(seconds, sd),
             )
             lane_rows.append(row)
-            segments.append((t, t + seconds, cost.mean if cost else 0.0, lane.name, ds.name))
+            self.segments.append((t, t + seconds, cost.mean if cost else 0.0, lane.name, ds.name))
             t += seconds
-            flow_end[lane.name, ds.name] = (t, math.sqrt(var + sd * sd))
+            self.flow_end[lane.name, ds.name] = (t, math.sqrt(var + sd * sd))
             var += sd * sd
             total_n += n
             if n > 0:
@@ -428,18 +497,18 @@ def plan(
             t = max(t - wave, 0.0) + drain
         end = t
         for src in lanes:
-            if src.escalate_to == lane.name and src.name in lane_end and total_n > 0:
-                fed_end = lane_end[src.name][0] + (last_latency.mean if last_latency else 0.0)
+            if src.escalate_to == lane.name and src.name in self.lane_end and total_n > 0:
+                fed_end = self.lane_end[src.name][0] + (last_latency.mean if last_latency else 0.0)
                 end = max(end, fed_end)
         sd_end = math.sqrt(var + drain_sd**2)
-        lane_end[lane.name] = (end, sd_end)
+        self.lane_end[lane.name] = (end, sd_end)
         # The lane's last dataset ends with the lane; an earlier one when the next begins.
         last = next((r for r in reversed(lane_rows) if r.passages > 0), None)
         if last is not None:
-            flow_end[lane.name, last.dataset] = (end, sd_end)
+            self.flow_end[lane.name, last.dataset] = (end, sd_end)
         lane_cost = _sum_intervals([r.cost_usd for r in lane_rows]) if lane_rows else None
         bases = sorted({r.basis for r in lane_rows})
-        lane_plans.append(
+        self.lanes.append(
             LanePlan(
                 lane.name,
                 lane.concurrency,
@@ -460,72 +529,57 @@ def plan(
                 "; ".join(bases),
             )
         )
-        flow_plans.extend(lane_rows)
+        self.flows.extend(lane_rows)
 
-    job_end = max((e for e, _ in lane_end.values()), default=0.0)
-    job_sd = max((sd for e, sd in lane_end.values() if e == job_end), default=0.0)
-    room = _room(job, progress, credit_room_usd)
-    stop, cut_at = _job_stop(segments, room, job_end)
 
-    datasets: list[DatasetPlan] = []
-    for ds in job.datasets:
-        p = spent.get(ds.name)
-        if p is None:
-            continue
-        rows = [r for r in flow_plans if r.dataset == ds.name]
-        pending_n = p.pending
-        sent = round(pending_n * share[ds.name])
-        done_in = None
-        ends = [flow_end[r.lane, r.dataset] for r in rows if r.passages > 0]
-        if ends:
-            e, sd = max(ends)
-            done_in = Interval.of(e, sd)
-        why = stops.get(ds.name)
-        note = None
-        if why is not None and sent < pending_n:
-            note = f"{why} stops it after ~{sent} of its {pending_n} items"
-            if done_in is not None:
-                note += f", in ~{format_duration(done_in.mean)}"
-        if cut_at is not None:
-            kept = _share_by(segments, ds.name, cut_at)
-            if kept < 1.0 and round(sent * kept) < sent:
-                sent = round(sent * kept)
-                note = (
-                    f"{stop.split(':')[0]} stops it after ~{sent} of its {pending_n} items, "
-                    f"in ~{format_duration(cut_at)}"
-                )
-        cost = _sum_intervals([r.cost_usd for r in rows])
-        bases = sorted({r.basis for r in rows if r.passages > 0}) or sorted({r.basis for r in rows})
-        datasets.append(
-            DatasetPlan(
-                ds.name,
-                p.items,
-                pending_n,
-                sent,
-                "; ".join(bases),
-                sum(r.attempts for r in rows),
-                sum(r.escalations for r in rows),
-                sum(r.prompt_tokens for r in rows),
-                sum(r.completion_tokens for r in rows),
-                cost,
-                done_in,
-                note,
-            )
-        )
-    total_cost = _sum_intervals([d.cost_usd for d in datasets])
-    time_s = Interval.of(job_end, job_sd) if flow_plans else None
+def _dataset_plan(
+    name: str,
+    p: DatasetProgress,
+    share: dict[str, float],
+    stops: dict[str, str],
+    timeline: _Timeline,
+    stop: str,
+    cut_at: float | None,
+) -> DatasetPlan:
+    """A dataset's row: its flows summed, when it is done, and what stops it short (its own
+    budget, or the job's cap or credit when they cut the timeline at `cut_at`)."""
+    rows = [r for r in timeline.flows if r.dataset == name]
+    pending_n = p.pending
+    sent = round(pending_n * share[name])
+    done_in = None
+    ends = [timeline.flow_end[r.lane, r.dataset] for r in rows if r.passages > 0]
+    if ends:
+        e, sd = max(ends)
+        done_in = Interval.of(e, sd)
+    why = stops.get(name)
+    note = None
+    if why is not None and sent < pending_n:
+        note = f"{why} stops it after ~{sent} of its {pending_n} items"
+        if done_in is not None:
+            note += f", in ~{format_duration(done_in.mean)}"
     if cut_at is not None:
-        time_s = Interval.of(cut_at, job_sd * cut_at / job_end if job_end else 0.0)
-        if total_cost is not None and room is not None:
-            total_cost = Interval(room[0], min(total_cost.p10, room[0]), room[0])
-    return JobPlan(
-        flow_plans,
-        datasets,
-        lane_plans,
-        total_cost,
-        time_s,
-        stop,
-        _assumptions(job, profiles, lane_plans),
+        kept = _share_by(timeline.segments, name, cut_at)
+        if kept < 1.0 and round(sent * kept) < sent:
+            sent = round(sent * kept)
+            note = (
+                f"{stop.split(':')[0]} stops it after ~{sent} of its {pending_n} items, "
+                f"in ~{format_duration(cut_at)}"
+            )
+    cost = _sum_intervals([r.cost_usd for r in rows])
+    bases = sorted({r.basis for r in rows if r.passages > 0}) or sorted({r.basis for r in rows})
+    return DatasetPlan(
+        name,
+        p.items,
+        pending_n,
+        sent,
+        "; ".join(bases),
+        sum(r.attempts for r in rows),
+        sum(r.escalations for r in rows),
+        sum(r.prompt_tokens for r in rows),
+        sum(r.completion_tokens for r in rows),
+        cost,
+        done_in,
+        note,
     )
 
 
