@@ -14,7 +14,6 @@ import contextlib
 import json
 import math
 import random
-import re
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable
@@ -37,6 +36,7 @@ from regen.engine.budget import BudgetBook, Lease, Prices, fill_cost
 from regen.engine.client.errors import RETRYABLE, STOPS_RUN
 from regen.engine.client.http import Timeouts
 from regen.engine.client.response import counted_usage
+from regen.engine.commits import CommitBuffer
 from regen.engine.eta import (
     Concurrency,
     Eta,
@@ -47,12 +47,20 @@ from regen.engine.eta import (
     items_left,
     lane_eta,
 )
-from regen.engine.holds import DEADLINE_GRACE_S, HoldKeeper, HoldSummary
+from regen.engine.failures import CLIENT_ERRORS as CLIENT_ERRORS
+from regen.engine.failures import JOB_WIDE_AFTER as JOB_WIDE_AFTER
+from regen.engine.failures import JOB_WIDE_WAIT_S as JOB_WIDE_WAIT_S
+from regen.engine.failures import ClientErrorJudge, ErrorRate
+from regen.engine.feeder import Feeder
+from regen.engine.holds import HoldKeeper, HoldSummary
 from regen.engine.limiter import AdaptiveLimit, EndpointHealth
-from regen.errors import EndpointError, StateError, StateGone
+from regen.engine.sent_log import IDENTIFY_WRITE_EVERY_S as IDENTIFY_WRITE_EVERY_S
+from regen.engine.sent_log import SENT_WRITE_EVERY_S as SENT_WRITE_EVERY_S
+from regen.engine.sent_log import SentLog
+from regen.errors import EndpointError, StateGone
 from regen.sources.modes import build_request
 from regen.state.db import Store
-from regen.state.outstanding import SEQUENCE_BITS, Sent
+from regen.state.outstanding import Sent
 from regen.state.work import PendingItem
 
 # Signals for the limiter, by failure class: a 429 says the endpoint is full; a 503 or 529
@@ -78,31 +86,15 @@ class Sender(Protocol):
     async def probe(self, url: str) -> bool: ...
 
 
-SENT_WRITE_EVERY_S = 0.025
-"""Requests about to be sent are written to `outstanding` together, at most this often..."""
-IDENTIFY_WRITE_EVERY_S = 0.01
-"""... and their generation ids, as the responses name them, at most this often."""
 BILL_WAIT_S = 21.0
 """At the end of a run, how long this run's cut-short requests are looked up (their records
 lag the answers) before they are left in `outstanding` for the next run."""
 # A drained server's /health is probed this often, doubling up to the second figure.
 PROBE_EVERY_S = (0.5, 2.0)
-CLIENT_ERRORS = frozenset({"bad_request"})
-"""Failures that may be the item's (a prompt too long) or the job's, when the server gives
-them to every request (an unknown model, a refused field, filters that leave no provider):
-see `Scheduler._suspect`."""
 REPRICE_TOLERANCE = 0.01
 """Bills above the known prices by more than this share raise them (rounding stays below)."""
 REPRICED_META = "repriced"
 """state.db meta: per endpoint, the prices an answer was billed above and by how much."""
-JOB_WIDE_AFTER = (3, 20)
-"""Items in a row failing with the same client error, and nothing answered in between, that
-may make it the job's error rather than theirs (`Scheduler._suspect`): before this run's
-first answer, and after it (answers show that requests can succeed: only a long streak says
-that something changed, a model withdrawn, say)..."""
-JOB_WIDE_WAIT_S = 1.0
-"""... once, this long later (or three of their latencies), no request sent before them is
-still running: a healthy request would still be generating its answer."""
 FAILOVERS_PER_ENDPOINT = 8
 """An item moved off failing servers more than this many times per endpoint of its lane
 counts the next failures against its attempts again (so a fleet that is gone ends it)."""
@@ -363,11 +355,6 @@ def after_feeder(eta: Eta, feeder: Eta, flow: Flow) -> Eta:
     )
 
 
-def _error_key(message: str | None) -> str:
-    """An error message with its numbers blanked: the same error for every request."""
-    return re.sub(r"\d+", "#", (message or "").lower())[:200]
-
-
 def backoff_s(attempt: int, retry_after_s: float | None, rng: random.Random) -> float:
     """Full-jitter exponential backoff (0.5 s doubling, capped at 30 s); Retry-After is a floor."""
     ceiling = min(30.0, 0.5 * 2 ** (attempt - 1))
@@ -501,18 +488,6 @@ class Scheduler:
     ) -> None:
         self._store = store
         self._budget = budget
-        self._pilot = pilot
-        self._fed: Counter[str] = Counter()
-        self._charges: list[Charge] = []
-        self._settled: list[int] = []
-        """Requests leaving `outstanding` with the next commit: their bills are in it (or they
-        ended unbilled)."""
-        self._run_id = run_id
-        self._sent_seq = 0
-        self._to_write: list[Sent] = []
-        self._to_identify: list[tuple[int, str]] = []
-        self._writing: asyncio.Future[bool] | None = None
-        self._last_write = self._write_due = 0.0
         self.keeper = keeper
         """Finds the bills of held requests (None: nothing is held, as without budgets)."""
         self._probes: set[asyncio.Task[None]] = set()
@@ -521,41 +496,37 @@ class Scheduler:
         self.stats = stats
         self._sleep = sleep
         self._rng = rng or random.Random(run.shuffle_seed)
-        self._commit_interval_s = commit_interval_s
         self._stopping = asyncio.Event()
         self._stopped_at = 0.0
-        self._pending: list[Outcome] = []
-        self._commit_error: StateError | None = None
         self._gone = asyncio.Event()
-        self._causes: deque[str | None] = deque(maxlen=200)
-        """Why each of the recent items failed (None: it did not), beside recent_failures."""
+        self._gone_error: StateGone | None = None
+        """state.db was deleted or replaced (whichever write saw it first): the run ends with it."""
+        """Set when state.db is gone: nothing can be saved any more."""
         self._lane_done = {lane.name: asyncio.Event() for lane in lanes}
-        self._escalated_sent: set[str] = set()
-        self._sequential = set(sequential)
-        """Datasets in sequential mode: their turns wait for the previous turn's answer."""
-        self._recorded: Counter[str] = Counter()
-        """Outcomes recorded per dataset (a sequential rescan waits for a new one)."""
+        self._commits = CommitBuffer(
+            store, commit_interval_s, stop=self.stop, gone=self._state_gone
+        )
+        """Outcomes, bills and settled requests, committed in groups."""
+        self._sent_log = SentLog(store, run_id, stop=self.stop, gone=self._state_gone)
+        """Requests that may be billed after their client is gone, written before they go."""
+        self._error_rate = ErrorRate(stats, run, self.stop)
+        self._judge = ClientErrorJudge(stats, self._commits, self._error_rate, self.stop)
+        """Whether a client error that ends items in a row is the job's."""
+        self._feeder = Feeder(
+            store,
+            self._lanes,
+            stats,
+            self._commits,
+            stopping=self._stopping,
+            lane_done=self._lane_done,
+            budget=budget,
+            pilot=pilot,
+            sequential=set(sequential),
+        )
         self._down_since: dict[str, float] = {}
         """When every server of a lane was drained (its items wait for one to come back)."""
         self._revived = asyncio.Event()
         """Set when a drained server comes back (then replaced for the next wait)."""
-        self._answered = 0
-        self._suspects: list[Outcome] = []
-        """The latest items that failed with the same client error, with no answer since."""
-        self._requeue: list[str] = []
-        """Items recorded as failed by the job's own error, to be pending again."""
-        self._suspect_key: str | None = None
-        self._job_wide: str | None = None
-        """The server's message, once a client error is known to be the job's."""
-        self._commits = 0
-        """Successful commits so far (a claim made before the last one may be stale)."""
-        self._committed = 0
-        """Answers and failures this run has committed."""
-        self._uncommitted: dict[str, str] = {}
-        """Items of sequential datasets handed out whose outcome is not committed yet (id ->
-        dataset): a rescan leaves them out. An outcome recorded but not yet committed still
-        shows its item as pending in the store, so the item stays here until its commit (it
-        once left at recording, and a rescan sent it again)."""
         for lane in lanes:
             for ep in lane.endpoints:
                 lane.limits[ep.name] = AdaptiveLimit(
@@ -614,19 +585,19 @@ class Scheduler:
         workers: list[asyncio.Task[None]] = []
         for lane in self._lanes.values():
             queue: asyncio.Queue[PendingItem | None] = asyncio.Queue(maxsize=lane.concurrency)
-            tasks.append(asyncio.create_task(self._feed(lane, queue)))
+            tasks.append(asyncio.create_task(self._feeder.feed(lane, queue)))
             lane_workers = [
                 asyncio.create_task(self._work(lane, queue)) for _ in range(lane.concurrency)
             ]
             workers += lane_workers
             tasks.append(asyncio.create_task(self._mark_done(lane.name, lane_workers)))
-        tasks.append(asyncio.create_task(self._commit_loop()))
+        tasks.append(asyncio.create_task(self._commits.loop()))
         tasks.append(asyncio.create_task(self._deadline(workers)))
         keeper = self.keeper
         keeping = asyncio.create_task(keeper.run()) if keeper is not None else None
         try:
             await asyncio.gather(*workers, return_exceptions=True)
-            self._judge(None, 0.0)  # a streak of one client error that nothing answered
+            self._judge.judge(None, 0.0)  # a streak of one client error that nothing answered
             if keeping is not None:
                 keeping.cancel()
                 await asyncio.gather(keeping, return_exceptions=True)
@@ -638,34 +609,27 @@ class Scheduler:
                     grace_end = self._stopped_at + self._run.stop_grace_s
                     wait_s = min(wait_s, max(0.0, grace_end - time.monotonic()))
                 await keeper.settle_all(wait_s)
-            self._flush()  # answers finished since the last tick: a failed write is retried too
-            await self._retry_unsaved()
+            # Answers finished since the last tick: a failed write is retried too.
+            self._commits.flush()
+            # Answers that could not be written (a full disk) are tried again until the stop's
+            # grace period ends: space freed meanwhile saves them.
+            await self._commits.retry_unsaved(self._stopped_at + self._run.stop_grace_s)
         finally:
             rest = tasks + workers + list(self._probes) + ([keeping] if keeping else [])
             for t in rest:
                 t.cancel()
             await asyncio.gather(*rest, return_exceptions=True)
-            self._flush()
-        if isinstance(self._commit_error, StateGone):
-            raise self._commit_error
-        if self._commit_error is not None:
-            lost = sum(1 for o in self._pending if not o.abandoned)
-            raise StateError(
-                f"{self._commit_error}; {lost} finished answers could not be saved and will be "
-                "sent again by the next run; every earlier result is kept"
-            )
+            self._commits.flush()
+        self._commits.raise_unsaved()
+        if self._gone_error is not None:
+            raise self._gone_error
 
-    async def _retry_unsaved(self) -> None:
-        """Answers that could not be written (a full disk) are tried again until the stop's
-        grace period ends: space freed meanwhile saves them."""
-        deadline = self._stopped_at + self._run.stop_grace_s
-        while (
-            self._commit_error is not None
-            and not isinstance(self._commit_error, StateGone)
-            and time.monotonic() < deadline
-        ):
-            await asyncio.sleep(self._commit_interval_s)
-            self._flush()
+    def _state_gone(self, exc: StateGone) -> None:
+        """A write found state.db deleted or replaced: requests in flight are abandoned at once
+        (nothing can be saved) and the run ends with this error, whichever write saw it."""
+        if self._gone_error is None:
+            self._gone_error = exc
+        self._gone.set()
 
     async def _mark_done(self, lane: str, workers: list[asyncio.Task[None]]) -> None:
         await asyncio.gather(*workers, return_exceptions=True)
@@ -681,132 +645,12 @@ class Scheduler:
         for w in workers:
             w.cancel()
 
-    async def _feed(self, lane: LaneRuntime, queue: asyncio.Queue[PendingItem | None]) -> None:
-        batch_size = max(64, min(2 * lane.concurrency, 4096))
-        # Items escalated to this lane go out as they come, beside the lane's own datasets: a
-        # sequential turn of this lane may wait for one of them.
-        escalated = asyncio.create_task(self._feed_escalated(lane, queue, batch_size))
-        try:
-            for name in lane.datasets:
-                after = -1
-                failpoints.reached("dataset", name)
-                while not self.stopping and not self._held_back(name):
-                    batch = self._store.work.claim_batch(name, after, batch_size, lane=lane.name)
-                    if not batch:
-                        break
-                    for item in batch:
-                        if self.stopping or self._held_back(name):
-                            break
-                        await self._put(queue, item)
-                    after = batch[-1].order_key
-                await self._feed_waiting(lane, queue, name, batch_size)
-            await escalated
-        finally:
-            escalated.cancel()
-        for _ in range(lane.concurrency):
-            await queue.put(None)
-
-    async def _feed_escalated(
-        self, lane: LaneRuntime, queue: asyncio.Queue[PendingItem | None], batch_size: int
-    ) -> None:
-        """Items escalated to this lane arrive while the lanes that send them still run.
-        Pass over them in pages (those already handed out are skipped, and on a wide lane
-        they fill whole pages) until a pass that began after those lanes finished finds
-        nothing new."""
-        sources = [s for s in self._lanes.values() if s.escalate_to == lane.name]
-        cursor: tuple[int, str] | None = None
-        sources_done = fed = False
-        while sources and not self.stopping:
-            if cursor is None:  # a new pass
-                sources_done = all(self._lane_done[s.name].is_set() for s in sources)
-                self._flush()
-                fed = False
-            page = self._store.work.claim_escalated(lane.name, batch_size, after=cursor)
-            for item in page:
-                if item.id not in self._escalated_sent:
-                    self._escalated_sent.add(item.id)
-                    fed = True
-                    await queue.put(item)
-            if len(page) == batch_size:
-                cursor = (page[-1].order_key, page[-1].id)
-                continue
-            cursor = None
-            if not fed:
-                if sources_done:
-                    return
-                await asyncio.sleep(0.2)
-
-    async def _put(self, queue: asyncio.Queue[PendingItem | None], item: PendingItem) -> None:
-        self._fed[item.dataset] += 1
-        if item.dataset in self._sequential:
-            self._uncommitted[item.id] = item.dataset
-        await queue.put(item)
-
-    async def _feed_waiting(
-        self,
-        lane: LaneRuntime,
-        queue: asyncio.Queue[PendingItem | None],
-        name: str,
-        batch_size: int,
-    ) -> None:
-        """Sequential mode: a turn becomes ready when the previous turn's answer is committed.
-        Rescan for ready turns until none waits, leaving out those already handed out."""
-        if name not in self._sequential:
-            return
-        scanned_at = -1
-        while not self.stopping and not self._held_back(name):
-            if self._recorded[name] == scanned_at:
-                # Nothing of this dataset finished since the last scan: nothing new is ready.
-                await asyncio.sleep(self._commit_interval_s)
-                continue
-            self._flush()
-            if self._pending:
-                # The commit failed: the store does not yet know what finished.
-                await asyncio.sleep(0.5)
-                continue
-            scanned_at = self._recorded[name]
-            after, fed = -1, 0
-            while True:
-                batch = self._store.work.claim_batch(name, after, batch_size, lane=lane.name)
-                if not batch:
-                    break
-                claimed_at = self._commits
-                for item in batch:
-                    if item.id in self._uncommitted:
-                        continue
-                    # Handing out the batch waits on the queue, and meanwhile an earlier scan's
-                    # turn may have been answered and committed: the claim is stale then.
-                    if self._commits != claimed_at and not self._store.work.is_pending(item.id):
-                        continue
-                    if self.stopping or self._held_back(name):
-                        return
-                    await self._put(queue, item)
-                    fed += 1
-                after = batch[-1].order_key
-            in_flight = any(ds == name for ds in self._uncommitted.values())
-            # A turn escalated to another lane unblocks the next turn when it is done there.
-            in_flight = in_flight or self._store.work.escalated_pending(name) > 0
-            if not fed and not in_flight:
-                # Nothing in flight can unblock the rest: their earlier turns failed.
-                return
-            # A scan walks every pending item of the dataset, and a turn becomes ready only
-            # when its predecessor is committed: scan at most once a commit interval.
-            await asyncio.sleep(self._commit_interval_s)
-
     async def _work(self, lane: LaneRuntime, queue: asyncio.Queue[PendingItem | None]) -> None:
         while True:
             item = await queue.get()
             if item is None or self.stopping:
                 return
             self._record(lane, await self._process(lane, item))
-
-    def _held_back(self, dataset: str) -> bool:
-        """Nothing more of this dataset goes out: its budget is met, or its pilot is sent."""
-        if self._pilot is not None:
-            done = self.stats.datasets[dataset].done_before
-            if self._fed[dataset] >= self._pilot - done:
-                return True
-        return self._budget is not None and self._budget.datasets[dataset].met is not None
 
     def _pick(self, lane: LaneRuntime) -> EndpointRuntime:
         """The healthy endpoint with the fewest attempts outstanding for its weight (ties:
@@ -955,8 +799,10 @@ class Scheduler:
         lease, epoch = admitted
         att = Try(tally.number, ep, limit, epoch, lease)
         if lease is not None and ep.billed_after_gone and self._budget is not None:
-            att.sent = self._sent(lease, item, ep, lane)
-            if not await self._record_sent():
+            att.sent = self._sent_log.sent(
+                lease, item, lane=lane.name, endpoint=ep.name, total_s=lane.timeouts.total_s
+            )
+            if not await self._sent_log.record():
                 # Not recorded, so not sent: state.db cannot be written (the run stops).
                 self._budget.settle(lease, None)
                 limit.release("other", epoch=epoch)
@@ -999,7 +845,9 @@ class Scheduler:
                 ep.make_body(req, lane.max_tokens, lane.stream),
                 stream=lane.stream,
                 timeouts=lane.timeouts,
-                on_generation=(None if att.sent is None else self._identifier(att.sent.id)),
+                on_generation=(
+                    None if att.sent is None else self._sent_log.identifier(att.sent.id)
+                ),
             )
             result = self._price(ep, item, result)
             att.billed, att.end = result.usage, "answered"
@@ -1081,7 +929,7 @@ class Scheduler:
         if att.end in ("answered", "unbilled"):
             self._budget.settle(lease, att.billed)
             if sent is not None and att.end == "unbilled":
-                self._settled.append(sent.id)
+                self._commits.settle(sent.id)
             return
         kept = sent is not None and att.end == "maybe_billed" and self.keeper is not None
         self._budget.hold(lease, awaited=kept and att.begun is not None)
@@ -1193,7 +1041,7 @@ class Scheduler:
         """Served by an endpoint the job excludes: paid for, never used. Another attempt may be
         routed elsewhere, after a backoff, unless the item's attempts are used up or the run
         stops: then it fails."""
-        self._charges.append(
+        self._commits.charge(
             Charge(
                 item.id,
                 item.dataset,
@@ -1205,7 +1053,7 @@ class Scheduler:
             )
         )
         if att.sent is not None:
-            self._settled.append(att.sent.id)
+            self._commits.settle(att.sent.id)
         ds = self.stats.datasets[item.dataset]
         ds.charge(result.usage)
         ds.errors["excluded_provider"] += 1
@@ -1220,90 +1068,19 @@ class Scheduler:
         att.ep.health.record(True)
         result = replace(result, attempts=att.number, endpoint=att.ep.name)
         if att.sent is not None:  # its bill is committed with the outcome, in one transaction
-            self._settled.append(att.sent.id)
+            self._commits.settle(att.sent.id)
         if result.finish_reason == "length" and lane.escalate_to is not None:
             return tally.ended(result=result, escalate_to=lane.escalate_to)
         return tally.ended(result=result)
-
-    def _sent(
-        self, lease: Lease, item: PendingItem, ep: EndpointRuntime, lane: LaneRuntime
-    ) -> Sent:
-        """Queue the record of a request about to be sent (`_record_sent` writes it)."""
-        self._sent_seq += 1
-        now = time.time()
-        sent = Sent(
-            (self._run_id << SEQUENCE_BITS) | self._sent_seq,
-            self._run_id,
-            item.id,
-            item.dataset,
-            lane.name,
-            ep.name,
-            lease.worst_usd,
-            lease.tokens,
-            now,
-            now + lane.timeouts.total_s + DEADLINE_GRACE_S,
-        )
-        self._to_write.append(sent)
-        return sent
-
-    def _identifier(self, key: int) -> Callable[[str], None]:
-        """What the client calls with a request's generation id as soon as the response names
-        it: written at once, so that a kill from then on leaves the id to look its bill up."""
-
-        def identified(generation_id: str) -> None:
-            self._to_identify.append((key, generation_id))
-            self._schedule_write(IDENTIFY_WRITE_EVERY_S)
-
-        return identified
-
-    async def _record_sent(self) -> bool:
-        """Wait until the requests queued to be sent are in state.db (one transaction for all
-        that queued meanwhile). False: it cannot be written, and they must not be sent."""
-        return await self._schedule_write(SENT_WRITE_EVERY_S)
-
-    def _schedule_write(self, every_s: float) -> asyncio.Future[bool]:
-        """The next write of `outstanding`, no later than `every_s` after the last one. Every
-        admission until then joins it: one transaction every SENT_WRITE_EVERY_S at most (a few
-        milliseconds before a request that takes seconds), rather than one per turn of the
-        loop, which cost a sixth of a run's CPU. Generation ids go sooner (they delay nothing,
-        and one not yet written when the run is killed leaves its bill to be guessed)."""
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        due = max(now, self._last_write + every_s)
-        if self._writing is None:
-            self._writing = loop.create_future()
-        elif due >= self._write_due:
-            return self._writing
-        self._write_due = due
-        loop.call_later(due - now, self._write_sent)
-        return self._writing
-
-    def _write_sent(self) -> None:
-        if self._writing is None:  # a later timer of a write already made
-            return
-        self._last_write = asyncio.get_running_loop().time()
-        done, self._writing = self._writing, None
-        sent, self._to_write = self._to_write, []
-        identified, self._to_identify = self._to_identify, []
-        ok = True
-        try:
-            self._store.outstanding.write(sent, identified)
-        except StateError as exc:
-            ok = False
-            self.stop(f"cannot write state: {exc}")
-            if isinstance(exc, StateGone):
-                self._gone.set()
-        if done is not None and not done.done():
-            done.set_result(ok)
 
     def settle_held(self, charge: Charge | None, key: int) -> None:
         """A held request's bill (None: not billed) goes to the ledger with the next commit,
         and the request leaves `outstanding` in the same transaction."""
         if charge is not None:
-            self._charges.append(charge)
+            self._commits.charge(charge)
             if charge.dataset in self.stats.datasets:
                 self.stats.datasets[charge.dataset].charge(charge.usage)
-        self._settled.append(key)
+        self._commits.settle(key)
 
     async def _admit(
         self,
@@ -1355,100 +1132,11 @@ class Scheduler:
             waiter.cancel()
             stopper.cancel()
 
-    def _count_item(self, *, failed: bool, cause: str | None = None) -> None:
-        """Track how recent items ended, after their retries, and stop when too many failed.
-        Items, not attempts: fast 5xx replies come back long before the first answers, so
-        a provider that answers four requests in five once looked like one that answers none."""
-        recent = self.stats.recent_failures
-        recent.append(int(failed))
-        self._causes.append(cause if failed else None)
-        if len(recent) >= self._run.stop_error_min_attempts:
-            rate = sum(recent) / len(recent)
-            if rate > self._run.stop_error_rate:
-                causes = Counter(c for c in self._causes if c is not None)
-                commonest = f"; most often: {causes.most_common(1)[0][0]}" if causes else ""
-                self.stop(
-                    f"error rate {rate:.0%} over the last {len(recent)} items, after their "
-                    f"retries (above [run].stop_error_rate = {self._run.stop_error_rate:g})"
-                    f"{commonest}"
-                )
-
     def _record(self, lane: LaneRuntime, outcome: Outcome) -> None:
-        suspect = False
-        if outcome.failure_class in CLIENT_ERRORS:
-            if self._job_wide is not None:  # the job's error: the item stays pending
-                outcome = replace(outcome, failure_class=None, abandoned=True)
-            else:
-                suspect = self._suspect(outcome)
-        elif outcome.result is not None:
-            self._answered += 1
-            self._clear_suspects()
+        """An item's outcome, weighed by the judge of client errors, counted and buffered for
+        the next commit."""
+        outcome, suspect = self._judge.weigh(outcome)
         self._count(lane, outcome, suspect=suspect)
-
-    def _suspect(self, outcome: Outcome) -> bool:
-        """A client error (400, 404, 422) may be the item's own (a prompt too long) or one the
-        server gives every request of the job (an unknown model, a refused field). The item is
-        recorded as failed, but not yet counted against the error rate: when the same error
-        ends JOB_WIDE_AFTER items in a row, no answer comes in between, and after a while no
-        request sent before them is still running (a healthy request would be, generating),
-        the error is the job's: the run stops with the server's message, and those items go
-        back to pending for the fixed job to send (`_requeue`). An answer, or another error,
-        ends the streak: its items failed on their own."""
-        key = _error_key(outcome.failure_message)
-        if self._suspects and key != self._suspect_key:
-            self._clear_suspects()
-        if not self._suspects:
-            self._suspect_key = key
-        self._suspects.append(outcome)
-        if len(self._suspects) == self._streak_needed():
-            latency = max(a.latency_s for o in self._suspects for a in o.attempts[-1:])
-            wait_s = max(JOB_WIDE_WAIT_S, 3 * latency)
-            since = time.monotonic()
-            asyncio.get_running_loop().call_later(wait_s, self._judge, key, wait_s, since)
-        return True
-
-    def _judge(self, key: str | None, wait_s: float, since: float = 0.0) -> None:
-        """The verdict on a streak of one client error, `wait_s` after it reached its length
-        at `since` (`_suspect`), or when every worker is done (key None: nothing runs any
-        more). A request sent before `since` and still running got past the error (which
-        comes back within a fraction of `wait_s`): the error is not every request's."""
-        if self._job_wide is not None or len(self._suspects) < self._streak_needed():
-            return
-        if key is not None and key != self._suspect_key:
-            return
-        now = time.monotonic()
-        oldest = min(
-            (
-                t0
-                for lane in self.stats.lanes.values()
-                for f in lane.flows.values()
-                for t0 in f.on_wire.values()
-            ),
-            default=now,
-        )
-        if key is not None and oldest < since:  # one that passed the error's gate still runs
-            asyncio.get_running_loop().call_later(wait_s, self._judge, key, wait_s, now)
-            return
-        suspects, self._suspects = self._suspects, []
-        self._job_wide = suspects[-1].failure_message or "client error"
-        for o in suspects:
-            self.stats.datasets[o.dataset].failed -= 1
-            self._requeue.append(o.item_id)
-        self.stop(
-            f"every request fails with the same error: {self._job_wide} ({len(suspects)} "
-            "items in a row, none answered and none still running; they stay pending: fix "
-            "the job file and run again)"
-        )
-
-    def _streak_needed(self) -> int:
-        return JOB_WIDE_AFTER[1 if self._answered else 0]
-
-    def _clear_suspects(self) -> None:
-        """The streak of one client error ended: its items failed on their own, and count
-        against the error rate now."""
-        suspects, self._suspects = self._suspects, []
-        for o in suspects:
-            self._count_item(failed=True, cause=f"{o.failure_class}: {o.failure_message}")
 
     def _count(self, lane: LaneRuntime, outcome: Outcome, *, suspect: bool = False) -> None:
         ds = self.stats.datasets[outcome.dataset]
@@ -1475,50 +1163,14 @@ class Scheduler:
         elif r is not None:
             ds.done += 1
             self.stats.lanes[lane.name].done += 1
-            self._count_item(failed=False)
+            self._error_rate.count(failed=False)
         elif not outcome.abandoned:
             ds.failed += 1
-            if not suspect:  # a suspect counts once its streak ends (`_clear_suspects`)
+            if not suspect:  # a suspect counts once its streak ends (`ClientErrorJudge`)
                 cause = f"{outcome.failure_class}: {outcome.failure_message}"
-                self._count_item(failed=True, cause=cause)
-        self._pending.append(outcome)
-        self._recorded[outcome.dataset] += 1
+                self._error_rate.count(failed=True, cause=cause)
+        self._commits.add(outcome)
 
     def flush(self) -> None:
         """Commit what finished now, rather than at the next tick."""
-        self._flush()
-
-    async def _commit_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._commit_interval_s)
-            self._flush()
-
-    def _flush(self) -> None:
-        # Group commit: one transaction for many finished items, each complete in itself. A
-        # batch that cannot be written (a full disk) stays in memory and is tried again at each
-        # tick while the run stops, so that space freed meanwhile saves it.
-        if not self._pending and not self._charges and not self._settled and not self._requeue:
-            return
-        batch, self._pending = self._pending, []
-        charges, self._charges = self._charges, []
-        settled, self._settled = self._settled, []
-        requeue, self._requeue = self._requeue, []
-        try:
-            self._store.commit_outcomes(batch, charges, settled, requeue)
-            self._commits += 1
-            self._committed += len(batch)
-            failpoints.reached("commit", count=self._committed)
-            for o in batch:
-                self._uncommitted.pop(o.item_id, None)
-        except StateError as exc:
-            self._pending = batch + self._pending
-            self._charges = charges + self._charges
-            self._settled = settled + self._settled
-            self._requeue = requeue + self._requeue
-            if self._commit_error is None:
-                self.stop(f"cannot write state: {exc}")
-            self._commit_error = exc
-            if isinstance(exc, StateGone):
-                self._gone.set()
-        else:
-            self._commit_error = None
+        self._commits.flush()
