@@ -57,7 +57,7 @@ from regen.engine.limiter import AdaptiveLimit, EndpointHealth
 from regen.engine.sent_log import IDENTIFY_WRITE_EVERY_S as IDENTIFY_WRITE_EVERY_S
 from regen.engine.sent_log import SENT_WRITE_EVERY_S as SENT_WRITE_EVERY_S
 from regen.engine.sent_log import SentLog
-from regen.errors import EndpointError, StateGone
+from regen.errors import EndpointError, StateError, StateGone
 from regen.sources.modes import build_request
 from regen.state.db import Store
 from regen.state.outstanding import Sent
@@ -683,7 +683,10 @@ class Scheduler:
             "completion": prices.completion / total * factor,
             "factor": total,
         }
-        self._store.set_meta(REPRICED_META, json.dumps(known, sort_keys=True))
+        # A write that fails (a full disk) is the commits' to report; the raise holds for this
+        # run all the same.
+        with contextlib.suppress(StateError):
+            self._store.set_meta(REPRICED_META, json.dumps(known, sort_keys=True))
 
     def _drain(self, lane: LaneRuntime, ep: EndpointRuntime, exc: EndpointError) -> bool:
         """A self-hosted server that refused or dropped a connection, or is loading (503),
