@@ -181,6 +181,19 @@ class Scenario:
     managed: bool = False
 
 
+def managed(name: str, prices: str = "") -> Scenario:
+    """A $5 job cap on keys made per run with a management key (`prices`: the job file's)."""
+    endpoint = f'management_key_env = "TORTURE_MANAGEMENT_KEY"\n{prices}'
+    return Scenario(
+        name,
+        lambda seed: calm(seed, management_keys=[MANAGEMENT_KEY]),
+        lambda tmp, url: job_text(tmp, url, job_cap=5.0, endpoint=endpoint),
+        (1, 6),
+        {"job": 5.0},
+        managed=True,
+    )
+
+
 SCENARIOS = {
     "mixed": Scenario(
         "mixed",
@@ -218,29 +231,10 @@ SCENARIOS = {
         {"job": 6.0},
         neighbour=True,
     ),
-    "managed": Scenario(
-        "managed",
-        lambda seed: calm(seed, management_keys=[MANAGEMENT_KEY]),
-        lambda tmp, url: job_text(
-            tmp, url, job_cap=5.0, endpoint='management_key_env = "TORTURE_MANAGEMENT_KEY"'
-        ),
-        (1, 6),
-        {"job": 5.0},
-        managed=True,
-    ),
-    "managed-stale": Scenario(
+    "managed": managed("managed"),
+    "managed-stale": managed(
         "managed-stale",
-        lambda seed: calm(seed, management_keys=[MANAGEMENT_KEY]),
-        lambda tmp, url: job_text(
-            tmp,
-            url,
-            job_cap=5.0,
-            endpoint='management_key_env = "TORTURE_MANAGEMENT_KEY"\n'
-            f"prompt_usd_per_mtok = {STALE_PROMPT}\ncompletion_usd_per_mtok = {STALE_COMPLETION}",
-        ),
-        (1, 6),
-        {"job": 5.0},
-        managed=True,
+        f"prompt_usd_per_mtok = {STALE_PROMPT}\ncompletion_usd_per_mtok = {STALE_COMPLETION}",
     ),
 }
 

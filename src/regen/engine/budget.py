@@ -32,12 +32,17 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
+import json
+import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from regen.config import DatasetConfig, EndpointConfig
 from regen.conversation import Usage
+from regen.errors import StateError
+from regen.state.db import Store
 from regen.state.work import DatasetProgress
 
 RAMP_ANSWERS = 16
@@ -64,6 +69,12 @@ class Prices:
 
     def scaled(self, factor: float) -> Prices:
         return replace(self, prompt=self.prompt * factor, completion=self.completion * factor)
+
+
+REPRICE_TOLERANCE = 0.01
+"""Bills above the known prices by more than this share raise them (rounding stays below)."""
+REPRICED_META = "repriced"
+"""state.db meta: per endpoint, the prices an answer was billed above and by how much."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -506,3 +517,69 @@ def configured_prices(endpoint: EndpointConfig) -> Prices | None:
 def per_mtok(cost_usd: float, completion_tokens: int) -> float:
     """Effective dollars per million completion tokens (everything spent, over what came)."""
     return cost_usd / completion_tokens * 1e6 if completion_tokens else 0.0
+
+
+def billed_above(prices: Prices | None, usage: Usage) -> float | None:
+    """How many times the per-token prices an answer was billed, when more than they allow
+    (beyond REPRICE_TOLERANCE); None otherwise, or when either is unknown."""
+    if prices is None or usage.cost_usd is None:
+        return None
+    priced = prices.cost(usage.prompt_tokens, usage.completion_tokens)
+    if priced <= 0 or usage.cost_usd <= priced * (1 + REPRICE_TOLERANCE):
+        return None
+    return usage.cost_usd / priced
+
+
+def remember_prices(store: Store, endpoint: str, listed: Prices, factor: float) -> None:
+    """Keep for the next runs that the endpoint's `listed` prices are billed `factor` times
+    (prices changed since apply afresh). A write that fails (a full disk) is the commits' to
+    report: the raise holds for this run all the same."""
+    known = repriced_meta(store)
+    known[endpoint] = {"prompt": listed.prompt, "completion": listed.completion, "factor": factor}
+    with contextlib.suppress(StateError):
+        store.set_meta(REPRICED_META, json.dumps(known, sort_keys=True))
+
+
+def repriced_meta(store: Store) -> dict[str, dict[str, float]]:
+    """What earlier runs learned of endpoints' prices from their bills (state.db is untrusted:
+    anything but finite numbers, factors above 1, is ignored)."""
+    try:
+        raw = json.loads(store.get_meta(REPRICED_META) or "{}")
+    except ValueError:
+        return {}
+    out: dict[str, dict[str, float]] = {}
+    if not isinstance(raw, dict):
+        return out
+    for name, entry in raw.items():
+        if not isinstance(entry, dict):
+            continue
+        values = [entry.get(k) for k in ("prompt", "completion", "factor")]
+        if (
+            all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                for v in values
+            )
+            and 1.0 < entry["factor"] < 1e6
+        ):
+            out[str(name)] = {k: float(entry[k]) for k in ("prompt", "completion", "factor")}
+    return out
+
+
+def learned_prices(
+    prices: dict[str, Prices | None], store: Store
+) -> tuple[dict[str, Prices | None], dict[str, float]]:
+    """The endpoints' prices raised to what earlier runs' answers were billed at, where the
+    prices are still those the bills were compared with; and the factors applied."""
+    known = repriced_meta(store)
+    out = dict(prices)
+    factors: dict[str, float] = {}
+    for name, p in prices.items():
+        entry = known.get(name)
+        if p is None or entry is None or p.usd_per_s:
+            continue
+        if math.isclose(p.prompt, entry["prompt"], rel_tol=1e-6, abs_tol=1e-15) and math.isclose(
+            p.completion, entry["completion"], rel_tol=1e-6, abs_tol=1e-15
+        ):
+            out[name] = p.scaled(entry["factor"])
+            factors[name] = entry["factor"]
+    return out, factors

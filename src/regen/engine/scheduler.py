@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
-import json
 import math
 import random
 import time
@@ -32,7 +31,7 @@ from regen.conversation import (
     Usage,
     prompt_tokens_bound,
 )
-from regen.engine.budget import BudgetBook, Lease, Prices, fill_cost
+from regen.engine.budget import BudgetBook, Lease, Prices, billed_above, fill_cost, remember_prices
 from regen.engine.client.errors import RETRYABLE, STOPS_RUN
 from regen.engine.client.http import Timeouts
 from regen.engine.client.response import counted_usage
@@ -57,7 +56,7 @@ from regen.engine.limiter import AdaptiveLimit, EndpointHealth
 from regen.engine.sent_log import IDENTIFY_WRITE_EVERY_S as IDENTIFY_WRITE_EVERY_S
 from regen.engine.sent_log import SENT_WRITE_EVERY_S as SENT_WRITE_EVERY_S
 from regen.engine.sent_log import SentLog
-from regen.errors import EndpointError, StateError, StateGone
+from regen.errors import EndpointError, StateGone
 from regen.sources.modes import build_request
 from regen.state.db import Store
 from regen.state.outstanding import Sent
@@ -91,10 +90,6 @@ BILL_WAIT_S = 21.0
 lag the answers) before they are left in `outstanding` for the next run."""
 # A drained server's /health is probed this often, doubling up to the second figure.
 PROBE_EVERY_S = (0.5, 2.0)
-REPRICE_TOLERANCE = 0.01
-"""Bills above the known prices by more than this share raise them (rounding stays below)."""
-REPRICED_META = "repriced"
-"""state.db meta: per endpoint, the prices an answer was billed above and by how much."""
 FAILOVERS_PER_ENDPOINT = 8
 """An item moved off failing servers more than this many times per endpoint of its lane
 counts the next failures against its attempts again (so a fleet that is gone ends it)."""
@@ -362,51 +357,6 @@ def backoff_s(attempt: int, retry_after_s: float | None, rng: random.Random) -> 
     return max(wait, retry_after_s or 0.0)
 
 
-def repriced_meta(store: Store) -> dict[str, dict[str, float]]:
-    """What earlier runs learned of endpoints' prices from their bills (state.db is untrusted:
-    anything but finite numbers, factors above 1, is ignored)."""
-    try:
-        raw = json.loads(store.get_meta(REPRICED_META) or "{}")
-    except ValueError:
-        return {}
-    out: dict[str, dict[str, float]] = {}
-    if not isinstance(raw, dict):
-        return out
-    for name, entry in raw.items():
-        if not isinstance(entry, dict):
-            continue
-        values = [entry.get(k) for k in ("prompt", "completion", "factor")]
-        if (
-            all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                for v in values
-            )
-            and 1.0 < entry["factor"] < 1e6
-        ):
-            out[str(name)] = {k: float(entry[k]) for k in ("prompt", "completion", "factor")}
-    return out
-
-
-def learned_prices(
-    prices: dict[str, Prices | None], store: Store
-) -> tuple[dict[str, Prices | None], dict[str, float]]:
-    """The endpoints' prices raised to what earlier runs' answers were billed at, where the
-    prices are still those the bills were compared with; and the factors applied."""
-    known = repriced_meta(store)
-    out = dict(prices)
-    factors: dict[str, float] = {}
-    for name, p in prices.items():
-        entry = known.get(name)
-        if p is None or entry is None or p.usd_per_s:
-            continue
-        if math.isclose(p.prompt, entry["prompt"], rel_tol=1e-6, abs_tol=1e-15) and math.isclose(
-            p.completion, entry["completion"], rel_tol=1e-6, abs_tol=1e-15
-        ):
-            out[name] = p.scaled(entry["factor"])
-            factors[name] = entry["factor"]
-    return out, factors
-
-
 @dataclass
 class Try:
     """One attempt at an item, from its admission until its slot goes back: the endpoint it
@@ -667,26 +617,12 @@ class Scheduler:
         """Raise the endpoint's prices when an answer was billed more than they say it costs (a
         price list gone stale, or prices in the job file below the provider's): a dollar cap's
         worst cases must not be below what requests really cost."""
-        prices = ep.prices
-        if prices is None or usage.cost_usd is None:
+        factor = billed_above(ep.prices, usage)
+        if ep.prices is None or factor is None:
             return
-        priced = prices.cost(usage.prompt_tokens, usage.completion_tokens)
-        if priced <= 0 or usage.cost_usd <= priced * (1 + REPRICE_TOLERANCE):
-            return
-        factor = usage.cost_usd / priced
-        ep.prices = prices.scaled(factor)
+        ep.prices = ep.prices.scaled(factor)
         total = self.stats.repriced[ep.name] = self.stats.repriced.get(ep.name, 1.0) * factor
-        # Kept for the next runs, with the prices it applies to (changed prices start afresh).
-        known = repriced_meta(self._store)
-        known[ep.name] = {
-            "prompt": prices.prompt / total * factor,
-            "completion": prices.completion / total * factor,
-            "factor": total,
-        }
-        # A write that fails (a full disk) is the commits' to report; the raise holds for this
-        # run all the same.
-        with contextlib.suppress(StateError):
-            self._store.set_meta(REPRICED_META, json.dumps(known, sort_keys=True))
+        remember_prices(self._store, ep.name, ep.prices.scaled(1 / total), total)
 
     def _drain(self, lane: LaneRuntime, ep: EndpointRuntime, exc: EndpointError) -> bool:
         """A self-hosted server that refused or dropped a connection, or is loading (503),

@@ -28,7 +28,7 @@ from regen.engine.billing import (
     resolve_prices,
     take_baselines,
 )
-from regen.engine.budget import BudgetBook, Prices
+from regen.engine.budget import BudgetBook, Prices, learned_prices
 from regen.engine.client import ChatClient
 from regen.engine.client.keys import KeyApi
 from regen.engine.holds import HoldKeeper
@@ -38,7 +38,6 @@ from regen.engine.scheduler import (
     JobTotals,
     RunStats,
     Scheduler,
-    learned_prices,
 )
 from regen.errors import ConfigError, StateError, one_line
 from regen.outputs.audit import Checks, LiveAudit, server_kwargs
