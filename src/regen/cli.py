@@ -40,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
         _audit_parser,
         _export_parser,
         _providers_parser,
+        _families_parser,
         _report_parser,
         _inspect_parser,
         _sim_parser,
@@ -237,6 +238,15 @@ def _providers_parser(sub: Any) -> None:
     prov.add_argument("--json", action="store_true", help="print endpoints and verdicts as JSON")
 
 
+def _families_parser(sub: Any) -> None:
+    """`regen families`."""
+    fam = sub.add_parser(
+        "families",
+        help="the model families regen rebuilds ids for: how, checked against what, assumed",
+    )
+    fam.add_argument("--json", action="store_true", help="print the families as JSON")
+
+
 def _report_parser(sub: Any) -> None:
     """`regen report` and its options."""
     rep = sub.add_parser(
@@ -305,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         "audit": _audit,
         "export": _export,
         "providers": _providers,
+        "families": _families,
         "report": _report,
         "inspect": _inspect,
         "sim": _sim,
@@ -319,6 +330,42 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+def _families(args: argparse.Namespace, console: Console) -> int:
+    import json
+
+    from rich.table import Table
+
+    from regen.reconstruct.families import FAMILIES
+
+    rows: list[dict[str, Any]] = [
+        {
+            "family": f.name,
+            "completion": "hand-written grammar" if f.layout is not None else "chat template",
+            "why_grammar": " ".join(f.why_grammar.split()),
+            "stop": None
+            if f.layout is not None
+            else f.appended_stop(False) or (list(f.stop) or ["eos_token"])[0],
+            "stop_after_calls": f.append_stop_after_calls or None,
+            "arguments": f.arguments,
+            "parse_back": f.syntax,
+            "verified": " ".join(f.verified.split()),
+            "assumed": " ".join(f.assumed.split()),
+        }
+        for f in FAMILIES.values()
+    ]
+    if args.json:
+        print(json.dumps(rows, indent=2, ensure_ascii=False))
+        return EXIT_OK
+    table = Table(title='model families (\\[reconstruct] family; "auto" reads the template)')
+    for column in ("family", "completion", "verified against", "still assumed"):
+        table.add_column(column, overflow="fold")
+    for r in rows:
+        how = str(r["completion"]) + (f" ({r['why_grammar']})" if r["why_grammar"] else "")
+        table.add_row(r["family"], how, r["verified"], r["assumed"] or "-")
+    console.print(table)
+    return EXIT_OK
 
 
 def _report(args: argparse.Namespace, console: Console) -> int:
@@ -465,6 +512,8 @@ def _audit(args: argparse.Namespace, console: Console) -> int:
         },
         **_target_overrides(args),
     )
+    for note in target.notes:
+        print(f"note: {note}", file=sys.stderr)
     for warning in target.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     data = audit_json(audits)
@@ -594,6 +643,8 @@ def _export(args: argparse.Namespace, console: Console) -> int:
         recorded = store.get_meta("reconstruct") is not None
         if args.drop_failed_audit or (args.format == "tokenized" and (recorded or args.family)):
             target = target_for(store, **overrides)
+            for note in target.notes:
+                print(f"note: {note}", file=sys.stderr)
             for warning in target.warnings:
                 print(f"warning: {warning}", file=sys.stderr)
             checks = checks_for(

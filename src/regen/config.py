@@ -84,10 +84,17 @@ class EndpointConfig(_Model):
     """A self-hosted server priced by its time instead: `gpus` x `usd_per_gpu_hour` for each
     hour it is busy with the job, shared among its answers (each is charged the busy time
     since the server's previous answer)."""
-    token_ids: bool = False
+    token_ids: bool | None = None
     """Ask a self-hosted server for the exact token ids of prompt and answer (vLLM
     `return_token_ids`; SGLang `return_token_ids` and `return_prompt_token_ids`, which it
-    refuses on streams). They are stored with the answer and marked exact."""
+    refuses on streams). They are stored with the answer and marked exact. By default on for
+    vLLM and SGLang (SGLang: on lanes that do not stream), off elsewhere."""
+
+    def asks_token_ids(self, stream: bool) -> bool:
+        """Whether a request on a lane that does (or does not) stream asks for the ids."""
+        if self.token_ids is not None:
+            return self.token_ids
+        return self.dialect == "vllm" or (self.dialect == "sglang" and not stream)
 
     @field_validator("base_url")
     @classmethod
@@ -337,6 +344,8 @@ class ReconstructConfig(_Model):
     template_kwargs: dict[str, Any] = Field(default_factory=dict)
     trust_remote_code: bool = False
     """Needed by tokenizers that ship their own code (Kimi's tiktoken tokenizer)."""
+    stop: str | None = None
+    """The token the model ends its turn with, where its template writes several or none."""
     live_audit: bool = True
     """Audit a sample of the answers while the job runs; failing samples are printed."""
     live_audit_sample: int = Field(default=32, ge=1)
@@ -345,10 +354,13 @@ class ReconstructConfig(_Model):
     @field_validator("family")
     @classmethod
     def _known(cls, v: str) -> str:
-        from regen.reconstruct.families import FAMILIES
+        from regen.reconstruct.families import AUTO, FAMILIES
 
-        if v not in FAMILIES:
-            raise ValueError(f"unknown template family {v!r} (allowed: {', '.join(FAMILIES)})")
+        if v != AUTO and v not in FAMILIES:
+            raise ValueError(
+                f"unknown template family {v!r} (allowed: auto, {', '.join(FAMILIES)}; "
+                "`regen families` lists them)"
+            )
         return v
 
 

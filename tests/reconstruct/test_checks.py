@@ -12,8 +12,7 @@ import pytest
 
 from regen.errors import ConfigError
 from regen.outputs.audit import Checks, reparse, sample_problems
-from regen.reconstruct import FAMILIES, Target, TargetSpec
-from regen.reconstruct.families import Family
+from regen.reconstruct import Target, TargetSpec
 from regen.state.answers import ExportRow
 from tests.reconstruct import vocab
 from tests.reconstruct.corpus import PARIS, USER, WEATHER, call
@@ -48,13 +47,15 @@ def test_the_audit_sees_a_newline_that_keeps_the_count(
     [good] = qwen.samples([call_only()])
     row = replace(call_only(), completion_tokens=len(good.completion_ids))  # the bill
     assert reparse(row, good, qwen) is None
-    # Inject the old mistake: a newline before a call-only answer's first <tool_call>.
-    real = FAMILIES["qwen3"]
+    # Inject the old mistake: a newline before a call-only answer's first <tool_call>, as a
+    # wrong whitespace rule would write it.
+    real = qwen.completion_text
 
-    def layout(a):  # type: ignore[no-untyped-def]
-        return real.layout(a).replace("</think>\n\n<tool_call>", "</think>\n\n\n<tool_call>")
+    def wrong(row: ExportRow, prompt: str, prefill: str = "") -> str:
+        text = real(row, prompt, prefill)
+        return text.replace("</think>\n\n<tool_call>", "</think>\n\n\n<tool_call>")
 
-    monkeypatch.setattr(qwen, "family", Family("qwen3", layout, real.thinking_kwarg, real.markers))
+    monkeypatch.setattr(qwen, "completion_text", wrong)
     [bad] = qwen.samples([row])
     assert bad.completion_ids != good.completion_ids
     assert len(bad.completion_ids) == len(good.completion_ids)  # `\n\n` 271 -> `\n\n\n` 1406

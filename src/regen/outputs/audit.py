@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from regen.reconstruct import ReconstructError, Sample, Target, TargetSpec, spec_from_store
-from regen.reconstruct.parse import first_difference, parse, server_form
+from regen.reconstruct.parse import LEGACY, first_difference, parse, server_form
 from regen.state.answers import ExportRow
 from regen.state.db import Store
 
@@ -202,7 +202,7 @@ def reparse(row: ExportRow, sample: Sample, target: Target) -> str | None:
         got = parse(name, target.decode(sample.completion_ids), answer)
     except ValueError:
         return None  # a family without a parser
-    return first_difference(got, server_form(name, answer))
+    return first_difference(got, server_form(name, answer), strip=target.family.name not in LEGACY)
 
 
 def divergence(server: list[int], rebuilt: list[int], decode: Callable[[list[int]], str]) -> str:
@@ -243,31 +243,42 @@ class Verdict:
     problems: list[str]
     reparse: str | None = None
     oracle: str | None = None
+    exact: bool = False
+    """The sample's ids are the server's (a wrong rebuild does not make them wrong)."""
 
     @property
     def problems_of_the_answer(self) -> list[str]:
-        """The problems that make the sample unfit for training. A rebuild that differs from
-        the server's ids says the grammar is wrong, not the answer: its ids are the server's."""
-        return [p for p in self.problems if p != "rebuild_differs_from_server"]
+        """The problems that make the sample unfit for training. Where its ids are the
+        server's, a rebuild that differs from them or loses text says the grammar is wrong,
+        not the answer."""
+        of_the_rebuild = {"rebuild_differs_from_server"}
+        if self.exact:
+            of_the_rebuild |= {"rebuild_loses_text", "reparse_mismatch"}
+        return [p for p in self.problems if p not in of_the_rebuild]
 
 
 def sample_problems(
     row: ExportRow, sample: Sample | ReconstructError, target: Target, checks: Checks
 ) -> Verdict:
-    """Everything wrong with one answer: its structure, its rebuilt length, whether it parses
-    back, and whether its rebuild equals the server's ids where it has them."""
+    """Everything wrong with one answer: its structure, its rebuilt length (completion and
+    prompt, each on its own), whether the rebuild holds every part of the answer and parses
+    back, and whether it equals the server's ids where it has them."""
     if isinstance(sample, ReconstructError):
         return Verdict(["reconstruct_error"])
     problems = structure(row, target.family.markers, checks)
     if abs(sample.completion_diff) > checks.max_sample_diff:
         problems.append("length_off_billed")
+    if row.prompt_tokens and abs(sample.prompt_diff) > checks.max_sample_diff:
+        problems.append("prompt_off_billed")
+    if sample.lost is not None:
+        problems.append("rebuild_loses_text")
     diff = reparse(row, sample, target)
     if diff is not None:
         problems.append("reparse_mismatch")
     oracle = oracle_difference(sample, target) if row.finish_reason != "length" else None
     if oracle is not None:
         problems.append("rebuild_differs_from_server")
-    return Verdict(problems, diff, oracle)
+    return Verdict(problems, diff or sample.lost, oracle, sample.source == "exact")
 
 
 def rebuilt(

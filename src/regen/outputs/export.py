@@ -357,6 +357,8 @@ def tokenized_record(
     when there are none."""
     if isinstance(sample, ReconstructError):
         return "reconstruct_error"
+    if sample is not None and sample.source != "exact" and sample.lost is not None:
+        return "rebuild_loses_text"  # the self-check: these ids are not the answer's
     if sample is None:  # no target: only exact ids can be written
         if row.prompt_token_ids is None or row.completion_token_ids is None:
             raise StateError(

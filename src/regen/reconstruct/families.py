@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
 from regen.errors import ConfigError
@@ -108,43 +110,6 @@ def kimi_k2(a: Answer) -> str:
     return _end(a, think + a.content + _kimi_section(a.calls, a.calls_before), "<|im_end|>")
 
 
-# ChatML, Qwen3 -----------------------------------------------------------------------------
-
-
-def _hermes_calls(body: str, calls: Sequence[Call]) -> str:
-    """Hermes tool calls after `body` (the text before them). As Qwen's templates write them:
-    a newline before a call only after text or another call, so a call-only answer starts
-    with `<tool_call>`. A body that ends in a newline already has it (vLLM's parser returns
-    the text before `<tool_call>` as it is, separator included)."""
-    out = ""
-    for i, c in enumerate(calls):
-        name, args = call_parts(c)
-        sep = "\n" if i or (body and not body.endswith("\n")) else ""
-        out += f'{sep}<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>'
-    return out
-
-
-def qwen3(a: Answer) -> str:
-    """Thinking on: `<think>\\n{reasoning}\\n</think>\\n\\n{content}`, as the template writes
-    it; fields a server returned verbatim (vLLM: reasoning `\\nR\\n`, content `\\n\\nC`) keep
-    their own newlines, stripped ones get the template's. Thinking off, the prompt pre-filled
-    `<think>\\n\\n</think>\\n\\n`. Calls in Hermes form."""
-    if not a.thinking or a.prefill == "<think>\n\n</think>\n\n":
-        return _end(a, a.content + _hermes_calls(a.content, a.calls), "<|im_end|>")
-    r = a.reasoning
-    head = "" if r.startswith("\n") else "\n"
-    if a.cut_in_reasoning:
-        return _after(a, f"<think>{head}{r}")
-    tail = "" if r.endswith("\n") else "\n"
-    body = a.content if a.content.startswith("\n") else "\n\n" + a.content
-    text = f"<think>{head}{r}{tail}</think>{body}{_hermes_calls(body, a.calls)}"
-    return _after(a, _end(a, text, "<|im_end|>"))
-
-
-def chatml(a: Answer) -> str:
-    return _end(a, a.content + _hermes_calls(a.content, a.calls), "<|im_end|>")
-
-
 # DeepSeek ----------------------------------------------------------------------------------
 
 DS_EOS = "<｜end▁of▁sentence｜>"
@@ -207,41 +172,6 @@ def deepseek_v31(a: Answer) -> str:
     return _end(a, f"{a.reasoning}</think>{tail}", DS_EOS)
 
 
-# GLM-4.5 -----------------------------------------------------------------------------------
-
-
-def _glm_calls(calls: Sequence[Call]) -> str:
-    out = ""
-    for c in calls:
-        name, args = call_parts(c)
-        try:
-            obj = json.loads(args)
-        except json.JSONDecodeError:
-            obj = None
-        out += f"\n<tool_call>{name}\n"
-        if isinstance(obj, dict):
-            for k, v in obj.items():
-                value = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
-                out += f"<arg_key>{k}</arg_key>\n<arg_value>{value}</arg_value>\n"
-        out += "</tool_call>"
-    return out
-
-
-def glm45(a: Answer) -> str:
-    """The prompt ends at `<|assistant|>` (plus `\\n<think></think>` with thinking off). The
-    model stops on `<|observation|>` after tool calls and on `<|user|>` otherwise; arguments
-    are written key by key, so they are rebuilt from the parsed object."""
-    text = ""
-    if a.thinking:
-        if a.cut_in_reasoning:
-            return f"\n<think>{a.reasoning}"
-        text = f"\n<think>{a.reasoning.strip()}</think>"
-    if a.content.strip():  # the template strips both, and vLLM's parser hands back `\nC\n`
-        text += "\n" + a.content.strip()
-    text += _glm_calls(a.calls)
-    return _end(a, text, "<|observation|>" if a.calls else "<|user|>")
-
-
 # gpt-oss (harmony) -------------------------------------------------------------------------
 
 
@@ -269,57 +199,100 @@ def gpt_oss(a: Answer) -> str:
 
 # The families -------------------------------------------------------------------------------
 
+GRAMMARS: dict[str, Callable[[Answer], str]] = {
+    "kimi_k25": kimi_k25,
+    "kimi_k2": kimi_k2,
+    "deepseek_v3": deepseek_v3,
+    "deepseek_r1": deepseek_r1,
+    "deepseek_v31": deepseek_v31,
+    "gpt_oss": gpt_oss,
+}
+"""The hand-written layouts a family may name (`grammar` in families.toml)."""
+
 
 @dataclass(frozen=True)
 class Family:
+    """A model family: its rules as data (families.toml, where each field is described)."""
+
     name: str
-    layout: Callable[[Answer], str]
-    thinking_kwarg: str | None
-    """The chat template's switch for thinking, set from the job's reasoning setting."""
-    markers: tuple[str, ...]
-    """Control text that must never appear in parsed content or reasoning."""
+    layout: Callable[[Answer], str] | None
+    """The hand-written layout, or None: the chat template writes the answer."""
+    thinking_kwarg: str | None = None
+    markers: tuple[str, ...] = ()
     reasoning_key: str = "reasoning_content"
-    """Where the chat template reads a history turn's reasoning."""
     prefills: tuple[str, ...] = ()
-    """What the family's generation prompts may pre-fill of an answer, longest first."""
+    stop: tuple[str, ...] = ()
+    append_stop: str = ""
+    append_stop_after_calls: str = ""
+    arguments: str = "object"
+    syntax: str = "none"
+    think: tuple[str, str] = ("<think>", "</think>")
+    detect: tuple[str, ...] = ()
+    verified: str = ""
+    assumed: str = ""
+    why_grammar: str = ""
+    auto_without_thinking: str = ""
+    reads: tuple[str, ...] = ()
+
+    @property
+    def from_template(self) -> bool:
+        return self.layout is None
+
+    def appended_stop(self, calls: bool) -> str:
+        """The end token the model emits that the template does not write ("" if it does)."""
+        return (self.append_stop_after_calls if calls else "") or self.append_stop
 
 
-_KIMI = (
-    "<think>",
-    "</think>",
-    "<|im_end|>",
-    "<|tool_calls_section_begin|>",
-    "<|tool_call_begin|>",
-)
-_QWEN = ("<think>", "</think>", "<|im_end|>", "<tool_call>", "</tool_call>")
-_DS = ("<think>", "</think>", DS_EOS, "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>")
-_GLM = ("<think>", "</think>", "<tool_call>", "<arg_key>", "<|observation|>", "<|user|>")
-_HARMONY = ("<|channel|>", "<|message|>", "<|end|>", "<|start|>", "<|call|>", "<|return|>")
+_FIELDS = {
+    "grammar", "why_grammar", "thinking_kwarg", "markers", "reasoning_key", "prefills", "stop",
+    "append_stop", "append_stop_after_calls", "arguments", "syntax", "think", "detect",
+    "verified", "assumed", "auto_without_thinking", "reads",
+}  # fmt: skip
 
-FAMILIES: dict[str, Family] = {
-    f.name: f
-    for f in (
-        Family("kimi-k2.5", kimi_k25, "thinking", _KIMI, prefills=("<think></think>", "<think>")),
-        Family("kimi-k2", kimi_k2, None, _KIMI),
-        Family(
-            "qwen3",
-            qwen3,
-            "enable_thinking",
-            _QWEN,
-            prefills=("<think>\n\n</think>\n\n", "<think>\n"),
-        ),
-        Family("deepseek-v3", deepseek_v3, None, _DS),
-        Family("deepseek-r1", deepseek_r1, None, _DS, prefills=("<think>\n",)),
-        Family("deepseek-v3.1", deepseek_v31, "thinking", _DS, prefills=("<think>", "</think>")),
-        Family("glm-4.5", glm45, "enable_thinking", _GLM),
-        Family("gpt-oss", gpt_oss, None, _HARMONY, reasoning_key="thinking"),
-        Family("chatml", chatml, None, ("<|im_start|>", "<|im_end|>")),
+
+def _family(name: str, data: dict[str, Any]) -> Family:
+    unknown = set(data) - _FIELDS
+    if unknown:
+        raise ValueError(f"families.toml [{name}]: unknown keys {sorted(unknown)}")
+    if data.get("arguments", "object") not in ("object", "string"):
+        raise ValueError(f"families.toml [{name}]: arguments must be object or string")
+    grammar = data.pop("grammar", None)
+    tuples = {k: tuple(v) for k, v in data.items() if isinstance(v, list)}
+    return Family(
+        name=name,
+        layout=GRAMMARS[grammar] if grammar else None,
+        **{**data, **tuples},
     )
-}
+
+
+def _load() -> dict[str, Family]:
+    text = resources.files("regen.reconstruct").joinpath("families.toml").read_text("utf-8")
+    return {name: _family(name, dict(d)) for name, d in tomllib.loads(text).items()}
+
+
+FAMILIES: dict[str, Family] = _load()
+
+AUTO = "auto"
+"""`family = "auto"`: the family whose `detect` text the chat template holds."""
 
 
 def family(name: str) -> Family:
     f = FAMILIES.get(name)
     if f is None:
-        raise ConfigError(f"unknown template family {name!r} (allowed: {', '.join(FAMILIES)})")
+        raise ConfigError(
+            f"unknown template family {name!r} (allowed: auto, {', '.join(FAMILIES)}; "
+            "`regen families` lists them)"
+        )
     return f
+
+
+def detect(template: str, thinking: bool = True) -> Family:
+    """The family a chat template is (the first whose `detect` text it all holds), or the
+    generic `template` family. Two families that share a template (DeepSeek-V3's is R1's)
+    are told apart by whether the job asked for reasoning (`auto_without_thinking`)."""
+    for f in FAMILIES.values():
+        if f.detect and all(d in template for d in f.detect):
+            if f.auto_without_thinking and not thinking:
+                return FAMILIES[f.auto_without_thinking]
+            return f
+    return FAMILIES["template"]

@@ -21,8 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from regen.errors import ConfigError
-from regen.reconstruct.families import Answer, Family, family
+from regen.reconstruct.check import lost
+from regen.reconstruct.families import AUTO, FAMILIES, Answer, Family, detect, family
 from regen.reconstruct.kimi_ts import sorted_keys, tools_typescript
+from regen.reconstruct.rendered import ReconstructError, rendered_completion
+
+__all__ = ["ReconstructError", "Sample", "Target", "TargetSpec", "sim_template", "spec_from_store"]
 from regen.state.answers import ExportRow, unpack_ids
 
 
@@ -40,6 +44,9 @@ class TargetSpec:
     thinking: bool = True
     """Whether the requests asked for reasoning (from `[generation] reasoning`)."""
     trust_remote_code: bool = False
+    stop: str | None = None
+    """The token the model ends its turn with, for a template family whose template writes
+    several or none (default: the family's, else the tokenizer's end tokens)."""
 
 
 @cache
@@ -96,6 +103,9 @@ class Sample:
     rebuilt_completion_ids: list[int] | None = None
     """Where the ids are the server's: the same answer rebuilt from its text (template and
     grammar), to compare with them (None where the server gave no ids, or it failed)."""
+    lost: str | None = None
+    """The self-check (check.py): the first part of the stored answer its rebuilt completion
+    does not hold, or None. A sample that fails it is not exported as exact."""
 
     @property
     def input_ids(self) -> list[int]:
@@ -111,7 +121,12 @@ class Target:
 
     def __init__(self, spec: TargetSpec) -> None:
         self.spec = spec
-        self.family: Family = family(spec.family)
+        if spec.family == AUTO and spec.tokenizer == "sim":
+            raise ConfigError(
+                'family = "auto" reads the model\'s chat template: give tokenizer (a folder, a '
+                "tokenizer.json or a hub id) or chat_template, or name the family"
+            )
+        self.family: Family = family(spec.family) if spec.family != AUTO else FAMILIES["template"]
         self.tok = _hf_tokenizer(spec.tokenizer, spec.trust_remote_code)
         template: str | None
         if spec.chat_template:
@@ -131,8 +146,20 @@ class Target:
                 "--chat-template FILE (or chat_template in [reconstruct])"
             )
         self.template: str = template
+        self.notes: list[str] = []
+        """What the family rests on, said once at the start of an audit, export or run."""
+        if spec.family == AUTO:
+            self.family = detect(template, spec.thinking)
+            self.notes.append(f"family auto: {self.family.name}, from its chat template")
+        if self.family.name == "template":
+            self.notes.append(
+                "family template: checked on every answer by the self-check (the finished "
+                "render extends the prompt, nothing of the answer is lost, the count matches the "
+                f"bill); assumed: {' '.join(self.family.assumed.split())}"
+            )
         self.kwargs = self._template_kwargs()
         self.warnings: list[str] = self._unset_variables()
+        self.stops: tuple[str, ...] = self._stops()
         backend = getattr(self.tok, "backend_tokenizer", None) if self.tok.is_fast else None
         self._backend = backend
 
@@ -148,6 +175,32 @@ class Target:
             kwargs[self.family.thinking_kwarg] = self.spec.thinking
         kwargs.update(self.spec.template_kwargs)
         return kwargs
+
+    def _stops(self) -> tuple[str, ...]:
+        """The end tokens the model may emit, for a family the template writes: the job's
+        `stop`, else the family's, else the tokenizer's eos_token and those of the model's
+        generation_config.json beside it."""
+        if self.spec.stop:
+            return (self.spec.stop,)
+        if self.family.stop:
+            return self.family.stop
+        found: list[str] = []
+        eos = getattr(self.tok, "eos_token", None)
+        if isinstance(eos, str) and eos:
+            found.append(eos)
+        folder = Path(self.spec.tokenizer).expanduser()
+        config = (folder if folder.is_dir() else folder.parent) / "generation_config.json"
+        if self.spec.tokenizer != "sim" and config.is_file():
+            try:
+                ids = json.loads(config.read_text("utf-8")).get("eos_token_id")
+            except (OSError, ValueError):
+                ids = None
+            for i in ids if isinstance(ids, list) else [ids]:
+                if isinstance(i, int):
+                    token = self.tok.convert_ids_to_tokens(i)
+                    if isinstance(token, str) and token not in found:
+                        found.append(token)
+        return tuple(found)
 
     def _unset_variables(self) -> list[str]:
         """What the chat template reads that nothing here sets: a variable the model's own
@@ -171,7 +224,7 @@ class Target:
             raise ConfigError(f"chat template of {self.spec.tokenizer!r}: {exc}") from exc
         special = {k: v for k, v in self.tok.special_tokens_map.items() if v is not None}
         known = set(_RENDER_VARIABLES) | set(self.kwargs) | set(special)
-        known |= _OPTIONAL_KWARGS.get(self.family.name, frozenset())
+        known |= set(self.family.reads)
         if self.family.name == "kimi-k2.5":
             known.add("tools_ts_str")
         missing = sorted(names - known)
@@ -227,6 +280,18 @@ class Target:
         a template that cannot take them parsed (DeepSeek-V3's joins them as text) gets the
         text, the only form a server could have rendered it with. `when` (the answer's time)
         is the date a template asks `strftime_now` for (gpt-oss's `Current date:`)."""
+        return self._rendered(messages, tools, when, generation=True)[0]
+
+    def _rendered(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[Any] | None,
+        when: float | None,
+        generation: bool,
+        parse: bool | None = None,
+    ) -> tuple[str, bool]:
+        """The render, and whether the arguments went parsed (`parse`: as given; None: the
+        family's rule, or parsed then text for a template that concatenates them)."""
         kwargs = dict(self.kwargs)
         template = self.template
         if when is not None and "strftime_now" in template:
@@ -237,14 +302,20 @@ class Target:
                 ts = tools_typescript(tools)
                 if ts is not None:  # else the template writes JSON, as Kimi's code leaves it
                     kwargs["tools_ts_str"] = ts
+        if parse is None and self.family.arguments == "string":
+            parse = False
         try:
+            if parse is not None:
+                return self._render(template, messages, tools, kwargs, parse, generation), parse
             try:
-                return self._render(template, messages, tools, kwargs, parse_arguments=True)
+                return self._render(template, messages, tools, kwargs, True, generation), True
             except TypeError:  # a template that concatenates arguments as text
-                return self._render(template, messages, tools, kwargs, parse_arguments=False)
+                return self._render(template, messages, tools, kwargs, False, generation), False
         except Exception as exc:  # a template's raise_exception, or a Jinja error
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise ReconstructError(f"chat template: {first}") from exc
+            role = messages[-1].get("role") if messages and not generation else None
+            what = f" the finished {role} turn" if role else ""
+            raise ReconstructError(f"chat template cannot render{what}: {first}") from exc
 
     def _render(
         self,
@@ -253,19 +324,38 @@ class Target:
         tools: list[Any] | None,
         kwargs: dict[str, Any],
         parse_arguments: bool,
+        generation: bool = True,
     ) -> str:
         text = self.tok.apply_chat_template(
             [self._message(m, parse_arguments) for m in messages],
             tools=tools or None,
             chat_template=template,
-            add_generation_prompt=True,
+            add_generation_prompt=generation,
             tokenize=False,
             **kwargs,
         )
         return str(text)
 
-    def completion_text(self, row: ExportRow, prefill: str = "") -> str:
-        return self.family.layout(self.answer(row, prefill))
+    def completion_text(self, row: ExportRow, prompt: str, prefill: str = "") -> str:
+        """What the model wrote after `prompt` (the rendered prompt): the family's
+        hand-written layout, or the template's own render of the finished answer."""
+        a = self.answer(row, prefill)
+        if self.family.layout is not None:
+            return self.family.layout(a)
+        history = row.history()
+        when = row.created_at or None
+        tools = row.conversation.get("tools")
+        parse = self._rendered(history, tools, when, generation=True)[1]
+        # A server's parsers hand back reasoning and content with the separators around them
+        # that the template writes itself (vLLM: `R\n`, `\n\nC\n` before a call): they go to
+        # the template stripped, and it writes its own.
+        message: dict[str, Any] = {"role": "assistant", "content": a.content.strip()}
+        if a.reasoning.strip():
+            message["reasoning"] = a.reasoning.strip()
+        if a.calls:
+            message["tool_calls"] = list(a.calls)
+        full = self._rendered([*history, message], tools, when, generation=False, parse=parse)[0]
+        return rendered_completion(self.family, prompt, full, a, self.stops)
 
     def answer(self, row: ExportRow, prefill: str = "") -> Answer:
         return Answer(
@@ -301,16 +391,18 @@ class Target:
                 tools = row.conversation.get("tools")
                 prompt = self.prompt_text(row.history(), tools, row.created_at or None)
                 prefill = self.prefill(prompt)
+                text = self.completion_text(row, prompt, prefill)
+                missing = lost(self.answer(row, prefill), text)
                 at = len(texts)
-                texts += [prompt, self.completion_text(row, prefill)]
+                texts += [prompt, text]
             except ReconstructError as exc:
                 if exact_p is None or exact_c is None:
                     plan.append(ReconstructError(f"{row.item_id}: {exc}"))
                     continue
-                at, prefill = -1, ""  # the server's ids stand; no rebuild to compare
+                at, prefill, missing = -1, "", None  # the server's ids stand; no rebuild
             if exact_p is not None and self.family.prefills:
                 prefill = self.prefill(self.decode(exact_p[-8:]))
-            plan.append(_Plan(row, exact_p, exact_c, prefill, at))
+            plan.append(_Plan(row, exact_p, exact_c, prefill, at, missing))
         encoded = self.encode_batch(texts)
         out: list[Sample | ReconstructError] = []
         for p in plan:
@@ -335,6 +427,7 @@ class Target:
                     prefill=p.prefill,
                     rebuilt_prompt_ids=rebuilt_p if p.exact_prompt is not None else None,
                     rebuilt_completion_ids=rebuilt_c if p.exact_completion is not None else None,
+                    lost=p.lost,
                 )
             )
         return out
@@ -349,6 +442,7 @@ class _Plan:
     exact_completion: list[int] | None
     prefill: str
     at: int
+    lost: str | None
 
 
 def _generation_tag() -> type:
@@ -400,18 +494,6 @@ _RENDER_VARIABLES = frozenset(
         "strftime_now", "namespace", "range", "dict", "lipsum", "cycler", "joiner",
     }
 )  # fmt: skip
-_OPTIONAL_KWARGS: dict[str, frozenset[str]] = {
-    # switches the published templates read with a default of their own
-    "qwen3": frozenset({"enable_thinking"}),
-    "glm-4.5": frozenset({"enable_thinking"}),
-    "kimi-k2.5": frozenset({"thinking"}),
-    "deepseek-v3.1": frozenset({"thinking"}),
-    "gpt-oss": frozenset({"reasoning_effort", "builtin_tools", "model_identity"}),
-}
-
-
-class ReconstructError(Exception):
-    """One answer's ids cannot be built (its prompt does not render)."""
 
 
 def spec_from_store(
@@ -441,9 +523,10 @@ def spec_from_store(
         raise ConfigError("template_kwargs must be a JSON object")
     kwargs = {**(server_kwargs or {}), **kwargs}
     effort = reasoning.get("effort")
-    if base["family"] == "gpt-oss" and effort and "reasoning_effort" not in kwargs:
+    name = str(base["family"])
+    if name == "gpt-oss" and effort and "reasoning_effort" not in kwargs:
         kwargs = {**kwargs, "reasoning_effort": reasoning["effort"]}
-    switch = family(str(base["family"])).thinking_kwarg
+    switch = family(name).thinking_kwarg if name != AUTO else None
     if switch and switch in kwargs:  # the template's own switch, set by hand, decides
         thinking = bool(kwargs[switch])
     return TargetSpec(
@@ -453,4 +536,5 @@ def spec_from_store(
         template_kwargs=kwargs,
         thinking=thinking,
         trust_remote_code=bool(base.get("trust_remote_code")),
+        stop=base.get("stop") or None,
     )

@@ -123,6 +123,8 @@ class LiveAuditTask:
             self.off = True
             self._say(f"live audit off: {one_line(exc)}")
             return
+        for note in self.live.target.notes:
+            self._say(f"note: {note}")
         for warning in self.live.target.warnings:
             self._say(f"warning: {warning}")
 

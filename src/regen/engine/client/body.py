@@ -49,7 +49,7 @@ def chat_body(
             body["reasoning"] = gen.reasoning
     if endpoint.dialect == "openrouter" and endpoint.provider is not None:
         body["provider"] = endpoint.provider
-    if endpoint.token_ids:
+    if endpoint.asks_token_ids(stream):
         body["return_token_ids"] = True
         if endpoint.dialect == "sglang":
             body["return_prompt_token_ids"] = True

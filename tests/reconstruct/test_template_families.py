@@ -1,0 +1,402 @@
+"""The families the chat template writes (families.toml without `grammar`), against their
+published templates (templates/, SOURCES.md), never against regen.
+
+For every family, every turn of corpus.py plus answers cut at max_tokens, thinking on and off
+where the template has the switch:
+- the prompt regen renders equals the published template rendered as a server renders it
+  (render.py, a Jinja environment of the test's own), with ids from a real vocabulary where
+  one is on PyPI;
+- the completion equals what the model writes: the template's render of the answer after the
+  generation prompt, ended by the model's stop token (its generation config's), in both forms
+  a server stores an answer in (vLLM's verbatim fields, a provider's stripped ones), and for
+  one answer per family a string written here by hand from the model's output format (so the
+  oracle itself is pinned);
+- every sample passes the self-check and parses back to the stored answer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from regen.outputs.audit import Checks, reparse, sample_problems
+from regen.reconstruct import Target, TargetSpec
+from regen.reconstruct.check import lost
+from regen.state.answers import ExportRow
+from tests.reconstruct import vocab
+from tests.reconstruct.corpus import CASES, PARIS, USER, WEATHER, Case, call
+from tests.reconstruct.render import render
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+
+@dataclass(frozen=True)
+class Model:
+    family: str
+    switch: str | None
+    always_thinks: bool
+    stop: str
+    """The token the model ends a turn with (its generation config's eos ids)."""
+    stop_after_calls: str = ""
+    rendered_stop: bool = True
+    """Whether the template writes the stop token after a finished turn."""
+    think: tuple[str, str] = ("<think>", "</think>")
+    call_marker: str = "<tool_call>"
+    vocab: str | None = None
+
+
+MODELS = [
+    # GLM-4.7: eos ids 151329 <|endoftext|>, 151336 <|user|>, 151338 <|observation|>; the
+    # template writes none of them after an assistant turn.
+    Model("glm-4.7", "enable_thinking", False, "<|user|>", "<|observation|>", False),
+    # MiniMax-M2: eos 200020 `[e~[`, which its template writes after each turn.
+    Model("minimax-m2", None, True, "[e~[", call_marker="<minimax:tool_call>"),
+    Model("qwen3-coder", None, False, "<|im_end|>", vocab="qwen"),
+    Model("qwen3.5", "enable_thinking", False, "<|im_end|>"),
+    Model(
+        "kimi-k3",
+        "thinking",
+        False,
+        "<|end_of_msg|>",
+        think=("<|open|>think<|sep|>", "<|close|>think<|sep|>"),
+        call_marker="<|open|>tools<|sep|>",
+    ),
+]
+BY_NAME = {m.family: m for m in MODELS}
+
+
+def thinking_modes(m: Model) -> tuple[bool, ...]:
+    if m.switch:
+        return (True, False)
+    return (m.always_thinks,)
+
+
+CUT = [
+    Case("cut_in_reasoning", [USER], "The user wants the weather; I will", "", [], [WEATHER]),
+    Case(
+        "cut_in_content",
+        [{"role": "user", "content": "Tell me a story."}],
+        "A short one.",
+        "Once upon a time there was",
+    ),
+]
+
+
+def _params() -> list[Any]:
+    return [
+        pytest.param(
+            m, thinking, case, id=f"{m.family}-{'think' if thinking else 'plain'}-{case.name}"
+        )
+        for m in MODELS
+        for thinking in thinking_modes(m)
+        for case in [*CASES, *CUT]
+        if thinking or case.name != "cut_in_reasoning"  # no reasoning to be cut in
+    ]
+
+
+# The oracle's side ----------------------------------------------------------------------
+
+
+def oracle_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for msg in messages:
+        msg = dict(msg)
+        if "reasoning" in msg:
+            msg["reasoning_content"] = msg.pop("reasoning")
+        out.append(msg)
+    return out
+
+
+def kwargs_for(m: Model, thinking: bool) -> dict[str, Any]:
+    return {m.switch: thinking} if m.switch else {}
+
+
+def oracle_prompt(m: Model, case: Case, thinking: bool) -> str:
+    return render(
+        m.family,
+        oracle_messages(case.history),
+        tools=case.tools,
+        add_generation_prompt=True,
+        **kwargs_for(m, thinking),
+    )
+
+
+def model_answer(m: Model, case: Case, thinking: bool) -> Case:
+    """The answer as the model wrote it: no reasoning with thinking off."""
+    return case if thinking else replace(case, reasoning="")
+
+
+def is_cut(case: Case) -> bool:
+    return case.name.startswith("cut_")
+
+
+def shows(m: Model, case: Case, thinking: bool) -> bool:
+    """Whether the template can show this answer after its prompt."""
+    return not (m.always_thinks and not case.reasoning)
+
+
+def expected_completion(m: Model, case: Case, thinking: bool) -> str:
+    """What the model wrote after the prompt: the template's render of the answer after the
+    generation prompt, up to the model's stop token (appended where the template writes
+    none); an answer cut at max_tokens ends where its text ends."""
+    a = model_answer(m, case, thinking)
+    prompt = oracle_prompt(m, case, thinking)
+    full = render(
+        m.family,
+        oracle_messages([*case.history, a.answer]),
+        tools=case.tools,
+        add_generation_prompt=False,
+        **kwargs_for(m, thinking),
+    )
+    if not a.reasoning and not full.startswith(prompt) and prompt.endswith(m.think[0]):
+        # No reasoning after a pre-filled opening: the model closes it at once, which the
+        # template writes as the turn's closed form (GLM: `</think>C`).
+        prompt = prompt.removesuffix(m.think[0])
+        assert full[len(prompt) :].startswith(m.think[1]), full
+    assert full.startswith(prompt), (prompt, full)
+    tail = full[len(prompt) :]
+    if is_cut(case):
+        last = a.content or a.reasoning
+        return tail[: tail.rindex(last) + len(last)]
+    if not m.rendered_stop:
+        return tail + (m.stop_after_calls if a.calls and m.stop_after_calls else m.stop)
+    return tail[: tail.index(m.stop) + len(m.stop)]
+
+
+def vllm_fields(m: Model, completion: str, thinking: bool) -> tuple[str, str]:
+    """(reasoning, content) as vLLM's reasoning and tool parsers split the model's text,
+    nothing stripped: reasoning up to the closing think tag (the opening one may have been
+    pre-filled; a text cut before the closing tag is all reasoning), content up to the first
+    call."""
+    text = completion
+    if thinking and m.think[1] not in text:
+        head = text.removeprefix(m.think[0])
+        if not any(marker in head for marker in ("<|open|>response", m.stop)):
+            return head, ""
+    for stop in (m.stop, m.stop_after_calls):
+        if stop:
+            text = text.removesuffix(stop)
+    reasoning = ""
+    opening, closing = m.think
+    if closing in text:
+        reasoning, _, text = text.partition(closing)
+        reasoning = reasoning.removeprefix(opening)
+    text = text.partition(m.call_marker)[0]
+    if m.family == "kimi-k3":  # the response channel's text
+        text = text.removeprefix("<|open|>response<|sep|>").partition("<|close|>response")[0]
+    return reasoning, text
+
+
+# regen's side ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return {"qwen": str(vocab.qwen_folder(tmp_path_factory.mktemp("vocab") / "qwen")), "sim": "sim"}
+
+
+def target(m: Model, thinking: bool, folders: dict[str, str], **rules: Any) -> Target:
+    spec = TargetSpec(
+        family=m.family,
+        tokenizer=folders[m.vocab or "sim"],
+        chat_template=str(TEMPLATES / f"{m.family}.jinja"),
+        thinking=thinking,
+        template_kwargs={m.switch: thinking} if m.switch else {},
+        **rules,
+    )
+    return Target(spec)
+
+
+def stored_row(case: Case, reasoning: str, content: str) -> ExportRow:
+    return ExportRow(
+        item_id=f"it-{case.name}",
+        turn_index=len(case.history),
+        conversation={"messages": [*case.history, case.answer], "tools": case.tools},
+        content=content,
+        reasoning=reasoning or None,
+        tool_calls=case.calls,
+        finish_reason="length" if is_cut(case) else "tool_calls" if case.calls else "stop",
+    )
+
+
+@pytest.mark.parametrize(("m", "thinking", "case"), _params())
+def test_prompt_is_the_published_templates(
+    m: Model, thinking: bool, case: Case, folders: dict[str, str]
+) -> None:
+    t = target(m, thinking, folders)
+    assert t.family.name == m.family and t.family.from_template
+    expected = oracle_prompt(m, case, thinking)
+    assert t.prompt_text(case.history, case.tools) == expected
+    if m.vocab:
+        [ids] = t.encode_batch([expected])
+        assert ids == vocab.qwen_oracle()(expected)
+
+
+@pytest.mark.parametrize(("m", "thinking", "case"), _params())
+@pytest.mark.parametrize("form", ["verbatim", "stripped"])
+def test_completion_is_what_the_model_writes(
+    m: Model, thinking: bool, case: Case, form: str, folders: dict[str, str]
+) -> None:
+    t = target(m, thinking, folders)
+    a = model_answer(m, case, thinking)
+    if not shows(m, case, thinking):
+        # MiniMax-M2 always reasons: its template writes an answer without reasoning with no
+        # think block, which cannot follow the prompt's `<think>\n`. regen refuses it.
+        [sample] = t.samples([stored_row(a, "", a.content)])
+        assert isinstance(sample, Exception) and "does not extend its prompt" in str(sample)
+        return
+    expected = expected_completion(m, case, thinking)
+    reasoning, content = vllm_fields(m, expected, thinking)
+    if form == "stripped":
+        reasoning, content = reasoning.strip(), content.strip()
+    row = stored_row(a, reasoning, content)
+    [sample] = t.samples([row])
+    assert not isinstance(sample, Exception), sample
+    assert t.decode(sample.completion_ids) == expected
+    if m.vocab:
+        assert sample.completion_ids == vocab.qwen_oracle()(expected)
+    assert sample.lost is None, sample.lost
+    # Billed as the model's own tokenizer counts the expected texts.
+    [p_ids, c_ids] = t.encode_batch([oracle_prompt(m, case, thinking), expected])
+    billed = replace(row, completion_tokens=len(c_ids), prompt_tokens=len(p_ids))
+    [sample] = t.samples([billed])
+    assert not isinstance(sample, Exception), sample
+    assert reparse(billed, sample, t) is None
+    assert sample_problems(billed, sample, t, Checks()).problems == []
+
+
+# The oracle pinned: one answer per family, written by hand from the model's output format.
+
+GOLDEN = {
+    "glm-4.7": (
+        "content_then_calls",
+        "I should look it up.</think>Let me check the weather.<tool_call>get_weather"
+        "<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>unit</arg_key>"
+        "<arg_value>c</arg_value></tool_call><|observation|>",
+    ),
+    "minimax-m2": (
+        "content_then_calls",
+        "I should look it up.\n</think>\n\nLet me check the weather.\n<minimax:tool_call>\n"
+        '<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n'
+        '<parameter name="unit">c</parameter>\n</invoke>\n</minimax:tool_call>[e~[',
+    ),
+    "qwen3-coder": (
+        "parallel_calls",
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nTokyo\n</parameter>\n"
+        "</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n<parameter=tz>\n"
+        "Asia/Tokyo\n</parameter>\n</function>\n</tool_call><|im_end|>",
+    ),
+    "qwen3.5": (
+        "content_then_calls",
+        "I should look it up.\n</think>\n\nLet me check the weather.\n\n<tool_call>\n"
+        "<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=unit>\nc\n"
+        "</parameter>\n</function>\n</tool_call><|im_end|>",
+    ),
+    "kimi-k3": (
+        "reasoning",
+        "17 * 23 = 17 * 20 + 17 * 3 = 340 + 51 = 391.<|close|>think<|sep|><|open|>response<|sep|>"
+        "17 × 23 = **391**.<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN))
+def test_the_oracle_is_the_models_output_format(name: str) -> None:
+    m = BY_NAME[name]
+    case_name, text = GOLDEN[name]
+    [case] = [c for c in CASES if c.name == case_name]
+    assert expected_completion(m, case, thinking=m.always_thinks or bool(m.switch)) == text
+
+
+# Deliberately wrong rules are caught -----------------------------------------------------
+
+
+def _calls_row() -> ExportRow:
+    return ExportRow(
+        item_id="calls",
+        turn_index=1,
+        conversation={"messages": [USER, {"role": "assistant", "content": ""}], "tools": [WEATHER]},
+        content="\n\nLet me check.\n\n",  # as vLLM returns it between `</think>` and a call
+        reasoning="Need the tool.\n",
+        tool_calls=[call("call_1", "get_weather", PARIS)],
+        finish_reason="tool_calls",
+    )
+
+
+def test_a_missing_stop_token_is_refused(folders: dict[str, str]) -> None:
+    """GLM-4.7's template writes no stop token: without the family's rule there is none to
+    end the turn with, and the answer is refused, not exported a token short."""
+    m = BY_NAME["glm-4.7"]
+    t = target(m, True, folders)
+    wrong = replace(t.family, append_stop="", append_stop_after_calls="")
+    t.family = wrong
+    [sample] = t.samples([_calls_row()])
+    assert isinstance(sample, Exception)
+    assert "writes none of the end tokens" in str(sample) and "[reconstruct] stop" in str(sample)
+
+
+def test_string_arguments_where_objects_are_rendered_are_refused(
+    folders: dict[str, str],
+) -> None:
+    for name in ("glm-4.7", "qwen3.5", "minimax-m2"):
+        t = target(BY_NAME[name], True, folders)
+        t.family = replace(t.family, arguments="string")
+        [sample] = t.samples([_calls_row()])
+        assert isinstance(sample, Exception), name
+        assert "cannot render" in str(sample), (name, sample)
+
+
+def test_one_newline_too_many_is_caught(folders: dict[str, str], tmp_path: Path) -> None:
+    """A template (or rule) that writes `</think>\\n\\n\\n` where the model writes two: the
+    stored verbatim content (`\\n\\nC`) does not parse back."""
+    m = BY_NAME["qwen3.5"]
+    text = (TEMPLATES / "qwen3.5.jinja").read_text("utf-8")
+    edited = tmp_path / "edited.jinja"
+    two, three = "'\\n</think>\\n\\n' + content", "'\\n</think>\\n\\n\\n' + content"
+    assert two in text
+    edited.write_text(text.replace(two, three))
+    good = target(m, True, folders)
+    bad = Target(replace(good.spec, chat_template=str(edited)))
+    row = _calls_row()
+    [g] = good.samples([row])
+    [b] = bad.samples([row])
+    assert not isinstance(g, Exception) and not isinstance(b, Exception)
+    assert reparse(row, g, good) is None
+    diff = reparse(row, b, bad)
+    assert diff is not None and diff.startswith("content differs"), diff
+
+
+def test_a_template_that_drops_the_answers_text_is_caught(
+    folders: dict[str, str], tmp_path: Path
+) -> None:
+    """A template that leaves an argument's value out (or any part of the answer) fails the
+    self-check, and the sample is not exported as exact."""
+    text = (TEMPLATES / "glm-4.7.jinja").read_text("utf-8")
+    edited = tmp_path / "drops.jinja"
+    dropped = re.sub(r"<arg_value>\{\{.*?\}\}</arg_value>", "<arg_value></arg_value>", text)
+    assert dropped != text
+    edited.write_text(dropped)
+    t = Target(replace(target(BY_NAME["glm-4.7"], True, folders).spec, chat_template=str(edited)))
+    [sample] = t.samples([_calls_row()])
+    assert not isinstance(sample, Exception)
+    assert sample.lost is not None and "'city' value" in sample.lost, sample.lost
+    verdict = sample_problems(_calls_row(), sample, t, Checks())
+    assert "rebuild_loses_text" in verdict.problems_of_the_answer
+
+
+def test_the_self_check_needs_no_family() -> None:
+    """`lost` reads the answer and the text only."""
+    from regen.reconstruct.families import Answer
+
+    calls = [call("c", "get_weather", json.dumps({"city": "Zürich", "n": 3, "ok": True}))]
+    a = Answer("Think.", "Text.", calls, truncated=False, thinking=True)
+    good = "Think.</think>Text.<call>get_weather city=Zürich n=3 ok=true</call>"
+    assert lost(a, good) is None
+    assert lost(a, good.replace("n=3", "n=")) is not None
+    assert "reasoning" in (lost(a, good.replace("Think.", "")) or "")
+    assert lost(a, "Text.Think.<call>get_weather city=Zürich n=3 ok=true") is not None  # order
