@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from regen.reconstruct import FAMILIES, Answer, Target, TargetSpec, family
+from regen.reconstruct import FAMILIES, Target, TargetSpec
 from regen.sim import SimConfig, sim_in_thread
 from regen.sim.chat import completion_text
 from regen.sim.grammar import grammar, sim_tokenizer
@@ -29,14 +29,25 @@ CALL = {
 }
 
 
-PREFILL = {"kimi-k2.5": ("<think>", "<think></think>"), "deepseek-r1": ("<think>\n", "")}
-"""What the current generation prompts pre-fill, thinking on and off."""
-
-
 def _text(name: str, reasoning: str, content: str, calls: list, *, cut: bool = False,
           thinking: bool = True) -> str:  # fmt: skip
-    prefill = PREFILL.get(name, ("", ""))[0 if thinking else 1]
-    return family(name).layout(Answer(reasoning, content, calls, cut, thinking, prefill=prefill))
+    """The completion regen rebuilds for an answer to one user turn: through the family's
+    grammar, or its template (the simulator's copy) and the family's rules."""
+    target = Target(TargetSpec(family=name, thinking=thinking))
+    row = ExportRow(
+        item_id="x",
+        turn_index=1,
+        conversation={
+            "messages": [{"role": "user", "content": "Weather?"}, {"role": "assistant"}],
+            "tools": [TOOL_LOOP_TOOLS[0]] if calls else None,
+        },
+        content=content,
+        reasoning=reasoning or None,
+        tool_calls=calls,
+        finish_reason="length" if cut else "tool_calls" if calls else "stop",
+    )
+    prompt = target.prompt_text(row.history(), row.conversation.get("tools"))
+    return target.completion_text(row, prompt, target.prefill(prompt))
 
 
 @pytest.mark.parametrize(
@@ -48,7 +59,7 @@ def _text(name: str, reasoning: str, content: str, calls: list, *, cut: bool = F
         ("qwen3", True, "<think>\nR\n</think>\n\nA<|im_end|>"),
         ("qwen3", False, "A<|im_end|>"),
         ("deepseek-v3", True, "A<｜end▁of▁sentence｜>"),
-        ("deepseek-r1", True, "R\n</think>\n\nA<｜end▁of▁sentence｜>"),
+        ("deepseek-r1", True, "<think>\nR\n</think>\n\nA<｜end▁of▁sentence｜>"),
         ("glm-4.5", True, "\n<think>R</think>\nA<|user|>"),
         ("glm-4.5", False, "\nA<|user|>"),
         (
@@ -62,7 +73,9 @@ def _text(name: str, reasoning: str, content: str, calls: list, *, cut: bool = F
 )
 def test_each_family_decodes_to_its_layout(name: str, thinking: bool, expected: str) -> None:
     target = Target(TargetSpec(family=name, thinking=thinking))
-    text = _text(name, "R" if name != "deepseek-v3" else "", "A", [], thinking=thinking)
+    # With thinking off the model writes no reasoning (the prompt pre-filled an empty block).
+    reasoning = "R" if name != "deepseek-v3" and thinking else ""
+    text = _text(name, reasoning, "A", [], thinking=thinking)
     assert text == expected
     [ids] = target.encode_batch([text])
     assert target.decode(ids) == expected
@@ -91,7 +104,7 @@ def test_each_family_decodes_to_its_layout(name: str, thinking: bool, expected: 
         ),
         (
             "deepseek-r1",
-            "R\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather"
+            "<think>\nR\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather"
             '\n```json\n{"city": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>'
             "<｜end▁of▁sentence｜>",
         ),
@@ -111,6 +124,15 @@ def test_tool_call_sections(name: str, expected: str) -> None:
     assert _text(name, "R", "", [CALL]) == expected
     target = Target(TargetSpec(family=name))
     assert target.decode(target.encode_batch([expected])[0]) == expected
+
+
+def test_reasoning_a_template_cannot_show_is_refused() -> None:
+    """With thinking off the prompt pre-fills an empty think block: an answer that still
+    carries reasoning cannot have come after it, and is refused rather than rebuilt without."""
+    from regen.reconstruct import ReconstructError
+
+    with pytest.raises(ReconstructError, match="does not extend its prompt"):
+        _text("qwen3", "R", "A", [], thinking=False)
 
 
 def test_a_cut_answer_has_no_end_token() -> None:

@@ -236,18 +236,16 @@ def test_a_wrong_grammar_is_caught_by_the_servers_ids(
 ) -> None:
     """One newline too many after Qwen3's reasoning: the audit names the first token where
     the rebuild leaves the server's ids, and the answer's exact ids still export."""
-    from regen import reconstruct
     from regen.outputs.audit import audit, audit_json
-    from regen.reconstruct.families import Family
+    from regen.reconstruct import Target
 
     out = served_run(tmp_path, MODEL, "qwen3")
-    real = reconstruct.family("qwen3")
+    real = Target.completion_text
 
-    def layout(a: Any) -> str:
-        return real.layout(a).replace("</think>\n\n", "</think>\n\n\n", 1)
+    def wrong(self: Target, row: Any, prompt: str, prefill: str = "") -> str:
+        return real(self, row, prompt, prefill).replace("</think>\n\n", "</think>\n\n\n", 1)
 
-    wrong = Family("qwen3", layout, real.thinking_kwarg, real.markers, real.prefills)
-    monkeypatch.setattr("regen.reconstruct.target.family", lambda name: wrong)
+    monkeypatch.setattr(Target, "completion_text", wrong)
     overall = audit_json(audit(out)[0])["overall"]
     assert overall["server_ids_checked"] > 0
     assert overall["server_ids_match_share"] == 0.0

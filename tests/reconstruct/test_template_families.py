@@ -48,6 +48,8 @@ class Model:
     think: tuple[str, str] = ("<think>", "</think>")
     call_marker: str = "<tool_call>"
     vocab: str | None = None
+    encoder: bool = False
+    """Rendered by the publisher's encoder (DeepSeek's deepseek-recipe), not a template."""
 
 
 MODELS = [
@@ -65,6 +67,15 @@ MODELS = [
         "<|end_of_msg|>",
         think=("<|open|>think<|sep|>", "<|close|>think<|sep|>"),
         call_marker="<|open|>tools<|sep|>",
+    ),
+    # DeepSeek-V4: DeepSeek's own encoder; eos `<｜end▁of▁sentence｜>`.
+    Model(
+        "deepseek-v4",
+        "thinking",
+        False,
+        "<｜end▁of▁sentence｜>",
+        call_marker="\n\n<｜DSML｜tool_calls>",
+        encoder=True,
     ),
 ]
 BY_NAME = {m.family: m for m in MODELS}
@@ -116,7 +127,41 @@ def kwargs_for(m: Model, thinking: bool) -> dict[str, Any]:
     return {m.switch: thinking} if m.switch else {}
 
 
+def encoder_render(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, thinking: bool
+) -> str:
+    """DeepSeek-V4's prompt by DeepSeek's encoder, from the messages as this test writes
+    them (arguments as the JSON text the model wrote: the encoder takes no other)."""
+    import deepseek_recipe as dr
+
+    out: list[Any] = []
+    for msg in messages:
+        if msg["role"] == "system":
+            out.append(dr.SystemMessage(msg["content"]))
+        elif msg["role"] == "user":
+            out.append(dr.UserMessage(msg["content"]))
+        elif msg["role"] == "tool":
+            out.append(dr.ToolMessage(msg["content"], tool_call_id=msg["tool_call_id"]))
+        else:
+            calls = [
+                dr.ToolCall(c["id"], c["function"]["name"], c["function"]["arguments"])
+                for c in msg.get("tool_calls") or []
+            ]
+            reasoning = msg.get("reasoning_content") or msg.get("reasoning") or None
+            out.append(dr.AssistantMessage(msg["content"], reasoning, calls or None))
+    defs = [
+        dr.ToolDefinition(
+            t["function"]["name"], t["function"]["description"], t["function"]["parameters"]
+        )
+        for t in tools or []
+    ]
+    conv = dr.Conversation(out, thinking_mode=thinking, tools=defs or None)
+    return str(dr.DeepseekV4Encoding().render_conversation(conv).prompt)
+
+
 def oracle_prompt(m: Model, case: Case, thinking: bool) -> str:
+    if m.encoder:
+        return encoder_render(case.history, case.tools, thinking)
     return render(
         m.family,
         oracle_messages(case.history),
@@ -146,20 +191,27 @@ def expected_completion(m: Model, case: Case, thinking: bool) -> str:
     none); an answer cut at max_tokens ends where its text ends."""
     a = model_answer(m, case, thinking)
     prompt = oracle_prompt(m, case, thinking)
-    full = render(
-        m.family,
-        oracle_messages([*case.history, a.answer]),
-        tools=case.tools,
-        add_generation_prompt=False,
-        **kwargs_for(m, thinking),
-    )
-    if not a.reasoning and not full.startswith(prompt) and prompt.endswith(m.think[0]):
-        # No reasoning after a pre-filled opening: the model closes it at once, which the
-        # template writes as the turn's closed form (GLM: `</think>C`).
+    if m.encoder:
+        full = encoder_render([*case.history, a.answer], case.tools, thinking)
+    else:
+        full = render(
+            m.family,
+            oracle_messages([*case.history, a.answer]),
+            tools=case.tools,
+            add_generation_prompt=False,
+            **kwargs_for(m, thinking),
+        )
+    put_back = ""
+    if not full.startswith(prompt) and prompt.endswith(m.think[0]):
+        # The render writes the turn in its closed form (`</think>C`) where the prompt
+        # pre-filled the opening: GLM for an answer without reasoning, DeepSeek-V4's encoder
+        # (which drops the reasoning of a conversation without tools). The model wrote its
+        # reasoning and then that closing tag (its output format; pinned in GOLDEN).
         prompt = prompt.removesuffix(m.think[0])
         assert full[len(prompt) :].startswith(m.think[1]), full
+        put_back = a.reasoning
     assert full.startswith(prompt), (prompt, full)
-    tail = full[len(prompt) :]
+    tail = put_back + full[len(prompt) :]
     if is_cut(case):
         last = a.content or a.reasoning
         return tail[: tail.rindex(last) + len(last)]
@@ -204,7 +256,7 @@ def target(m: Model, thinking: bool, folders: dict[str, str], **rules: Any) -> T
     spec = TargetSpec(
         family=m.family,
         tokenizer=folders[m.vocab or "sim"],
-        chat_template=str(TEMPLATES / f"{m.family}.jinja"),
+        chat_template=None if m.encoder else str(TEMPLATES / f"{m.family}.jinja"),
         thinking=thinking,
         template_kwargs={m.switch: thinking} if m.switch else {},
         **rules,
@@ -230,6 +282,7 @@ def test_prompt_is_the_published_templates(
 ) -> None:
     t = target(m, thinking, folders)
     assert t.family.name == m.family and t.family.from_template
+    assert bool(t.family.encoder) == m.encoder
     expected = oracle_prompt(m, case, thinking)
     assert t.prompt_text(case.history, case.tools) == expected
     if m.vocab:
@@ -297,6 +350,18 @@ GOLDEN = {
         "<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=unit>\nc\n"
         "</parameter>\n</function>\n</tool_call><|im_end|>",
     ),
+    "deepseek-v4": (
+        "content_then_calls",
+        "I should look it up.</think>Let me check the weather.\n\n<｜DSML｜tool_calls>\n"
+        '<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Paris'
+        '</｜DSML｜parameter>\n<｜DSML｜parameter name="unit" string="true">c</｜DSML｜parameter>\n'
+        "</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜>",
+    ),
+    "deepseek-v4 no tools": (
+        "reasoning",
+        "17 * 23 = 17 * 20 + 17 * 3 = 340 + 51 = 391.</think>17 × 23 = **391**."
+        "<｜end▁of▁sentence｜>",
+    ),
     "kimi-k3": (
         "reasoning",
         "17 * 23 = 17 * 20 + 17 * 3 = 340 + 51 = 391.<|close|>think<|sep|><|open|>response<|sep|>"
@@ -307,7 +372,7 @@ GOLDEN = {
 
 @pytest.mark.parametrize("name", sorted(GOLDEN))
 def test_the_oracle_is_the_models_output_format(name: str) -> None:
-    m = BY_NAME[name]
+    m = BY_NAME[name.split()[0]]
     case_name, text = GOLDEN[name]
     [case] = [c for c in CASES if c.name == case_name]
     assert expected_completion(m, case, thinking=m.always_thinks or bool(m.switch)) == text

@@ -148,30 +148,6 @@ def deepseek_r1(a: Answer) -> str:
     return _after(a, _end(a, text, DS_EOS))
 
 
-def _deepseek31_calls(calls: Sequence[Call]) -> str:
-    """DeepSeek-V3.1's calls: `NAME<｜tool▁sep｜>ARGS`, chained with no separator."""
-    if not calls:
-        return ""
-    parts = "".join(
-        f"<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>{args}<｜tool▁call▁end｜>"
-        for name, args in map(call_parts, calls)
-    )
-    return f"<｜tool▁calls▁begin｜>{parts}<｜tool▁calls▁end｜>"
-
-
-def deepseek_v31(a: Answer) -> str:
-    """DeepSeek-V3.1: after a user turn the prompt ends `<｜Assistant｜><think>` (thinking on,
-    `thinking` in the template) or `<｜Assistant｜></think>`, and the model writes
-    `{reasoning}</think>{content}` or `{content}`; after tool results nothing is pre-filled and
-    the model writes its content. Fields verbatim as the server split them."""
-    tail = a.content + _deepseek31_calls(a.calls)
-    if a.prefill != "<think>":
-        return _end(a, tail, DS_EOS)
-    if a.cut_in_reasoning:
-        return a.reasoning
-    return _end(a, f"{a.reasoning}</think>{tail}", DS_EOS)
-
-
 # gpt-oss (harmony) -------------------------------------------------------------------------
 
 
@@ -204,7 +180,6 @@ GRAMMARS: dict[str, Callable[[Answer], str]] = {
     "kimi_k2": kimi_k2,
     "deepseek_v3": deepseek_v3,
     "deepseek_r1": deepseek_r1,
-    "deepseek_v31": deepseek_v31,
     "gpt_oss": gpt_oss,
 }
 """The hand-written layouts a family may name (`grammar` in families.toml)."""
@@ -233,6 +208,9 @@ class Family:
     why_grammar: str = ""
     auto_without_thinking: str = ""
     reads: tuple[str, ...] = ()
+    encoder: str = ""
+    encoder_package: str = ""
+    effort_kwarg: str = ""
 
     @property
     def from_template(self) -> bool:
@@ -246,7 +224,8 @@ class Family:
 _FIELDS = {
     "grammar", "why_grammar", "thinking_kwarg", "markers", "reasoning_key", "prefills", "stop",
     "append_stop", "append_stop_after_calls", "arguments", "syntax", "think", "detect",
-    "verified", "assumed", "auto_without_thinking", "reads",
+    "verified", "assumed", "auto_without_thinking", "reads", "encoder", "encoder_package",
+    "effort_kwarg",
 }  # fmt: skip
 
 

@@ -168,7 +168,35 @@ def _syntax_calls(syntax: str, text: str) -> tuple[str, tuple[tuple[str, Any], .
         )
     if syntax == "kimi-k3":
         return _kimi_k3(text)
+    if syntax == "dsml":
+        return _dsml(text)
     return text, ()
+
+
+_DSML_BLOCK = re.compile(r"<｜DSML｜(?:tool_calls|function_calls)>")
+_DSML_INVOKE = re.compile(r'<｜DSML｜invoke name="(.*?)">(.*?)</｜DSML｜invoke>', re.S)
+_DSML_PARAM = re.compile(
+    r'<｜DSML｜parameter name="(.*?)" string="(true|false)">(.*?)</｜DSML｜parameter>', re.S
+)
+
+
+def _dsml(text: str) -> tuple[str, tuple[tuple[str, Any], ...]]:
+    """DeepSeek's DSML calls (V3.2 `function_calls`, V4 `tool_calls`): a parameter marked
+    `string="true"` is its text, any other is JSON."""
+    block = _DSML_BLOCK.search(text)
+    if block is None:
+        return text, ()
+    calls = tuple(
+        (
+            name,
+            {
+                k: v if is_text == "true" else _args(v)
+                for k, is_text, v in _DSML_PARAM.findall(body)
+            },
+        )
+        for name, body in _DSML_INVOKE.findall(text[block.start() :])
+    )
+    return text[: block.start()], calls
 
 
 _K3_CALL = re.compile(

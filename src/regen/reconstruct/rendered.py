@@ -31,7 +31,7 @@ def rendered_completion(
     """The completion the template shows for answer `a`: `full` (history + answer, no
     generation prompt) after `prompt` (history + generation prompt), up to and including the
     end token the model emitted (none when the answer was cut at max_tokens)."""
-    prompt = _empty_reasoning(family, prompt, full, a)
+    prompt, reasoning = _reasoning_put_back(family, prompt, full, a)
     if not full.startswith(prompt):
         at = first_difference_at(prompt, full)
         raise ReconstructError(
@@ -40,7 +40,7 @@ def rendered_completion(
             f"{full[at : at + 24]!r}): it rewrites the history or drops part of the answer; "
             "a family with a rule for it is needed (`regen families`)"
         )
-    tail = full[len(prompt) :]
+    tail = reasoning + full[len(prompt) :]
     appended = family.appended_stop(bool(a.calls))
     if appended:
         body, stop = tail, appended
@@ -58,18 +58,24 @@ def rendered_completion(
     return _cut(body, a, family.think[1])
 
 
-def _empty_reasoning(family: Family, prompt: str, full: str, a: Answer) -> str:
-    """The prompt to take the completion after. An answer without reasoning after a
-    pre-filled opening tag: a template that writes such a turn in its closed form (GLM's
-    `</think>C` where the prompt ends `<think>`) shows the model's `</think>` in place of the
-    opening, so the completion starts where the opening was."""
-    if a.reasoning.strip() or full.startswith(prompt):
-        return prompt
+def _reasoning_put_back(family: Family, prompt: str, full: str, a: Answer) -> tuple[str, str]:
+    """(the prompt to take the completion after, reasoning to put before it). A render that
+    writes the finished turn in its closed form where the prompt pre-filled the opening tag
+    (GLM's `</think>C`, DeepSeek-V4's encoder without tools: it drops the turn's reasoning)
+    shows the model's closing tag in place of the opening: the model wrote its reasoning, then
+    that tag. Any other render that drops the reasoning is refused (by the prefix check or the
+    self-check), never patched."""
+    close = family.think[1]
+    if full.startswith(prompt):
+        return prompt, ""
+    reasoning = a.reasoning.strip()
     for p in family.prefills:
         head = prompt.removesuffix(p)
-        if head != prompt and full.startswith(head + family.think[1]):
-            return head
-    return prompt
+        if head != prompt and close not in p and full.startswith(head + close):
+            if reasoning and reasoning in full[len(head) :]:
+                return prompt, ""  # the render has it elsewhere: not this rule's case
+            return head, reasoning
+    return prompt, ""
 
 
 def _cut(body: str, a: Answer, close: str) -> str:

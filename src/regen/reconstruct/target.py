@@ -22,6 +22,7 @@ from typing import Any
 
 from regen.errors import ConfigError
 from regen.reconstruct.check import lost
+from regen.reconstruct.encoders import encoder
 from regen.reconstruct.families import AUTO, FAMILIES, Answer, Family, detect, family
 from regen.reconstruct.kimi_ts import sorted_keys, tools_typescript
 from regen.reconstruct.rendered import ReconstructError, rendered_completion
@@ -129,7 +130,10 @@ class Target:
         self.family: Family = family(spec.family) if spec.family != AUTO else FAMILIES["template"]
         self.tok = _hf_tokenizer(spec.tokenizer, spec.trust_remote_code)
         template: str | None
-        if spec.chat_template:
+        self._encoder = encoder(self.family.encoder) if self.family.encoder else None
+        if self._encoder is not None:
+            template = f"(the {self.family.encoder} encoder of {self.family.encoder_package})"
+        elif spec.chat_template:
             try:
                 template = Path(spec.chat_template).expanduser().read_text(encoding="utf-8")
             except OSError as exc:
@@ -158,7 +162,7 @@ class Target:
                 f"bill); assumed: {' '.join(self.family.assumed.split())}"
             )
         self.kwargs = self._template_kwargs()
-        self.warnings: list[str] = self._unset_variables()
+        self.warnings: list[str] = [] if self._encoder else self._unset_variables()
         self.stops: tuple[str, ...] = self._stops()
         backend = getattr(self.tok, "backend_tokenizer", None) if self.tok.is_fast else None
         self._backend = backend
@@ -293,6 +297,12 @@ class Target:
         """The render, and whether the arguments went parsed (`parse`: as given; None: the
         family's rule, or parsed then text for a template that concatenates them)."""
         kwargs = dict(self.kwargs)
+        if self._encoder is not None:
+            try:
+                return self._encoder(messages, tools, kwargs), False
+            except Exception as exc:  # the encoder's own errors, one line each
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise ReconstructError(f"{self.family.encoder} encoder: {first}") from exc
         template = self.template
         if when is not None and "strftime_now" in template:
             template = dated(template, when)
@@ -345,7 +355,6 @@ class Target:
         history = row.history()
         when = row.created_at or None
         tools = row.conversation.get("tools")
-        parse = self._rendered(history, tools, when, generation=True)[1]
         # A server's parsers hand back reasoning and content with the separators around them
         # that the template writes itself (vLLM: `R\n`, `\n\nC\n` before a call): they go to
         # the template stripped, and it writes its own.
@@ -354,7 +363,7 @@ class Target:
             message["reasoning"] = a.reasoning.strip()
         if a.calls:
             message["tool_calls"] = list(a.calls)
-        full = self._rendered([*history, message], tools, when, generation=False, parse=parse)[0]
+        full = self._rendered([*history, message], tools, when, generation=False)[0]
         return rendered_completion(self.family, prompt, full, a, self.stops)
 
     def answer(self, row: ExportRow, prefill: str = "") -> Answer:
@@ -524,8 +533,9 @@ def spec_from_store(
     kwargs = {**(server_kwargs or {}), **kwargs}
     effort = reasoning.get("effort")
     name = str(base["family"])
-    if name == "gpt-oss" and effort and "reasoning_effort" not in kwargs:
-        kwargs = {**kwargs, "reasoning_effort": reasoning["effort"]}
+    effort_kwarg = family(name).effort_kwarg if name != AUTO else ""
+    if effort_kwarg and isinstance(effort, str) and effort_kwarg not in kwargs:
+        kwargs = {**kwargs, effort_kwarg: effort}
     switch = family(name).thinking_kwarg if name != AUTO else None
     if switch and switch in kwargs:  # the template's own switch, set by hand, decides
         thinking = bool(kwargs[switch])
