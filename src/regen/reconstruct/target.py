@@ -122,7 +122,7 @@ class Target:
 
     def __init__(self, spec: TargetSpec) -> None:
         self.spec = spec
-        if spec.family == AUTO and spec.tokenizer == "sim":
+        if spec.family == AUTO and spec.tokenizer == "sim" and not spec.chat_template:
             raise ConfigError(
                 'family = "auto" reads the model\'s chat template: give tokenizer (a folder, a '
                 "tokenizer.json or a hub id) or chat_template, or name the family"

@@ -1,0 +1,89 @@
+"""`family = "auto"` picks the family from the model's own chat template, and `regen families`
+says what each family is checked against."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from regen.errors import ConfigError
+from regen.reconstruct import FAMILIES, Target, TargetSpec
+from regen.reconstruct.families import detect
+from tests.conftest import run_cli
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+# Each published template (SOURCES.md) and the family it is.
+PUBLISHED = {
+    "qwen3": "qwen3",
+    "qwen2.5": "chatml",
+    "qwen3-coder": "qwen3-coder",
+    "qwen3.5": "qwen3.5",
+    "deepseek-r1": "deepseek-r1",
+    "deepseek-v3.1": "deepseek-v3.1",
+    "glm-4.6": "glm-4.5",
+    "glm-4.7": "glm-4.7",
+    "minimax-m2": "minimax-m2",
+    "kimi-k2": "kimi-k2",
+    "kimi-k2-thinking": "kimi-k2",
+    "kimi-k2.5": "kimi-k2.5",
+    "kimi-k3": "kimi-k3",
+    "gpt-oss": "gpt-oss",
+}
+
+
+@pytest.mark.parametrize(("template", "family"), sorted(PUBLISHED.items()))
+def test_auto_picks_each_published_templates_family(template: str, family: str) -> None:
+    assert detect((TEMPLATES / f"{template}.jinja").read_text("utf-8")).name == family
+
+
+def test_every_fixture_template_is_covered() -> None:
+    assert {p.stem for p in TEMPLATES.glob("*.jinja")} - set(PUBLISHED) == {"deepseek-v3"}
+
+
+def test_deepseek_v3_and_r1_share_a_template_and_the_reasoning_setting_decides() -> None:
+    text = (TEMPLATES / "deepseek-v3.jinja").read_text("utf-8")
+    assert text == (TEMPLATES / "deepseek-r1.jinja").read_text("utf-8")
+    assert detect(text, thinking=True).name == "deepseek-r1"
+    assert detect(text, thinking=False).name == "deepseek-v3"
+
+
+def test_an_unknown_template_is_the_generic_family_and_says_so(tmp_path: Path) -> None:
+    template = tmp_path / "t.jinja"
+    template.write_text(
+        "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    t = Target(TargetSpec(family="auto", chat_template=str(template), tokenizer="sim"))
+    assert t.family.name == "template"
+    assert any("family auto: template" in n for n in t.notes)
+    assert any("self-check" in n for n in t.notes)
+
+
+def test_auto_names_what_it_picked() -> None:
+    t = Target(
+        TargetSpec(family="auto", chat_template=str(TEMPLATES / "glm-4.7.jinja"), tokenizer="sim")
+    )
+    assert t.family.name == "glm-4.7"
+    assert t.notes == ["family auto: glm-4.7, from its chat template"]
+
+
+def test_auto_needs_the_models_template() -> None:
+    with pytest.raises(ConfigError, match="auto.*reads the model's chat template"):
+        Target(TargetSpec(family="auto", tokenizer="sim"))
+
+
+def test_regen_families_lists_each_family() -> None:
+    res = run_cli("families", "--json")
+    assert res.returncode == 0, res.stderr
+    rows = {r["family"]: r for r in json.loads(res.stdout)}
+    assert set(rows) == set(FAMILIES)
+    assert rows["glm-4.7"]["completion"] == "chat template"
+    assert rows["glm-4.7"]["stop_after_calls"] == "<|observation|>"
+    assert rows["kimi-k2.5"]["completion"] == "hand-written grammar"
+    assert "drops the reasoning" in rows["kimi-k2.5"]["why_grammar"]
+    assert all(r["verified"] for r in rows.values())
+    table = run_cli("families")
+    assert table.returncode == 0 and "[reconstruct]" in table.stdout
