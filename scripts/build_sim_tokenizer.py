@@ -1,5 +1,5 @@
 """Build the simulator's small tokenizer (byte-level BPE with the special tokens of the model
-families the simulator speaks: Kimi, Qwen, DeepSeek, GLM and gpt-oss's harmony).
+families the simulator speaks: Kimi, Qwen, DeepSeek, GLM, MiniMax and gpt-oss's harmony).
 
 Run: .venv/bin/python scripts/build_sim_tokenizer.py
 Writes src/regen/sim/tokenizer/{tokenizer.json,tokenizer_config.json}. Deterministic: the same
@@ -72,6 +72,17 @@ EXTRA_SPECIALS = [
     "<|constrain|>",
     "<|return|>",
     "<|call|>",
+    # MiniMax-M2
+    "]~!b[",
+    "]~b]",
+    "[e~[",
+    "<minimax:tool_call>",
+    "</minimax:tool_call>",
+    # Kimi-K3
+    "<|open|>",
+    "<|close|>",
+    "<|sep|>",
+    "<|end_of_msg|>",
 ]
 
 

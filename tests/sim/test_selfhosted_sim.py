@@ -134,3 +134,39 @@ async def test_sglang_answers_503_while_loading() -> None:
             assert not await client.probe(f"{base}/health")
     finally:
         await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("model", "switch", "stop"),
+    [
+        ("z-ai/glm-4.7", "enable_thinking", "<|user|>"),
+        ("minimax/minimax-m2", None, "[e~["),
+        ("qwen/qwen3-coder", None, "<|im_end|>"),
+        ("qwen/qwen3.5-397b-a17b", "enable_thinking", "<|im_end|>"),
+        ("moonshotai/kimi-k3", "thinking", "<|end_of_msg|>"),
+    ],
+)
+async def test_vllm_serves_the_new_families_with_their_switch_and_stop_token(
+    model: str, switch: str | None, stop: str
+) -> None:
+    from regen.sim.grammar import sim_tokenizer
+
+    config = SimConfig(dialect="vllm", served_model=model, time_scale=0.0, seed=2)
+    running, runner = await start_sim(config)
+    base = f"http://127.0.0.1:{running.port}"
+    ask = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4000}
+    try:
+        async with aiohttp.ClientSession() as http:
+            kwargs = [{}] + ([{switch: False}] if switch else [])
+            for kw in kwargs:
+                body = {**ask, "return_token_ids": True, "chat_template_kwargs": kw}
+                async with http.post(f"{base}/v1/chat/completions", json=body) as r:
+                    assert r.status == 200
+                    done = await r.json()
+                choice = done["choices"][0]
+                assert choice["finish_reason"] == "stop" and choice["message"]["content"]
+                assert choice["token_ids"][-1] == sim_tokenizer().token_to_id(stop)
+                thinks = model not in ("qwen/qwen3-coder",) and not kw
+                assert bool(choice["message"]["reasoning"]) == thinks
+    finally:
+        await runner.cleanup()

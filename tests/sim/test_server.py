@@ -128,3 +128,57 @@ async def test_models_list_prices_as_usd_per_token_strings(sim: RunningSim) -> N
     kimi = next(m for m in data["data"] if m["id"] == "moonshotai/kimi-k2.5")
     assert kimi["pricing"]["completion"] == "0.0000015"  # the cheapest endpoint
     assert kimi["top_provider"]["max_completion_tokens"] == 65536
+
+
+NEW_MODELS = {  # model id: (family, provider, reasons by default)
+    "z-ai/glm-4.7": ("glm-4.7", "Z.AI", True),
+    "minimax/minimax-m2": ("minimax-m2", "MiniMax", True),
+    "qwen/qwen3-coder": ("qwen3-coder", "Alibaba", False),
+    "qwen/qwen3.5-397b-a17b": ("qwen3.5", "Alibaba", True),
+    "moonshotai/kimi-k3": ("kimi-k3", "Moonshot AI", True),
+}
+
+
+@pytest.mark.parametrize("model", sorted(NEW_MODELS))
+async def test_new_families_answer_a_tool_loop_end_to_end(sim: RunningSim, model: str) -> None:
+    """Each new family's model is in the catalogue and answers a tool loop: calls to the
+    declared tool with arguments typed by its schema, then an answer to the tool's result."""
+    family, provider, reasons = NEW_MODELS[model]
+    config_model = sim.simulator.config.model(model)
+    assert config_model is not None and config_model.family == family
+    assert config_model.reasoning == reasons
+    _, listed = await get(sim, "/models", key=None)
+    assert model in {m["id"] for m in listed["data"]}
+    ask = None
+    for i in range(20):
+        ask = body(f"weather please {i}", model=model, tools=TOOLS)
+        status, data, _ = await post(sim, ask)
+        assert status == 200, data
+        assert data["provider"] == provider
+        message = data["choices"][0]["message"]
+        assert bool(message["reasoning"]) == (reasons and family != "qwen3-coder")
+        if data["choices"][0]["finish_reason"] == "tool_calls":
+            break
+    else:
+        raise AssertionError("no tool call in 20 answers")
+    assert ask is not None
+    [tc] = message["tool_calls"]
+    assert tc["function"]["name"] == "get_weather" and tc["id"].startswith("call_")
+    args = json.loads(tc["function"]["arguments"])
+    assert set(args) == {"city", "days"}
+    assert isinstance(args["city"], str) and isinstance(args["days"], int)
+    follow = {
+        **ask,
+        "messages": [
+            *ask["messages"],
+            {k: message[k] for k in ("role", "content", "tool_calls", "reasoning")},
+            {"role": "tool", "tool_call_id": tc["id"], "content": "sunny"},
+        ],
+    }
+    status, done, _ = await post(sim, follow)
+    assert status == 200, done
+    assert done["choices"][0]["finish_reason"] in ("stop", "length")
+    assert done["usage"]["prompt_tokens"] > data["usage"]["prompt_tokens"]
+    _, off, _ = await post(sim, body("q", model=model, reasoning={"enabled": False}))
+    # MiniMax-M2 has no switch: it reasons whatever the request asks.
+    assert bool(off["choices"][0]["message"]["reasoning"]) == (family == "minimax-m2")

@@ -8,8 +8,13 @@ template shows it. Where it does not, the rule used is the model's published out
 - DeepSeek-R1's template drops every answer's reasoning: `<think>\\n{reasoning}\\n</think>\\n\\n`
   before the content it writes;
 - Kimi-K2.5's drops it for an answer without calls: `{reasoning}</think>` after its `<think>`;
-- GLM's writes no stop token: `<|observation|>` after calls, `<|user|>` otherwise (its
-  generation config's stop tokens);
+- GLM-4.5's and GLM-4.7's write no stop token: `<|observation|>` after calls, `<|user|>`
+  otherwise (their generation config's stop tokens);
+- MiniMax-M2's writes `[e~[\\n` after a turn: the model stops on `[e~[`. Its template has no
+  thinking switch: the model always reasons (generate.py draws reasoning whatever the request
+  asks);
+- GLM-4.7's and MiniMax-M2's write no think block for an answer without reasoning, where the
+  prompt has opened one: the model closes it at once (`</think>`, `\\n</think>\\n\\n`);
 - DeepSeek-V3/R1's cannot write a second call turn in a conversation: the answer is written
   as after a lone user turn;
 - gpt-oss samples a call's recipient after the channel (`<|channel|>commentary to=functions.X
@@ -43,8 +48,31 @@ END = {
     "deepseek-v3": "<｜end▁of▁sentence｜>",
     "deepseek-r1": "<｜end▁of▁sentence｜>",
     "gpt-oss": "<|return|>",
+    "minimax-m2": "[e~[",
+    "qwen3-coder": "<|im_end|>",
+    "qwen3.5": "<|im_end|>",
+    "kimi-k3": "<|end_of_msg|>",
 }
-SWITCH = {"qwen3": "enable_thinking", "glm-4.5": "enable_thinking", "kimi-k2.5": "thinking"}
+SWITCH = {
+    "qwen3": "enable_thinking",
+    "glm-4.5": "enable_thinking",
+    "glm-4.7": "enable_thinking",
+    "qwen3.5": "enable_thinking",
+    "kimi-k2.5": "thinking",
+    "kimi-k3": "thinking",
+}
+"""The chat-template kwarg that turns a family's thinking on and off."""
+GLM = ("glm-4.5", "glm-4.7")
+"""Families whose template writes no stop token (the rule above)."""
+ALWAYS_THINKS = frozenset({"minimax-m2"})
+"""Families whose model reasons whatever the request asks (no switch in the template)."""
+DROPS_EMPTY_THINK = frozenset({"glm-4.7", "minimax-m2"})
+"""Families whose template writes no think block for an answer without reasoning (the rule
+above)."""
+_NO_REASONING = "\x00"
+WRITES_CALL_IDS = frozenset({"kimi-k2.5", "kimi-k2"})
+"""Families whose model writes its calls' ids (`functions.NAME:IDX`); a server makes the
+others' ids."""
 
 
 def _raise(message: str) -> None:
@@ -123,8 +151,8 @@ def _kwargs(family: str, tools: list[Any], thinking: bool) -> dict[str, Any]:
 def render(
     family: str, messages: list[Any], tools: list[Any], thinking: bool, generation: bool
 ) -> str:
-    if family.startswith("kimi") and tools:
-        tools = sorted_keys(tools)  # Kimi's tokenizer sorts every key first
+    if family in ("kimi-k2", "kimi-k2.5") and tools:
+        tools = sorted_keys(tools)  # K2's tokenizer sorts every key first (K3's template does)
     kw = _kwargs(family, tools, thinking)
     t = template(family)
     try:
@@ -170,6 +198,12 @@ def completion_text(
     calls = answer.get("tool_calls") or []
     if family == "gpt-oss" and calls:
         return _harmony_call(reasoning, answer.get("content") or "", calls[0]["function"])
+    if family in DROPS_EMPTY_THINK and not reasoning and (thinking or family in ALWAYS_THINKS):
+        # The block the prompt opened, closed at once: written with a stand-in reasoning.
+        stand_in = {**answer, "reasoning": _NO_REASONING}
+        return completion_text(family, messages, tools, thinking, stand_in).replace(
+            _NO_REASONING, "", 1
+        )
     prompt = render_prompt(family, messages, tools, thinking)
     full = render(family, [*messages, answer], tools, thinking, generation=False)
     if family == "gpt-oss":  # the answer's own turn, after its `<|start|>assistant`
@@ -197,7 +231,7 @@ def completion_text(
             raise ValueError(f"{family}: the template's prompt is not a prefix of its answer")
         return completion_text(family, users[-1:], tools, thinking, answer)
     tail = full[len(prompt) :]
-    if family == "glm-4.5":
+    if family in GLM:
         return tail + ("<|observation|>" if calls else "<|user|>")
     return tail[: tail.index(END[family]) + len(END[family])]
 

@@ -121,7 +121,19 @@ class SimEndpoint(_Model):
 
 
 FamilyName = Literal[
-    "kimi-k2.5", "kimi-k2", "qwen3", "deepseek-v3", "deepseek-r1", "glm-4.5", "gpt-oss", "chatml"
+    "kimi-k2.5",
+    "kimi-k2",
+    "qwen3",
+    "deepseek-v3",
+    "deepseek-r1",
+    "glm-4.5",
+    "gpt-oss",
+    "chatml",
+    "glm-4.7",
+    "minimax-m2",
+    "qwen3-coder",
+    "qwen3.5",
+    "kimi-k3",
 ]
 
 
@@ -213,7 +225,7 @@ def _default_models() -> list[SimModel]:
                 endpoints=[
                     e(
                         provider_name=provider,
-                        tag=provider.lower(),
+                        tag=provider.lower().replace(" ", ""),
                         quantization="fp8",
                         prompt_price=0.3 * m,
                         completion_price=1.2 * m,
@@ -235,6 +247,11 @@ _OTHER_FAMILIES: list[tuple[str, FamilyName, bool, str]] = [
     ("z-ai/glm-4.5", "glm-4.5", True, "Z.AI"),
     ("openai/gpt-oss-120b", "gpt-oss", True, "Cerebras"),
     ("sim/chatml", "chatml", False, "Sim"),
+    ("z-ai/glm-4.7", "glm-4.7", True, "Z.AI"),
+    ("minimax/minimax-m2", "minimax-m2", True, "MiniMax"),
+    ("qwen/qwen3-coder", "qwen3-coder", False, "Alibaba"),
+    ("qwen/qwen3.5-397b-a17b", "qwen3.5", True, "Alibaba"),
+    ("moonshotai/kimi-k3", "kimi-k3", True, "Moonshot AI"),
 ]
 """One model for each other family the simulator speaks (each with its grammar)."""
 

@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from regen.sim.chat import completion_text, render_prompt
+from regen.sim.chat import ALWAYS_THINKS, WRITES_CALL_IDS, completion_text, render_prompt
 from regen.sim.grammar import Call, grammar, sim_tokenizer
 from regen.sim.words import WORDS
 
@@ -104,6 +104,7 @@ def generate(
     thinking: bool,
 ) -> Completion:
     g = grammar(family)
+    thinking = thinking or family in ALWAYS_THINKS
     budget = draw_length(rng, mean_tokens, messages)
     n_reason = max(1, int(budget * rng.uniform(0.3, 0.7))) if thinking else 0
     n_content = max(1, budget - n_reason)
@@ -124,7 +125,7 @@ def generate(
     content = _words(rng, n_content)
     before = sum(
         len(m.get("tool_calls") or []) for m in messages if isinstance(m, dict)
-    )  # Kimi numbers its call ids over the conversation
+    )  # Kimi-K2 and K2.5 number their call ids over the conversation
     answer = {
         "role": "assistant",
         "content": content,
@@ -142,12 +143,12 @@ def generate(
     ids = list(sim_tokenizer().encode(text, add_special_tokens=False).ids)
     cut = len(ids) > max_tokens
     ids = ids[:max_tokens]
-    parsed = g.parse(ids, thinking)
+    parsed = g.parse(ids, thinking, tools)
     finish = "length" if cut or not parsed.complete else ("tool_calls" if parsed.calls else "stop")
     tool_calls = [
         {
             "id": f"functions.{c.name}:{before + i}"
-            if family.startswith("kimi")
+            if family in WRITES_CALL_IDS
             else f"call_{rng.getrandbits(64):016x}",
             "type": "function",
             "index": i,

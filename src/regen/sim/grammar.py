@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from functools import cache
+from typing import Any
 
 from tokenizers import Tokenizer
 
@@ -40,7 +41,7 @@ class KimiK25:
         self.arg_begin = sid("<|tool_call_argument_begin|>")
         self.call_end = sid("<|tool_call_end|>")
 
-    def parse(self, ids: list[int], thinking: bool) -> Parsed:
+    def parse(self, ids: list[int], thinking: bool, tools: list[Any] | None = None) -> Parsed:
         dec = self.tok.decode
         complete = bool(ids) and ids[-1] == self.im_end
         body = ids[:-1] if complete else ids
@@ -90,7 +91,7 @@ class Qwen3:
         self.call_begin = _special(tok, "<tool_call>")
         self.call_end = _special(tok, "</tool_call>")
 
-    def parse(self, ids: list[int], thinking: bool) -> Parsed:
+    def parse(self, ids: list[int], thinking: bool, tools: list[Any] | None = None) -> Parsed:
         dec = self.tok.decode
         complete = bool(ids) and ids[-1] == self.im_end
         body = ids[:-1] if complete else ids
@@ -119,7 +120,8 @@ class Qwen3:
 
 
 FAMILIES = (
-    "kimi-k2.5", "kimi-k2", "qwen3", "deepseek-v3", "deepseek-r1", "glm-4.5", "gpt-oss", "chatml"
+    "kimi-k2.5", "kimi-k2", "qwen3", "deepseek-v3", "deepseek-r1", "glm-4.5", "gpt-oss", "chatml",
+    "glm-4.7", "minimax-m2", "qwen3-coder", "qwen3.5", "kimi-k3",
 )  # fmt: skip
 
 

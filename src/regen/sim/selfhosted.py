@@ -4,7 +4,8 @@ OpenAI-compatible API (`regen sim --dialect vllm|sglang`).
 What differs from the OpenRouter dialect, as each server documents and implements it:
 - one model (`--served-model-name`); `/v1/models`, `/health`; no `/key`, `/credits` or
   `/generation`; no `provider` and no `cost` anywhere;
-- `chat_template_kwargs` reaches the chat template (the thinking switch of Qwen3, GLM, Kimi);
+- `chat_template_kwargs` reaches the chat template (the thinking switch of Qwen3,
+  Qwen3.5, GLM, Kimi);
 - token ids on request: vLLM's `return_token_ids` puts `prompt_token_ids` on the response
   (in a stream: on the first chunk) and `token_ids` on each choice (in a stream: each chunk's
   share); SGLang's `return_prompt_token_ids` and `return_token_ids` put both on the choice and
@@ -32,7 +33,7 @@ from typing import Any
 
 from aiohttp import web
 
-from regen.sim.chat import SWITCH, render_prompt
+from regen.sim.chat import SWITCH, WRITES_CALL_IDS, render_prompt
 from regen.sim.config import SimConfig, SimModel
 from regen.sim.faults import draw_faults, forced_faults
 from regen.sim.generate import Completion, generate, request_digest, rng_for
@@ -612,13 +613,13 @@ class _Writer:
 
 
 def _calls(comp: Completion, dialect: str, family: str) -> list[dict[str, Any]]:
-    """The answer's calls as the server's tool parser returns them: Kimi's parsers keep the
-    model's `functions.NAME:IDX` ids; otherwise vLLM makes `chatcmpl-tool-...` ids and SGLang
-    `call_...` ones."""
+    """The answer's calls as the server's tool parser returns them: Kimi-K2's and K2.5's
+    parsers keep the model's `functions.NAME:IDX` ids; otherwise vLLM makes
+    `chatcmpl-tool-...` ids and SGLang `call_...` ones."""
     out = []
     for call in comp.tool_calls:
         cid = call["id"]
-        if not family.startswith("kimi"):
+        if family not in WRITES_CALL_IDS:
             suffix = cid.removeprefix("call_")
             cid = f"chatcmpl-tool-{suffix}" if dialect == "vllm" else f"call_{suffix}"
         out.append(

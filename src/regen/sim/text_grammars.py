@@ -1,6 +1,7 @@
 """The simulator's other model families, parsed as text the way a server's reasoning and
-tool-call parsers read it: Kimi-K2, DeepSeek-V3 and R1, GLM-4.5, gpt-oss (harmony) and plain
-ChatML. Like grammar.py, this is the simulator's own code, apart from regen's reconstruction.
+tool-call parsers read it: Kimi-K2, Kimi-K3, DeepSeek-V3 and R1, GLM-4.5 and GLM-4.7,
+MiniMax-M2, Qwen3-Coder, Qwen3.5, gpt-oss (harmony) and plain ChatML. Like grammar.py, this is
+the simulator's own code, apart from regen's reconstruction.
 """
 
 from __future__ import annotations
@@ -25,14 +26,16 @@ class TextGrammar:
         self.end_ids = {_special(tok, t): t for t in self.ends}
 
     # to override
-    def split(self, text: str, thinking: bool) -> tuple[str, str, list[Call]]:
+    def split(
+        self, text: str, thinking: bool, tools: list[Any] | None
+    ) -> tuple[str, str, list[Call]]:
         raise NotImplementedError
 
-    def parse(self, ids: list[int], thinking: bool) -> Parsed:
+    def parse(self, ids: list[int], thinking: bool, tools: list[Any] | None = None) -> Parsed:
         complete = bool(ids) and ids[-1] in self.end_ids
         body = ids[:-1] if complete else ids
         reasoning, content, calls = self.split(
-            self.tok.decode(body, skip_special_tokens=False), thinking
+            self.tok.decode(body, skip_special_tokens=False), thinking, tools
         )
         n_reasoning = len(_encode(self.tok, reasoning)) if reasoning else 0
         return Parsed(reasoning, content, calls, n_reasoning, complete)
@@ -61,7 +64,9 @@ class KimiK2(TextGrammar):
     name = "kimi-k2"
     ends = ("<|im_end|>",)
 
-    def split(self, text: str, thinking: bool) -> tuple[str, str, list[Call]]:
+    def split(
+        self, text: str, thinking: bool, tools: list[Any] | None
+    ) -> tuple[str, str, list[Call]]:
         reasoning, text = _leading_think(text, "<think>")
         content, _, section = text.partition("<|tool_calls_section_begin|>")
         calls = [
@@ -86,7 +91,9 @@ class DeepSeekV3(TextGrammar):
     ends = ("<｜end▁of▁sentence｜>",)
     think_prefill = ""
 
-    def split(self, text: str, thinking: bool) -> tuple[str, str, list[Call]]:
+    def split(
+        self, text: str, thinking: bool, tools: list[Any] | None
+    ) -> tuple[str, str, list[Call]]:
         content, _, section = text.partition("<｜tool▁calls▁begin｜>")
         return "", content, [Call(n, a) for n, a in _DS_CALL.findall(section)]
 
@@ -98,11 +105,13 @@ class DeepSeekR1(DeepSeekV3):
     name = "deepseek-r1"
     think_prefill = "<think>\n"
 
-    def split(self, text: str, thinking: bool) -> tuple[str, str, list[Call]]:
+    def split(
+        self, text: str, thinking: bool, tools: list[Any] | None
+    ) -> tuple[str, str, list[Call]]:
         reasoning, sep, rest = text.removeprefix("<think>").partition("</think>")
         if not sep:
             return reasoning, "", []
-        _, content, calls = super().split(rest, thinking)
+        _, content, calls = super().split(rest, thinking, tools)
         return reasoning, content, calls
 
 
@@ -120,7 +129,9 @@ class Glm45(TextGrammar):
     name = "glm-4.5"
     ends = ("<|user|>", "<|observation|>")
 
-    def split(self, text: str, thinking: bool) -> tuple[str, str, list[Call]]:
+    def split(
+        self, text: str, thinking: bool, tools: list[Any] | None
+    ) -> tuple[str, str, list[Call]]:
         reasoning, text = _leading_think(text, "\n<think>")
         head, _, _ = text.partition("\n<tool_call>")
         calls = []
@@ -148,7 +159,9 @@ class GptOss(TextGrammar):
     ends = ("<|return|>", "<|call|>")
     effort = "medium"
 
-    def split(self, text: str, thinking: bool) -> tuple[str, str, list[Call]]:
+    def split(
+        self, text: str, thinking: bool, tools: list[Any] | None
+    ) -> tuple[str, str, list[Call]]:
         reasoning, content, calls = "", "", []
         for message in re.split(r"<\|start\|>assistant|<\|call\|>", text):
             header, sep, body = message.partition("<|message|>")
@@ -176,7 +189,9 @@ class ChatML(TextGrammar):
     name = "chatml"
     ends = ("<|im_end|>",)
 
-    def split(self, text: str, thinking: bool) -> tuple[str, str, list[Call]]:
+    def split(
+        self, text: str, thinking: bool, tools: list[Any] | None
+    ) -> tuple[str, str, list[Call]]:
         content, _, _ = text.partition("<tool_call>")  # the provider strips the separator
         calls = []
         for body in _HERMES_CALL.findall(text):
@@ -189,6 +204,225 @@ class ChatML(TextGrammar):
         return "", content.strip("\n"), calls
 
 
+# The XML call formats ---------------------------------------------------------------------
+# GLM-4.7, MiniMax-M2, Qwen3-Coder and Qwen3.5 write each argument's value as text. vLLM's
+# glm4_moe, minimax_m2 and qwen3coder parsers give it back as JSON by the tool's schema: a
+# value declared a string stays the text; any other value is parsed when it parses.
+
+
+def _declared_types(tools: list[Any] | None, name: str) -> dict[str, Any]:
+    """Each argument's declared `type` in the schema of the request's tool `name`."""
+    for tool in tools or []:
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(fn, dict) and fn.get("name") == name:
+            params = fn.get("parameters")
+            props = params.get("properties") if isinstance(params, dict) else None
+            if isinstance(props, dict):
+                return {k: v.get("type") for k, v in props.items() if isinstance(v, dict)}
+    return {}
+
+
+_PY_LITERALS = {"True": True, "False": False, "None": None}
+
+
+def _xml_value(text: str, declared: Any) -> Any:
+    """A value declared a string is the text; any other is its JSON when it parses, or one
+    of Python's `True`, `False`, `None` (Qwen's templates write a value with `str()`; vLLM's
+    glm4_moe parser falls back on `ast.literal_eval`, qwen3coder reads a declared boolean
+    case-blind); else the text."""
+    if declared == "string":
+        return text
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return _PY_LITERALS.get(text, text)
+
+
+def _xml_call(name: str, pairs: list[tuple[str, str]], tools: list[Any] | None) -> Call:
+    types = _declared_types(tools, name)
+    args = {k: _xml_value(v, types.get(k)) for k, v in pairs}
+    return Call(name, json.dumps(args, ensure_ascii=False))
+
+
+def _one_newline(text: str) -> str:
+    """vLLM's qwen3coder parser drops one newline on each side of a value (glm4_moe and
+    minimax_m2 strip all whitespace)."""
+    return text.removeprefix("\n").removesuffix("\n")
+
+
+def _after_think(text: str, thinking: bool) -> tuple[str, str]:
+    """(reasoning, the rest) when the prompt opened the think block: the reasoning runs to
+    `</think>`, verbatim (a completion cut before it is all reasoning)."""
+    if not thinking:
+        return "", text
+    reasoning, sep, rest = text.removeprefix("<think>").partition("</think>")
+    return (reasoning, rest) if sep else (reasoning, "")
+
+
+# GLM-4.7 -----------------------------------------------------------------------------------
+
+_GLM47_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+_GLM47_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
+
+
+class Glm47(TextGrammar):
+    """`<|assistant|><think>` pre-filled (`<|assistant|></think>` with thinking off); the model
+    writes `{reasoning}</think>{content}<tool_call>NAME<arg_key>K</arg_key><arg_value>V
+    </arg_value>...</tool_call>` with no newlines, and stops on `<|observation|>` after calls,
+    on `<|user|>` otherwise."""
+
+    name = "glm-4.7"
+    ends = ("<|user|>", "<|observation|>", "<|endoftext|>")
+
+    def split(
+        self, text: str, thinking: bool, tools: list[Any] | None
+    ) -> tuple[str, str, list[Call]]:
+        reasoning, text = _after_think(text, thinking)
+        content, _, _ = text.partition("<tool_call>")
+        calls = []
+        for body in _GLM47_CALL.findall(text):
+            name = body.split("<arg_key>", 1)[0].strip()
+            pairs = [(k.strip(), v.strip()) for k, v in _GLM47_ARG.findall(body)]
+            calls.append(_xml_call(name, pairs, tools))
+        return reasoning, content, calls
+
+
+# MiniMax-M2 --------------------------------------------------------------------------------
+
+_MINIMAX_SECTION = re.compile(r"<minimax:tool_call>(.*?)</minimax:tool_call>", re.S)
+_MINIMAX_INVOKE = re.compile(r'<invoke name="(.*?)">(.*?)</invoke>', re.S)
+_MINIMAX_PARAM = re.compile(r'<parameter name="(.*?)">(.*?)</parameter>', re.S)
+
+
+class MiniMaxM2(TextGrammar):
+    """`]~b]ai\\n<think>\\n` pre-filled, always; the model writes `{reasoning}\\n</think>\\n\\n
+    {content}`, then its calls as `\\n<minimax:tool_call>\\n<invoke name="N">\\n<parameter
+    name="K">V</parameter>\\n</invoke>\\n</minimax:tool_call>`, and stops on `[e~[`."""
+
+    name = "minimax-m2"
+    ends = ("[e~[",)
+
+    def split(
+        self, text: str, thinking: bool, tools: list[Any] | None
+    ) -> tuple[str, str, list[Call]]:
+        reasoning, text = _after_think(text, True)  # no switch: the prompt always opens it
+        content, _, _ = text.partition("<minimax:tool_call>")
+        calls = [
+            _xml_call(name, [(k, v.strip()) for k, v in _MINIMAX_PARAM.findall(body)], tools)
+            for section in _MINIMAX_SECTION.findall(text)
+            for name, body in _MINIMAX_INVOKE.findall(section)
+        ]
+        return reasoning, content, calls
+
+
+# Qwen3-Coder and Qwen3.5 -------------------------------------------------------------------
+
+_QWEN_XML_CALL = re.compile(r"<tool_call>\s*<function=(.*?)>(.*?)</function>\s*</tool_call>", re.S)
+_QWEN_XML_PARAM = re.compile(r"<parameter=(.*?)>(.*?)</parameter>", re.S)
+
+
+class Qwen3Coder(TextGrammar):
+    """ChatML without thinking; calls as `<tool_call>\\n<function=N>\\n<parameter=K>\\nV\\n
+    </parameter>\\n</function>\\n</tool_call>`, then `<|im_end|>`."""
+
+    name = "qwen3-coder"
+    ends = ("<|im_end|>",)
+
+    def split(
+        self, text: str, thinking: bool, tools: list[Any] | None
+    ) -> tuple[str, str, list[Call]]:
+        return "", *self._calls(text, tools)
+
+    @staticmethod
+    def _calls(text: str, tools: list[Any] | None) -> tuple[str, list[Call]]:
+        content, _, _ = text.partition("<tool_call>")
+        calls = [
+            _xml_call(name, [(k, _one_newline(v)) for k, v in _QWEN_XML_PARAM.findall(body)], tools)
+            for name, body in _QWEN_XML_CALL.findall(text)
+        ]
+        return content, calls
+
+
+class Qwen35(Qwen3Coder):
+    """`<|im_start|>assistant\\n<think>\\n` pre-filled (with thinking off, an empty think block
+    `<think>\\n\\n</think>\\n\\n`); the model writes `{reasoning}\\n</think>\\n\\n{content}`, then
+    Qwen3-Coder's calls (the first after content preceded by `\\n\\n`), then `<|im_end|>`."""
+
+    name = "qwen3.5"
+
+    def split(
+        self, text: str, thinking: bool, tools: list[Any] | None
+    ) -> tuple[str, str, list[Call]]:
+        reasoning, text = _after_think(text, thinking)
+        return reasoning, *self._calls(text, tools)
+
+
+# Kimi-K3 -----------------------------------------------------------------------------------
+
+_K3_CALL = re.compile(
+    r'<\|open\|>call tool="(.*?)" index="\d+"<\|sep\|>(.*?)<\|close\|>call<\|sep\|>', re.S
+)
+_K3_ARG = re.compile(
+    r'<\|open\|>argument key="(.*?)" type="(\w+)"<\|sep\|>(.*?)<\|close\|>argument<\|sep\|>'
+    r'|<\|open\|>json type="object"<\|sep\|>(.*?)<\|close\|>json<\|sep\|>',
+    re.S,
+)
+
+
+def _unescape_attr(v: str) -> str:
+    return v.replace("&quot;", '"').replace("&amp;", "&")
+
+
+class KimiK3(TextGrammar):
+    """Tags `<|open|>TAG attrs<|sep|>...<|close|>TAG<|sep|>`. The prompt opens the answer's
+    `think` block (its `response` one with thinking off); the model writes `{reasoning}
+    <|close|>think<|sep|><|open|>response<|sep|>{content}<|close|>response<|sep|>`, then its
+    calls in a `tools` block (each argument typed: `type="string"` is the text, others JSON),
+    then `<|close|>message<|sep|>` and the stop token `<|end_of_msg|>`."""
+
+    name = "kimi-k3"
+    ends = ("<|end_of_msg|>",)
+
+    def split(
+        self, text: str, thinking: bool, tools: list[Any] | None
+    ) -> tuple[str, str, list[Call]]:
+        reasoning = ""
+        if thinking:
+            reasoning, sep, text = text.partition("<|close|>think<|sep|>")
+            if not sep:
+                return reasoning, "", []
+        text = text.removeprefix("<|open|>response<|sep|>")
+        content, _, section = text.partition("<|close|>response<|sep|>")
+        calls = []
+        for name, body in _K3_CALL.findall(section):
+            args: dict[str, Any] = {}
+            for key, kind, value, block in _K3_ARG.findall(body):
+                if key or kind:
+                    args[_unescape_attr(key)] = _xml_value(value, kind)
+                else:
+                    try:
+                        obj = json.loads(block)
+                    except json.JSONDecodeError:
+                        continue
+                    if isinstance(obj, dict):
+                        args.update(obj)
+            calls.append(Call(_unescape_attr(name), json.dumps(args, ensure_ascii=False)))
+        return reasoning, content, calls
+
+
 TEXT_GRAMMARS: dict[str, type[TextGrammar]] = {
-    g.name: g for g in (KimiK2, DeepSeekV3, DeepSeekR1, Glm45, GptOss, ChatML)
+    g.name: g
+    for g in (
+        KimiK2,
+        KimiK3,
+        DeepSeekV3,
+        DeepSeekR1,
+        Glm45,
+        Glm47,
+        MiniMaxM2,
+        Qwen3Coder,
+        Qwen35,
+        GptOss,
+        ChatML,
+    )
 }

@@ -47,7 +47,9 @@ class Grammar(Protocol):
     name: str
     tok: Tokenizer
 
-    def parse(self, ids: list[int], thinking: bool) -> Parsed: ...
+    def parse(self, ids: list[int], thinking: bool, tools: list[Any] | None = None) -> Parsed:
+        """`tools`: the request's declared tools (the XML call formats read their schemas)."""
+        ...
 
 
 def _text(v: Any) -> str:
