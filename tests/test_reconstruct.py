@@ -192,17 +192,25 @@ MODELS = {
     "glm-4.5": "z-ai/glm-4.5",
     "gpt-oss": "openai/gpt-oss-120b",
     "chatml": "sim/chatml",
+    "glm-4.7": "z-ai/glm-4.7",
+    "minimax-m2": "minimax/minimax-m2",
+    "qwen3-coder": "qwen/qwen3-coder",
+    "qwen3.5": "qwen/qwen3.5-397b-a17b",
+    "kimi-k3": "moonshotai/kimi-k3",
 }
+NOT_SIMULATED = {"deepseek-v3.1", "deepseek-v4", "template"}
+"""Families with no model in the simulator (V3.1, V4) or none of their own (the generic one)."""
 
 
 @pytest.mark.parametrize(
     ("name", "thinking"),
-    [(f, True) for f in MODELS] + [("glm-4.5", False), ("kimi-k2.5", False)],
+    [(f, True) for f in MODELS]
+    + [(f, False) for f in ("glm-4.5", "kimi-k2.5", "glm-4.7", "qwen3.5", "kimi-k3")],
 )
 def test_every_family_matches_the_bill_on_the_simulator(
     tmp_path: Path, name: str, thinking: bool
 ) -> None:
-    assert set(MODELS) == set(FAMILIES) - {"deepseek-v3.1"}  # no V3.1 model in the simulator
+    assert set(MODELS) == set(FAMILIES) - NOT_SIMULATED
     write_rows(tmp_path / "loops.jsonl", [_tool_loop(i) for i in range(6)])
     shutil.copy(FIXTURES / "b1_glaive.json", tmp_path / "glaive.json")
     rows = [{"messages": [{"role": "user", "content": f"Prove claim {i}"}]} for i in range(12)]
@@ -259,7 +267,7 @@ ARGS = st.dictionaries(st.sampled_from(["city", "n", "flag", "q"]), ARG_VALUE, m
 THINKING = {"deepseek-r1": True, "gpt-oss": True, "kimi-k2": False, "deepseek-v3": False}
 
 
-SIM_FAMILIES = sorted(set(FAMILIES) - {"deepseek-v3.1"})
+SIM_FAMILIES = sorted(set(FAMILIES) - NOT_SIMULATED)
 USER = [{"role": "user", "content": "Explain, step by step."}]
 
 
@@ -330,9 +338,25 @@ def test_simulated_answers_round_trip(
         reasoning, content = reasoning.strip(), content.strip()
     if name == "deepseek-r1":
         reasoning, content = reasoning.strip("\n"), content.lstrip("\n")
+    if name in ("glm-4.7", "minimax-m2"):
+        # Their servers' parsers strip each argument value: a value's own outer spaces are lost
+        # before regen sees the answer.
+        calls = [
+            (n, {k: v.strip() if isinstance(v, str) else v for k, v in a.items()}) for n, a in calls
+        ]
+    if FAMILIES[name].from_template:
+        # Newlines at either end of a field cannot be told from the template's own separators
+        # (a server's parser hands both back together); regen takes them as the separators.
+        reasoning, content = reasoning.strip("\n"), content.strip("\n")
     ids, row = _sim_answer(name, reasoning, content, calls, thinking)
     target = Target(TargetSpec(family=name, thinking=thinking))
     [sample] = target.samples([row])
+    if name == "minimax-m2" and not reasoning.strip():
+        # MiniMax-M2's template writes no think block for an answer without reasoning, which
+        # cannot follow its prompt's `<think>\n`: what the model writes then is not shown
+        # anywhere regen could check (the simulator assumes `\n</think>\n\n`), so it is refused.
+        assert isinstance(sample, Exception) and "does not extend its prompt" in str(sample)
+        return
     assert not isinstance(sample, Exception), sample
     assert sample.completion_ids == ids, (target.decode(sample.completion_ids), target.decode(ids))
 

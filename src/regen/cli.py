@@ -573,7 +573,7 @@ def _audit(args: argparse.Namespace, console: Console) -> int:
                     markup=False,
                 )
             for what, key, detail in (
-                ("does not parse back", "reparse", "first_difference"),
+                ("rebuild fails its check", "reparse", "first_difference"),
                 ("rebuild differs from the server", "server_ids_divergences", "first_divergence"),
             ):
                 for r in d[key][:3]:

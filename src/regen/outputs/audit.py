@@ -75,8 +75,9 @@ class DatasetAudit:
     problems: Counter[str] = field(default_factory=Counter)
     finish_reasons: Counter[str] = field(default_factory=Counter)
     reparse: list[tuple[str, str]] = field(default_factory=list)
-    """(item id, first difference) of the first answers whose rebuilt completion does not
-    parse back to the stored answer."""
+    """(item id, why) of the first answers whose rebuild fails a check of its own: it cannot
+    be built (the template cannot show it), loses part of the answer, or does not parse back
+    to the stored answer."""
     oracle_checked: int = 0
     """Answers with the server's own ids that were also rebuilt from their text."""
     oracle_matches: int = 0
@@ -106,7 +107,11 @@ class DatasetAudit:
         self.failed += bool(problems)
         self.problems.update(problems)
         if reparse is not None and len(self.reparse) < keep_worst:
-            self.reparse.append((sample.item_id if isinstance(sample, Sample) else "?", reparse))
+            if isinstance(sample, Sample):
+                self.reparse.append((sample.item_id, reparse))
+            else:  # the error names its item first
+                item, _, why = reparse.partition(": ")
+                self.reparse.append((item, why))
         if isinstance(sample, ReconstructError):
             return
         self.exact_ids += sample.source == "exact"
@@ -264,7 +269,7 @@ def sample_problems(
     prompt, each on its own), whether the rebuild holds every part of the answer and parses
     back, and whether it equals the server's ids where it has them."""
     if isinstance(sample, ReconstructError):
-        return Verdict(["reconstruct_error"])
+        return Verdict(["reconstruct_error"], str(sample))
     problems = structure(row, target.family.markers, checks)
     if abs(sample.completion_diff) > checks.max_sample_diff:
         problems.append("length_off_billed")

@@ -325,7 +325,11 @@ class Target:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             role = messages[-1].get("role") if messages and not generation else None
             what = f" the finished {role} turn" if role else ""
-            raise ReconstructError(f"chat template cannot render{what}: {first}") from exc
+            raise ReconstructError(
+                f"the {self.family.name} chat template cannot render{what}: {first} (the "
+                "template [reconstruct] chat_template names, or the tokenizer's, may need "
+                "template_kwargs, or another family: `regen families`)"
+            ) from exc
 
     def _render(
         self,
@@ -355,12 +359,12 @@ class Target:
         history = row.history()
         when = row.created_at or None
         tools = row.conversation.get("tools")
-        # A server's parsers hand back reasoning and content with the separators around them
+        # A server's parsers hand back reasoning and content with the newlines around them
         # that the template writes itself (vLLM: `R\n`, `\n\nC\n` before a call): they go to
-        # the template stripped, and it writes its own.
-        message: dict[str, Any] = {"role": "assistant", "content": a.content.strip()}
+        # the template without them, and it writes its own. (Other whitespace is the model's.)
+        message: dict[str, Any] = {"role": "assistant", "content": a.content.strip("\n")}
         if a.reasoning.strip():
-            message["reasoning"] = a.reasoning.strip()
+            message["reasoning"] = a.reasoning.strip("\n")
         if a.calls:
             message["tool_calls"] = list(a.calls)
         full = self._rendered([*history, message], tools, when, generation=False)[0]
