@@ -465,3 +465,18 @@ def test_the_self_check_needs_no_family() -> None:
     assert lost(a, good.replace("n=3", "n=")) is not None
     assert "reasoning" in (lost(a, good.replace("Think.", "")) or "")
     assert lost(a, "Text.Think.<call>get_weather city=Zürich n=3 ok=true") is not None  # order
+
+
+def test_a_history_the_template_cannot_render_names_its_message(folders: dict[str, str]) -> None:
+    """One line: the model, the message it fails on, the template's own words, what to set."""
+    from regen.reconstruct import ReconstructError
+
+    t = target(BY_NAME["minimax-m2"], True, folders)
+    history = [USER, {"role": "tool", "tool_call_id": "c", "content": "orphan"}]
+    with pytest.raises(ReconstructError) as err:
+        t.prompt_text(history, None)
+    line = str(err.value)
+    assert "\n" not in line
+    assert line.startswith("the minimax-m2 chat template cannot render message 2 (tool): ")
+    assert "no previous assistant message with a tool call" in line
+    assert "template_kwargs" in line and "regen families" in line

@@ -323,13 +323,37 @@ class Target:
                 return self._render(template, messages, tools, kwargs, False, generation), False
         except Exception as exc:  # a template's raise_exception, or a Jinja error
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            role = messages[-1].get("role") if messages and not generation else None
-            what = f" the finished {role} turn" if role else ""
+            at = self._first_failing(template, messages, tools, kwargs, generation)
+            what = f" message {at + 1} ({messages[at].get('role')})" if at is not None else ""
             raise ReconstructError(
                 f"the {self.family.name} chat template cannot render{what}: {first} (the "
-                "template [reconstruct] chat_template names, or the tokenizer's, may need "
-                "template_kwargs, or another family: `regen families`)"
+                "history does not fit this template, or it needs [reconstruct] template_kwargs "
+                "or another family: `regen families`)"
             ) from exc
+
+    def _first_failing(
+        self,
+        template: str,
+        messages: list[dict[str, Any]],
+        tools: list[Any] | None,
+        kwargs: dict[str, Any],
+        generation: bool,
+    ) -> int | None:
+        """The first message the template cannot render (each shorter history rendered the
+        way the full one was, arguments parsed or as text); None if it fails only on the
+        whole. Only run once a render has failed."""
+        for n in range(1, len(messages) + 1):
+            failed = True
+            for parse in (True, False):
+                try:
+                    self._render(template, messages[:n], tools, kwargs, parse, generation)
+                    failed = False
+                    break
+                except Exception:  # noqa: BLE001, S112 - the one that fails is the answer
+                    continue
+            if failed:
+                return n - 1
+        return None
 
     def _render(
         self,
