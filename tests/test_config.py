@@ -230,3 +230,31 @@ def test_the_readme_job_files_are_valid_jobs() -> None:
     assert jobs, "the README shows a job file"
     for block in jobs:
         Job.model_validate({**tomllib.loads(block), "base_dir": "."})
+
+
+def test_reconstruct_family_auto_and_stop(tmp_path: Path) -> None:
+    """`auto` reads the model's template, so it needs one; any family name is checked; a
+    stop token may be set."""
+    message = _error_for(tmp_path, MINIMAL + '[reconstruct]\nfamily = "auto"\n')
+    assert "auto" in message and "chat template" in message
+    message = _error_for(tmp_path, MINIMAL + '[reconstruct]\nfamily = "glm-9"\n')
+    assert "unknown template family 'glm-9'" in message and "regen families" in message
+    (tmp_path / "job.toml").write_text(
+        MINIMAL + '[reconstruct]\nfamily = "auto"\ntokenizer = "/models/x"\nstop = "<|eot|>"\n'
+    )
+    job = load_job(tmp_path / "job.toml")
+    assert job.reconstruct is not None and job.reconstruct.stop == "<|eot|>"
+
+
+def test_self_hosted_servers_are_asked_for_token_ids_by_default(tmp_path: Path) -> None:
+    text = MINIMAL + (
+        '[endpoint]\nbase_url = "http://127.0.0.1:8000/v1"\ndialect = "{d}"\n'
+        'api_key_env = "X"\n'
+    )
+    for dialect, plain, streamed in (("vllm", True, True), ("sglang", True, False)):
+        (tmp_path / "job.toml").write_text(text.replace("{d}", dialect))
+        (endpoint,) = load_job(tmp_path / "job.toml").endpoint_pool
+        assert (endpoint.asks_token_ids(False), endpoint.asks_token_ids(True)) == (plain, streamed)
+    (tmp_path / "job.toml").write_text(MINIMAL)
+    (endpoint,) = load_job(tmp_path / "job.toml").endpoint_pool
+    assert not endpoint.asks_token_ids(False)  # OpenRouter returns no ids

@@ -351,6 +351,15 @@ class ReconstructConfig(_Model):
     live_audit_sample: int = Field(default=32, ge=1)
     """Answers checked per progress interval (the first ones of each interval)."""
 
+    @model_validator(mode="after")
+    def _auto_reads_a_template(self) -> ReconstructConfig:
+        if self.family == "auto" and self.tokenizer == "sim" and not self.chat_template:
+            raise ValueError(
+                'family = "auto" reads the model\'s chat template: set tokenizer (a folder, a '
+                "tokenizer.json or a hub id) or chat_template, or name the family"
+            )
+        return self
+
     @field_validator("family")
     @classmethod
     def _known(cls, v: str) -> str:
