@@ -248,8 +248,7 @@ def test_reconstruct_family_auto_and_stop(tmp_path: Path) -> None:
 
 def test_self_hosted_servers_are_asked_for_token_ids_by_default(tmp_path: Path) -> None:
     text = MINIMAL + (
-        '[endpoint]\nbase_url = "http://127.0.0.1:8000/v1"\ndialect = "{d}"\n'
-        'api_key_env = "X"\n'
+        '[endpoint]\nbase_url = "http://127.0.0.1:8000/v1"\ndialect = "{d}"\napi_key_env = "X"\n'
     )
     for dialect, plain, streamed in (("vllm", True, True), ("sglang", True, False)):
         (tmp_path / "job.toml").write_text(text.replace("{d}", dialect))
