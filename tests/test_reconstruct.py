@@ -396,3 +396,32 @@ def test_the_thinking_switch_follows_what_the_requests_sent() -> None:
         spec_from_store(None, None)
     with pytest.raises(Exception, match="not JSON"):
         spec_from_store({**meta, "template_kwargs": "{oops"}, None)
+
+
+def test_family_auto_on_a_run_says_what_it_picked_and_audits_clean(tmp_path: Path) -> None:
+    """A GLM-4.7 job whose [reconstruct] names no family: `auto` reads the model's chat
+    template, says which family it is, and every answer rebuilds to its bill."""
+    from importlib import resources
+
+    template = resources.files("regen.sim").joinpath("tokenizer", "templates", "glm-4.7.jinja")
+    shutil.copy(str(template), tmp_path / "glm.jinja")
+    write_rows(tmp_path / "loops.jsonl", [_tool_loop(i) for i in range(3)])
+    with sim_in_thread(SimConfig(seed=5, time_scale=0.0)) as sim:
+        job = write_job(
+            tmp_path,
+            sim.base_url,
+            datasets=[("loops", "loops.jsonl", "openai")],
+            extra='[reconstruct]\nfamily = "auto"\nchat_template = "glm.jinja"\n',
+        )
+        text = job.read_text().replace("moonshotai/kimi-k2.5", MODELS["glm-4.7"])
+        job.write_text(
+            text.replace("max_tokens = 512", "max_tokens = 4000") + 'mode = "each_turn"\n'
+        )
+        res = run_cli("run", str(job))
+        assert res.returncode == 0, res.stdout + res.stderr
+    res = run_cli("audit", str(tmp_path / "out"), "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "note: family auto: glm-4.7, from its chat template" in res.stderr
+    overall = json.loads(res.stdout)["overall"]
+    assert overall["samples"] >= 6 and overall["failed"] == 0, overall["problems"]
+    assert overall["match_share"] == 1.0 and overall["prompt_match_share"] == 1.0
