@@ -200,6 +200,11 @@ FAMILY_MODELS = [
     ("z-ai/glm-4.5", "glm-4.5"),
     ("openai/gpt-oss-120b", "gpt-oss"),
     ("sim/chatml", "chatml"),
+    ("z-ai/glm-4.7", "glm-4.7"),
+    ("minimax/minimax-m2", "minimax-m2"),
+    ("qwen/qwen3-coder", "qwen3-coder"),
+    ("qwen/qwen3.5-397b-a17b", "qwen3.5"),
+    ("moonshotai/kimi-k3", "kimi-k3"),
 ]
 
 
