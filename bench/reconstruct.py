@@ -35,7 +35,12 @@ from regen.sim.words import WORDS
 from regen.sources.ingest import ingest
 from regen.state.db import Store
 
-MODELS = {"kimi-k2.5": "moonshotai/kimi-k2.5", "qwen3": "qwen/qwen3-8b"}
+MODELS = {
+    "kimi-k2.5": "moonshotai/kimi-k2.5",
+    "qwen3": "qwen/qwen3-8b",
+    "glm-4.7": "z-ai/glm-4.7",
+    "minimax-m2": "minimax/minimax-m2",
+}
 TOOLS = [
     {
         "type": "function",
