@@ -151,7 +151,9 @@ def main() -> None:
             f"{overall['samples']} samples, match {overall['match_share']:.2%}, "
             f"prompt match {overall['prompt_match_share']:.2%}, "
             f"mean abs diff {overall['mean_abs_diff']}, "
-            f"parse-back mismatches {overall['problems'].get('reparse_mismatch', 0)}"
+            f"parse-back mismatches {overall['problems'].get('reparse_mismatch', 0)}, "
+            f"self-check failures {overall['problems'].get('rebuild_loses_text', 0)}, "
+            f"refused {overall['problems'].get('reconstruct_error', 0)}"
         )
         print(f"| audit | {wall:.1f} | {cpu:.1f} | {tokens / wall:,.0f} | {result} |", flush=True)
         wall, cpu, _, _ = timed(
