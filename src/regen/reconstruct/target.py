@@ -26,9 +26,9 @@ from regen.reconstruct.encoders import encoder
 from regen.reconstruct.families import AUTO, FAMILIES, Answer, Family, detect, family
 from regen.reconstruct.kimi_ts import sorted_keys, tools_typescript
 from regen.reconstruct.rendered import ReconstructError, rendered_completion
+from regen.state.answers import ExportRow, unpack_ids
 
 __all__ = ["ReconstructError", "Sample", "Target", "TargetSpec", "sim_template", "spec_from_store"]
-from regen.state.answers import ExportRow, unpack_ids
 
 
 @dataclass(frozen=True)
@@ -194,7 +194,8 @@ class Target:
             found.append(eos)
         folder = Path(self.spec.tokenizer).expanduser()
         config = (folder if folder.is_dir() else folder.parent) / "generation_config.json"
-        if self.spec.tokenizer != "sim" and config.is_file():
+        local = folder.is_dir() or folder.is_file()  # a hub id has no folder beside it
+        if self.spec.tokenizer != "sim" and local and config.is_file():
             try:
                 ids = json.loads(config.read_text("utf-8")).get("eos_token_id")
             except (OSError, ValueError):
