@@ -1,13 +1,16 @@
-"""Completion grammars: how each model family writes an answer as text, token for token.
+"""The model families: their rules as data (families.toml, loaded here), and the hand-written
+completion grammars of the few whose chat template cannot show what the model writes.
 
-A family knows what its generation prompt leaves open (Kimi-K2.5 pre-fills `<think>`,
+Every other family's completion is its template's own render of the answer (rendered.py). A
+grammar knows what its generation prompt leaves open (Kimi-K2.5 pre-fills `<think>`,
 DeepSeek-R1 `<think>\\n`, gpt-oss stops at `<|start|>assistant`), so the completion is exactly
-what the model produced after the prompt: reasoning, its closing marker, content, the tool-call
-section with the arguments verbatim, and the end-of-turn token. An answer cut at max_tokens
-(`finish_reason == "length"`) has no end token, and only its reasoning when it was cut there.
+what the model produced after the prompt: reasoning, its closing marker, content, the
+tool-call section with the arguments verbatim, and the end-of-turn token. An answer cut at
+max_tokens (`finish_reason == "length"`) has no end token, and only its reasoning when it was
+cut there.
 
-`thinking` is whether the prompt was rendered with thinking on: with it off, the families that
-pre-fill an empty think block (Kimi-K2.5, Qwen3, GLM-4.5) leave it out of the completion.
+`thinking` is whether the prompt was rendered with thinking on: with it off, Kimi-K2.5's
+pre-filled empty think block is left out of the completion.
 """
 
 from __future__ import annotations
