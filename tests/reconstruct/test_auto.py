@@ -87,3 +87,34 @@ def test_regen_families_lists_each_family() -> None:
     assert all(r["verified"] for r in rows.values())
     table = run_cli("families")
     assert table.returncode == 0 and "[reconstruct]" in table.stdout
+
+
+def test_the_generic_family_reads_back_with_the_stop_it_was_given(tmp_path: Path) -> None:
+    """A `template` answer ends with the target's stop token (here `[reconstruct] stop`): the
+    parse-back takes that same token off, so a right rebuild passes and a wrong one fails."""
+    from regen.outputs.audit import reparse
+    from regen.state.answers import ExportRow
+
+    template = tmp_path / "t.jinja"
+    template.write_text(
+        "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    t = Target(TargetSpec(family="template", chat_template=str(template), stop="<|end|>"))
+    row = ExportRow(
+        item_id="x",
+        turn_index=1,
+        conversation={"messages": [{"role": "user", "content": "hi"}, {"role": "assistant"}]},
+        content="Hello.",
+        reasoning=None,
+        tool_calls=[],
+        finish_reason="stop",
+    )
+    [sample] = t.samples([row])
+    assert not isinstance(sample, Exception), sample
+    assert t.decode(sample.completion_ids) == "Hello.<|end|>"
+    assert reparse(row, sample, t) is None
+    [wrong] = Target(
+        TargetSpec(family="template", chat_template=str(template), stop="<|x|>")
+    ).samples([row])
+    assert isinstance(wrong, Exception) and "writes none of the end tokens" in str(wrong)

@@ -204,7 +204,7 @@ def reparse(row: ExportRow, sample: Sample, target: Target) -> str | None:
     name = target.family.name
     answer = target.answer(row, sample.prefill)
     try:
-        got = parse(name, target.decode(sample.completion_ids), answer)
+        got = parse(name, target.decode(sample.completion_ids), answer, target.stops)
     except ValueError:
         return None  # a family without a parser
     return first_difference(got, server_form(name, answer), strip=target.family.name not in LEGACY)

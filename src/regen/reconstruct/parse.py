@@ -76,13 +76,15 @@ def _kimi_name(cid: str) -> str:
     return cid.removeprefix("functions.").rsplit(":", 1)[0]
 
 
-def parse(family: str, text: str, a: Answer) -> Parsed:
+def parse(family: str, text: str, a: Answer, stops: tuple[str, ...] = ()) -> Parsed:
     """The reasoning, content and calls a server's parsers read in a completion's text (its
     end-of-turn token included or not), given what the prompt pre-filled (`a.prefill`) and
-    whether thinking was on."""
+    whether thinking was on. `stops`: the end tokens the rebuild ended the turn with (the
+    target's, which a job's `[reconstruct] stop` or the tokenizer decides for a family that
+    names none)."""
     f = FAMILIES.get(family)
     if f is not None and family not in LEGACY:
-        return parse_syntax(f, text)
+        return parse_syntax(f, text, stops or f.stop)
     for end in ("<|im_end|>", DS_EOS, "<|return|>", "<|call|>", "<|user|>", "<|observation|>"):
         text = text.removesuffix(end)
     reasoning = ""
@@ -233,10 +235,10 @@ def _kimi_k3(text: str) -> tuple[str, tuple[tuple[str, Any], ...]]:
     return content, tuple(calls)
 
 
-def parse_syntax(f: Family, text: str) -> Parsed:
+def parse_syntax(f: Family, text: str, stops: tuple[str, ...]) -> Parsed:
     """A template family's completion read back: the end token off, reasoning up to the
     closing think tag (its opening one may have been pre-filled), then the call syntax."""
-    for end in (*f.stop, f.append_stop, f.append_stop_after_calls):
+    for end in (*stops, f.append_stop, f.append_stop_after_calls):
         if end:
             text = text.removesuffix(end)
     reasoning = ""
