@@ -353,11 +353,11 @@ class ReconstructConfig(_Model):
 
     @model_validator(mode="after")
     def _auto_reads_a_template(self) -> ReconstructConfig:
-        if self.family == "auto" and self.tokenizer == "sim" and not self.chat_template:
-            raise ValueError(
-                'family = "auto" reads the model\'s chat template: set tokenizer (a folder, a '
-                "tokenizer.json or a hub id) or chat_template, or name the family"
-            )
+        from regen.reconstruct.families import auto_without_template
+
+        why = auto_without_template(self.family, self.tokenizer, self.chat_template)
+        if why is not None:
+            raise ValueError(why)
         return self
 
     @field_validator("family")

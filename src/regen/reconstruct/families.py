@@ -268,6 +268,17 @@ def family(name: str) -> Family:
     return f
 
 
+def auto_without_template(name: str, tokenizer: str, chat_template: str | None) -> str | None:
+    """Why `family = "auto"` cannot work with these settings (None when it can): it reads the
+    model's chat template, and the simulator's tokenizer has none of its own."""
+    if name == AUTO and tokenizer == "sim" and not chat_template:
+        return (
+            'family = "auto" reads the model\'s chat template: set tokenizer (a folder, a '
+            "tokenizer.json or a hub id) or chat_template, or name the family"
+        )
+    return None
+
+
 def detect(template: str, thinking: bool = True) -> Family:
     """The family a chat template is (the first whose `detect` text it all holds), or the
     generic `template` family. Two families that share a template (DeepSeek-V3's is R1's)

@@ -23,7 +23,15 @@ from typing import Any
 from regen.errors import ConfigError
 from regen.reconstruct.check import lost
 from regen.reconstruct.encoders import encoder
-from regen.reconstruct.families import AUTO, FAMILIES, Answer, Family, detect, family
+from regen.reconstruct.families import (
+    AUTO,
+    FAMILIES,
+    Answer,
+    Family,
+    auto_without_template,
+    detect,
+    family,
+)
 from regen.reconstruct.kimi_ts import sorted_keys, tools_typescript
 from regen.reconstruct.rendered import ReconstructError, rendered_completion
 from regen.state.answers import ExportRow, unpack_ids
@@ -122,11 +130,9 @@ class Target:
 
     def __init__(self, spec: TargetSpec) -> None:
         self.spec = spec
-        if spec.family == AUTO and spec.tokenizer == "sim" and not spec.chat_template:
-            raise ConfigError(
-                'family = "auto" reads the model\'s chat template: give tokenizer (a folder, a '
-                "tokenizer.json or a hub id) or chat_template, or name the family"
-            )
+        why = auto_without_template(spec.family, spec.tokenizer, spec.chat_template)
+        if why is not None:
+            raise ConfigError(why)
         self.family: Family = family(spec.family) if spec.family != AUTO else FAMILIES["template"]
         self.tok = _hf_tokenizer(spec.tokenizer, spec.trust_remote_code)
         template: str | None
