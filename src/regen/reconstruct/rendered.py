@@ -20,6 +20,13 @@ class ReconstructError(Exception):
     show its answer)."""
 
 
+def without_separators(field: str) -> str:
+    """A stored reasoning or content as the template gets it: a server's parsers hand fields
+    back with the newlines around them that the template writes itself (vLLM: `R\\n`,
+    `\\n\\nC\\n` before a call), so those go; any other whitespace is the model's."""
+    return field.strip("\n")
+
+
 def first_difference_at(a: str, b: str) -> int:
     same = (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
     return next(same, min(len(a), len(b)))
@@ -68,7 +75,7 @@ def _reasoning_put_back(family: Family, prompt: str, full: str, a: Answer) -> tu
     close = family.think[1]
     if full.startswith(prompt):
         return prompt, ""
-    reasoning = a.reasoning.strip()
+    reasoning = without_separators(a.reasoning)
     for p in family.prefills:
         head = prompt.removesuffix(p)
         if head != prompt and close not in p and full.startswith(head + close):

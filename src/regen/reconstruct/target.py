@@ -33,7 +33,11 @@ from regen.reconstruct.families import (
     family,
 )
 from regen.reconstruct.kimi_ts import sorted_keys, tools_typescript
-from regen.reconstruct.rendered import ReconstructError, rendered_completion
+from regen.reconstruct.rendered import (
+    ReconstructError,
+    rendered_completion,
+    without_separators,
+)
 from regen.state.answers import ExportRow, unpack_ids
 
 __all__ = ["ReconstructError", "Sample", "Target", "TargetSpec", "sim_template", "spec_from_store"]
@@ -390,12 +394,10 @@ class Target:
         history = row.history()
         when = row.created_at or None
         tools = row.conversation.get("tools")
-        # A server's parsers hand back reasoning and content with the newlines around them
-        # that the template writes itself (vLLM: `R\n`, `\n\nC\n` before a call): they go to
-        # the template without them, and it writes its own. (Other whitespace is the model's.)
-        message: dict[str, Any] = {"role": "assistant", "content": a.content.strip("\n")}
+        content = without_separators(a.content)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
         if a.reasoning.strip():
-            message["reasoning"] = a.reasoning.strip("\n")
+            message["reasoning"] = without_separators(a.reasoning)
         if a.calls:
             message["tool_calls"] = list(a.calls)
         full = self._rendered([*history, message], tools, when, generation=False)[0]
