@@ -10,13 +10,40 @@ from typing import Any
 
 import pytest
 
-from regen.conversation import Attempt, Message, Outcome, Result, Usage
+from regen.conversation import Attempt, Message, Outcome, Result, ToolCall, Usage
 from regen.errors import StateError
 from regen.outputs.export import ExportOptions, export_job
 from regen.reconstruct import Target, TargetSpec
 from regen.sim import SimConfig, sim_in_thread
 from regen.state.db import Store
 from tests.conftest import chat_rows, query, run_cli, write_job, write_rows
+
+ITEM_ROWS = (
+    "SELECT i.id, c.row_index, i.turn_index FROM items i "
+    "JOIN conversations c ON c.id = i.conversation_id"
+)
+PROVENANCE_FIELDS = {
+    "source_file",
+    "source_row",
+    "source_id",
+    "mode",
+    "turn_index",
+    "history",
+    "item_id",
+    "model",
+    "provider",
+    "endpoint",
+    "run_id",
+    "generation_id",
+    "settings",
+    "finish_reason",
+    "prompt_tokens",
+    "completion_tokens",
+    "reasoning_tokens",
+    "cost_usd",
+    "usage_source",
+    "token_ids",
+}
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +104,10 @@ def test_specforge_and_openai_round_trip_against_state_db(job_out: Path, tmp_pat
     recs = lines(train / "a.jsonl") + lines(train / "b.jsonl")
     assert len(recs) == len(db) == 60
     for rec in recs:
-        assert set(rec) <= {"id", "conversations", "tools"}
+        assert set(rec) <= {"id", "conversations", "tools", "provenance", "input_ids", "loss_mask"}
+        assert rec["provenance"]["item_id"] == rec["id"]
+        assert rec["provenance"]["history"] == "none"  # single-turn rows
+        assert json.loads(rec["provenance"]["settings"])["model"]
         last = rec["conversations"][-1]
         content, reasoning, calls = db[rec["id"]]
         assert last["role"] == "assistant" and last["content"] == content
@@ -92,7 +122,8 @@ def test_specforge_and_openai_round_trip_against_state_db(job_out: Path, tmp_pat
     assert manifest["regen_version"] and manifest["filters"]["format"] == "specforge"
     oa = export(job_out, tmp_path / "oa", "--format", "openai", "--keep-truncated")
     first = lines(tmp_path / "oa" / "train" / "a.jsonl")[0]
-    assert set(first) == {"id", "messages"} and first["messages"][-1]["role"] == "assistant"
+    assert set(first) == {"id", "messages", "provenance"}
+    assert first["messages"][-1]["role"] == "assistant" and first["messages"][-1]["weight"] == 1
     assert oa["datasets"]["b"]["completion_tokens"] == sum(
         n for (n,) in query(job_out, "SELECT completion_tokens FROM results WHERE dataset = 'b'")
     )
@@ -106,7 +137,15 @@ def test_sharegpt_marks_calls_and_reasoning(job_out: Path, tmp_path: Path) -> No
     froms = {t["from"] for r in recs for t in r["conversations"]}
     assert froms <= {"human", "gpt", "function_call", "observation"}
     calls = [t for r in recs for t in r["conversations"] if t["from"] == "function_call"]
-    assert calls and all(json.loads(t["value"])["name"] == "lookup" for t in calls)
+    assert calls
+    for t in calls:
+        # One turn per assistant turn: reasoning inline, then the call with its arguments as an
+        # object (LLaMA-Factory json.dumps them again: a string would be encoded twice).
+        call = json.loads(t["value"].rpartition("</think>\n\n")[2])
+        assert call["name"] == "lookup" and isinstance(call["arguments"], dict)
+    for r in recs:  # turns alternate as LLaMA-Factory's sharegpt converter requires
+        kinds = [t["from"] in ("gpt", "function_call") for t in r["conversations"]]
+        assert kinds == [k % 2 == 1 for k in range(len(kinds))]
     reasoned = [
         t
         for r in lines(tmp_path / "sg" / "train" / "a.jsonl")
@@ -227,7 +266,15 @@ def test_tokenized_parquet_loads_with_datasets_and_incremental_parts(tmp_path: P
         "source",
         "prompt_diff",
         "completion_diff",
+        *PROVENANCE_FIELDS,
     }
+    # Each row joins back to its source row, and says how its ids were made.
+    rows = {i: (row, turn) for i, row, turn in query(tmp_path / "out", ITEM_ROWS)}
+    for r in ds:
+        assert rows[r["id"]] == (r["source_row"], r["turn_index"])
+        assert r["token_ids"] == r["source"] and r["mode"] == "last_turn"
+        assert r["source_file"].endswith("chat.jsonl") and r["history"] == "none"
+        assert (r["provider"], r["finish_reason"], r["cost_usd"]) == ("P", "stop", 0.001)
     # Incremental: only what came after the last export, as a new part; nothing twice.
     time.sleep(0.01)
     for n, item in enumerate(items[20:], start=20):
@@ -287,3 +334,88 @@ def test_a_failed_export_leaves_the_previous_one_whole(job_out: Path, tmp_path: 
     assert line.startswith(f"error: {to}: cannot write the export: ")
     assert {p: p.read_bytes() for p in to.rglob("*") if p.is_file()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x"]  # no temporary folder left
+
+
+def multi_turn_store(tmp_path: Path) -> tuple[Store, list[str]]:
+    """A last_turn dataset of OpenAI batch lines whose history holds the dataset's own answer,
+    each answered (as a run would store it) by a tool call and with exact ids."""
+    rows = [
+        {
+            "custom_id": f"req-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "messages": [
+                    {"role": "user", "content": f"Hi {i}"},
+                    {"role": "assistant", "content": f"SOURCE ANSWER {i}"},
+                    {"role": "user", "content": f"Weather in city {i}?"},
+                ],
+                "tools": [{"type": "function", "function": {"name": "weather"}}],
+            },
+        }
+        for i in range(6)
+    ]
+    write_rows(tmp_path / "batch.jsonl", rows)
+    job = write_job(
+        tmp_path, "http://127.0.0.1:9/v1", datasets=[("chat", "batch.jsonl", "openai_batch")]
+    )
+    from regen.config import load_job
+    from regen.sources.ingest import ingest
+
+    store = Store.open(load_job(job).output_path)
+    ingest(store, load_job(job))
+    items = [i for (i,) in query(tmp_path / "out", "SELECT id FROM items ORDER BY order_key")]
+    for n, item in enumerate(items):
+        call = ToolCall(f"c{n}", "weather", json.dumps({"city": n}))
+        r = Result(
+            item,
+            Message("assistant", "", reasoning=f"think {n}", tool_calls=(call,)),
+            "tool_calls",
+            Usage(9, 4, 2, 0.002),
+            provider="P",
+            model="m",
+            prompt_token_ids=(1, 2, 3),
+            completion_token_ids=(7, 8),
+            settings='{"model":"m","temperature":0.7}',
+        )
+        store.commit_outcomes([Outcome(item, "chat", (Attempt(1, time.time(), 0.1, 200),), r)])
+    return store, items
+
+
+def test_only_the_targets_text_is_trainable_by_default(tmp_path: Path) -> None:
+    store, items = multi_turn_store(tmp_path)
+    # OpenAI: the dataset's own answer stays as context with weight 0; the target's has 1.
+    m = export_job(store, ["chat"], tmp_path / "oa", ExportOptions(format="openai"))
+    recs = [json.loads(x) for x in (tmp_path / "oa/train/chat.jsonl").read_text().splitlines()]
+    assert len(recs) == m["datasets"]["chat"]["samples"]["train"] == 6
+    for rec in recs:
+        weights = [(x["content"], x.get("weight")) for x in rec["messages"] if "weight" in x]
+        assert weights[0][0].startswith("SOURCE ANSWER") and weights[0][1] == 0
+        assert weights[-1][1] == 1 and rec["messages"][-1]["tool_calls"]
+        p = rec["provenance"]
+        # Joined back to the batch line by its custom_id; the settings are what was sent.
+        n = int(p["source_id"].removeprefix("req-"))
+        assert p["source_row"] == n and rec["messages"][0]["content"] == f"Hi {n}"
+        assert p["history"] == "source" and p["mode"] == "last_turn" and p["turn_index"] == 3
+        assert json.loads(p["settings"]) == {"model": "m", "temperature": 0.7}
+        assert (p["reasoning_tokens"], p["token_ids"], p["model"]) == (2, "exact", "m")
+    # ShareGPT: LLaMA-Factory trains every gpt turn, so those samples are left out by default.
+    m = export_job(store, ["chat"], tmp_path / "sg", ExportOptions(format="sharegpt"))
+    assert m["datasets"]["chat"]["dropped"] == {"source_history": 6}
+    m = export_job(
+        store, ["chat"], tmp_path / "sg2", ExportOptions(format="sharegpt", train_source_turns=True)
+    )
+    assert m["datasets"]["chat"]["samples"]["train"] == 6
+    rec = json.loads((tmp_path / "sg2/train/chat.jsonl").read_text().splitlines()[0])
+    assert [t["from"] for t in rec["conversations"]] == ["human", "gpt", "human", "function_call"]
+    call = json.loads(rec["conversations"][-1]["value"].rpartition("</think>\n\n")[2])
+    assert isinstance(call["arguments"], dict) and json.loads(rec["tools"])[0]["function"]
+    # SpecForge without the target's ids: left out; with them, pre-tokenized (exact mask).
+    m = export_job(store, ["chat"], tmp_path / "sf", ExportOptions(format="specforge"))
+    assert m["datasets"]["chat"]["dropped"] == {"source_history": 6}
+    target = Target(TargetSpec(family="chatml", thinking=False))
+    m = export_job(store, ["chat"], tmp_path / "sf2", ExportOptions(format="specforge"), target)
+    assert m["datasets"]["chat"]["samples"]["train"] == 6
+    for line in (tmp_path / "sf2/train/chat.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        assert rec["input_ids"] == [1, 2, 3, 7, 8] and rec["loss_mask"] == [0, 0, 0, 1, 1]

@@ -327,3 +327,27 @@ def test_auto_stops_on_a_row_that_fits_two_formats(tmp_path: Path) -> None:
     assert res.returncode == 1
     (line,) = res.stderr.strip().splitlines()
     assert "fit formats openai and alpaca; set format = one of them" in line, line
+
+
+def test_notes_on_rows_used_reach_inspect_the_summary_and_status(tmp_path: Path) -> None:
+    """Real glaive row shapes (tests/sources/fixtures/real): a call to an undeclared name is
+    used and noted; a role marker inside a turn is a bad row with its reason."""
+    shapes = json.loads(
+        (Path(__file__).parent / "sources/fixtures/real/glaive_shortened.json").read_text()
+    )
+    by_row = {str(c["row"]): c for c in shapes}
+    rows = [{k: by_row[n][k] for k in ("system", "chat")} for n in ("3871", "9046", "21816")]
+    (tmp_path / "g.json").write_text(json.dumps(rows))
+    with sim_in_thread(SimConfig(seed=2, time_scale=0.0)) as sim:
+        job = write_job(tmp_path, sim.base_url, datasets=[("g", "g.json", "glaive")])
+        ins = json.loads(run_cli("inspect", str(job), "--dataset", "g", "--json").stdout)
+        assert ins["rows"][0]["notes"] == [
+            "calls functions it does not declare (create_to_do_list)"
+        ]
+        assert "FUNCTION RESPONSE holds <|endoftext|>" in ins["rows"][1]["reason"]
+        res = run_cli("run", str(job))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "note: dataset g: 1 row(s) (rows 0): calls functions it does not declare" in res.stdout
+    status = json.loads(run_cli("status", str(tmp_path / "out"), "--json").stdout)
+    assert [g["rows"] for g in status["row_notes"]] == [1]
+    assert "role marker inside the turn" in status["bad_row_reasons"][0]["example"]

@@ -28,7 +28,8 @@ def add_first_release_item(store: Store, c: Conversation, iid: str, key: int) ->
     migration tests, where today's add_conversations would write columns not there yet)."""
     store.sources.register("ds", 0, "src")
     store._db.execute(
-        "INSERT INTO conversations VALUES (?, 'ds', 0, ?)", (c.id, json.dumps(c.to_dict()))
+        "INSERT INTO conversations (id, dataset, row_index, data) VALUES (?, 'ds', 0, ?)",
+        (c.id, json.dumps(c.to_dict())),
     )
     store._db.execute(
         "INSERT INTO items (id, dataset, conversation_id, turn_index, prompt_hash, order_key)"
@@ -57,6 +58,7 @@ def test_migrations_are_recorded_once(tmp_path: Path) -> None:
         (7, "m007_runs"),
         (8, "m008_startup_indexes"),
         (9, "m009_outstanding"),
+        (10, "m010_provenance"),
     ]
     assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 

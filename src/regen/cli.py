@@ -204,6 +204,13 @@ def _export_parser(sub: Any) -> None:
     )
     exp.add_argument("--shard-rows", type=int, default=100_000, help="tokenized: rows per file")
     exp.add_argument(
+        "--train-source-turns",
+        action="store_true",
+        help="write the dataset's own assistant turns of an answer's history as plain turns, "
+        "which trainers train on unless their last-turn switch is on (SpecForge "
+        "data.train_only_last_turn, LLaMA-Factory mask_history); by default they carry no loss",
+    )
+    exp.add_argument(
         "--drop-failed-audit",
         action="store_true",
         help="drop samples that fail regen audit's checks (needs a template family)",
@@ -637,11 +644,13 @@ def _export(args: argparse.Namespace, console: Console) -> int:
             shard_rows=max(1, args.shard_rows),
             drop_failed_audit=args.drop_failed_audit,
             max_sample_diff=args.max_sample_diff,
+            train_source_turns=args.train_source_turns,
         )
         target = checks = None
         overrides = _target_overrides(args)
         recorded = store.get_meta("reconstruct") is not None
-        if args.drop_failed_audit or (args.format == "tokenized" and (recorded or args.family)):
+        ids = args.format in ("tokenized", "specforge") and not args.train_source_turns
+        if args.drop_failed_audit or (ids and (recorded or args.family)):
             target = target_for(store, **overrides)
             for note in target.notes:
                 print(f"note: {note}", file=sys.stderr)
@@ -778,6 +787,8 @@ def _finish(report: object, console: Console) -> int:
         RunReport,
         counted_usage_line,
         drained_line,
+        left_out_line,
+        row_note_line,
         unproven_line,
         unsent_line,
     )
@@ -798,6 +809,10 @@ def _finish(report: object, console: Console) -> int:
     for provider, answers in sorted(report.unproven.items()):
         line = unproven_line(provider, answers)
         console.print(line, markup=False, highlight=False, soft_wrap=True)
+    for g in report.row_notes:
+        console.print(row_note_line(g), markup=False, highlight=False, soft_wrap=True)
+    for ds, n in sorted(report.export_left_out.items()):
+        console.print(left_out_line(ds, n), markup=False, highlight=False, soft_wrap=True)
     for u in report.unsent:
         console.print(unsent_line(u), markup=False, highlight=False, soft_wrap=True)
     left = sum(u.items for u in report.unsent if u.kind == "left")

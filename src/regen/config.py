@@ -24,6 +24,7 @@ Dialect = Literal["openrouter", "openai", "vllm", "sglang"]
 SourceFormat = Literal[
     "auto",
     "openai",
+    "openai_batch",
     "sharegpt",
     "alpaca",
     "glaive",

@@ -85,6 +85,9 @@ class Conversation:
     row_index: int
     messages: tuple[Message, ...]
     tools: tuple[dict[str, Any], ...] = ()
+    source_id: str | None = None
+    """The row's own id in its source (a batch file's `custom_id`, a ShareGPT `id`, ...), to
+    join an answer back to its row; not part of the conversation's id."""
 
     @property
     def id(self) -> str:
@@ -157,6 +160,9 @@ class Result:
     prompt_token_ids: tuple[int, ...] | None = None
     completion_token_ids: tuple[int, ...] | None = None
     """The exact ids, from servers asked for them (vLLM, SGLang `return_token_ids`)."""
+    settings: str | None = None
+    """What the request carried besides its messages and tools (model, max_tokens, sampling,
+    reasoning, routing), as canonical JSON (set by the scheduler): the answer's provenance."""
 
 
 def estimate_prompt_tokens(conversation: dict[str, Any], turn_index: int) -> int:

@@ -32,6 +32,7 @@ from regen.conversation import (
     prompt_tokens_bound,
 )
 from regen.engine.budget import BudgetBook, Lease, Prices, billed_above, fill_cost, remember_prices
+from regen.engine.client.body import sent_settings
 from regen.engine.client.errors import RETRYABLE, STOPS_RUN
 from regen.engine.client.http import Timeouts
 from regen.engine.client.response import counted_usage
@@ -779,16 +780,17 @@ class Scheduler:
         ep = att.ep
         flow = self._on_wire(lane, item, att)
         try:
+            body = ep.make_body(req, lane.max_tokens, lane.stream)
             result = await ep.sender.chat(
                 item.id,
-                ep.make_body(req, lane.max_tokens, lane.stream),
+                body,
                 stream=lane.stream,
                 timeouts=lane.timeouts,
                 on_generation=(
                     None if att.sent is None else self._sent_log.identifier(att.sent.id)
                 ),
             )
-            result = self._price(ep, item, result)
+            result = replace(self._price(ep, item, result), settings=sent_settings(body))
             att.billed, att.end = result.usage, "answered"
             return result
         except EndpointError as exc:

@@ -22,7 +22,7 @@ from regen.conversation import seeded_unit
 from regen.errors import StateError
 from regen.outputs.audit import Checks, rebuilt, sample_problems
 from regen.reconstruct import ReconstructError, Sample, Target
-from regen.state.answers import ExportRow, pack_ids
+from regen.state.answers import ExportRow, pack_ids, unpack_ids
 from regen.state.db import Store
 
 
@@ -55,6 +55,67 @@ def specforge_record(row: ExportRow) -> dict[str, Any]:
     if tools:
         record["tools"] = tools
     return record
+
+
+@dataclass(frozen=True)
+class Origins:
+    """What every answer's provenance shares with its dataset: the source it was read from and
+    the mode its turns were chosen by."""
+
+    sources: dict[str, str] = field(default_factory=dict)
+    modes: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, store: Store, datasets: Iterable[str]) -> Origins:
+        modes = {n: m for n in datasets if (m := store.sources.mode(n)) is not None}
+        return cls({n: store.sources.source(n) for n in datasets}, modes)
+
+
+def history_author(row: ExportRow) -> str:
+    """Who wrote the assistant turns of an answer's history: `none` (it has none), `target`
+    (sequential mode: every one is a regenerated answer) or `source` (the dataset's own)."""
+    turns = [t for t, m in enumerate(row.history()) if m.get("role") == "assistant"]
+    if not turns:
+        return "none"
+    if row.regenerated and all(t in row.regenerated for t in turns):
+        return "target"
+    return "source"
+
+
+def provenance(
+    row: ExportRow, dataset: str, origins: Origins, token_ids: str | None = None
+) -> dict[str, Any]:
+    """Where an answer came from, flat (one value a field, so every reader types it): its
+    source row (file, number from 0, the row's own id), the mode and turn it answers, who
+    answered (model, provider, the job's endpoint, run, generation id), the settings its
+    request carried (JSON text), its bill and how it ended, and its token ids: `exact` (the
+    server returned them), `reconstructed` (the tokenized export rebuilt them from the
+    template) or `none` (a text export of an answer without server ids)."""
+    if token_ids is None:
+        token_ids = "exact" if row.completion_token_ids is not None else "none"
+    return {
+        "dataset": dataset,
+        "source_file": origins.sources.get(dataset),
+        "source_row": row.row_index,
+        "source_id": row.source_id,
+        "mode": origins.modes.get(dataset),
+        "turn_index": row.turn_index,
+        "history": history_author(row),
+        "item_id": row.item_id,
+        "model": row.model,
+        "provider": row.provider,
+        "endpoint": row.endpoint,
+        "run_id": row.run_id,
+        "generation_id": row.generation_id,
+        "settings": row.settings,
+        "finish_reason": row.finish_reason,
+        "prompt_tokens": row.prompt_tokens,
+        "completion_tokens": row.completion_tokens,
+        "reasoning_tokens": row.reasoning_tokens,
+        "cost_usd": row.cost_usd,
+        "usage_source": row.usage_source or "server",
+        "token_ids": token_ids,
+    }
 
 
 def write_jsonl_atomic(path: Path, records: Iterable[dict[str, Any]]) -> int:
@@ -118,15 +179,28 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def export_specforge(store: Store, datasets: list[str], export_dir: Path) -> dict[str, int]:
-    """`<export_dir>/<dataset>.jsonl` for each dataset; returns rows written per dataset."""
-    return {
-        name: write_jsonl_atomic(
-            export_dir / f"{name}.jsonl",
-            (specforge_record(r) for r in store.answers.export_rows(name)),
-        )
-        for name in datasets
-    }
+def export_specforge(
+    store: Store, datasets: list[str], export_dir: Path
+) -> tuple[dict[str, int], dict[str, int]]:
+    """`<export_dir>/<dataset>.jsonl` for each dataset; returns the samples written and those
+    left out (their history holds the dataset's own assistant turns, which SpecForge would
+    train on: `regen export` writes them with exact loss masks), per dataset."""
+    written: dict[str, int] = {}
+    left_out: Counter[str] = Counter()
+    origins = Origins.of(store, datasets)
+
+    def records(name: str) -> Iterable[dict[str, Any]]:
+        for r in store.answers.export_rows(name):
+            if history_author(r) == "source":
+                left_out[name] += 1
+                continue
+            rec = specforge_record(r)
+            rec["provenance"] = provenance(r, name, origins)
+            yield rec
+
+    for name in datasets:
+        written[name] = write_jsonl_atomic(export_dir / f"{name}.jsonl", records(name))
+    return written, dict(left_out)
 
 
 # --- `regen export`: formats, filters, mixes, splits, manifest ---------------------------------
@@ -136,47 +210,103 @@ SPLITS = ("train", "validation")
 
 
 def openai_record(row: ExportRow) -> dict[str, Any]:
-    """`{"id", "messages": [{"role", "content", "reasoning_content"?, "tool_calls"?, ...}],
-    "tools"?}`: the SpecForge record under the name OpenAI-style trainers read."""
+    """`{"id", "messages": [{"role", "content", "reasoning_content"?, "tool_calls"?,
+    "weight"?, ...}], "tools"?}`: the SpecForge record under the name OpenAI-style trainers
+    read. Every assistant message carries OpenAI fine-tuning's `weight`: 1 where the target
+    wrote it, 0 for the dataset's own turns (context, no loss)."""
     rec = specforge_record(row)
-    out: dict[str, Any] = {"id": rec["id"], "messages": rec["conversations"]}
+    messages = rec["conversations"]
+    regenerated = row.regenerated or {}
+    for t, m in enumerate(messages):
+        if m["role"] == "assistant":
+            m["weight"] = 1 if t == len(messages) - 1 or t in regenerated else 0
+    out: dict[str, Any] = {"id": rec["id"], "messages": messages}
     if "tools" in rec:
         out["tools"] = rec["tools"]
     return out
 
 
+SOURCE_TURNS = {
+    "specforge": "written with `input_ids` and `loss_mask` (SpecForge reads a file whose first "
+    "record has both as pre-tokenized: the loss covers the target's answer only) when the "
+    "export has the target's ids (--family, or the job's [reconstruct]); else the sample is "
+    "left out (`source_history`)",
+    "openai": "kept, with `weight: 0` on the dataset's own assistant turns (OpenAI fine-tuning's "
+    "per-message flag)",
+    "sharegpt": "left out (`source_history`): LLaMA-Factory has no per-message flag and trains "
+    "every gpt turn unless mask_history is on",
+    "tokenized": "kept: the loss mask covers the target's answer only",
+}
+"""What the default export does with a sample whose history holds the dataset's own assistant
+turns (history `source`), per format; --train-source-turns writes them as plain turns."""
+
+
 SHAREGPT_FROM = {"user": "human", "assistant": "gpt", "system": "system", "tool": "observation"}
+TOOL_RESULTS_JOIN = "\n</tool_response>\n<tool_response>\n"
+"""How LLaMA-Factory's own OpenAI converter puts several tool results in one observation."""
+
+
+class Unwritable(ValueError):
+    """A sample the format cannot hold as it is (its reason is counted as dropped)."""
+
+
+def _sharegpt_call_turn(m: dict[str, Any]) -> str:
+    """An assistant turn with calls as LLaMA-Factory's `function_call` value: the calls as
+    JSON (`{"name", "arguments": {...}}`, a list for several), arguments as objects, after
+    the reasoning in `<think>` tags. Text beside the calls has no place in it."""
+    if m.get("content"):
+        raise Unwritable("content_with_calls")
+    calls = []
+    for tc in m["tool_calls"]:
+        fn = tc.get("function") or {}
+        try:
+            args = json.loads(fn.get("arguments") or "{}")
+        except json.JSONDecodeError:
+            raise Unwritable("arguments_not_json") from None
+        if not isinstance(args, dict):
+            raise Unwritable("arguments_not_json")
+        calls.append({"name": fn.get("name"), "arguments": args})
+    value = json.dumps(calls[0] if len(calls) == 1 else calls, ensure_ascii=False)
+    if m.get("reasoning_content"):
+        value = f"<think>\n{m['reasoning_content']}\n</think>\n\n{value}"
+    return value
 
 
 def sharegpt_record(row: ExportRow) -> dict[str, Any]:
-    """`{"id", "conversations": [{"from", "value"}], "system"?, "tools"?}` as LLaMA-Factory reads
-    it: tool calls are `function_call` turns (`{"name", "arguments"}` as JSON), tool results
-    `observation`, and reasoning goes inline as `<think>...</think>` before the answer (the
-    format has no field for it)."""
+    """`{"id", "conversations": [{"from", "value"}], "system"?, "tools"?}` as LLaMA-Factory's
+    sharegpt converter reads it: turns alternate (human or observation, then gpt or
+    function_call); an assistant turn with calls is one `function_call` turn (see
+    _sharegpt_call_turn); the results of parallel calls are one `observation`; reasoning goes
+    inline as `<think>...</think>` before the answer (the format has no field for it); `tools`
+    is a JSON string. Raises Unwritable for what the format cannot hold."""
     turns: list[dict[str, str]] = []
     system = None
     for m in specforge_record(row)["conversations"]:
-        if m["role"] == "system" and not turns and system is None:
+        if m["role"] == "system":
+            if turns or system is not None:
+                raise Unwritable("system_not_first")
             system = m["content"]
             continue
-        if m["role"] == "assistant":
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            turns.append({"from": "function_call", "value": _sharegpt_call_turn(m)})
+        elif m["role"] == "assistant":
             text = m.get("content") or ""
             if m.get("reasoning_content"):
                 text = f"<think>\n{m['reasoning_content']}\n</think>\n\n{text}"
-            if text or not m.get("tool_calls"):
-                turns.append({"from": "gpt", "value": text})
-            for tc in m.get("tool_calls") or []:
-                fn = tc.get("function", {})
-                call = {"name": fn.get("name"), "arguments": fn.get("arguments")}
-                turns.append({"from": "function_call", "value": json.dumps(call)})
+            turns.append({"from": "gpt", "value": text})
+        elif m["role"] == "tool" and turns and turns[-1]["from"] == "observation":
+            turns[-1]["value"] += TOOL_RESULTS_JOIN + (m.get("content") or "")
         else:
             turns.append({"from": SHAREGPT_FROM[m["role"]], "value": m.get("content") or ""})
+    for k, t in enumerate(turns):
+        if (t["from"] in ("gpt", "function_call")) != (k % 2 == 1):
+            raise Unwritable("turns_do_not_alternate")
     out: dict[str, Any] = {"id": row.item_id, "conversations": turns}
     if system is not None:
         out["system"] = system
     tools = row.conversation.get("tools")
-    if tools:
-        out["tools"] = json.dumps(tools)
+    # Always present (LLaMA-Factory's loader fails on a mapped column no row has).
+    out["tools"] = json.dumps(tools, ensure_ascii=False) if tools else ""
     return out
 
 
@@ -216,6 +346,11 @@ class ExportOptions:
     """Drop samples that fail `regen audit`'s checks (structure, length against the bill)."""
     max_sample_diff: int = 3
     """With drop_failed_audit: the largest rebuilt-minus-billed completion difference kept."""
+    train_source_turns: bool = False
+    """Write the dataset's own assistant turns of an answer's history as ordinary assistant
+    turns, which trainers train on unless their last-turn switch is on (SpecForge
+    `data.train_only_last_turn`, LLaMA-Factory `mask_history`). Off: they carry no loss in
+    any trainer's defaults (SOURCE_TURNS says how, per format)."""
 
 
 def _drop_reason(row: ExportRow, opts: ExportOptions) -> str | None:
@@ -322,6 +457,11 @@ class _ParquetShards:
             pa.array([r["source"] for r in rows], pa.string()),
             pa.array([r["prompt_diff"] for r in rows], pa.int32()),
             pa.array([r["completion_diff"] for r in rows], pa.int32()),
+            *(
+                pa.array([r["provenance"][name] for r in rows], kind)
+                for name, kind in PROVENANCE_COLUMNS(pa)
+                if name != "dataset"
+            ),
         ]
         pq.write_table(pa.Table.from_arrays(columns, schema=TOKENIZED_SCHEMA()), path)
 
@@ -345,12 +485,45 @@ def TOKENIZED_SCHEMA() -> Any:  # noqa: N802 - a constant, built late (pyarrow l
             # Rebuilt (or exact) minus billed tokens: 0 when the ids match the provider's count.
             ("prompt_diff", pa.int32()),
             ("completion_diff", pa.int32()),
+            # provenance(): where the answer came from.
+            *((name, kind) for name, kind in PROVENANCE_COLUMNS(pa) if name != "dataset"),
         ]
     )
 
 
+def PROVENANCE_COLUMNS(pa: Any) -> list[tuple[str, Any]]:  # noqa: N802 - a constant
+    """provenance()'s fields as Parquet columns."""
+    text, i32, i64 = pa.string(), pa.int32(), pa.int64()
+    return [
+        ("dataset", text),
+        ("source_file", text),
+        ("source_row", i64),
+        ("source_id", text),
+        ("mode", text),
+        ("turn_index", i32),
+        ("history", text),
+        ("item_id", text),
+        ("model", text),
+        ("provider", text),
+        ("endpoint", text),
+        ("run_id", i64),
+        ("generation_id", text),
+        ("settings", text),
+        ("finish_reason", text),
+        ("prompt_tokens", i64),
+        ("completion_tokens", i64),
+        ("reasoning_tokens", i64),
+        ("cost_usd", pa.float64()),
+        ("usage_source", text),
+        ("token_ids", text),
+    ]
+
+
 def tokenized_record(
-    row: ExportRow, dataset: str, sample: Sample | ReconstructError | None
+    row: ExportRow,
+    dataset: str,
+    sample: Sample | ReconstructError | None,
+    origins: Origins | None = None,
 ) -> dict[str, Any] | str:
     """input_ids = prompt ids + completion ids, loss_mask 0 over the prompt and 1 over the
     answer; the ids exact where the server returned them, else rebuilt. Returns the reason
@@ -381,6 +554,7 @@ def tokenized_record(
         "source": source,
         "prompt_diff": n_prompt - row.prompt_tokens,
         "completion_diff": n_completion - row.completion_tokens,
+        "provenance": provenance(row, dataset, origins or Origins(), source),
     }
 
 
@@ -445,10 +619,13 @@ def export_job(
             if opts.format == "tokenized"
             else _JsonlShards(tmp, suffix)
         )
+        origins = Origins.of(store, datasets)
         for name in datasets:
             until = max(
                 until,
-                _export_dataset(store, name, since, opts, writer, counts, seen, target, checks),
+                _export_dataset(
+                    store, name, since, opts, writer, counts, seen, origins, target, checks
+                ),
             )
         writer.close()
         files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
@@ -484,6 +661,7 @@ def _export_dataset(
     writer: _JsonlShards | _ParquetShards,
     counts: dict[str, _Counts],
     seen: set[str],
+    origins: Origins,
     target: Target | None = None,
     checks: Checks | None = None,
 ) -> float:
@@ -514,18 +692,16 @@ def _export_dataset(
             reason = "failed_audit"
         rec: dict[str, Any] | None = None
         if reason is None:
-            if opts.format == "tokenized":
-                made = tokenized_record(row, name, sample)
-                rec, reason = (made, None) if isinstance(made, dict) else (None, made)
-            else:
-                rec = RECORDS[opts.format](row)
+            rec, reason = _record(row, name, sample, opts, origins)
         if reason is None and rec is not None and opts.dedup:
             # The same conversation and answer (or the same ids), whatever the item id.
             content = (
                 rec["input_ids"]
                 if opts.format == "tokenized"
                 else json.dumps(
-                    {k: v for k, v in rec.items() if k != "id"}, sort_keys=True, ensure_ascii=False
+                    {k: v for k, v in rec.items() if k not in ("id", "provenance")},
+                    sort_keys=True,
+                    ensure_ascii=False,
                 ).encode()
             )
             key = hashlib.blake2b(content, digest_size=16).hexdigest()
@@ -557,6 +733,43 @@ def _export_dataset(
             c.completion_tokens += row.completion_tokens
             c.cost_usd += row.cost_usd or 0.0
     return until
+
+
+def _record(
+    row: ExportRow,
+    dataset: str,
+    sample: Sample | ReconstructError | None,
+    opts: ExportOptions,
+    origins: Origins,
+) -> tuple[dict[str, Any] | None, str | None]:
+    """The sample in the export's format, or the reason it is left out. Without
+    train_source_turns, a sample whose history holds the dataset's own assistant turns is
+    written so that its trainer's defaults leave them without loss (SOURCE_TURNS)."""
+    if opts.format == "tokenized":
+        made = tokenized_record(row, dataset, sample, origins)
+        return (made, None) if isinstance(made, dict) else (None, made)
+    with_ids = opts.format == "specforge" and sample is not None and not opts.train_source_turns
+    unmarked = opts.format == "sharegpt" or (opts.format == "specforge" and not with_ids)
+    if unmarked and not opts.train_source_turns and history_author(row) == "source":
+        return None, "source_history"
+    try:
+        rec = RECORDS[opts.format](row)
+    except Unwritable as exc:
+        return None, str(exc)
+    token_ids = None
+    if with_ids:
+        made = tokenized_record(row, dataset, sample, origins)
+        if isinstance(made, str):
+            return None, made
+        rec["input_ids"] = unpack_ids(made["input_ids"])
+        rec["loss_mask"] = list(made["loss_mask"])
+        token_ids = made["source"]
+    if opts.format == "openai" and opts.train_source_turns:
+        for m in rec["messages"]:
+            if m["role"] == "assistant":
+                m["weight"] = 1
+    rec["provenance"] = provenance(row, dataset, origins, token_ids)
+    return rec, None
 
 
 def _manifest(

@@ -18,8 +18,8 @@ from regen.config import DatasetConfig, Job, LaneConfig
 from regen.conversation import BadRow, Conversation, Message
 from regen.engine.client.body import chat_body
 from regen.errors import ConfigError
-from regen.sources.ingest import plan_items, source_of
-from regen.sources.modes import build_request
+from regen.sources.ingest import plan_items, source_of, target_reasons
+from regen.sources.modes import build_request, row_notes
 
 REGENERATED = "<regenerated answer of turn {turn}>"
 
@@ -41,6 +41,8 @@ class RowView:
     reason: str | None = None
     """Why the row (or some of its turns) is not used."""
     items: list[ItemView] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What the row does not say plainly (modes.row_notes)."""
 
 
 @dataclass
@@ -83,6 +85,7 @@ def inspect_dataset(job: Job, dataset: str, rows: int = 3, start: int = 0) -> In
         view.conversation = conv
         new, bad = plan_items(conv, ds, job.dataset_seed(ds))
         view.reason = bad.reason if bad else None
+        view.notes = row_notes(conv, target_reasons(job)) if new else []
         for item in new.items if new else []:
             view.items.append(
                 _item_view(
@@ -159,6 +162,8 @@ def inspection_view(ins: Inspection) -> Group:
             body.append(Text(f"source: {fields}", style="dim"))
         if row.reason:
             body.append(Text(f"not used: {row.reason}", style="red"))
+        for note in row.notes:
+            body.append(Text(f"note: {note}", style="yellow"))
         for item in row.items:
             head = (
                 f"request for turn {item.turn_index}: lane {item.lane or '(none: not sent)'}, "
@@ -187,6 +192,7 @@ def inspection_json(ins: Inspection) -> dict[str, Any]:
                 "row_index": r.row_index,
                 "source": r.raw,
                 "reason": r.reason,
+                "notes": r.notes,
                 "conversation": r.conversation.to_dict() if r.conversation else None,
                 "requests": [
                     {

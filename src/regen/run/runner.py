@@ -92,7 +92,7 @@ def end(
         book=dispatched.book if dispatched is not None else None,
     )
     append_log(out / "run.log", [unsent_line(u) for u in unsent if u.kind != "budget"])
-    exports = export_specforge(store, [d.name for d in job.datasets], out / "export")
+    exports, left_out = export_specforge(store, [d.name for d in job.datasets], out / "export")
     try:
         write_report(out)
     except (StateError, sqlite3.Error) as exc:
@@ -116,4 +116,6 @@ def end(
         counted_usage=store.answers.usage_sources(),
         unsent=unsent,
         unproven=store.answers.answers_by_provider(unproven),
+        row_notes=store.sources.bad_row_reasons(limit=5, table="row_notes"),
+        export_left_out=left_out,
     )

@@ -13,6 +13,7 @@ from regen.engine.billing import (
 from regen.engine.budget import BudgetBook
 from regen.run.budgets import budget_book
 from regen.state.db import Store
+from regen.state.sources import BadRowGroup
 from regen.state.work import DatasetProgress
 
 
@@ -49,6 +50,11 @@ class RunReport:
     """The items left pending at the end, by dataset and why."""
     unproven: dict[str, int] = field(default_factory=dict)
     """Answers per provider name that an allowed and an excluded endpoint share."""
+    export_left_out: dict[str, int] = field(default_factory=dict)
+    """Answers per dataset left out of the run's export (their history holds the dataset's
+    own assistant turns)."""
+    row_notes: list[BadRowGroup] = field(default_factory=list)
+    """What the reads noticed in rows they used (modes.row_notes), commonest first."""
 
     @property
     def failed(self) -> int:
@@ -141,6 +147,20 @@ def counted_usage_line(dataset: str, source: str, n: int) -> str:
         else "estimated from their text (about 4 bytes a token; budgets and prices use it)"
     )
     return f"dataset {dataset}: {n} answers came without usage from the server: {how}"
+
+
+def left_out_line(dataset: str, n: int) -> str:
+    return (
+        f"export: {n} answer(s) of {dataset} left out of export/{dataset}.jsonl: their history "
+        "holds the dataset's own assistant turns, which SpecForge would train on; `regen export "
+        "--format specforge --family F` writes them with exact loss masks (or --format openai, "
+        "or tokenized)"
+    )
+
+
+def row_note_line(g: BadRowGroup) -> str:
+    first = ", ".join(map(str, g.first_rows)) + (", ..." if g.rows > len(g.first_rows) else "")
+    return f"note: dataset {g.dataset}: {g.rows} row(s) (rows {first}): {g.example}"
 
 
 def drained_line(endpoint: str, times: int) -> str:

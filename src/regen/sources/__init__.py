@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +92,7 @@ class Source:
             head = [m for m in msgs[:first_user] if m.role == "system"]
             if len(head) != first_user:
                 msgs = (*head, *msgs[first_user:])
-                conv = Conversation(conv.dataset, conv.row_index, msgs, conv.tools)
+                conv = replace(conv, messages=msgs)
         if self.system == "keep":
             return conv
         has = bool(msgs) and msgs[0].role == "system"
@@ -101,7 +101,7 @@ class Source:
         rest = msgs[1:] if has else msgs
         if self.system != "drop":
             rest = (Message("system", self.system_prompt or ""), *rest)
-        return Conversation(conv.dataset, conv.row_index, tuple(rest), conv.tools)
+        return replace(conv, messages=tuple(rest))
 
     def _selected(self) -> Iterator[tuple[int, dict[str, Any] | str]]:
         rows = read_rows(

@@ -74,7 +74,58 @@ def _tools(row: Mapping[str, Any], key: str = "tools") -> tuple[dict[str, Any], 
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
         raise RowError(f"'{key}' must be a list of objects")
     # A bare function definition is wrapped the way the API wants it.
-    return tuple(t if "function" in t else {"type": "function", "function": t} for t in tools)
+    return unique_tools(
+        [t if "function" in t else {"type": "function", "function": t} for t in tools], key
+    )
+
+
+def unique_tools(tools: list[dict[str, Any]], where: str) -> tuple[dict[str, Any], ...]:
+    """The tools with a function declared twice in the same words kept once; two different
+    definitions under one name are refused (a call to it could be held to either, and
+    providers refuse duplicate names)."""
+    seen: dict[str, dict[str, Any]] = {}
+    out = []
+    for t in tools:
+        fn = t.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str):
+            out.append(t)
+            continue
+        if name in seen:
+            if seen[name] != t:
+                raise RowError(f"'{where}' declares function {name!r} twice, differently")
+            continue
+        seen[name] = t
+        out.append(t)
+    return tuple(out)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (RFC 8259)")
+
+
+MISSING = object()
+
+
+def object_arguments(args: Any, where: str) -> str:
+    """A call's arguments as the JSON text of an object, as every server takes them: a JSON
+    string is kept verbatim once it reads as an object; an object is serialized; an empty
+    string, or arguments left out (MISSING), is `{}`. Anything else (a list, a number, `null`,
+    `NaN`/`Infinity`, broken JSON) is refused: a provider would refuse it at send time."""
+    if args is MISSING or args == "":
+        return "{}"
+    if isinstance(args, dict):
+        text = json.dumps(args, ensure_ascii=False, allow_nan=False)
+        return text
+    if not isinstance(args, str):
+        raise RowError(f"{where}: arguments are a {type(args).__name__}, not a JSON object")
+    try:
+        value = json.loads(args, parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise RowError(f"{where}: arguments are not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise RowError(f"{where}: arguments are a JSON {type(value).__name__}, not an object")
+    return args
 
 
 def _tool_calls(raw: Any, where: str) -> tuple[ToolCall, ...]:
@@ -87,10 +138,16 @@ def _tool_calls(raw: Any, where: str) -> tuple[ToolCall, ...]:
             raise RowError(f"{where}.tool_calls is not valid JSON: {exc}") from exc
     if not isinstance(raw, list) or not all(isinstance(tc, dict) for tc in raw):
         raise RowError(f"{where}.tool_calls must be a list of objects")
-    calls = tuple(ToolCall.from_openai(tc) for tc in raw)
-    if any(not tc.name for tc in calls):
-        raise RowError(f"{where}.tool_calls has a call without a function name")
-    return calls
+    calls = []
+    for k, tc in enumerate(raw):
+        fn = tc["function"] if isinstance(tc.get("function"), dict) else tc  # or flat
+        name = fn.get("name")
+        if not isinstance(name, str) or not name:
+            raise RowError(f"{where}.tool_calls has a call without a function name")
+        args = fn["arguments"] if "arguments" in fn else fn.get("parameters", MISSING)
+        text = object_arguments(args, f"{where}.tool_calls[{k}] ({name})")
+        calls.append(ToolCall(str(tc.get("id") or ""), name, text))
+    return tuple(calls)
 
 
 def _system(row: Mapping[str, Any], key: str = "system") -> list[Message]:
@@ -155,11 +212,20 @@ def _openai_list(
                 content,
                 _text(reasoning, f"{field}[{i}].reasoning") if reasoning else None,
                 _tool_calls(calls, f"{field}[{i}]") if calls else (),
-                _str_or_none(m.get("tool_call_id")) if role == "tool" else None,
+                _result_of(m) if role == "tool" else None,
                 name if isinstance(name, str) else None,
             )
         )
     return _patch_tool_call_ids(out)
+
+
+def _result_of(m: dict[str, Any]) -> str | None:
+    """The call a tool result answers: `tool_call_id`, or SWE-agent's one-item
+    `tool_call_ids`."""
+    ids = m.get("tool_call_ids")
+    if m.get("tool_call_id") is None and isinstance(ids, list) and len(ids) == 1:
+        return _str_or_none(ids[0])
+    return _str_or_none(m.get("tool_call_id"))
 
 
 def _str_or_none(v: Any) -> str | None:
@@ -194,6 +260,16 @@ def openai_messages(row: dict[str, Any]) -> Parsed:
     """`{"messages": [{"role", "content", "tool_calls"?, ...}], "tools"?}`."""
     field, msgs = _list(row, "messages", "conversations")
     return tuple(_openai_list(msgs, field)), _tools(row)
+
+
+def openai_batch(row: dict[str, Any]) -> Parsed:
+    """An OpenAI Batch API input line: `{"custom_id", "method", "url", "body": {"messages",
+    "tools"?}}`; the `custom_id` is kept as the row's id (source_id)."""
+    body = row.get("body")
+    if not isinstance(body, dict):
+        raise RowError("'body' is not an object")
+    field, msgs = _list(body, "messages")
+    return tuple(_openai_list(msgs, f"body.{field}")), _tools(body)
 
 
 # --- ShareGPT ----------------------------------------------------------------------------------
@@ -337,8 +413,9 @@ def ultrachat(row: dict[str, Any]) -> Parsed:
 
 # --- function calling: glaive --------------------------------------------------------------------
 
-GLAIVE_TAG = re.compile(r"(?:^|\n)[ \t]*(USER|ASSISTANT|FUNCTION RESPONSE):[ \t]?")
+GLAIVE_TAG = re.compile(r"(?P<nl>\n*)[ \t]*(?P<tag>USER|ASSISTANT|FUNCTION RESPONSE):[ \t]?")
 GLAIVE_END = "<|endoftext|>"
+GLAIVE_SEP = re.compile(r"<\|endoftext\|>[ \t]*(\n+)")
 GLAIVE_TOOLS_MARK = "Use them if required -"
 FUNCTIONCALL = "<functioncall>"
 NAME_FIELD = re.compile(r'"name"\s*:\s*"([^"]+)"')
@@ -369,7 +446,7 @@ def _glaive_tools(system: str) -> tuple[str, tuple[dict[str, Any], ...]]:
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise RowError(f"system: function definition {len(tools) + 1} has no name")
         tools.append({"type": "function", "function": fn})
-    return f"{head}{mark}".removesuffix(" -").strip(), tuple(tools)
+    return f"{head}{mark}".removesuffix(" -").strip(), unique_tools(tools, "system")
 
 
 def _call_from_json(text: str, where: str, turn: int) -> ToolCall:
@@ -386,13 +463,37 @@ def _call_from_json(text: str, where: str, turn: int) -> ToolCall:
         obj = {"name": name.group(1), "arguments": quoted.group(1)}
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         raise RowError(f"{where}: function call without a name")
-    raw = obj.get("arguments", {})
-    args = raw if isinstance(raw, str) else json.dumps(raw, ensure_ascii=False)
-    try:
-        json.loads(args)
-    except json.JSONDecodeError as exc:
-        raise RowError(f"{where}: function call arguments are not valid JSON: {exc}") from exc
-    return ToolCall(f"call_{turn}_0", obj["name"], args)
+    # Llama-style calls name their arguments `parameters`.
+    raw = obj["arguments"] if "arguments" in obj else obj.get("parameters", MISSING)
+    return ToolCall(f"call_{turn}_0", obj["name"], object_arguments(raw, where))
+
+
+def _glaive_turns(chat: str) -> list[tuple[str, str]]:
+    """The (marker, text) turns of a glaive `chat`. A marker is a turn boundary only where the
+    row's own separator puts it: glaive ends each assistant turn with `<|endoftext|>` and
+    joins turns with one run of newlines (three in the released set), so that run, read after
+    an `<|endoftext|>`, is the row's separator, and a marker after fewer newlines (`\nASSISTANT:`
+    quoted inside a user message or a function response) is text of the turn it is in. A row
+    with no `<|endoftext|>` splits at every marker that starts a line. The turns must then
+    alternate as glaive's do (user, assistant, function response only after a call), else the
+    row is refused: a marker inside a turn that cannot be told from a boundary."""
+    sep = GLAIVE_SEP.search(chat)
+    marks = [
+        m
+        for m in GLAIVE_TAG.finditer(chat)
+        if m.start() == 0
+        or m.group("nl")
+        and (
+            sep is None or (m.group("nl") == sep.group(1) and not chat[: m.start()].endswith("\n"))
+        )
+    ]
+    head = chat[: marks[0].start()] if marks else chat
+    if head.strip():
+        raise RowError(f"chat: text before the first USER/ASSISTANT marker: {head[:40]!r}")
+    return [
+        (m.group("tag"), chat[m.end() : marks[k + 1].start() if k + 1 < len(marks) else None])
+        for k, m in enumerate(marks)
+    ]
 
 
 def glaive(row: dict[str, Any]) -> Parsed:
@@ -404,21 +505,37 @@ def glaive(row: dict[str, Any]) -> Parsed:
         raise RowError("missing 'chat'")
     system_text, tools = _glaive_tools(system)
     out = [Message("system", system_text)] if system_text else []
-    parts = GLAIVE_TAG.split(chat)
-    if parts[0].strip():
-        raise RowError(f"chat: text before the first USER/ASSISTANT marker: {parts[0][:40]!r}")
-    for k in range(1, len(parts) - 1, 2):
-        tag, body = parts[k], parts[k + 1].strip()
+    previous: Message | None = None
+    for tag, raw in _glaive_turns(chat):
+        body = raw.strip()
         turn = len(out)
-        if tag == "USER":
-            out.append(Message("user", body))
-        elif tag == "FUNCTION RESPONSE":
-            out.append(Message("tool", body))
-        else:
+        if tag == "ASSISTANT":
             body = body.removesuffix(GLAIVE_END).rstrip()
             text, mark, call = body.partition(FUNCTIONCALL)
             calls = (_call_from_json(call, f"chat turn {turn}", turn),) if mark else ()
-            out.append(Message("assistant", text.strip(), tool_calls=calls))
+            m = Message("assistant", text.strip(), tool_calls=calls)
+        else:
+            if GLAIVE_END in body:
+                raise RowError(
+                    f"chat turn {turn}: {tag} holds {GLAIVE_END}, which ends assistant turns "
+                    "only: a role marker inside the turn split it"
+                )
+            m = Message("user" if tag == "USER" else "tool", body)
+        expected = (
+            "assistant"
+            if previous is None or previous.role != "assistant"
+            else "tool"
+            if previous.tool_calls
+            else "user"
+        )
+        if previous is not None and m.role != expected:
+            raise RowError(
+                f"chat turn {turn}: {tag} after "
+                f"{'a function call' if previous.tool_calls else previous.role}: a role marker "
+                "inside a turn that cannot be told from a turn boundary"
+            )
+        out.append(m)
+        previous = m
     return tuple(_patch_tool_call_ids(out)), tools
 
 
@@ -430,9 +547,10 @@ SWE_ROLES = {"ai": "assistant", "human": "user", "observation": "tool", "functio
 def swe_agent(row: dict[str, Any]) -> Parsed:
     """SWE-agent trajectory sets: nebius/SWE-agent-trajectories (`trajectory` of
     {role: system|user|ai, text}), SWE-smith (`messages`, often a JSON string; tool_calls in the
-    `tool` split), SWE-rebench-openhands (`trajectory` of OpenAI messages plus `tools`). Calls
+    `tool` split), SWE-rebench-openhands (`trajectory` of OpenAI messages plus `tools`), or a
+    SWE-agent `.traj` file's `history` (tool results answer `tool_call_ids`). Calls
     written into the text (xml and ticks splits, SWE-agent 0.x) stay assistant text."""
-    field, msgs = _list(row, "trajectory", "messages")
+    field, msgs = _list(row, "trajectory", "messages", "history")
     norm = []
     for i, m in enumerate(msgs):
         if not isinstance(m, dict):
@@ -510,6 +628,7 @@ def custom_adapter(mapping: Mapping[str, Any]) -> Adapter:
 
 ADAPTERS: dict[str, Adapter] = {
     "openai": openai_messages,
+    "openai_batch": openai_batch,
     "sharegpt": sharegpt,
     "alpaca": alpaca,
     "glaive": glaive,
@@ -535,11 +654,13 @@ def detect_format(row: Mapping[str, Any]) -> list[str]:
     specific = []
     if {"system", "chat"} <= keys:
         specific.append("glaive")
+    if {"custom_id", "body"} <= keys:
+        specific.append("openai_batch")
     if {"input", "output"} <= keys and "instruction" not in keys:
         specific.append("opencodeinstruct")
     if {"problem", "solution"} <= keys or {"instruction", "response"} <= keys:
         specific.append("magicoder")
-    if "trajectory" in keys or "messages" in keys and keys & {"traj_id", "instance_id"}:
+    if "trajectory" in keys or keys & {"messages", "history"} and keys & {"traj_id", "instance_id"}:
         specific.append("swe_agent")
     if (
         "messages" in keys
@@ -584,4 +705,26 @@ def adapt_row(
     except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as exc:
         # A shape no adapter foresaw: reported with the row, never fatal.
         return BadRow(dataset, row_index, f"cannot read the row: {type(exc).__name__}: {exc}")
-    return Conversation(dataset=dataset, row_index=row_index, messages=messages, tools=tools)
+    return Conversation(
+        dataset=dataset,
+        row_index=row_index,
+        messages=messages,
+        tools=tools,
+        source_id=source_id(row),
+    )
+
+
+ID_FIELDS = ("custom_id", "id", "prompt_id", "instance_id", "traj_id", "uuid", "conversation_id")
+"""Where rows keep their own id (a batch file, ShareGPT, UltraChat, SWE sets), first first."""
+
+
+def source_id(row: Mapping[str, Any]) -> str | None:
+    """The row's own id, where it has one (a string or an integer, at most 256 characters)."""
+    for key in ID_FIELDS:
+        v = row.get(key)
+        if isinstance(v, bool) or not isinstance(v, str | int):
+            continue
+        text = str(v)
+        if text and len(text) <= 256:
+            return text
+    return None

@@ -28,7 +28,7 @@ from regen.conversation import (
 )
 from regen.errors import SourceError
 from regen.sources import Source
-from regen.sources.modes import item_id, target_turns
+from regen.sources.modes import item_id, row_notes, target_turns
 from regen.sources.readers import HUB_PREFIX, file_digest, source_files
 from regen.state.db import Store
 from regen.state.work import LaneRule, NewConversation, NewItem, first_lane
@@ -197,7 +197,7 @@ def plan_items(
         )
     if not items:
         return None, bad
-    return NewConversation(cid, conv.dataset, conv.row_index, text, items), bad
+    return NewConversation(cid, conv.dataset, conv.row_index, text, items, conv.source_id), bad
 
 
 def source_fingerprint(job: Job, ds: DatasetConfig, source: Source) -> str | None:
@@ -244,12 +244,26 @@ def source_unchanged(stored: str | None, now: str | None) -> bool:
         return False  # a fingerprint of another shape: read again
 
 
+def target_reasons(job: Job) -> bool:
+    """Whether the job leaves the target's own reasoning on (its `reasoning` setting does not
+    say `enabled = false` or `effort = "none"`)."""
+    r = job.generation.reasoning or {}
+    return not (r.get("enabled") is False or r.get("effort") == "none")
+
+
 def read_dataset(
-    store: Store, ds: DatasetConfig, source: Source, seed: int, lane: LaneOf
-) -> tuple[list[BadRow], int]:
+    store: Store,
+    ds: DatasetConfig,
+    source: Source,
+    seed: int,
+    lane: LaneOf,
+    reasons: bool = True,
+) -> tuple[list[BadRow], list[BadRow], int]:
     """Read one dataset into the store (new rows add items, known rows change nothing);
-    returns its bad rows and the turns read. Rows read before a source error are kept."""
+    returns its bad rows, the notes on rows it used (modes.row_notes, as BadRows) and the turns
+    read. Rows read before a source error are kept."""
     bad: list[BadRow] = []
+    notes: list[BadRow] = []
     failed: list[Exception] = []
     turns_read = 0
 
@@ -264,6 +278,10 @@ def read_dataset(
                 new, reason = plan_items(conv, ds, seed, lane)
                 if reason is not None:
                     bad.append(reason)
+                if new is not None:
+                    notes.extend(
+                        BadRow(ds.name, conv.row_index, n) for n in row_notes(conv, reasons)
+                    )
                 if new is None:
                     continue
                 turns_read += len(new.items)
@@ -280,7 +298,7 @@ def read_dataset(
     store.work.add_conversation_batches(batches())
     if failed:
         raise failed[0]
-    return bad, turns_read
+    return bad, notes, turns_read
 
 
 def ingest(store: Store, job: Job) -> list[str]:
@@ -290,13 +308,13 @@ def ingest(store: Store, job: Job) -> list[str]:
     rules = lane_rules(job)
     for position, ds in enumerate(job.datasets):
         source = source_of(job, ds)
-        store.sources.register(ds.name, position, str(source.path))
+        store.sources.register(ds.name, position, str(source.path), ds.mode)
         fingerprint = source_fingerprint(job, ds, source)
         if source_unchanged(store.sources.fingerprint(ds.name), fingerprint):
             unchanged.append(ds.name)
             continue
-        bad, turns_read = read_dataset(
-            store, ds, source, job.dataset_seed(ds), lane_of(rules, ds.name)
+        bad, notes, turns_read = read_dataset(
+            store, ds, source, job.dataset_seed(ds), lane_of(rules, ds.name), target_reasons(job)
         )
         store.sources.record_read(
             ds.name,
@@ -306,6 +324,7 @@ def ingest(store: Store, job: Job) -> list[str]:
             source.skipped,
             source.format,
             fingerprint=fingerprint,
+            notes=notes,
         )
     if not unchanged:
         return []

@@ -41,7 +41,9 @@ def unpack_ids(blob: bytes | None) -> list[int] | None:
 _EXPORT_COLUMNS = (
     "r.item_id, i.turn_index, c.data, r.content, r.reasoning, r.tool_calls, r.finish_reason, "
     "i.after_item, c.id, r.provider, r.prompt_tokens, r.completion_tokens, r.cost_usd, "
-    "r.created_at, r.prompt_token_ids, r.completion_token_ids"
+    "r.created_at, r.prompt_token_ids, r.completion_token_ids, c.row_index, c.source_id, "
+    "r.model, r.reasoning_tokens, r.usage_source, r.endpoint, r.settings, r.run_id, "
+    "r.generation_id"
 )
 """What an ExportRow is read from (results r, items i, conversations c)."""
 
@@ -68,6 +70,18 @@ class ExportRow:
     prompt_token_ids: bytes | None = None
     completion_token_ids: bytes | None = None
     """Exact ids as stored (store.unpack_ids), when the server returned them."""
+    row_index: int = 0
+    """The source row's number (from 0, over the source's files in name order)."""
+    source_id: str | None = None
+    """The source row's own id, where it has one."""
+    model: str | None = None
+    reasoning_tokens: int = 0
+    usage_source: str | None = None
+    endpoint: str | None = None
+    settings: str | None = None
+    """The settings its request carried (canonical JSON), None for answers stored before."""
+    run_id: int | None = None
+    generation_id: str | None = None
 
     def history(self) -> list[dict[str, Any]]:
         """The messages the request sent: the turns before this one, with sequential mode's
@@ -83,12 +97,14 @@ class Answers(Owner):
 
     @staticmethod
     def insert_in(db: sqlite3.Connection, results: Rows) -> None:
-        """Store answers (outcomes.py's rows) in the open transaction."""
+        """Store answers (outcomes.py's rows) in the open transaction, each with the run that
+        stores it (the latest begun: one run holds the directory at a time)."""
         db.executemany(
             "INSERT INTO results (item_id, dataset, content, reasoning, tool_calls, "
             "finish_reason, prompt_tokens, completion_tokens, reasoning_tokens, cost_usd, "
             "provider, model, generation_id, latency_s, created_at, prompt_token_ids, "
-            "completion_token_ids, usage_source) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            "completion_token_ids, usage_source, endpoint, settings, run_id) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,(SELECT max(id) FROM runs))",
             results,
         )
 
@@ -161,18 +177,27 @@ class Answers(Owner):
             created_at=r[13],
             prompt_token_ids=r[14],
             completion_token_ids=r[15],
+            row_index=r[16],
+            source_id=r[17],
+            model=r[18],
+            reasoning_tokens=r[19],
+            usage_source=r[20],
+            endpoint=r[21],
+            settings=r[22],
+            run_id=r[23],
+            generation_id=r[24],
         )
 
     def results_after(self, rowid: int, limit: int) -> list[tuple[int, str, ExportRow]]:
         """Up to `limit` answers stored after the answer with this rowid, oldest first, as
         (rowid, dataset, row): a cheap cursor over what a run commits."""
         rows = self._db.execute(
-            f"SELECT {_EXPORT_COLUMNS}, r.rowid, r.dataset FROM results r "
+            f"SELECT r.rowid, r.dataset, {_EXPORT_COLUMNS} FROM results r "
             "JOIN items i ON i.id = r.item_id JOIN conversations c ON c.id = i.conversation_id "
             "WHERE r.rowid > ? ORDER BY r.rowid LIMIT ?",
             (rowid, limit),
         ).fetchall()
-        return [(r[16], r[17], self._export_row(r)) for r in rows]
+        return [(r[0], r[1], self._export_row(r[2:])) for r in rows]
 
     def last_result_rowid(self) -> int:
         row = self._db.execute("SELECT max(rowid) FROM results").fetchone()

@@ -99,6 +99,8 @@ def outcome_rows(outcomes: Iterable[Outcome], charges: Iterable[Charge], now: fl
                     pack_ids(r.prompt_token_ids),
                     pack_ids(r.completion_token_ids),
                     None if u.source == "server" else u.source,
+                    r.endpoint,
+                    r.settings,
                 )
             )
             done.append((len(o.attempts), now, o.item_id))

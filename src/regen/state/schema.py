@@ -238,6 +238,32 @@ def m008_startup_indexes(db: sqlite3.Connection) -> None:
     )
 
 
+def m010_provenance(db: sqlite3.Connection) -> None:
+    """Where each answer came from: the source row's own id (a batch file's `custom_id`, a
+    ShareGPT or hub `id`), the mode the dataset's turns were chosen by, and per answer the
+    run that stored it, the job's endpoint that answered and the settings its request
+    carried (canonical JSON: what the body held besides the messages and tools). Rows read
+    before keep a null id; answers stored before keep null provenance. `row_notes`: what a
+    read noticed in a row it still used (calls to undeclared functions, assistant turns kept
+    as context, a system prompt asking for visible reasoning), reported like bad rows."""
+    _script(
+        db,
+        """
+        ALTER TABLE conversations ADD COLUMN source_id TEXT;
+        ALTER TABLE datasets ADD COLUMN mode TEXT;
+        ALTER TABLE results ADD COLUMN run_id INTEGER;
+        ALTER TABLE results ADD COLUMN endpoint TEXT;
+        ALTER TABLE results ADD COLUMN settings TEXT;
+        CREATE TABLE row_notes (
+            dataset TEXT NOT NULL,
+            row_index INTEGER NOT NULL,
+            note TEXT NOT NULL,
+            PRIMARY KEY (dataset, row_index, note)
+        )
+        """,
+    )
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m001_initial,
     m002_lanes,
@@ -248,4 +274,5 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m007_runs,
     m008_startup_indexes,
     m009_outstanding,
+    m010_provenance,
 ]

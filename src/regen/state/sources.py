@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from regen.conversation import BadRow
@@ -26,7 +27,7 @@ class BadRowGroup:
 class Sources(Owner):
     """The `datasets` and `bad_rows` tables."""
 
-    def register(self, name: str, position: int, source: str) -> None:
+    def register(self, name: str, position: int, source: str, mode: str | None = None) -> None:
         with self._tx() as db:
             db.execute(
                 "INSERT INTO datasets (name, position, source) VALUES (?, ?, ?) "
@@ -34,6 +35,13 @@ class Sources(Owner):
                 "source = excluded.source",
                 (name, position, source),
             )
+            if mode is not None:
+                db.execute("UPDATE datasets SET mode = ? WHERE name = ?", (mode, name))
+
+    def mode(self, dataset: str) -> str | None:
+        """The mode the dataset's turns were chosen by (None: read before it was recorded)."""
+        row = self._db.execute("SELECT mode FROM datasets WHERE name = ?", (dataset,)).fetchone()
+        return None if row is None or row[0] is None else str(row[0])
 
     def fingerprint(self, dataset: str) -> str | None:
         """The fingerprint recorded with the dataset's last complete read (record_read)."""
@@ -51,14 +59,20 @@ class Sources(Owner):
         skipped: int = 0,
         fmt: str | None = None,
         fingerprint: str | None = None,
+        notes: Sequence[BadRow] = (),
     ) -> None:
-        """Replace the dataset's bad-row report with this read's, and record the source's
-        fingerprint (None: none is known, so the next run reads the source again)."""
+        """Replace the dataset's bad-row report and row notes with this read's, and record the
+        source's fingerprint (None: none is known, so the next run reads the source again)."""
         with self._tx() as db:
             db.execute("DELETE FROM bad_rows WHERE dataset = ?", (dataset,))
             db.executemany(
                 "INSERT OR REPLACE INTO bad_rows VALUES (?, ?, ?)",
                 [(b.dataset, b.row_index, b.reason) for b in bad],
+            )
+            db.execute("DELETE FROM row_notes WHERE dataset = ?", (dataset,))
+            db.executemany(
+                "INSERT OR IGNORE INTO row_notes VALUES (?, ?, ?)",
+                [(b.dataset, b.row_index, b.reason) for b in notes],
             )
             db.execute(
                 "UPDATE datasets SET rows_read = ?, turns_read = ?, bad_rows = ?, "
@@ -86,15 +100,18 @@ class Sources(Owner):
         ).fetchall()
         return [BadRow(*r) for r in rows]
 
-    def bad_row_reasons(self, limit: int = 5) -> list[BadRowGroup]:
+    def bad_row_reasons(self, limit: int = 5, table: str = "bad_rows") -> list[BadRowGroup]:
         """The commonest bad-row reasons per dataset: rows whose reasons differ only in their
-        numbers are one group, shown by its first row's own reason and its first rows."""
+        numbers (or their parenthesized details) are one group, shown by its first row's own
+        reason and its first rows. `table = "row_notes"`: the same for the notes on rows
+        used (what modes.row_notes noticed)."""
         groups: dict[tuple[str, str], BadRowGroup] = {}
+        column = {"bad_rows": "reason", "row_notes": "note"}[table]
         for ds, row, reason, source in self._db.execute(
-            "SELECT b.dataset, b.row_index, b.reason, d.source FROM bad_rows b "
+            f"SELECT b.dataset, b.row_index, b.{column}, d.source FROM {table} b "
             "LEFT JOIN datasets d ON d.name = b.dataset ORDER BY b.dataset, b.row_index"
         ):
-            key = (ds, re.sub(r"\d+", "N", reason))
+            key = (ds, re.sub(r"\([^)]*\)|\d+", "N", reason))
             g = groups.get(key)
             if g is None:
                 g = groups[key] = BadRowGroup(ds, source or "?", reason[:200], 0, [])

@@ -97,6 +97,8 @@ class NewConversation:
     row_index: int
     data: str
     items: list[NewItem]
+    source_id: str | None = None
+    """The row's own id in its source (custom_id, id, ...), where it has one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +164,7 @@ def _add_rows(batch: Iterable[NewConversation], conv_rows: Rows, item_rows: Rows
     """The conversations' and their items' table rows, appended in the source's order."""
     for conv in batch:
         cid = conv.id
-        conv_rows.append((cid, conv.dataset, conv.row_index, conv.data))
+        conv_rows.append((cid, conv.dataset, conv.row_index, conv.data, conv.source_id))
         item_rows.extend(
             (
                 it.id,
@@ -190,7 +192,11 @@ def _insert_sorted(db: sqlite3.Connection, conv_rows: Rows, item_rows: Rows) -> 
 def _insert_rows(db: sqlite3.Connection, conv_rows: Rows, item_rows: Rows) -> int:
     """Insert conversations and items (_add_rows) in the open transaction; return the new
     items. Where two rows have the same id, or two items the same prompt, the earlier wins."""
-    db.executemany("INSERT OR IGNORE INTO conversations VALUES (?, ?, ?, ?)", conv_rows)
+    db.executemany(
+        "INSERT OR IGNORE INTO conversations (id, dataset, row_index, data, source_id) "
+        "VALUES (?, ?, ?, ?, ?)",
+        conv_rows,
+    )
     mid = db.total_changes
     db.executemany(
         "INSERT OR IGNORE INTO items (id, dataset, conversation_id, turn_index, "

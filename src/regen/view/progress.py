@@ -503,10 +503,12 @@ def summary_table(
     return table
 
 
-def bad_rows_table(groups: list[BadRowGroup]) -> Table:
-    """Why rows were not used, commonest first: each reason as its first row had it, and the
-    rows to look at (counted from 0 in the source)."""
-    table = Table(title="rows not used (row numbers count from 0)", title_justify="left")
+def bad_rows_table(
+    groups: list[BadRowGroup], title: str = "rows not used (row numbers count from 0)"
+) -> Table:
+    """Why rows were not used (or, with its title, notes on rows used), commonest first: each
+    reason as its first row had it, and the rows to look at (counted from 0 in the source)."""
+    table = Table(title=title, title_justify="left")
     for col in ("rows", "dataset", "source", "first rows", "reason (of the first)"):
         table.add_column(col, justify="right" if col == "rows" else "left")
     for g in groups:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,8 @@ class Snapshot:
     held: tuple[int, float, float | None] = (0, 0.0, None)
     """Requests of earlier runs (killed, or ended before their bills came) whose bills are not
     known yet: how many, up to how many dollars, and the latest time they are held until."""
+    row_notes: list[BadRowGroup] = field(default_factory=list)
+    """What the reads noticed in rows they used, commonest first."""
 
 
 def take_snapshot(out_dir: Path) -> Snapshot:
@@ -66,6 +68,9 @@ def take_snapshot(out_dir: Path) -> Snapshot:
             _last_progress(out_dir / "run.log"),
             _live_audit(store.get_meta("live_audit")),
             store.outstanding.held(live) if store.schema_version() >= 9 else (0, 0.0, None),
+            store.sources.bad_row_reasons(table="row_notes")
+            if store.schema_version() >= 10
+            else [],
         )
     finally:
         store.close()
@@ -116,6 +121,7 @@ def snapshot_json(s: Snapshot) -> dict[str, Any]:
             {"class": c, "message": m, "count": n} for c, m, n in s.top_failure_reasons
         ],
         "bad_row_reasons": [asdict(g) for g in s.bad_row_reasons],
+        "row_notes": [asdict(g) for g in s.row_notes],
         "progress": s.progress,
         "live_audit": s.live_audit,
         "held": {"requests": s.held[0], "usd": s.held[1], "until": s.held[2]},
@@ -226,4 +232,6 @@ def snapshot_view(s: Snapshot) -> Group:
         parts.append(top)
     if s.bad_row_reasons:
         parts.append(bad_rows_table(s.bad_row_reasons))
+    if s.row_notes:
+        parts.append(bad_rows_table(s.row_notes, "notes on rows used (row numbers count from 0)"))
     return Group(*parts)

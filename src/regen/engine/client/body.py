@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from regen.config import EndpointConfig, GenerationConfig
-from regen.conversation import Message, Request
+from regen.conversation import Message, Request, canonical_json
 
 
 def history_message(m: Message, dialect: str) -> dict[str, Any]:
@@ -59,3 +59,15 @@ def chat_body(
             body["stream_options"] = {"include_usage": True}
     body.update(endpoint.extra_body)
     return body
+
+
+NOT_SETTINGS = frozenset(
+    {"messages", "tools", "stream", "stream_options", "return_token_ids", "return_prompt_token_ids"}
+)
+"""Body fields that are the prompt or the transport, not how the answer was sampled."""
+
+
+def sent_settings(body: dict[str, Any]) -> str:
+    """The settings a request body carried (model, max_tokens, sampling, reasoning, routing,
+    extra_body), as canonical JSON: stored with its answer and exported as its provenance."""
+    return canonical_json({k: v for k, v in body.items() if k not in NOT_SETTINGS})
