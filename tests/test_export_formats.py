@@ -17,6 +17,11 @@ from regen.reconstruct import Target, TargetSpec
 from regen.sim import SimConfig, sim_in_thread
 from regen.state.db import Store
 from tests.conftest import chat_rows, query, run_cli, write_job, write_rows
+from tests.hub_standin import (
+    IGNORE_HTTPX_DATA_DEPRECATION,
+    hub_standin_in_thread,
+    isolate_hub_client,
+)
 
 ITEM_ROWS = (
     "SELECT i.id, c.row_index, i.turn_index FROM items i "
@@ -419,3 +424,67 @@ def test_only_the_targets_text_is_trainable_by_default(tmp_path: Path) -> None:
     for line in (tmp_path / "sf2/train/chat.jsonl").read_text().splitlines():
         rec = json.loads(line)
         assert rec["input_ids"] == [1, 2, 3, 7, 8] and rec["loss_mask"] == [0, 0, 0, 1, 1]
+
+
+@pytest.mark.parametrize("fmt", ["specforge", "openai", "sharegpt", "tokenized"])
+def test_every_export_folder_loads_with_load_dataset_and_no_arguments(
+    job_out: Path, tmp_path: Path, fmt: str
+) -> None:
+    datasets = pytest.importorskip("datasets")
+    to = tmp_path / fmt
+    ids = ["--family", "kimi-k2.5"] if fmt == "tokenized" else []
+    m = export(job_out, to, "--format", fmt, "--keep-truncated", "--validation", "0.2", *ids)
+    loaded = datasets.load_dataset(str(to))  # the card's default config: the first dataset
+    assert set(loaded) == {"train", "validation"}
+    assert loaded["train"].num_rows == m["datasets"]["a"]["samples"]["train"]
+    b = datasets.load_dataset(str(to), "b")
+    assert b["train"].num_rows + b["validation"].num_rows == sum(
+        m["datasets"]["b"]["samples"].values()
+    )
+    card = (to / "README.md").read_text()
+    assert "# Answers regenerated with moonshotai/kimi-k2.5" in card
+    assert "Only text the target wrote." in card and "`temperature`" not in card
+    assert '"temperature":0.7' in card  # the settings the requests carried
+    if fmt == "sharegpt":
+        info = json.loads((to / "dataset_info.json").read_text())
+        assert (
+            info["a"]["file_name"] == "train/a.jsonl"
+            and info["b_validation"]["formatting"] == "sharegpt"
+        )
+
+
+@pytest.mark.filterwarnings(IGNORE_HTTPX_DATA_DEPRECATION)
+def test_push_to_hub_uploads_the_export_folder(
+    job_out: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Against a local stand-in of the Hub's upload endpoints (tests/hub_standin.py): the real
+    Hub was not used here."""
+    from huggingface_hub.utils import close_session
+
+    isolate_hub_client(monkeypatch, tmp_path)
+    to = tmp_path / "tok"
+    try:
+        with hub_standin_in_thread("hf_secret") as hub:
+            env = {"HF_ENDPOINT": hub.url, "HF_TOKEN": "hf_secret"}
+            res = run_cli(
+                "export", str(job_out), "--to", str(to), "--format", "tokenized",
+                "--family", "kimi-k2.5", "--push-to-hub", "me/regen-out", env=env,
+            )  # fmt: skip
+            assert res.returncode == 0, res.stderr
+            assert "uploaded to the Hub" in res.stdout
+            sent = hub.files["me/regen-out"]
+            assert sent == {
+                p.relative_to(to).as_posix(): p.read_bytes() for p in to.rglob("*") if p.is_file()
+            }
+            assert any(f.endswith(".parquet") for f in sent) and "README.md" in sent
+            # A token the Hub refuses: one line, the folder kept, no traceback.
+            res = run_cli(
+                "export", str(job_out), "--to", str(to), "--format", "openai",
+                "--push-to-hub", "me/regen-out", env={**env, "HF_TOKEN": "hf_wrong"},
+            )  # fmt: skip
+            assert res.returncode != 0 and "Traceback" not in res.stderr
+            assert "cannot upload" in res.stderr and "HTTP 401" in res.stderr
+            assert "hf_wrong" not in res.stderr
+            assert (to / "README.md").exists()
+    finally:
+        close_session()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -203,6 +204,15 @@ def _export_parser(sub: Any) -> None:
         help="only answers stored since the previous export to the same folder, as a new part",
     )
     exp.add_argument("--shard-rows", type=int, default=100_000, help="tokenized: rows per file")
+    exp.add_argument(
+        "--push-to-hub",
+        metavar="OWNER/NAME",
+        help="upload the export folder as a Hugging Face dataset repository (created if "
+        "missing; token from HF_TOKEN or huggingface-cli login)",
+    )
+    exp.add_argument(
+        "--private", action="store_true", help="with --push-to-hub: create the repository private"
+    )
     exp.add_argument(
         "--train-source-turns",
         action="store_true",
@@ -618,6 +628,9 @@ def _export(args: argparse.Namespace, console: Console) -> int:
         return EXIT_USAGE
     weights = _pairs(args.weight, "--weight", float)
     caps = _pairs(args.cap, "--cap", int)
+    if args.push_to_hub is not None and not re.fullmatch(r"[\w.-]+/[\w.-]+", args.push_to_hub):
+        print(f"error: --push-to-hub takes OWNER/NAME, not {args.push_to_hub!r}", file=sys.stderr)
+        return EXIT_USAGE
     store = Store.open_readonly(args.out)
     try:
         names = [p.name for p in store.work.dataset_progress()]
@@ -681,6 +694,16 @@ def _export(args: argparse.Namespace, console: Console) -> int:
         )
     console.print(table)
     console.print(f"manifest: {to / 'manifest.json'}", markup=False)
+    console.print(
+        f"load it with datasets.load_dataset({str(to)!r}) (card: {to / 'README.md'})",
+        markup=False,
+        highlight=False,
+    )
+    if args.push_to_hub:
+        from regen.outputs.hub import push_to_hub
+
+        url = push_to_hub(to, args.push_to_hub, private=args.private)
+        console.print(f"uploaded to the Hub: {url}", markup=False, highlight=False)
     return EXIT_OK
 
 

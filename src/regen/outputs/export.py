@@ -21,6 +21,14 @@ from regen import failpoints
 from regen.conversation import seeded_unit
 from regen.errors import StateError
 from regen.outputs.audit import Checks, rebuilt, sample_problems
+from regen.outputs.hub import (
+    CARD,
+    LLAMA_FACTORY_INFO,
+    NOT_DATA,
+    dataset_card,
+    llama_factory_info,
+    public_source,
+)
 from regen.reconstruct import ReconstructError, Sample, Target
 from regen.state.answers import ExportRow, pack_ids, unpack_ids
 from regen.state.db import Store
@@ -68,7 +76,7 @@ class Origins:
     @classmethod
     def of(cls, store: Store, datasets: Iterable[str]) -> Origins:
         modes = {n: m for n in datasets if (m := store.sources.mode(n)) is not None}
-        return cls({n: store.sources.source(n) for n in datasets}, modes)
+        return cls({n: public_source(store.sources.source(n)) for n in datasets}, modes)
 
 
 def history_author(row: ExportRow) -> str:
@@ -239,6 +247,17 @@ SOURCE_TURNS = {
 }
 """What the default export does with a sample whose history holds the dataset's own assistant
 turns (history `source`), per format; --train-source-turns writes them as plain turns."""
+
+
+def source_turns(opts: ExportOptions) -> str:
+    """What this export did with samples whose history holds the dataset's own turns."""
+    if not opts.train_source_turns:
+        return SOURCE_TURNS[opts.format]
+    return (
+        "written with those turns as plain assistant turns (--train-source-turns): trainers "
+        "train on them unless their last-turn switch is on (SpecForge "
+        "`data.train_only_last_turn=true`, LLaMA-Factory `mask_history: true`)"
+    )
 
 
 SHAREGPT_FROM = {"user": "human", "assistant": "gpt", "system": "system", "tool": "observation"}
@@ -610,7 +629,7 @@ def export_job(
         tmp.mkdir(parents=True)
         if opts.since_last:
             for f in to.rglob("*"):
-                if f.is_file() and f.name != "manifest.json":
+                if f.is_file() and f.name not in NOT_DATA:
                     dest = tmp / f.relative_to(to)
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     os.link(f, dest)
@@ -630,6 +649,10 @@ def export_job(
         writer.close()
         files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
         manifest = _manifest(store, opts, counts, files, until, since, part, previous, target)
+        # The folder is a Hub dataset: its card names each dataset's files per split.
+        write_text_atomic(tmp / CARD, dataset_card(store, manifest, datasets, source_turns(opts)))
+        if opts.format == "sharegpt":
+            write_json_atomic(tmp / LLAMA_FACTORY_INFO, llama_factory_info(datasets, files))
         write_json_atomic(tmp / "manifest.json", manifest)
         if to.exists():
             os.rename(to, old)

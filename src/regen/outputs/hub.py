@@ -1,0 +1,267 @@
+"""An export folder as a Hugging Face dataset: a README.md card whose YAML names one config per
+dataset with its splits (so `datasets.load_dataset(folder)` reads it with no arguments), what
+the data is and how it was made; LLaMA-Factory's `dataset_info.json` beside a sharegpt export;
+and the upload (`regen export --push-to-hub`)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from regen.errors import ConfigError, StateError
+from regen.state.db import Store
+
+CARD = "README.md"
+LLAMA_FACTORY_INFO = "dataset_info.json"
+NOT_DATA = frozenset({CARD, LLAMA_FACTORY_INFO, "manifest.json"})
+"""Files an export writes beside its data: never carried into the next part, never listed."""
+
+
+def _q(value: object) -> str:
+    """A YAML scalar: JSON's quoting is YAML's."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def data_files(files: list[str]) -> dict[str, dict[str, list[str]]]:
+    """The export's data files by dataset and split (`train/chat.part0001.jsonl` is chat's):
+    the writer names each `<split>/<dataset>[.partNNNN][-NNNNN].<ext>`."""
+    out: dict[str, dict[str, list[str]]] = defaultdict(dict)
+    for f in files:
+        split, _, name = f.partition("/")
+        if not name or "/" in name:
+            continue
+        stem = name.rsplit(".", 1)[0]
+        dataset = stem.split(".part")[0]
+        if name.endswith(".parquet"):
+            dataset = dataset.rsplit("-", 1)[0]
+        out[dataset].setdefault(split, []).append(f)
+    return out
+
+
+def card_yaml(datasets: list[str], files: list[str]) -> str:
+    """The card's YAML header: one config per dataset (the first the default), each split with
+    its files."""
+    by_dataset = data_files(files)
+    lines = ["---", "configs:"]
+    first = True
+    for name in datasets:
+        splits = by_dataset.get(name)
+        if not splits:
+            continue
+        lines.append(f"- config_name: {_q(name)}")
+        if first:
+            lines.append("  default: true")
+            first = False
+        lines.append("  data_files:")
+        for split in ("train", "validation"):
+            if split in splits:
+                lines.append(f"  - split: {_q(split)}")
+                lines.append("    path:")
+                lines.extend(f"    - {_q(f)}" for f in sorted(splits[split]))
+    lines += ["tags:", "- regen", "- synthetic", "---", ""]
+    return "\n".join(lines)
+
+
+def _counted(store: Store, column: str, datasets: list[str]) -> list[tuple[Any, int]]:
+    marks = ",".join("?" * len(datasets))
+    rows = store._db.execute(  # noqa: SLF001 - a read of the answers' own columns
+        f"SELECT {column}, COUNT(*) FROM results WHERE dataset IN ({marks}) "
+        f"GROUP BY {column} ORDER BY COUNT(*) DESC",
+        tuple(datasets),
+    ).fetchall()
+    return [(v, int(n)) for v, n in rows]
+
+
+def _table(head: tuple[str, ...], rows: list[tuple[Any, ...]]) -> list[str]:
+    out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    out += ["| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |" for r in rows]
+    return out
+
+
+def dataset_card(store: Store, manifest: dict[str, Any], datasets: list[str], policy: str) -> str:
+    """README.md for an export: the YAML header, then what the data is (model, endpoints,
+    providers, quantization filters, the settings sent), how its token ids were made, the
+    audit, counts and cost, which text carries loss, and the provenance fields."""
+    fmt = manifest["format"]
+    lines = [card_yaml(datasets, manifest["files"])]
+    models = _counted(store, "model", datasets)
+    title = models[0][0] if models and models[0][0] else "a target model"
+    lines += [
+        f"# Answers regenerated with {title}",
+        "",
+        f"Written by regen {manifest['regen_version']} (`regen export --format {fmt}`). Every "
+        "answer is the target model's own; prompts come from the source datasets below.",
+        "",
+        "## How it was made",
+        "",
+    ]
+    lines += _table(
+        ("what", "values (answers)"),
+        [
+            (what, ", ".join(f"{v if v is not None else 'unknown'} ({n})" for v, n in counts))
+            for what, counts in (
+                ("model", models),
+                ("endpoint (the job's)", _counted(store, "endpoint", datasets)),
+                ("provider", _counted(store, "provider", datasets)),
+            )
+        ],
+    )
+    fields = json.loads(store.get_meta("fingerprint_fields") or "{}")
+    routing = [e.get("provider") for e in fields.get("endpoints", []) if e.get("provider")]
+    lines += [
+        "",
+        "Provider routing the job asked for (quantizations, order, ignore): "
+        + (", ".join(f"`{json.dumps(r, sort_keys=True)}`" for r in routing) or "none")
+        + ".",
+        "",
+        "Settings each request carried besides its messages and tools (answers):",
+        "",
+    ]
+    for settings, n in _counted(store, "settings", datasets)[:8]:
+        lines.append(f"- `{settings or 'not recorded (answered before regen stored it)'}` ({n})")
+    reconstruct = manifest.get("reconstruct")
+    ids = (
+        f"token ids from the server where it returned them, else rebuilt with the "
+        f"`{reconstruct['family']}` family of the model's own chat template "
+        f"(tokenizer `{reconstruct.get('tokenizer')}`); each row's `token_ids` says which"
+        if reconstruct
+        else "no token ids were rebuilt for this export"
+    )
+    audit = _audit_line(store.get_meta("live_audit"))
+    lines += [
+        "",
+        f"Token ids: {ids}.",
+        "",
+        "Audit: "
+        + (audit or "not in this card: run `regen audit OUT` on the job's output folder."),
+        "",
+        "## Contents",
+        "",
+    ]
+    rows = []
+    for name, d in manifest["datasets"].items():
+        dropped = ", ".join(f"{k} {v}" for k, v in d["dropped"].items()) or "-"
+        rows.append(
+            (
+                name,
+                public_source(store.sources.source(name)),
+                d["samples"]["train"],
+                d["samples"]["validation"],
+                d["prompt_tokens"],
+                d["completion_tokens"],
+                f"{d['cost_usd']:.4f}",
+                dropped,
+            )
+        )
+    lines += _table(
+        (
+            "config",
+            "source",
+            "train",
+            "validation",
+            "prompt tokens",
+            "completion tokens",
+            "cost $",
+            "left out",
+        ),
+        rows,
+    )
+    lines += [
+        "",
+        "## Which text carries loss",
+        "",
+        "Only text the target wrote. A sample whose history holds the dataset's own assistant "
+        f"turns is {policy}.",
+        "",
+        "## Provenance",
+        "",
+        "Each sample's `provenance` (columns of their own in Parquet) joins it to its source "
+        "row: `source_file`, `source_row` (from 0), `source_id` (the row's own id: "
+        "`custom_id`, `id`, ...), `mode` and `turn_index`, `history` (who wrote the assistant "
+        "turns before it: `none`, `target`, `source`), who answered (`model`, `provider`, "
+        "`endpoint`, `run_id`, `generation_id`), `settings` (JSON of what the request "
+        "carried), the bill (`prompt_tokens`, `completion_tokens`, `reasoning_tokens`, "
+        "`cost_usd`, `usage_source`), `finish_reason`, and `token_ids` (`exact`, "
+        "`reconstructed`, `none`).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def public_source(path: str) -> str:
+    """A source as a published card or export names it: a hub id as it is, a local file or
+    folder by its name only (the rest of the path is the user's machine)."""
+    if "://" in path or "/" not in path:
+        return path
+    return Path(path).name
+
+
+def _audit_line(recorded: str | None) -> str | None:
+    """The run's live audit tally (`[reconstruct] live_audit`) in words."""
+    try:
+        tally = json.loads(recorded) if recorded else None
+        if not isinstance(tally, dict):
+            return None
+        return (
+            f"the run's live audit rebuilt {tally['checked']} answers with the "
+            f"`{tally['family']}` family: {tally['failed']} failed its checks; rebuilt minus "
+            f"billed completion tokens: mean {tally['mean_abs_diff']}, largest "
+            f"{tally['max_abs_diff']}."
+        )
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def llama_factory_info(datasets: list[str], files: list[str]) -> dict[str, Any]:
+    """dataset_info.json entries for a sharegpt export: one per dataset and split file, as
+    LLaMA-Factory registers a local sharegpt file."""
+    info: dict[str, Any] = {}
+    for name, splits in data_files(files).items():
+        if name not in datasets:
+            continue
+        for split, paths in splits.items():
+            for k, path in enumerate(sorted(paths)):
+                key = name if split == "train" else f"{name}_{split}"
+                info[key if k == 0 else f"{key}_{k}"] = {
+                    "file_name": path,
+                    "formatting": "sharegpt",
+                    "columns": {"messages": "conversations", "system": "system", "tools": "tools"},
+                }
+    return info
+
+
+def push_to_hub(folder: Path, repo: str, *, private: bool = False) -> str:
+    """Upload an export folder as a dataset repository (created if missing) with
+    huggingface_hub; the token comes from HF_TOKEN (or the user's huggingface-cli login), the
+    Hub's address from HF_ENDPOINT (default huggingface.co). Returns the commit's URL."""
+    try:
+        from huggingface_hub import HfApi
+        from huggingface_hub.errors import HfHubHTTPError
+    except ImportError as exc:  # pragma: no cover - a dependency of transformers
+        raise ConfigError(f"--push-to-hub needs huggingface_hub: {exc}") from exc
+    if repo.count("/") != 1 or not all(repo.split("/")):
+        raise ConfigError(f"--push-to-hub takes OWNER/NAME, not {repo!r}")
+    # Read at the call (huggingface_hub reads its environment once, at import).
+    api = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None, token=os.environ.get("HF_TOKEN"))
+    try:
+        api.create_repo(repo, repo_type="dataset", exist_ok=True, private=private)
+        info = api.upload_folder(
+            folder_path=str(folder),
+            repo_id=repo,
+            repo_type="dataset",
+            commit_message=f"regen export ({folder.name})",
+        )
+    except Exception as exc:  # HTTP errors, and the transport's own (refused, reset, DNS)
+        status = ""
+        if isinstance(exc, HfHubHTTPError) and exc.response is not None:
+            status = f" (HTTP {exc.response.status_code})"
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise StateError(
+            f"cannot upload {folder} to the Hub dataset {repo}{status}: {first}; the export "
+            "folder is complete: upload it again with the same command once the problem is "
+            "fixed (a token with write access in HF_TOKEN)"
+        ) from exc
+    return str(getattr(info, "commit_url", info))
