@@ -15,6 +15,9 @@ requests in flight at each kill are billed after the client is gone. Scenarios:
 - `nested-cap`: the $1.50 dataset cap under a $50 job cap.
 - `neighbour`: a $6 job cap while another job spends on the same key all along (a $4 cap
   once stopped the job at "$9.56 spent" with $2.39 of its own).
+- `samples` (issue 35): `samples = 4` with a temperature mix and a seed on three datasets (no
+  sequential one), under a $12 job cap: every prompt ends with its 4 samples done, each with
+  its own seed and the settings it was sent recorded.
 - `managed`: a $5 job cap with a management key: each run makes a key of its own whose
   credit limit the simulator enforces as OpenRouter documents.
 - `managed-stale`: the same, but the job file's prices are a fifth of what the provider
@@ -90,6 +93,8 @@ def job_text(
     endpoint: str = 'api_key_env = "TORTURE_KEY"',
     lanes: str | None = None,
     run: str = "",
+    generation: str = "",
+    third_mode: str = "sequential",
 ) -> str:
     lanes = (
         lanes
@@ -113,6 +118,7 @@ base_url = "{base_url}"
 [generation]
 model = "moonshotai/kimi-k2.5"
 max_tokens = 1024
+{generation}
 
 [run]
 initial_limit = 64
@@ -139,7 +145,7 @@ mode = "each_turn"
 [[datasets]]
 name = "seq"
 path = "{tmp / (prefix + "seq.jsonl")}"
-mode = "sequential"
+mode = "{third_mode}"
 """
 
 
@@ -179,6 +185,10 @@ class Scenario:
     token_budget: tuple[str, int] | None = None
     neighbour: bool = False
     managed: bool = False
+    samples: int = 1
+    """Answers per prompt the job asks for (checked: exactly that many, distinct seeds)."""
+    rows_div: int = 1
+    """The scenario reads rows / rows_div rows (a samples job sends that many times more)."""
 
 
 def managed(name: str, prices: str = "") -> Scenario:
@@ -230,6 +240,21 @@ SCENARIOS = {
         (1, 6),
         {"job": 6.0},
         neighbour=True,
+    ),
+    "samples": Scenario(
+        "samples",
+        calm,
+        lambda tmp, url: job_text(
+            tmp,
+            url,
+            job_cap=12.0,
+            generation="samples = 4\ntemperature = [0.2, 0.7, 1.0]\nseed = 5",
+            third_mode="each_turn",
+        ),
+        (1, 6),
+        {"job": 12.0},
+        samples=4,
+        rows_div=4,
     ),
     "managed": managed("managed"),
     "managed-stale": managed(
@@ -367,7 +392,7 @@ def torture(s: Scenario, kills: int, seed: int, n_rows: int) -> dict[str, Any]:
     report: dict[str, Any] = {"scenario": s.name, "kills": [], "reruns": []}
     with tempfile.TemporaryDirectory() as tmp_name, sim_in_thread(s.sim(seed)) as sim:
         tmp = Path(tmp_name)
-        rows(tmp, n_rows)
+        rows(tmp, n_rows // s.rows_div)
         job = tmp / "job.toml"
         job.write_text(s.job(tmp, sim.base_url))
         neighbour = None
@@ -460,6 +485,11 @@ def torture(s: Scenario, kills: int, seed: int, n_rows: int) -> dict[str, Any]:
         for f in sorted((tmp / "out" / "export").glob("*.jsonl")):
             export_ids += [json.loads(line)["id"] for line in f.read_text().splitlines()]
         last = texts[-1]
+        # Answers the run's export leaves out by design (their history holds the dataset's
+        # own assistant turns), as its summary says.
+        left_by_design = sum(
+            int(m[1]) for m in re.finditer(r"export: (\d+) answer\(s\) of \S+ left out", last)
+        )
         unsent = [
             (m[1], int(m[2]), m[3])
             for m in re.finditer(r"dataset (\S+): (\d+) items not sent: (.+)", last)
@@ -476,7 +506,8 @@ def torture(s: Scenario, kills: int, seed: int, n_rows: int) -> dict[str, Any]:
             results_duplicated=dup_results,
             export_rows=len(export_ids),
             export_rows_duplicated=len(export_ids) - len(set(export_ids)),
-            export_rows_missing=done_results - len(set(export_ids)),
+            export_rows_missing=done_results - len(set(export_ids)) - left_by_design,
+            export_rows_left_out_by_design=left_by_design,
             ledger_usd=round(ledger, 6),
             ledger_by_kind=kinds,
             billed_usd=round(billed_ours, 6),
@@ -495,6 +526,8 @@ def torture(s: Scenario, kills: int, seed: int, n_rows: int) -> dict[str, Any]:
             overshoot_bounds=bounds,
             left_at_kills_named={lane: f"{named}/{n}" for lane, (n, named) in left_out.items()},
         )
+        if s.samples > 1:
+            report.update(samples_check(watch, s.samples))
         if s.managed:
             made = sim.simulator.keys.listed(include_disabled=True)
             usage = {k.hash: sim.simulator.account.usage_of(k.secret) for k in made}
@@ -546,8 +579,42 @@ def torture(s: Scenario, kills: int, seed: int, n_rows: int) -> dict[str, Any]:
             f"the job's keys used ${report.get('keys_usage_usd')}, the job was billed "
             f"${billed_ours:.6f}"
         )
+    if s.samples > 1:
+        if report["prompts_without_all_samples"]:
+            failures.append(f"{report['prompts_without_all_samples']} prompts lack a sample")
+        if report["prompts_with_a_repeated_seed"] or report["answers_without_settings"]:
+            failures.append("a prompt's samples share a seed, or an answer has no settings")
     report["failures"] = failures
     return report
+
+
+def samples_check(watch: Watch, k: int) -> dict[str, Any]:
+    """Per prompt (conversation and turn): how many of its K samples are in state.db, done,
+    and the seeds and temperatures their requests carried."""
+    per: defaultdict[tuple[str, int], list[tuple[int, str, str | None]]] = defaultdict(list)
+    for cid, turn, sample, status, settings in watch.query(
+        "SELECT i.conversation_id, i.turn_index, i.sample, i.status, r.settings FROM items i "
+        "LEFT JOIN results r ON r.item_id = i.id"
+    ):
+        per[(cid, turn)].append((sample, status, settings))
+    incomplete = repeated = unsettled = 0
+    temperatures: Counter[float] = Counter()
+    for entries in per.values():
+        if sorted(e[0] for e in entries) != list(range(k)) or any(e[1] != "done" for e in entries):
+            incomplete += 1
+        sent = [json.loads(e[2]) for e in entries if e[2] is not None]
+        unsettled += sum(1 for e in entries if e[1] == "done" and e[2] is None)
+        seeds = [x.get("seed") for x in sent]
+        if len(set(seeds)) != len(seeds) or None in seeds:
+            repeated += 1
+        temperatures.update(x.get("temperature") for x in sent)
+    return {
+        "prompts": len(per),
+        "prompts_without_all_samples": incomplete,
+        "prompts_with_a_repeated_seed": repeated,
+        "answers_without_settings": unsettled,
+        "temperatures_sent": dict(temperatures),
+    }
 
 
 def show(report: dict[str, Any]) -> None:

@@ -33,6 +33,7 @@ PROVENANCE_FIELDS = {
     "source_id",
     "mode",
     "turn_index",
+    "sample",
     "history",
     "item_id",
     "model",

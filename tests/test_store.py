@@ -59,6 +59,7 @@ def test_migrations_are_recorded_once(tmp_path: Path) -> None:
         (8, "m008_startup_indexes"),
         (9, "m009_outstanding"),
         (10, "m010_provenance"),
+        (11, "m011_samples"),
     ]
     assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 

@@ -205,6 +205,12 @@ def _export_parser(sub: Any) -> None:
     )
     exp.add_argument("--shard-rows", type=int, default=100_000, help="tokenized: rows per file")
     exp.add_argument(
+        "--samples",
+        choices=("all", "first"),
+        default="all",
+        help="all the samples of each prompt, or the first that passes the filters",
+    )
+    exp.add_argument(
         "--push-to-hub",
         metavar="OWNER/NAME",
         help="upload the export folder as a Hugging Face dataset repository (created if "
@@ -658,6 +664,7 @@ def _export(args: argparse.Namespace, console: Console) -> int:
             drop_failed_audit=args.drop_failed_audit,
             max_sample_diff=args.max_sample_diff,
             train_source_turns=args.train_source_turns,
+            samples=args.samples,
         )
         target = checks = None
         overrides = _target_overrides(args)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -147,15 +147,35 @@ class EndpointConfig(_Model):
         return self
 
 
+Temperature = Annotated[float, Field(ge=0)]
+TopP = Annotated[float, Field(gt=0, le=1)]
+
+
 class GenerationConfig(_Model):
     """`[generation]`: the target model and its sampling settings (all data-affecting)."""
 
     model: str
     max_tokens: int = Field(default=4096, gt=0)
-    temperature: float | None = Field(default=None, ge=0)
-    top_p: float | None = Field(default=None, gt=0, le=1)
+    temperature: Temperature | list[Temperature] | None = None
+    top_p: TopP | list[TopP] | None = None
     seed: int | None = None
     reasoning: dict[str, Any] | None = None
+    samples: int = Field(default=1, ge=1, le=1024)
+    """Answers per prompt, each its own item (a dataset's `samples` overrides it)."""
+    mix: Literal["cycle", "draw"] = "cycle"
+    """How a list of temperatures, top_p values or reasoning efforts is spread over a prompt's
+    samples: `cycle` gives sample k the k-th value (wrapping); `draw` picks one per sample by
+    a seeded draw (the job's seed, the item, the sample)."""
+
+    @model_validator(mode="after")
+    def _mixes(self) -> GenerationConfig:
+        for name in ("temperature", "top_p"):
+            if getattr(self, name) == []:
+                raise ValueError(f"{name}: a list needs at least one value")
+        effort = (self.reasoning or {}).get("effort")
+        if isinstance(effort, list) and not (effort and all(isinstance(e, str) for e in effort)):
+            raise ValueError("reasoning.effort: a list of effort names, at least one")
+        return self
 
 
 class RunConfig(_Model):
@@ -302,6 +322,8 @@ class DatasetConfig(_Model):
     says which)."""
     max_cost_usd: float | None = Field(default=None, gt=0)
     """A hard dollar cap for this dataset."""
+    samples: int | None = Field(default=None, ge=1, le=1024)
+    """Answers per prompt for this dataset ([generation].samples by default)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> DatasetConfig:
@@ -402,6 +424,18 @@ class Job(_Model):
         _unique("endpoints", [e.name for e in self.endpoints])
         _unique("lanes", [lane.name for lane in self.lanes])
         datasets = {d.name for d in self.datasets}
+        for d in self.datasets:
+            if d.mode == "sequential" and self.dataset_samples(d) > 1:
+                raise ValueError(
+                    f"dataset '{d.name}': samples > 1 with mode sequential: each sample would "
+                    "need its own chain of regenerated turns; use each_turn or samples = 1"
+                )
+        for e in self.endpoint_pool:
+            if "n" in e.extra_body:
+                raise ValueError(
+                    f"endpoint '{e.name}': n in extra_body: answers per prompt are "
+                    "[generation] samples (each stored, billed and exported as its own answer)"
+                )
         endpoints = {e.name for e in self.endpoint_pool}
         lanes = {lane.name: lane for lane in self.lanes}
         for i, lane in enumerate(self.lanes):
@@ -449,6 +483,10 @@ class Job(_Model):
     def dataset_seed(self, ds: DatasetConfig) -> int:
         return self.run.shuffle_seed if ds.shuffle_seed is None else ds.shuffle_seed
 
+    def dataset_samples(self, ds: DatasetConfig) -> int:
+        """Answers per prompt for a dataset."""
+        return self.generation.samples if ds.samples is None else ds.samples
+
     def resolve(self, path: str) -> Path:
         p = Path(path).expanduser()
         return p if p.is_absolute() else Path(self.base_dir) / p
@@ -470,7 +508,12 @@ class Job(_Model):
             for e in self.endpoint_pool
         }
         return {
-            "generation": self.generation.model_dump(exclude={"max_tokens"}),
+            # samples: more adds items and fewer is refused (prepare.check_samples); mix only
+            # when not the default, so a state made before it existed still matches.
+            "generation": self.generation.model_dump(
+                exclude={"max_tokens", "samples"}
+                | ({"mix"} if self.generation.mix == "cycle" else set())
+            ),
             "endpoints": [json.loads(e) for e in sorted(endpoints)],
             "datasets": {d.name: d.source_fields() for d in self.datasets},
         }

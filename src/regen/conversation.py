@@ -127,6 +127,8 @@ class Request:
     turn_index: int
     messages: tuple[Message, ...]
     tools: tuple[dict[str, Any], ...] = ()
+    sample: int = 0
+    """Which of the prompt's samples this is (0 for the first; [generation] samples)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -713,7 +713,9 @@ class Scheduler:
             regenerated = self._store.answers.regenerated_turns(
                 item.conversation_id, item.turn_index
             )
-        return build_request(conv, item.turn_index, item.conversation_id, regenerated)
+        return build_request(
+            conv, item.turn_index, item.conversation_id, regenerated, sample=item.sample
+        )
 
     async def _admit_try(
         self, lane: LaneRuntime, item: PendingItem, req: Request, tally: Tally

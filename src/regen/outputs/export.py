@@ -108,6 +108,7 @@ def provenance(
         "source_id": row.source_id,
         "mode": origins.modes.get(dataset),
         "turn_index": row.turn_index,
+        "sample": row.sample,
         "history": history_author(row),
         "item_id": row.item_id,
         "model": row.model,
@@ -365,6 +366,9 @@ class ExportOptions:
     """Drop samples that fail `regen audit`'s checks (structure, length against the bill)."""
     max_sample_diff: int = 3
     """With drop_failed_audit: the largest rebuilt-minus-billed completion difference kept."""
+    samples: str = "all"
+    """`all` the samples of each prompt, or `first`: the first of them that passes the filters
+    (for trainers that want one answer per prompt)."""
     train_source_turns: bool = False
     """Write the dataset's own assistant turns of an answer's history as ordinary assistant
     turns, which trainers train on unless their last-turn switch is on (SpecForge
@@ -520,6 +524,7 @@ def PROVENANCE_COLUMNS(pa: Any) -> list[tuple[str, Any]]:  # noqa: N802 - a cons
         ("source_id", text),
         ("mode", text),
         ("turn_index", i32),
+        ("sample", i32),
         ("history", text),
         ("item_id", text),
         ("model", text),
@@ -701,9 +706,13 @@ def _export_dataset(
         if target is not None
         else ((row, None) for row in store.answers.export_rows(name, since))
     )
+    prompts: set[tuple[str, int]] = set()
     for row, sample in rows:
         until = max(until, row.created_at)
         reason = _drop_reason(row, opts)
+        prompt = (row.conversation_id, row.turn_index)
+        if reason is None and opts.samples == "first" and prompt in prompts:
+            reason = "other_sample"
         if (
             reason is None
             and opts.drop_failed_audit
@@ -743,6 +752,7 @@ def _export_dataset(
             if seeded_unit(opts.seed, "split", row.conversation_id) < opts.validation_fraction
             else "train"
         )
+        prompts.add(prompt)
         for _ in range(copies):
             if cap is not None and written >= cap:
                 c.dropped["cap"] += 1

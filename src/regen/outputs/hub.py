@@ -180,9 +180,9 @@ def dataset_card(store: Store, manifest: dict[str, Any], datasets: list[str], po
         "",
         "Each sample's `provenance` (columns of their own in Parquet) joins it to its source "
         "row: `source_file`, `source_row` (from 0), `source_id` (the row's own id: "
-        "`custom_id`, `id`, ...), `mode` and `turn_index`, `history` (who wrote the assistant "
-        "turns before it: `none`, `target`, `source`), who answered (`model`, `provider`, "
-        "`endpoint`, `run_id`, `generation_id`), `settings` (JSON of what the request "
+        "`custom_id`, `id`, ...), `mode`, `turn_index` and `sample`, `history` (who wrote "
+        "the assistant turns before it: `none`, `target`, `source`), who answered (`model`, "
+        "`provider`, `endpoint`, `run_id`, `generation_id`), `settings` (JSON of what the request "
         "carried), the bill (`prompt_tokens`, `completion_tokens`, `reasoning_tokens`, "
         "`cost_usd`, `usage_source`), `finish_reason`, and `token_ids` (`exact`, "
         "`reconstructed`, `none`).",

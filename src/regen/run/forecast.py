@@ -681,6 +681,13 @@ def _assumptions(
     job: Job, profiles: dict[tuple[str, str], Profile], lanes: list[LanePlan]
 ) -> list[str]:
     out = []
+    for d in job.datasets:
+        k = job.dataset_samples(d)
+        if k > 1:
+            out.append(
+                f"dataset {d.name}: {k} samples per prompt, each its own item: items, tokens, "
+                "dollars and time here count every sample (one sample costs an item's share)"
+            )
     if any(p.passages == 0 for p in profiles.values()):
         out.append(
             f"lanes without answers assume completions of {PRIOR_LENGTH_SHARE:g} x max_tokens, "

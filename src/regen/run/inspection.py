@@ -83,7 +83,7 @@ def inspect_dataset(job: Job, dataset: str, rows: int = 3, start: int = 0) -> In
             view.reason = conv.reason
             continue
         view.conversation = conv
-        new, bad = plan_items(conv, ds, job.dataset_seed(ds))
+        new, bad = plan_items(conv, ds, job.dataset_seed(ds), samples=job.dataset_samples(ds))
         view.reason = bad.reason if bad else None
         view.notes = row_notes(conv, target_reasons(job)) if new else []
         for item in new.items if new else []:
@@ -96,6 +96,7 @@ def inspect_dataset(job: Job, dataset: str, rows: int = 3, start: int = 0) -> In
                     item.prompt_tokens_est,
                     waits=item.after_item is not None,
                     turns=new.items if new else [],
+                    sample=item.sample,
                 )
             )
     return Inspection(ds.name, source.format, ds.mode, views)
@@ -110,6 +111,7 @@ def _item_view(
     *,
     waits: bool,
     turns: list[Any],
+    sample: int = 0,
 ) -> ItemView:
     regenerated: dict[int, Message] | None = None
     previous = None
@@ -117,7 +119,7 @@ def _item_view(
         earlier = [t.turn_index for t in turns if t.turn_index < turn]
         regenerated = {t: Message("assistant", REGENERATED.format(turn=t)) for t in earlier}
         previous = earlier[-1] if earlier else None
-    req = build_request(conv, turn, regenerated=regenerated)
+    req = build_request(conv, turn, regenerated=regenerated, sample=sample)
     lane = _lane(job, ds.name, estimate)
     endpoint = job.endpoint_pool[0]
     body = chat_body(
@@ -126,6 +128,7 @@ def _item_view(
         endpoint,
         job.lane_max_tokens(lane) if lane else None,
         stream=bool(lane and lane.stream),
+        samples=job.dataset_samples(ds),
     )
     return ItemView(turn, estimate, lane.name if lane else None, body, previous if waits else None)
 

@@ -34,8 +34,17 @@ def health_url(base_url: str) -> str:
 def _make_body(
     job: Job, endpoint: EndpointConfig
 ) -> Callable[[Request, int, bool], dict[str, Any]]:
+    samples = {d.name: job.dataset_samples(d) for d in job.datasets}
+
     def make(req: Request, max_tokens: int, stream: bool) -> dict[str, Any]:
-        return chat_body(req, job.generation, endpoint, max_tokens, stream=stream)
+        return chat_body(
+            req,
+            job.generation,
+            endpoint,
+            max_tokens,
+            stream=stream,
+            samples=samples.get(req.dataset, 1),
+        )
 
     return make
 

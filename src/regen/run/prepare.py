@@ -45,7 +45,8 @@ def prepare(
 ) -> Prepared:
     """Before sending: check the fingerprint, ingest, re-queue transient failures, assign
     lanes, and say where each dataset stands."""
-    notes = check_fingerprint(store, job, force=force) + dialect_notes(job)
+    notes = check_samples(store, job) + check_fingerprint(store, job, force=force)
+    notes += dialect_notes(job)
     stale = clean_stale_exports(job.output_path / "export")
     if stale:
         notes.append(f"removed what an interrupted export left: {', '.join(stale)}")
@@ -68,6 +69,27 @@ def prepare(
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     append_log(job.output_path / "run.log", lines)
     return Prepared(unassigned, progress)
+
+
+def check_samples(store: Store, job: Job) -> list[str]:
+    """Answers per prompt may grow (the next read adds the new samples' items) but never
+    shrink: the items of the samples already asked for would still be sent. Recorded per
+    dataset; returns notes for the ones that grew."""
+    stored = json.loads(store.get_meta("samples") or "{}")
+    now = {d.name: job.dataset_samples(d) for d in job.datasets}
+    notes = []
+    for name, k in now.items():
+        before = int(stored.get(name, 1))
+        if k < before:
+            raise ConfigError(
+                f"dataset {name}: samples went down from {before} to {k}: state.db already "
+                f"holds {before} samples per prompt, and runs would keep sending them; set "
+                f"samples = {before} again (`regen export --samples first` writes one per prompt)"
+            )
+        if k > before:
+            notes.append(f"dataset {name}: samples {before} -> {k}: adds {k - before} per prompt")
+    store.set_meta("samples", json.dumps({**stored, **now}, sort_keys=True))
+    return notes
 
 
 def check_fingerprint(store: Store, job: Job, *, force: bool) -> list[str]:

@@ -28,7 +28,7 @@ from regen.conversation import (
 )
 from regen.errors import SourceError
 from regen.sources import Source
-from regen.sources.modes import item_id, row_notes, target_turns
+from regen.sources.modes import item_id, row_notes, sample_prompt_hash, target_turns
 from regen.sources.readers import HUB_PREFIX, file_digest, source_files
 from regen.state.db import Store
 from regen.state.work import LaneRule, NewConversation, NewItem, first_lane
@@ -134,7 +134,7 @@ def lane_of(rules: list[LaneRule], dataset: str) -> LaneOf:
 
 
 def plan_items(
-    conv: Conversation, ds: DatasetConfig, seed: int, lane: LaneOf = no_lane
+    conv: Conversation, ds: DatasetConfig, seed: int, lane: LaneOf = no_lane, samples: int = 1
 ) -> tuple[NewConversation | None, BadRow | None]:
     """The conversation and its items as the store takes them, and the reason for any turn
     left out (a row with no turn left is only a BadRow).
@@ -171,19 +171,28 @@ def plan_items(
             if sequential:
                 break  # later turns would need this one's answer
             continue
-        items.append(
-            NewItem(
-                iid,
-                t,
-                # Sequential prompts hold regenerated turns: no two conversations share one.
-                # Otherwise modes.prompt_hash_of, from the serialized messages.
-                stable_hash(cid, t) if sequential else stable_hash(_history_json(parts, t, tools)),
-                order_key(seed, iid),
-                estimate,
-                after_item=previous if sequential else None,
-                lane=lane(estimate),
+        # Sequential prompts hold regenerated turns: no two conversations share one.
+        # Otherwise modes.prompt_hash_of, from the serialized messages.
+        key = stable_hash(cid, t) if sequential else stable_hash(_history_json(parts, t, tools))
+        where = lane(estimate)
+        # Each sample its own item, placed right after the first in the dispatch order (keys
+        # stay distinct for the keyset reads), so that a prompt's samples go out together and
+        # a server's prefix cache serves the later ones.
+        place = order_key(seed, iid)
+        for k in range(samples):
+            sid = iid if k == 0 else item_id(cid, t, k)
+            items.append(
+                NewItem(
+                    sid,
+                    t,
+                    sample_prompt_hash(key, k),
+                    place + k,
+                    estimate,
+                    after_item=previous if sequential else None,
+                    lane=where,
+                    sample=k,
+                )
             )
-        )
         previous = iid
     bad = None
     if too_long:
@@ -222,6 +231,7 @@ def source_fingerprint(job: Job, ds: DatasetConfig, source: Source) -> str | Non
             "dataset": ds.model_dump(mode="json", exclude={"token_budget", "max_cost_usd"}),
             "seed": job.dataset_seed(ds),
             "files": entries,
+            **({"samples": n} if (n := job.dataset_samples(ds)) > 1 else {}),
         }
     )
 
@@ -258,6 +268,7 @@ def read_dataset(
     seed: int,
     lane: LaneOf,
     reasons: bool = True,
+    samples: int = 1,
 ) -> tuple[list[BadRow], list[BadRow], int]:
     """Read one dataset into the store (new rows add items, known rows change nothing);
     returns its bad rows, the notes on rows it used (modes.row_notes, as BadRows) and the turns
@@ -275,7 +286,7 @@ def read_dataset(
                 if isinstance(conv, BadRow):
                     bad.append(conv)
                     continue
-                new, reason = plan_items(conv, ds, seed, lane)
+                new, reason = plan_items(conv, ds, seed, lane, samples)
                 if reason is not None:
                     bad.append(reason)
                 if new is not None:
@@ -314,7 +325,13 @@ def ingest(store: Store, job: Job) -> list[str]:
             unchanged.append(ds.name)
             continue
         bad, notes, turns_read = read_dataset(
-            store, ds, source, job.dataset_seed(ds), lane_of(rules, ds.name), target_reasons(job)
+            store,
+            ds,
+            source,
+            job.dataset_seed(ds),
+            lane_of(rules, ds.name),
+            target_reasons(job),
+            job.dataset_samples(ds),
         )
         store.sources.record_read(
             ds.name,

@@ -107,9 +107,17 @@ def row_notes(conv: Conversation, reasons: bool = True) -> list[str]:
     return notes
 
 
-def item_id(conversation_id: str, turn_index: int) -> str:
-    """Stable item id: the conversation id (dataset + row content) and the turn index."""
+def item_id(conversation_id: str, turn_index: int, sample: int = 0) -> str:
+    """Stable item id: the conversation id (dataset + row content), the turn index and, past
+    the first, the sample (the first sample keeps the id an item had before samples)."""
+    if sample:
+        return stable_hash(conversation_id, turn_index, f"sample {sample}")
     return stable_hash(conversation_id, turn_index)
+
+
+def sample_prompt_hash(prompt_hash: str, sample: int) -> str:
+    """A sample's prompt key: identical prompts are sent once per sample index."""
+    return prompt_hash if not sample else stable_hash(prompt_hash, f"sample {sample}")
 
 
 def build_request(
@@ -117,6 +125,7 @@ def build_request(
     turn_index: int,
     conversation_id: str | None = None,
     regenerated: Mapping[int, Message] | None = None,
+    sample: int = 0,
 ) -> Request:
     """The request for one turn: the history before it, the original one, with the turns in
     `regenerated` (sequential mode) put in place of the original answers. Pass the
@@ -126,12 +135,13 @@ def build_request(
     if regenerated:
         history = tuple(regenerated.get(i, m) for i, m in enumerate(history))
     return Request(
-        item_id=item_id(cid, turn_index),
+        item_id=item_id(cid, turn_index, sample),
         dataset=conv.dataset,
         conversation_id=cid,
         turn_index=turn_index,
         messages=history,
         tools=conv.tools,
+        sample=sample,
     )
 
 

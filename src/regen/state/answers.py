@@ -43,7 +43,7 @@ _EXPORT_COLUMNS = (
     "i.after_item, c.id, r.provider, r.prompt_tokens, r.completion_tokens, r.cost_usd, "
     "r.created_at, r.prompt_token_ids, r.completion_token_ids, c.row_index, c.source_id, "
     "r.model, r.reasoning_tokens, r.usage_source, r.endpoint, r.settings, r.run_id, "
-    "r.generation_id"
+    "r.generation_id, i.sample"
 )
 """What an ExportRow is read from (results r, items i, conversations c)."""
 
@@ -82,6 +82,8 @@ class ExportRow:
     """The settings its request carried (canonical JSON), None for answers stored before."""
     run_id: int | None = None
     generation_id: str | None = None
+    sample: int = 0
+    """Which of its prompt's samples it is."""
 
     def history(self) -> list[dict[str, Any]]:
         """The messages the request sent: the turns before this one, with sequential mode's
@@ -150,7 +152,7 @@ class Answers(Owner):
         cur = self._db.execute(
             f"SELECT {_EXPORT_COLUMNS} FROM results r JOIN items i ON i.id = r.item_id "
             "JOIN conversations c ON c.id = i.conversation_id "
-            "WHERE r.dataset = ? AND r.created_at > ? ORDER BY c.row_index, i.turn_index",
+            "WHERE r.dataset = ? AND r.created_at > ? ORDER BY c.row_index, i.turn_index, i.sample",
             (dataset, -1.0 if since is None else since),
         )
         for r in cur:
@@ -186,6 +188,7 @@ class Answers(Owner):
             settings=r[22],
             run_id=r[23],
             generation_id=r[24],
+            sample=r[25],
         )
 
     def results_after(self, rowid: int, limit: int) -> list[tuple[int, str, ExportRow]]:

@@ -264,6 +264,12 @@ def m010_provenance(db: sqlite3.Connection) -> None:
     )
 
 
+def m011_samples(db: sqlite3.Connection) -> None:
+    """Several answers per prompt: each item is one sample of its turn (0 for the first, which
+    keeps the id and prompt key an item had before)."""
+    _script(db, "ALTER TABLE items ADD COLUMN sample INTEGER NOT NULL DEFAULT 0")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m001_initial,
     m002_lanes,
@@ -275,4 +281,5 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m008_startup_indexes,
     m009_outstanding,
     m010_provenance,
+    m011_samples,
 ]

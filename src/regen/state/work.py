@@ -86,6 +86,8 @@ class NewItem:
     """Sequential mode: the item of the previous turn, which must be done first."""
     lane: str | None = None
     """The lane that takes it (first_lane), as Work.assign_lanes would give it."""
+    sample: int = 0
+    """Which of its prompt's samples it is."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,11 +142,12 @@ class PendingItem:
     conversation_id: str
     prompt_tokens_est: int = 0
     after_item: str | None = None
+    sample: int = 0
 
 
 _PENDING_COLUMNS = (
     "i.id, i.dataset, i.turn_index, i.order_key, c.data, c.row_index, c.id, i.prompt_tokens_est, "
-    "i.after_item FROM items i JOIN conversations c ON c.id = i.conversation_id"
+    "i.after_item, i.sample FROM items i JOIN conversations c ON c.id = i.conversation_id"
 )
 
 
@@ -176,6 +179,7 @@ def _add_rows(batch: Iterable[NewConversation], conv_rows: Rows, item_rows: Rows
                 it.prompt_tokens_est,
                 it.after_item,
                 it.lane,
+                it.sample,
             )
             for it in conv.items
         )
@@ -200,15 +204,15 @@ def _insert_rows(db: sqlite3.Connection, conv_rows: Rows, item_rows: Rows) -> in
     mid = db.total_changes
     db.executemany(
         "INSERT OR IGNORE INTO items (id, dataset, conversation_id, turn_index, "
-        "prompt_hash, order_key, prompt_tokens_est, after_item, lane) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "prompt_hash, order_key, prompt_tokens_est, after_item, lane, sample) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         item_rows,
     )
     return db.total_changes - mid
 
 
 def _pending(r: tuple[Any, ...]) -> PendingItem:
-    return PendingItem(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6], r[7], r[8])
+    return PendingItem(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6], r[7], r[8], r[9])
 
 
 class Work(Owner):

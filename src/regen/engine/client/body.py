@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from regen.config import EndpointConfig, GenerationConfig
-from regen.conversation import Message, Request, canonical_json
+from regen.conversation import Message, Request, canonical_json, seeded_unit
 
 
 def history_message(m: Message, dialect: str) -> dict[str, Any]:
@@ -16,6 +16,35 @@ def history_message(m: Message, dialect: str) -> dict[str, Any]:
     return d
 
 
+def sample_settings(gen: GenerationConfig, req: Request, samples: int = 1) -> dict[str, Any]:
+    """What one sample of a prompt is sent: temperature, top_p, reasoning effort (a list is
+    spread over the prompt's samples: `cycle` gives sample k the k-th value; `draw`, and any
+    list when a prompt has one sample, picks one by a seeded draw) and the seed (the job's
+    seed as it is for a prompt with one sample; for several, one per sample derived from the
+    job's seed, the prompt and the sample index, so each sample differs and a resend is the
+    same). None: not sent."""
+    base = (gen.seed or 0, req.conversation_id, req.turn_index)
+
+    def pick(name: str, value: Any) -> Any:
+        if not isinstance(value, list):
+            return value
+        if gen.mix == "cycle" and samples > 1:
+            return value[req.sample % len(value)]
+        return value[int(seeded_unit(*base, req.sample, name) * len(value))]
+
+    out: dict[str, Any] = {
+        "temperature": pick("temperature", gen.temperature),
+        "top_p": pick("top_p", gen.top_p),
+        "seed": gen.seed if samples == 1 else int(seeded_unit(*base, req.sample, "seed") * 2**31),
+    }
+    if gen.reasoning is not None:
+        reasoning = dict(gen.reasoning)
+        if "effort" in reasoning:
+            reasoning["effort"] = pick("effort", reasoning["effort"])
+        out["reasoning"] = reasoning
+    return out
+
+
 def chat_body(
     req: Request,
     gen: GenerationConfig,
@@ -23,6 +52,7 @@ def chat_body(
     max_tokens: int | None = None,
     *,
     stream: bool = False,
+    samples: int = 1,
 ) -> dict[str, Any]:
     """The JSON body of one chat completion request. `max_tokens` is always explicit: the lane's
     if given, else [generation].max_tokens. A stream asks for its usage where the server sends
@@ -35,18 +65,19 @@ def chat_body(
     }
     if req.tools:
         body["tools"] = list(req.tools)
+    chosen = sample_settings(gen, req, samples)
     for key in ("temperature", "top_p", "seed"):
-        value = getattr(gen, key)
-        if value is not None:
-            body[key] = value
-    if gen.reasoning is not None:
+        if chosen[key] is not None:
+            body[key] = chosen[key]
+    reasoning = chosen.get("reasoning")
+    if reasoning is not None:
         if endpoint.dialect == "vllm":
             # vLLM has no `reasoning` object (it would ignore it): its field is the effort.
-            effort = gen.reasoning.get("effort")
+            effort = reasoning.get("effort")
             if isinstance(effort, str):
                 body["reasoning_effort"] = effort
         else:
-            body["reasoning"] = gen.reasoning
+            body["reasoning"] = reasoning
     if endpoint.dialect == "openrouter" and endpoint.provider is not None:
         body["provider"] = endpoint.provider
     if endpoint.asks_token_ids(stream):
