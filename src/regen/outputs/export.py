@@ -293,7 +293,7 @@ def _sharegpt_call_turn(m: dict[str, Any]) -> str:
 
 
 def sharegpt_record(row: ExportRow) -> dict[str, Any]:
-    """`{"id", "conversations": [{"from", "value"}], "system"?, "tools"?}` as LLaMA-Factory's
+    """`{"id", "conversations": [{"from", "value"}], "system", "tools"}` as LLaMA-Factory's
     sharegpt converter reads it: turns alternate (human or observation, then gpt or
     function_call); an assistant turn with calls is one `function_call` turn (see
     _sharegpt_call_turn); the results of parallel calls are one `observation`; reasoning goes
@@ -321,11 +321,10 @@ def sharegpt_record(row: ExportRow) -> dict[str, Any]:
     for k, t in enumerate(turns):
         if (t["from"] in ("gpt", "function_call")) != (k % 2 == 1):
             raise Unwritable("turns_do_not_alternate")
-    out: dict[str, Any] = {"id": row.item_id, "conversations": turns}
-    if system is not None:
-        out["system"] = system
+    # system and tools are on every row: LLaMA-Factory's loader fails on a column its
+    # dataset_info.json maps that no row of a file has ("" is none to it).
+    out: dict[str, Any] = {"id": row.item_id, "conversations": turns, "system": system or ""}
     tools = row.conversation.get("tools")
-    # Always present (LLaMA-Factory's loader fails on a mapped column no row has).
     out["tools"] = json.dumps(tools, ensure_ascii=False) if tools else ""
     return out
 
