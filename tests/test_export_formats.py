@@ -159,6 +159,8 @@ def test_sharegpt_marks_calls_and_reasoning(job_out: Path, tmp_path: Path) -> No
         if t["value"].startswith("<think>\n")
     ]
     assert reasoned  # the simulated Kimi reasons: its reasoning is inline
+    # Every row carries system and tools (LLaMA-Factory refuses a file without the column).
+    assert all(r["system"] == "" and r["tools"] == "" for r in lines(tmp_path / "sg/train/a.jsonl"))
 
 
 def test_filters_split_mix_and_dedup(job_out: Path, tmp_path: Path) -> None:
