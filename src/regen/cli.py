@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import contextlib
 import re
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from rich.console import Console
 from regen import __version__
 from regen.engine.billing import Reconciliation
 from regen.errors import ConfigError, RegenError
+from regen.safe import printable
 
 EXIT_OK, EXIT_USER, EXIT_USAGE, EXIT_FAILED_ITEMS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 EXIT_CAP, EXIT_ITEMS_LEFT = 4, 5
@@ -349,8 +351,20 @@ def main(argv: list[str] | None = None) -> int:
     except RegenError as exc:
         if args.debug:
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {printable(str(exc))}", file=sys.stderr)
         return exc.exit_code
+    except sqlite3.DatabaseError as exc:
+        # Damage inside state.db shows on the first read of the damaged page, wherever that is.
+        if args.debug:
+            raise
+        from regen.state.db import storage_hint
+
+        where = getattr(args, "out", None) or getattr(args, "job", None) or "the job"
+        print(
+            f"error: {where}: state.db cannot be read: {printable(str(exc))}{storage_hint(exc)}",
+            file=sys.stderr,
+        )
+        return EXIT_USER
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
 
@@ -724,6 +738,7 @@ def _providers(args: argparse.Namespace, console: Console) -> int:
     from regen.config import EndpointConfig, load_job
     from regen.engine.client import ChatClient
     from regen.engine.providers import EndpointInfo, fetch_endpoints, verdicts, warnings
+    from regen.safe import register_secret
 
     endpoint = EndpointConfig()
     max_tokens = 1
@@ -740,6 +755,7 @@ def _providers(args: argparse.Namespace, console: Console) -> int:
 
     async def fetch() -> list[EndpointInfo]:
         key = os.environ.get(endpoint.api_key_env)
+        register_secret(key)
         async with ChatClient(base_url, key, concurrency=1, headers=endpoint.headers) as client:
             return await fetch_endpoints(client, args.model)
 
@@ -857,14 +873,18 @@ def _finish(report: object, console: Console) -> int:
         console.print("stopped: interrupted; run the same command again to resume")
         return EXIT_ITEMS_LEFT if left else EXIT_OK
     if report.budget_stop:
-        console.print(f"stopped: {report.stop_reason}", markup=False, soft_wrap=True)
+        console.print(
+            f"stopped: {printable(str(report.stop_reason))}", markup=False, soft_wrap=True
+        )
         if capped:
             return EXIT_CAP
     elif report.outage:
-        console.print(f"stopped: {report.stop_reason}", markup=False, soft_wrap=True)
+        console.print(
+            f"stopped: {printable(str(report.stop_reason))}", markup=False, soft_wrap=True
+        )
         return EXIT_ITEMS_LEFT
     elif report.stop_reason:
-        print(f"error: run stopped: {report.stop_reason}", file=sys.stderr)
+        print(f"error: run stopped: {printable(str(report.stop_reason))}", file=sys.stderr)
         return EXIT_USER
     if left:
         console.print(

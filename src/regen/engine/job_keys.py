@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 
 from regen.engine.client.keys import KeyApi, KeyApiError
 from regen.errors import ConfigError
+from regen.safe import register_secret
 from regen.state.db import Store
 
 JOB_KEYS_META = "job_keys"
@@ -102,6 +103,7 @@ class JobKeys:
         self.limit_usd = record.limit_usd
         self._all.append(self.current)
         self._save()  # before the first request: a kill leaves the key known, to disable
+        register_secret(secret)
         return secret
 
     async def usage(self) -> float | None:

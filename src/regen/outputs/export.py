@@ -30,6 +30,7 @@ from regen.outputs.hub import (
     public_source,
 )
 from regen.reconstruct import ReconstructError, Sample, Target
+from regen.safe import checked_name, inside
 from regen.state.answers import ExportRow, pack_ids, unpack_ids
 from regen.state.db import Store
 
@@ -151,17 +152,21 @@ def write_jsonl_atomic(path: Path, records: Iterable[dict[str, Any]]) -> int:
     return n
 
 
-def clean_stale_exports(export_dir: Path) -> list[str]:
+def clean_stale_exports(export_dir: Path, folder: str | None = None) -> list[str]:
     """Remove what a killed export left behind: `.NAME.jsonl.tmp` files of a run's export (a
     run holds the directory's lock, so none is being written), and `.FORMAT.tmp-PID` /
     `.FORMAT.old-PID` folders of `regen export` processes that no longer run. Returns what
-    was removed. An `.old-PID` folder is put back when its export's folder is missing."""
+    was removed. An `.old-PID` folder is put back when its export's folder is missing.
+    `folder`: only the leftovers of `regen export` into that folder (a run may be writing its
+    own files beside them)."""
     removed: list[str] = []
     if not export_dir.is_dir():
         return removed
     for p in export_dir.iterdir():
         name = p.name
-        if p.is_file() and name.startswith(".") and name.endswith(".jsonl.tmp"):
+        if folder is not None and not name.startswith(f".{folder}."):
+            continue  # `regen export` cleans its own folder's leftovers only
+        if folder is None and p.is_file() and name.startswith(".") and name.endswith(".jsonl.tmp"):
             p.unlink(missing_ok=True)
             removed.append(name)
             continue
@@ -208,7 +213,8 @@ def export_specforge(
             yield rec
 
     for name in datasets:
-        written[name] = write_jsonl_atomic(export_dir / f"{name}.jsonl", records(name))
+        path = inside(export_dir, export_dir / f"{checked_name(name, str(store.path))}.jsonl")
+        written[name] = write_jsonl_atomic(path, records(name))
     return written, dict(left_out)
 
 
@@ -416,7 +422,7 @@ class _JsonlShards:
     def write(self, split: str, dataset: str, rec: dict[str, Any]) -> None:
         key = (split, dataset)
         if key not in self._files:
-            path = self._tmp / split / f"{dataset}{self._suffix}.jsonl"
+            path = inside(self._tmp, self._tmp / split / f"{dataset}{self._suffix}.jsonl")
             path.parent.mkdir(parents=True, exist_ok=True)
             self._files[key] = path.open("w", encoding="utf-8")
         f = self._files[key]
@@ -453,7 +459,7 @@ class _ParquetShards:
             return
         n = self._shards[(split, dataset)]
         self._shards[(split, dataset)] += 1
-        path = self._tmp / split / f"{dataset}{self._suffix}-{n:05d}.parquet"
+        path = inside(self._tmp, self._tmp / split / f"{dataset}{self._suffix}-{n:05d}.parquet")
         path.parent.mkdir(parents=True, exist_ok=True)
         # The ids arrive as the stored little-endian uint32 bytes: the columns are built from
         # one buffer each, not from Python lists (ten times faster for long samples).
@@ -608,6 +614,8 @@ def export_job(
         raise StateError("dropping failed-audit samples needs a template family: give --family")
     if opts.format not in FORMATS:
         raise StateError(f"unknown export format {opts.format!r} (allowed: {', '.join(FORMATS)})")
+    for name in datasets:
+        checked_name(name, str(store.path))
     previous = _previous_manifest(to)
     since = None
     part = 0
@@ -629,11 +637,12 @@ def export_job(
     seen: set[str] = set()
     until = since or 0.0
     try:
+        clean_stale_exports(to.parent, to.name)  # what a killed export into `to` left
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         if opts.since_last:
             for f in to.rglob("*"):
-                if f.is_file() and f.name not in NOT_DATA:
+                if f.is_file() and not f.is_symlink() and f.name not in NOT_DATA:
                     dest = tmp / f.relative_to(to)
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     os.link(f, dest)

@@ -23,6 +23,7 @@ from regen.engine.scheduler import (
 )
 from regen.errors import ConfigError
 from regen.run.lanes import SELF_HOSTED
+from regen.safe import register_secret
 from regen.state.db import Store
 from regen.state.work import DatasetProgress
 
@@ -35,6 +36,7 @@ def api_key_from_env(endpoint: EndpointConfig) -> str | None:
         return None
     name = endpoint.api_key_env
     key = os.environ.get(name, "").strip()
+    register_secret(key)
     if not key and endpoint.dialect not in SELF_HOSTED:
         raise ConfigError(f"set {name} or name another variable in [endpoint].api_key_env")
     return key or None
@@ -44,6 +46,7 @@ def management_key(env: str) -> str:
     key = os.environ.get(env, "").strip()
     if not key:
         raise ConfigError(f"set {env} or name another variable in [endpoint].management_key_env")
+    register_secret(key)
     return key
 
 

@@ -18,6 +18,7 @@ from regen.config import DatasetConfig, Job, LaneConfig
 from regen.conversation import BadRow, Conversation, Message
 from regen.engine.client.body import chat_body
 from regen.errors import ConfigError
+from regen.safe import printable
 from regen.sources.ingest import plan_items, source_of, target_reasons
 from regen.sources.modes import build_request, row_notes
 
@@ -134,7 +135,7 @@ def _item_view(
 
 
 def _clip(text: str, width: int = 160) -> str:
-    one = text.replace("\n", "\\n")
+    one = printable(text)  # a dataset's text: one line, escapes shown
     return one if len(one) <= width else f"{one[: width - 1]}…"
 
 

@@ -36,7 +36,7 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def _hint(exc: sqlite3.Error) -> str:
+def storage_hint(exc: sqlite3.Error) -> str:
     """What a storage error most likely means, in the user's terms."""
     name = getattr(exc, "sqlite_errorname", "") or ""
     if name == "SQLITE_FULL":
@@ -117,7 +117,9 @@ class Store:
             store._migrate()
             store.work.build_deferred_indexes()
         except sqlite3.Error as exc:
-            raise StateError(f"{path}: cannot open state database: {exc}{_hint(exc)}") from exc
+            raise StateError(
+                f"{path}: cannot open state database: {exc}{storage_hint(exc)}"
+            ) from exc
         return store
 
     @classmethod
@@ -145,7 +147,9 @@ class Store:
                 store = cls._connect_readonly(path, immutable=True)
             newest = store.schema_version()
         except sqlite3.Error as exc:
-            raise StateError(f"{path}: cannot read state database: {exc}{_hint(exc)}") from exc
+            raise StateError(
+                f"{path}: cannot read state database: {exc}{storage_hint(exc)}"
+            ) from exc
         if newest > len(MIGRATIONS):
             raise StateError(f"{path}: made by a newer regen (schema {newest}); upgrade regen")
         return store
@@ -192,7 +196,7 @@ class Store:
                         db.execute("ROLLBACK")
                 raise
         except sqlite3.Error as exc:
-            raise StateError(f"{self.path}: write failed: {exc}{_hint(exc)}") from exc
+            raise StateError(f"{self.path}: write failed: {exc}{storage_hint(exc)}") from exc
 
     def _migrate(self) -> None:
         self._db.execute(

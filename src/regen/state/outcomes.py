@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from regen.conversation import Charge, Outcome
+from regen.safe import printable, redact
 from regen.state.answers import pack_ids
 from regen.state.owner import Rows
 
@@ -45,9 +46,9 @@ def outcome_rows(outcomes: Iterable[Outcome], charges: Iterable[Charge], now: fl
                 a.latency_s,
                 a.status,
                 a.failure_class,
-                a.message,
-                a.provider,
-                a.generation_id,
+                _shown(a.message),
+                _shown(a.provider),
+                _shown(a.generation_id),
                 a.lane,
             )
             for a in o.attempts
@@ -67,8 +68,8 @@ def outcome_rows(outcomes: Iterable[Outcome], charges: Iterable[Charge], now: fl
                     u.cost_usd,
                     now,
                     r.endpoint,
-                    r.provider,
-                    r.generation_id,
+                    _shown(r.provider),
+                    _shown(r.generation_id),
                     o.attempts[-1].lane if o.attempts else None,
                 )
             )
@@ -79,21 +80,22 @@ def outcome_rows(outcomes: Iterable[Outcome], charges: Iterable[Charge], now: fl
         elif r is not None:
             m = r.message
             calls = json.dumps([tc.to_openai() for tc in m.tool_calls]) if m.tool_calls else None
+            # The answer stays as the model wrote it, but for a key a server echoed into it.
             results.append(
                 (
                     r.item_id,
                     o.dataset,
-                    m.content,
-                    m.reasoning,
-                    calls,
-                    r.finish_reason,
+                    redact(m.content),
+                    None if m.reasoning is None else redact(m.reasoning),
+                    None if calls is None else redact(calls),
+                    _shown(r.finish_reason),
                     u.prompt_tokens,
                     u.completion_tokens,
                     u.reasoning_tokens,
                     u.cost_usd,
-                    r.provider,
-                    r.model,
-                    r.generation_id,
+                    _shown(r.provider),
+                    _shown(r.model),
+                    _shown(r.generation_id),
                     r.latency_s,
                     now,
                     pack_ids(r.prompt_token_ids),
@@ -105,7 +107,9 @@ def outcome_rows(outcomes: Iterable[Outcome], charges: Iterable[Charge], now: fl
             )
             done.append((len(o.attempts), now, o.item_id))
         else:
-            failures.append((len(o.attempts), o.failure_class, o.failure_message, now, o.item_id))
+            failures.append(
+                (len(o.attempts), o.failure_class, _shown(o.failure_message), now, o.item_id)
+            )
     for c in charges:
         u = c.usage
         ledger.append(
@@ -118,9 +122,16 @@ def outcome_rows(outcomes: Iterable[Outcome], charges: Iterable[Charge], now: fl
                 u.cost_usd,
                 now,
                 c.endpoint,
-                c.provider,
-                c.generation_id,
+                _shown(c.provider),
+                _shown(c.generation_id),
                 c.lane,
             )
         )
     return rows
+
+
+def _shown(text: str | None) -> str | None:
+    """A server's word kept to be shown (an error message, a provider name, an id): keys
+    redacted and control characters escaped (safe.printable), so no view of state.db can
+    leak a key or carry a terminal escape."""
+    return None if text is None else printable(text)

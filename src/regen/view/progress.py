@@ -25,6 +25,7 @@ from regen.engine.budget import per_mtok
 from regen.engine.eta import Eta, eta_text, format_duration
 from regen.engine.scheduler import DatasetStats, RunStats
 from regen.errors import StateError
+from regen.safe import printable
 from regen.state.sources import BadRowGroup
 from regen.state.work import DatasetProgress
 
@@ -41,7 +42,8 @@ def append_log(path: Path, lines: list[str]) -> None:
     stamp = log_stamp()
     try:
         with path.open("a", encoding="utf-8") as f:
-            f.writelines(f"{stamp} {line}\n" for line in lines)
+            # A line may quote a server or a dataset: one line each, keys and escapes shown.
+            f.writelines(f"{stamp} {printable(line)}\n" for line in lines)
     except OSError as exc:
         raise StateError(f"{path}: cannot write: {exc}") from exc
 
