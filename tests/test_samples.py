@@ -100,6 +100,7 @@ def test_a_samples_job_grows_refuses_to_shrink_and_exports_each_sample(tmp_path:
         job.write_text(text)
         res = run_cli("run", str(job))
         assert res.returncode == 0, res.stdout + res.stderr
+        assert "dataset chat: new, 60 items (items are samples: 3 per prompt)" in res.stdout
         prompts = per_prompt(tmp_path / "out")
         assert len(prompts) == 20  # write_job's 20 chat rows
         for samples in prompts.values():

@@ -64,7 +64,10 @@ def prepare(
     progress = store.work.dataset_progress()
     refuse_unusable_datasets(job, store, progress)
     met = {name: d.met for name, d in budget_book(job, progress).datasets.items()}
-    lines = notes + [dataset_start_line(p, met.get(p.name)) for p in progress]
+    samples = {d.name: job.dataset_samples(d) for d in job.datasets}
+    lines = notes + [
+        dataset_start_line(p, met.get(p.name), samples.get(p.name, 1)) for p in progress
+    ]
     for line in lines:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     append_log(job.output_path / "run.log", lines)

@@ -48,9 +48,9 @@ def append_log(path: Path, lines: list[str]) -> None:
         raise StateError(f"{path}: cannot write: {exc}") from exc
 
 
-def dataset_start_line(p: DatasetProgress, budget_met: str | None = None) -> str:
+def dataset_start_line(p: DatasetProgress, budget_met: str | None = None, samples: int = 1) -> str:
     """Where a dataset stands as a run starts: `complete`, `skipped (budget met)`, `resuming
-    from N of M` or `new`."""
+    from N of M` or `new`; with several samples per prompt, how its items count them."""
     finished = p.done + p.failed
     if budget_met is not None and p.pending:
         state = f"skipped (budget met): {budget_met}, {finished} of {p.items} done"
@@ -62,6 +62,8 @@ def dataset_start_line(p: DatasetProgress, budget_met: str | None = None) -> str
         state = f"new, {p.items} items"
     else:
         state = f"resuming from {finished} of {p.items}"
+    if samples > 1:
+        state += f" (items are samples: {samples} per prompt)"
     return f"dataset {p.name}: {state}"
 
 
