@@ -170,3 +170,35 @@ async def test_vllm_serves_the_new_families_with_their_switch_and_stop_token(
                 assert bool(choice["message"]["reasoning"]) == thinks
     finally:
         await runner.cleanup()
+
+
+@pytest.mark.parametrize("dialect", ["vllm", "sglang"])
+async def test_n_choices_come_from_one_prompt(dialect: str) -> None:
+    """vLLM and SGLang answer `n` with n choices of one prefill: the prompt is counted once,
+    the completions summed, each choice a draw of its own."""
+    running, runner = await serve(dialect, log_bodies=True)
+    url = f"http://127.0.0.1:{running.port}/v1/chat/completions"
+    try:
+        async with aiohttp.ClientSession() as http:
+            one = {**ASK, "return_token_ids": True, "max_tokens": 200}
+            async with http.post(url, json=one) as r:
+                single = await r.json()
+            async with http.post(url, json={**one, "n": 3}) as r:
+                three = await r.json()
+            async with http.post(url, json={**one, "n": 2, "stream": True}) as r:
+                assert r.status == 400
+            async with http.post(url, json={**one, "n": 0}) as r:
+                assert r.status == 400
+        choices = three["choices"]
+        assert [c["index"] for c in choices] == [0, 1, 2]
+        assert len({tuple(c["token_ids"]) for c in choices}) == 3
+        usage = three["usage"]
+        assert usage["prompt_tokens"] == single["usage"]["prompt_tokens"]
+        assert usage["completion_tokens"] == sum(len(c["token_ids"]) for c in choices)
+        logged = [e for e in running.simulator.chat_log() if e.status == 200]
+        assert logged[-1].choices == 3 and logged[-1].choice_ids == [
+            c["token_ids"] for c in choices
+        ]
+        assert logged[-1].prompt_tokens == usage["prompt_tokens"]  # one prefill
+    finally:
+        await runner.cleanup()

@@ -80,6 +80,8 @@ class _Ask:
     faults: set[str]
     digest: bytes
     occurrence: int
+    n: int = 1
+    """Choices to generate from the one prompt (vLLM's and SGLang's `n`; one prefill)."""
 
 
 class SelfHostedSim(Simulator):
@@ -270,9 +272,15 @@ class SelfHostedSim(Simulator):
         faults = forced or draw_faults(self.config.faults, rng_for(digest, occurrence, 1))
         faults &= _FAULTS
         entry.faults = tuple(sorted(faults))
+        n = body.get("n", 1)
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ApiError(400, "n must be at least 1", "n")
+        if n > 1 and stream:
+            raise ApiError(400, "the simulator does not stream n > 1 (vLLM would)", "n")
         options = body.get("stream_options")
         options = options if isinstance(options, dict) else {}
         return _Ask(
+            n=n,
             model=self.served,
             messages=messages,
             tools=tools,
@@ -320,20 +328,28 @@ class SelfHostedSim(Simulator):
                 await self._sleep(speed.ttft_s)
                 return self._error(ApiError(int(code), "The engine failed to generate a response"))
         try:
-            comp = generate(
-                rng_for(ask.digest),
-                family=ask.model.family,
-                messages=ask.messages,
-                tools=ask.tools,
-                max_tokens=ask.max_tokens,
-                mean_tokens=ask.model.mean_completion_tokens,
-                thinking=ask.thinking,
-            )
+            # Choice 0 is what a request without n gets; each further choice is its own draw
+            # from the same prompt (one prefill: the prompt is counted once).
+            comps = [
+                generate(
+                    rng_for(ask.digest) if k == 0 else rng_for(ask.digest, k, 7),
+                    family=ask.model.family,
+                    messages=ask.messages,
+                    tools=ask.tools,
+                    max_tokens=ask.max_tokens,
+                    mean_tokens=ask.model.mean_completion_tokens,
+                    thinking=ask.thinking,
+                )
+                for k in range(ask.n)
+            ]
         except Exception as exc:  # noqa: BLE001 - a history the template cannot answer
             return self._error(ApiError(400, f"chat template error: {exc}"))
-        entry.completion_tokens = comp.completion_tokens
+        comp = comps[0]
+        entry.completion_tokens = sum(c.completion_tokens for c in comps)
+        entry.choices = ask.n
         if self.config.log_bodies:
             entry.prompt_ids, entry.completion_ids = ask.prompt, comp.ids
+            entry.choice_ids = [c.ids for c in comps]
         entry.billed = True  # the GPU did the work, whether or not the client gets it
         hex_id = f"{rng_for(ask.digest, ask.occurrence, 3).getrandbits(128):032x}"
         gen_id = f"chatcmpl-{hex_id}" if self.dialect == "vllm" else hex_id
@@ -347,8 +363,20 @@ class SelfHostedSim(Simulator):
         calls = _calls(comp, self.dialect, ask.model.family)
         if ask.stream:
             return await self._stream(request, ask, meta, comp, calls)
-        await self._sleep(speed.ttft_s + comp.completion_tokens / speed.tokens_per_s)
+        longest = max(c.completion_tokens for c in comps)
+        await self._sleep(speed.ttft_s + longest / speed.tokens_per_s)
         body = self._body(ask, meta, comp, calls)
+        if ask.n > 1:
+            body["choices"] = [
+                {
+                    **self._body(ask, meta, c, _calls(c, self.dialect, ask.model.family))[
+                        "choices"
+                    ][0],
+                    "index": k,
+                }
+                for k, c in enumerate(comps)
+            ]
+            body["usage"] = self._usage(ask, comps, entry.completion_tokens)
         if not ({"reset", "stall", "midstream_error"} & ask.faults):
             return web.json_response(body)
         if "midstream_error" in ask.faults:  # the engine died while generating
@@ -367,7 +395,11 @@ class SelfHostedSim(Simulator):
         await resp.write_eof()
         return resp
 
-    def _usage(self, ask: _Ask, comp: Completion, completion_tokens: int) -> dict[str, Any]:
+    def _usage(
+        self, ask: _Ask, comp: Completion | list[Completion], completion_tokens: int
+    ) -> dict[str, Any]:
+        comps = comp if isinstance(comp, list) else [comp]
+        reasoning_tokens = sum(c.reasoning_tokens for c in comps)
         usage: dict[str, Any] = {
             "prompt_tokens": len(ask.prompt),
             "total_tokens": len(ask.prompt) + completion_tokens,
@@ -375,9 +407,9 @@ class SelfHostedSim(Simulator):
             "prompt_tokens_details": None,
         }
         if self.dialect == "sglang":
-            usage["reasoning_tokens"] = comp.reasoning_tokens
+            usage["reasoning_tokens"] = reasoning_tokens
         elif ask.model.reasoning:  # vLLM counts them with a reasoning parser
-            usage["completion_tokens_details"] = {"reasoning_tokens": comp.reasoning_tokens}
+            usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
         return usage
 
     def _body(

@@ -76,6 +76,10 @@ class LoggedRequest:
     prompt_ids: list[int] | None = None
     completion_ids: list[int] | None = None
     """The token ids a self-hosted server generated, kept only with `log_bodies = true`."""
+    choices: int = 1
+    """Choices generated from the prompt (a self-hosted server's `n`)."""
+    choice_ids: list[list[int]] | None = None
+    """Each choice's token ids (with `log_bodies = true`)."""
 
 
 @dataclass(frozen=True)
