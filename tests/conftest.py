@@ -20,8 +20,17 @@ from hypothesis import settings
 from regen.sim import RunningSim, SimConfig, sim_in_thread
 
 # Property tests draw the same examples on every run (CI and here): a failure reproduces.
+# scripts/fuzz.py runs the hostile-input ones longer, with fresh examples (REGEN_FUZZ_SCALE).
+FUZZ_SCALE = float(os.environ.get("REGEN_FUZZ_SCALE", "0") or 0)
 settings.register_profile("regen", derandomize=True)
-settings.load_profile("regen")
+settings.register_profile("fuzz", derandomize=False, print_blob=True)
+settings.load_profile("fuzz" if FUZZ_SCALE else "regen")
+
+
+def fuzz_examples(n: int) -> int:
+    """A property test's examples: `n` in the suite, `n` x REGEN_FUZZ_SCALE in a fuzz run."""
+    return max(1, int(n * FUZZ_SCALE)) if FUZZ_SCALE else n
+
 
 SECRET_KEY = "sk-or-v1-test-SECRET-7f3a9c"
 

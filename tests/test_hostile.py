@@ -117,7 +117,7 @@ def test_a_key_a_server_echoes_is_never_stored_printed_or_exported(tmp_path: Pat
 
 def test_printable_escapes_what_a_terminal_would_act_on() -> None:
     register_secret("sk-unit-test-secret-123")
-    shown = printable(f"a\x1b[2Jb\x07c\rd\u202ee\nf sk-unit-test-secret-123\t")
+    shown = printable("a\x1b[2Jb\x07c\rd\u202ee\nf sk-unit-test-secret-123\t")
     assert shown == f"a\\x1b[2Jb\\x07c\\x0dd\\u202ee\\nf {REDACTED}\t"  # a tab is harmless
     assert printable("line\nbreak", newlines=True) == "line\nbreak"
     assert redact("no keys here") == "no keys here"

@@ -16,6 +16,7 @@ from regen.conversation import BadRow, Conversation, Message, ToolCall
 from regen.sources import Source
 from regen.sources.adapters import adapt_row
 from regen.sources.modes import build_request, row_notes, target_turns
+from tests.conftest import fuzz_examples
 
 REAL = Path(__file__).parent / "fixtures" / "real"
 
@@ -133,7 +134,7 @@ def test_a_trailing_user_or_tool_turn_is_answered_in_last_turn_mode() -> None:
 ROLE = st.sampled_from(["system", "user", "assistant", "tool"])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=fuzz_examples(300), deadline=None)
 @given(st.lists(ROLE, min_size=1, max_size=12), st.sampled_from(["last_turn", "each_turn"]))
 def test_no_prompt_ends_on_an_assistant_turn(seq: list[str], mode: str) -> None:
     msgs = tuple(

@@ -6,7 +6,8 @@ billed completion tokens (and prompt tokens), the share of exact matches, the wo
 and structural checks: reasoning present where expected, no control markers in content or
 reasoning, tool-call names among the declared tools, arguments that are JSON and valid against
 the declared schema, a finish reason that fits the answer, no answer from an excluded
-provider. `regen export --drop-failed-audit` drops the samples these checks fail.
+provider; and, without a rebuild, text far longer than its bill, and text that holds U+FFFD.
+`regen export --drop-failed-audit` drops the samples these checks fail.
 """
 
 from __future__ import annotations
@@ -26,6 +27,16 @@ from regen.state.db import Store
 
 BATCH = 256
 """Answers rebuilt together (their texts are encoded in one batch)."""
+TEXT_BYTES_PER_BILLED_TOKEN = 128
+"""An answer whose text (content, reasoning, tool-call names and arguments) has more UTF-8
+bytes than this per billed completion token is `text_long_for_bill`. No token of Qwen's or
+DeepSeek's vocabularies is longer (honest text averages 3-5 bytes a token), so no honest answer
+passes it, tokenizer or not; a server that sends what it did not bill for does. Smaller
+mismatches are `length_off_billed`'s to find, by the rebuild."""
+REPLACEMENT = "\ufffd"
+"""Stands in for a code point the server sent that cannot be stored as text (a lone
+surrogate, bytes that are not UTF-8), or one the server's own decoder gave up on: the text
+lost a character (`replacement_character`)."""
 
 
 @dataclass(frozen=True)
@@ -195,6 +206,24 @@ def structure(row: ExportRow, markers: tuple[str, ...], checks: Checks) -> list[
     return problems
 
 
+def text_problems(row: ExportRow) -> list[str]:
+    """What is wrong with the answer's text, without a rebuild: far longer than its bill
+    (TEXT_BYTES_PER_BILLED_TOKEN; not for counts that were themselves estimated from the
+    text), or holding U+FFFD."""
+    texts = [row.content, row.reasoning or ""]
+    for c in row.tool_calls:
+        fn = c.get("function") or {}
+        texts += [str(fn.get("name") or ""), str(fn.get("arguments") or "")]
+    problems = []
+    if row.usage_source != "estimate":
+        size = sum(len(t.encode("utf-8", "replace")) for t in texts)
+        if size > TEXT_BYTES_PER_BILLED_TOKEN * max(1, row.completion_tokens):
+            problems.append("text_long_for_bill")
+    if any(REPLACEMENT in t for t in texts):
+        problems.append("replacement_character")
+    return problems
+
+
 def reparse(row: ExportRow, sample: Sample, target: Target) -> str | None:
     """Decode the rebuilt completion, parse it as the servers' parsers would, and say where
     it first differs from the stored answer (None when it gives the answer back). Answers cut
@@ -269,8 +298,8 @@ def sample_problems(
     prompt, each on its own), whether the rebuild holds every part of the answer and parses
     back, and whether it equals the server's ids where it has them."""
     if isinstance(sample, ReconstructError):
-        return Verdict(["reconstruct_error"], str(sample))
-    problems = structure(row, target.family.markers, checks)
+        return Verdict(["reconstruct_error", *text_problems(row)], str(sample))
+    problems = structure(row, target.family.markers, checks) + text_problems(row)
     if abs(sample.completion_diff) > checks.max_sample_diff:
         problems.append("length_off_billed")
     if row.prompt_tokens and abs(sample.prompt_diff) > checks.max_sample_diff:

@@ -31,6 +31,7 @@ from regen.sources import Source
 from regen.sources.modes import item_id, row_notes, sample_prompt_hash, target_turns
 from regen.sources.readers import HUB_PREFIX, file_digest, source_files
 from regen.state.db import Store
+from regen.state.sources import KEPT_BAD_ROWS, KEPT_BAD_ROWS_READ
 from regen.state.work import LaneRule, NewConversation, NewItem, first_lane
 
 INGEST_BATCH = 2000
@@ -269,14 +270,23 @@ def read_dataset(
     lane: LaneOf,
     reasons: bool = True,
     samples: int = 1,
-) -> tuple[list[BadRow], list[BadRow], int]:
+) -> tuple[list[BadRow], list[BadRow], int, int]:
     """Read one dataset into the store (new rows add items, known rows change nothing);
-    returns its bad rows, the notes on rows it used (modes.row_notes, as BadRows) and the turns
-    read. Rows read before a source error are kept."""
+    returns its first bad rows (as many as Sources keeps), the first notes on rows it used
+    (modes.row_notes, as BadRows), the turns read and the count of every bad row. Memory
+    stays bounded whatever share of the file is bad. Rows read before a source error are
+    kept."""
     bad: list[BadRow] = []
     notes: list[BadRow] = []
     failed: list[Exception] = []
     turns_read = 0
+    bad_total = 0
+
+    def count_bad(row: BadRow) -> None:
+        nonlocal bad_total
+        bad_total += 1
+        if len(bad) < KEPT_BAD_ROWS_READ:
+            bad.append(row)
 
     def batches() -> Iterator[list[NewConversation]]:
         nonlocal turns_read
@@ -284,12 +294,12 @@ def read_dataset(
         try:
             for conv in source:
                 if isinstance(conv, BadRow):
-                    bad.append(conv)
+                    count_bad(conv)
                     continue
                 new, reason = plan_items(conv, ds, seed, lane, samples)
                 if reason is not None:
-                    bad.append(reason)
-                if new is not None:
+                    count_bad(reason)
+                if new is not None and len(notes) < KEPT_BAD_ROWS:
                     notes.extend(
                         BadRow(ds.name, conv.row_index, n) for n in row_notes(conv, reasons)
                     )
@@ -309,7 +319,7 @@ def read_dataset(
     store.work.add_conversation_batches(batches())
     if failed:
         raise failed[0]
-    return bad, notes, turns_read
+    return bad, notes, turns_read, bad_total
 
 
 def ingest(store: Store, job: Job) -> list[str]:
@@ -324,7 +334,7 @@ def ingest(store: Store, job: Job) -> list[str]:
         if source_unchanged(store.sources.fingerprint(ds.name), fingerprint):
             unchanged.append(ds.name)
             continue
-        bad, notes, turns_read = read_dataset(
+        bad, notes, turns_read, bad_total = read_dataset(
             store,
             ds,
             source,
@@ -342,6 +352,7 @@ def ingest(store: Store, job: Job) -> list[str]:
             source.format,
             fingerprint=fingerprint,
             notes=notes,
+            bad_total=bad_total,
         )
     if not unchanged:
         return []

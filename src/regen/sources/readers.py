@@ -1,8 +1,10 @@
 """Readers: a source (file, folder, saved dataset, hub id) as a stream of rows.
 
-Each reader yields (row_index, row dict) or (row_index, reason) for a row that cannot be used.
-Every reader streams: a large file is read in batches, never loaded whole (the JSON-list reader
-is the exception the format forces). A source that cannot be opened at all is a SourceError.
+Each reader yields (row_index, row dict) or (row_index, reason) for a row that cannot be used:
+whatever a row holds (garbage, invalid UTF-8, NUL bytes, a lone surrogate, nesting thousands of
+levels deep, a line of gigabytes), it becomes a reason with its row number and the reading goes
+on. Every reader streams: a large file is read in batches, never loaded whole, and a line is
+never held longer than max_row_bytes. A source that cannot be opened at all is a SourceError.
 """
 
 from __future__ import annotations
@@ -10,11 +12,11 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import sys
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import orjson
 
@@ -33,6 +35,19 @@ FILE_KINDS = {
 }
 BATCH_ROWS = 1024
 DEFAULT_MAX_ROW_BYTES = 16 * 2**20
+MAX_DEPTH = 128
+"""Levels of [ and { a row may nest (the row itself is one). Conversations need a few, tool
+schemas a dozen or two; deeper, the code that walks a row (json.dumps, the adapters) could run
+out of Python's stack (1,000 frames), so such a row is a bad row."""
+SKIP_CHUNK = 2**20
+"""Bytes read at a time (at most; no more than max_row_bytes) while the rest of a line longer
+than max_row_bytes is thrown away."""
+JSON_CHUNK = 64 * 1024
+"""Bytes the JSON-list parser reads at a time."""
+
+NOT_OBJECT = "row is not a JSON object"
+TOO_DEEP = f"nested deeper than {MAX_DEPTH} levels of [ and {{"
+LONE_SURROGATE = "text with a lone surrogate (not Unicode)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,82 +204,339 @@ def _json_file(p: Path) -> dict[str, Any]:
     return data
 
 
-def _too_big(size: int, spec: SourceSpec) -> str | None:
+def _too_big(size: int, spec: SourceSpec, about: bool = False) -> str | None:
     if size > spec.max_row_bytes:
-        return f"row is {size / 2**20:.1f} MiB (max_row_bytes is {spec.max_row_bytes / 2**20:.1f})"
+        mib, limit = size / 2**20, spec.max_row_bytes / 2**20
+        return f"row is {'about ' if about else ''}{mib:.1f} MiB (max_row_bytes is {limit:.1f})"
     return None
+
+
+def _lines(f: IO[bytes], limit: int) -> Iterator[bytes | int]:
+    """Each line of a binary file (newline included), or, for a line longer than `limit`, its
+    size: its bytes are thrown away as they are read, so memory stays about `limit` whatever
+    the line's length."""
+    while True:
+        line = f.readline(limit + 1)
+        if not line:
+            return
+        if len(line) <= limit or line.endswith(b"\n"):
+            yield line
+            continue
+        size = len(line)
+        del line
+        while True:
+            rest = f.readline(min(limit, SKIP_CHUNK))
+            size += len(rest)
+            if not rest or rest.endswith(b"\n"):
+                break
+        yield size
 
 
 def _read_jsonl(p: Path, spec: SourceSpec, offset: int) -> Iterator[Row]:
     try:
         with p.open("rb") as f:
-            for i, line in enumerate(f, offset):
+            for i, line in enumerate(_lines(f, spec.max_row_bytes), offset):
+                if isinstance(line, int):
+                    yield i, _too_big(line, spec) or "row is too big"
+                    continue
                 if not line.strip():
                     continue
                 big = _too_big(len(line), spec)
-                if big:
-                    yield i, big
-                    continue
-                try:
-                    row = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    # orjson refuses what json takes (NaN, huge integers, a UTF-8 BOM) and
-                    # words its errors otherwise: the json module decides, as it always did.
-                    try:
-                        row = json.loads(line)
-                    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                        yield i, f"invalid JSON: {exc}"
-                        continue
-                yield (i, row) if isinstance(row, dict) else (i, "row is not a JSON object")
+                yield i, big if big else _json_row(line)
     except OSError as exc:
         raise SourceError(f"{p}: cannot read: {exc}") from exc
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+
+
+def _json_row(line: bytes) -> dict[str, Any] | str:
+    """One JSONL line as a row, or the reason it cannot be one."""
+    try:
+        row = orjson.loads(line)
+        lenient = False
+    except orjson.JSONDecodeError:
+        # orjson refuses what json takes (NaN, huge integers, a UTF-8 BOM, a lone surrogate)
+        # and words its errors otherwise: the json module decides, as it always did.
+        try:
+            row = json.loads(line)
+        except RecursionError:
+            return TOO_DEEP
+        except UnicodeDecodeError as exc:
+            return f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at byte {exc.start})"
+        except ValueError as exc:  # JSONDecodeError, or an integer of over 4,300 digits
+            return f"invalid JSON: {_one_line(exc)}"
+        lenient = True
+    if not isinstance(row, dict):
+        return NOT_OBJECT
+    # Counting brackets is quicker than walking the row, and no row with fewer can nest deeper.
+    if line.count(b"[") + line.count(b"{") > MAX_DEPTH and _deeper_than(row, MAX_DEPTH):
+        return TOO_DEEP
+    if lenient and _SURROGATE_ESCAPE.search(line) and _has_lone_surrogate(row):
+        return LONE_SURROGATE
+    return row
+
+
+def _deeper_than(row: Any, limit: int) -> bool:
+    """Whether a parsed row nests more than `limit` levels of lists and dicts (without
+    recursion, which is what a deep row would exhaust)."""
+    stack: list[tuple[Any, int]] = [(row, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = value.values() if isinstance(value, dict) else value
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
+
+
+def _has_lone_surrogate(row: dict[str, Any]) -> bool:
+    """JSON may escape half a surrogate pair ("\\ud800"), which json reads and no UTF-8 text
+    can hold: such a row could be neither stored nor shown."""
+    try:
+        json.dumps(row, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+class _Counted:
+    """A binary file that counts the bytes read from it (what the JSON-list reader measures
+    its rows by)."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self._f = f
+        self.read_bytes = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._f.read(size)
+        self.read_bytes += len(data)
+        return data
+
+
+_OPEN = frozenset(("start_map", "start_array"))
+_CLOSE = frozenset(("end_map", "end_array"))
+_SCALAR = frozenset(("string", "integer", "double", "number", "boolean", "null"))
 
 
 def _read_json_list(p: Path, spec: SourceSpec, offset: int) -> Iterator[Row]:
     """A JSON array of rows, parsed incrementally (glaive's and ShareGPT's files are single
-    arrays of hundreds of MB)."""
+    arrays of hundreds of MB).
+
+    Rows are built here from the parser's events rather than by `ijson.items`, whose memory
+    grows with the square of the nesting depth (2.2 GB for one row 30,000 levels deep): a row
+    nested deeper than MAX_DEPTH, or past max_row_bytes, stops being built and becomes a bad
+    row, and the rows after it are read."""
     import ijson
 
     i = offset
     try:
-        with p.open("rb") as f:
-            head = f.read(4096).lstrip()
+        with p.open("rb") as raw:
+            head = raw.read(4096).lstrip()
             if not head.startswith(b"["):
                 kind = "an object" if head.startswith(b"{") else "not a list"
                 raise SourceError(f"{p}: expected a JSON list of rows, got {kind}")
-            f.seek(0)
-            for row in ijson.items(f, "item", use_float=True):
-                yield (i, row) if isinstance(row, dict) else (i, "row is not a JSON object")
-                i += 1
+            raw.seek(0)
+            f = _Counted(raw)
+            # A row's size is known to within one read: the limit allows that much more.
+            limit = spec.max_row_bytes + JSON_CHUNK
+            events = ijson.basic_parse(f, use_float=True, buf_size=JSON_CHUNK)
+            next(events, None)  # the list's own start_array
+            depth = 0  # levels open in the row being read
+            row: Any = None  # the row being built
+            stack: list[Any] = []  # its open containers (empty: not building), and the key
+            keys: list[str] = []  # each is at
+            reason: str | None = None
+            start = 0
+            for event, value in events:
+                # Ordered by how often each event comes (keys and strings most).
+                if event == "map_key":
+                    if stack:
+                        keys[-1] = value
+                    continue
+                if event in _SCALAR:
+                    if stack:
+                        top = stack[-1]
+                        if type(top) is list:
+                            top.append(value)
+                        else:
+                            top[keys[-1]] = value
+                    elif depth == 0:
+                        yield i, NOT_OBJECT
+                        i += 1
+                elif event in _OPEN:
+                    if depth == 0:
+                        row, start, stack, keys = None, f.read_bytes, [], []
+                        reason = NOT_OBJECT if event == "start_array" else None
+                    if reason is None:
+                        if depth == MAX_DEPTH:
+                            row, stack, reason = None, [], TOO_DEEP
+                        else:
+                            new: Any = {} if event == "start_map" else []
+                            if stack:
+                                top = stack[-1]
+                                if type(top) is list:
+                                    top.append(new)
+                                else:
+                                    top[keys[-1]] = new
+                            else:
+                                row = new
+                            stack.append(new)
+                            keys.append("")
+                    depth += 1
+                elif event in _CLOSE:
+                    if depth == 0:
+                        continue  # the end of the list
+                    depth -= 1
+                    if stack:
+                        stack.pop()
+                        keys.pop()
+                    if depth == 0:
+                        size = f.read_bytes - start
+                        if not reason and size > limit:
+                            reason = _too_big(size, spec, about=True)
+                        yield (i, row) if reason is None else (i, reason)
+                        i += 1
+                        row = None
+                    continue
+                if stack and f.read_bytes - start > limit:
+                    # Given with its size at the row's end ("": building stopped).
+                    row, stack, reason = None, [], ""
     except OSError as exc:
         raise SourceError(f"{p}: cannot read: {exc}") from exc
-    except (ijson.JSONError, UnicodeDecodeError) as exc:
+    except (ijson.JSONError, ValueError) as exc:  # ValueError: UnicodeDecodeError and the like
         # Past a syntax error an array cannot be resynchronized: the rest of the file is one
         # bad row, reported with the reason, and the rows before it are used.
-        yield i, f"invalid JSON here, the rest of the file is not read: {_one_line(exc)}"
+        yield i, f"invalid JSON here, the rest of the file is not read: {_parser_error(exc)}"
+
+
+def _parser_error(exc: Exception) -> str:
+    """The parser's own words, without the lines of the file it quotes after them."""
+    what = exc.args[0] if exc.args else ""
+    text = what.decode("utf-8", "replace") if isinstance(what, bytes) else str(what)
+    return " ".join(text.strip().split("\n")[0].split())[:300] or type(exc).__name__
+
+
+class _LineRefused(Exception):
+    """A CSV line that cannot be read (its reason), raised through the csv module's reader."""
+
+
+class _CsvLines:
+    """A CSV file's lines for the csv module, each at most `limit` characters: a longer line is
+    thrown away as it is read, and a line that is not UTF-8 is refused, each with its reason
+    (raised into the csv reader, which starts its next record on the next line)."""
+
+    def __init__(self, f: IO[str], limit: int) -> None:
+        self._f = f
+        self._limit = limit
+
+    def __iter__(self) -> _CsvLines:
+        return self
+
+    def __next__(self) -> str:
+        line = self._f.readline(self._limit + 1)
+        if not line:
+            raise StopIteration
+        if len(line) > self._limit and not line.endswith(("\n", "\r")):
+            size = len(line.encode("utf-8", "surrogateescape"))
+            del line
+            while rest := self._f.readline(min(self._limit, SKIP_CHUNK)):
+                size += len(rest.encode("utf-8", "surrogateescape"))
+                if rest.endswith(("\n", "\r")):
+                    break
+            raise _LineRefused(
+                f"a line of {size / 2**20:.1f} MiB (max_row_bytes is {self._limit / 2**20:.1f})"
+            )
+        if not line.isascii() and (bad := _UNDECODED.search(line)):
+            byte = ord(bad.group()) - 0xDC00
+            raise _LineRefused(f"not UTF-8 text (byte 0x{byte:02x} at character {bad.start()})")
+        return line
+
+
+_UNDECODED = re.compile("[\udc80-\udcff]")
+"""What errors="surrogateescape" makes of a byte that is not UTF-8."""
 
 
 def _read_csv(p: Path, spec: SourceSpec, offset: int) -> Iterator[Row]:
-    csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+    """A CSV file with a header line. Row numbers count records (a quoted field may hold
+    newlines), not lines; blank lines are not rows."""
+    # Lines are bounded by _CsvLines, and a quoted field that runs on over many lines (an
+    # unclosed quote takes the rest of the file) by the csv module's limit, which is the whole
+    # process's: each CSV file sets it as it starts.
+    csv.field_size_limit(spec.max_row_bytes)
     try:
-        with p.open(newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            for i, row in enumerate(reader, offset):
-                if None in row:
-                    yield i, "has more fields than the header"
+        with p.open(newline="", encoding="utf-8", errors="surrogateescape") as f:
+            reader = csv.reader(_CsvLines(f, spec.max_row_bytes))
+            try:
+                header = next(reader, None)
+            except (_LineRefused, csv.Error) as exc:
+                raise SourceError(f"{p}: cannot read the CSV header line: {exc}") from exc
+            if header is None:
+                return
+            i = offset
+            while True:
+                try:
+                    record = next(reader, None)
+                except _LineRefused as exc:
+                    yield i, str(exc)
+                    i += 1
                     continue
-                big = _too_big(sum(len(v or "") for v in row.values()), spec)
-                yield (i, big) if big else (i, dict(row))
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+                except csv.Error as exc:
+                    text = _one_line(exc)
+                    if text.startswith("field larger than field limit"):
+                        text = f"a field over max_row_bytes ({spec.max_row_bytes / 2**20:.1f} MiB)"
+                    yield i, f"not CSV: {text}"
+                    i += 1
+                    continue
+                if record is None:
+                    return
+                if not record:
+                    continue  # a blank line
+                yield i, _csv_row(header, record, spec)
+                i += 1
+    except OSError as exc:
         raise SourceError(f"{p}: cannot read as CSV: {exc}") from exc
 
 
+def _csv_row(header: list[str], record: list[str], spec: SourceSpec) -> dict[str, Any] | str:
+    """A record as csv.DictReader makes it (missing fields None), or why it is not a row."""
+    if len(record) > len(header):
+        return "has more fields than the header"
+    big = _too_big(sum(map(len, record)), spec)
+    if big:
+        return big
+    row: dict[str, Any] = dict(zip(header, record, strict=False))
+    for name in header[len(record) :]:
+        row[name] = None
+    return row
+
+
 def _arrow_rows(batches: Iterator[Any], p: Path, spec: SourceSpec, offset: int) -> Iterator[Row]:
+    """The rows of record batches; a batch that cannot be made Python values (a string column
+    holding bytes that are not UTF-8) is taken row by row, each such row a bad row."""
     i = offset
     for batch in batches:
-        for row in batch.to_pylist():
+        for row in _batch_rows(batch):
             yield i, row
             i += 1
+
+
+def _batch_rows(batch: Any) -> list[dict[str, Any] | str]:
+    try:
+        rows: list[dict[str, Any] | str] = batch.to_pylist()
+    except ValueError:  # UnicodeDecodeError, ArrowInvalid
+        return [_arrow_row(batch, k) for k in range(batch.num_rows)]
+    return rows
+
+
+def _arrow_row(batch: Any, k: int) -> dict[str, Any] | str:
+    try:
+        row: dict[str, Any] = batch.slice(k, 1).to_pylist()[0]
+    except UnicodeDecodeError as exc:
+        return f"not UTF-8 text ({exc.reason}, byte 0x{exc.object[exc.start]:02x})"
+    except ValueError as exc:
+        return f"cannot read this row: {_one_line(exc)}"
+    return row
 
 
 def _read_parquet(p: Path, spec: SourceSpec, offset: int) -> Iterator[Row]:

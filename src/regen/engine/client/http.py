@@ -15,14 +15,22 @@ import orjson
 
 from regen.conversation import Result
 from regen.engine.client.errors import (
+    ERROR_BODY_BYTES,
+    answer_bound,
+    brief,
     class_of_status,
     error_from_body,
     looks_like_html,
+    oversized,
     parse_retry_after,
 )
 from regen.engine.client.response import parse_chat_body, result_from_body
 from regen.engine.client.sse import StreamAssembler
 from regen.errors import EndpointError
+
+SIDE_BODY_BYTES = 16 * 1024 * 1024
+"""The most of an account or catalogue read's body that is read (a model's endpoint list is a
+few kilobytes; OpenRouter's whole model list a few megabytes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,11 +135,13 @@ class ChatClient:
         # the request holds them until the answer is in, and at 10,000 in flight that came to
         # 40 MB. An exact-size copy costs a fraction of a microsecond.
         data = bytes(memoryview(orjson.dumps(body)))
+        limit = answer_bound(body, len(data))
         timeout = self._client_timeout(t, stream)
         started = time.monotonic()
         assembler: StreamAssembler | None = None
         generation_id: str | None = None
         status: int | None = None
+        resp: aiohttp.ClientResponse | None = None
         try:
             request = self._session.post(self.url, data=data, timeout=timeout)
             if stream:
@@ -148,17 +158,18 @@ class ChatClient:
                 status = resp.status
                 if status != 200:
                     retry_after = parse_retry_after(resp.headers.get("Retry-After"))
-                    raise _http_error(status, await resp.read(), retry_after)
+                    head, _ = await read_at_most(resp.content, ERROR_BODY_BYTES)
+                    raise _http_error(status, head, retry_after)
                 # From here on a generation exists and may be billed, even if its body is cut.
                 generation_id = resp.headers.get("X-Generation-Id")
                 if generation_id and on_generation is not None:
                     on_generation(generation_id)
                 if not stream:
-                    raw = await resp.read()
+                    raw = await read_answer(resp, limit, body)
                     return parse_chat_body(
                         item_id, raw, status=200, latency_s=time.monotonic() - started
                     )
-                assembler = StreamAssembler()
+                assembler = StreamAssembler(limit, body)
                 first_byte = asyncio.timeout(t.ttfb_s - (time.monotonic() - started))
                 try:
                     async with first_byte:
@@ -190,8 +201,10 @@ class ChatClient:
                     item_id, assembler.body(), status=200, latency_s=time.monotonic() - started
                 )
         except EndpointError as exc:
+            if exc.failure_class == "oversized_answer" and resp is not None:
+                resp.close()  # the rest of the answer is not read: the connection cannot be reused
             # An error status is not billed, nor is a whole error body; silence, a body cut
-            # short or a stream that broke off may be.
+            # short, a stream that broke off or an answer too big to read may be.
             if status in (None, 200) and not (exc.unbilled and assembler is None):
                 _begun(exc, generation_id, assembler)
             raise
@@ -239,7 +252,8 @@ class ChatClient:
             ) as resp:
                 if resp.status != 200:
                     return None
-                return orjson.loads(await resp.read())
+                raw, whole = await read_at_most(resp.content, SIDE_BODY_BYTES)
+                return orjson.loads(raw) if whole else None
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
             return None
 
@@ -250,7 +264,7 @@ class ChatClient:
         url = f"{self.base_url}/models"
         try:
             async with side.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-                await resp.read()
+                await read_at_most(resp.content, SIDE_BODY_BYTES)
                 return None
         except aiohttp.ClientConnectorCertificateError as exc:
             return (
@@ -273,6 +287,37 @@ class ChatClient:
                 return resp.status == 200
         except (aiohttp.ClientError, TimeoutError):
             return False
+
+
+async def read_answer(resp: aiohttp.ClientResponse, limit: int, request: dict[str, Any]) -> bytes:
+    """A whole answer's body, read no further than `limit` bytes (errors.answer_bound): past
+    it, or when its Content-Length says it will be, it is `oversized_answer` (and the caller
+    closes the connection)."""
+    length = resp.content_length
+    if length is not None and length > limit:
+        raise oversized(limit, request)
+    pieces: list[bytes] = []
+    size = 0
+    while piece := await resp.content.readany():
+        size += len(piece)
+        if size > limit:
+            raise oversized(limit, request)
+        pieces.append(piece)
+    return b"".join(pieces)
+
+
+async def read_at_most(content: aiohttp.StreamReader, limit: int) -> tuple[bytes, bool]:
+    """Up to `limit` bytes of a body, and whether that is all of it (the rest is not read:
+    the connection closes when the response is released)."""
+    pieces: list[bytes] = []
+    size = 0
+    while size <= limit:
+        piece = await content.readany()
+        if not piece:
+            return b"".join(pieces), True
+        pieces.append(piece)
+        size += len(piece)
+    return b"".join(pieces)[:limit], False
 
 
 async def read_later(
@@ -322,7 +367,7 @@ def _http_error(status: int, raw: bytes, retry_after: float | None) -> EndpointE
         # SGLang's (and older vLLM's) flat error: the fields at the top level.
         error = {**body, "code": status}
         return error_from_body(error, status=status, retry_after_s=retry_after)
-    text = raw[:200].decode("utf-8", "replace").strip() or "no body"
+    text = brief(raw[:200].decode("utf-8", "replace").strip(), 200) or "no body"
     if looks_like_html(raw):
         text = (
             "an HTML page, not an API error (a web server or proxy answered: is "

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import math
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -11,15 +14,65 @@ from regen.conversation import Message, Result, ToolCall, Usage
 from regen.engine.client.errors import error_from_body, looks_like_html
 from regen.errors import EndpointError
 
+REPLACEMENT = "\ufffd"
+"""What stands in for a code point that cannot be stored as text: a lone UTF-16 surrogate
+(`"\\ud800"`: valid JSON, but half of a UTF-16 pair and no character) or bytes that are not
+UTF-8. U+FFFD rather than the escape as visible text: it is what every UTF-8 decoder writes
+for bytes it cannot read, it takes one character where the model wrote one (an escape is six,
+and would throw the text's length off its billed tokens), and it cannot be taken for text the
+model meant (a model may well write `\\ud800` about JSON). `regen audit` flags answers that
+hold it (`replacement_character`)."""
+_ESCAPES = re.compile(
+    rb"\\\\"  # an escaped backslash: what follows it is not an escape
+    rb"|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}"  # a surrogate pair
+    rb"|\\u[dD][89a-fA-F][0-9a-fA-F]{2}"  # a lone surrogate
+)
+MAX_COUNT = 2**32
+"""Token counts are capped here (SQLite's integers hold 64 bits; a count past 4e9 is no count)."""
+
+
+def loads_answer(raw: bytes) -> Any:
+    """JSON from a server, with what cannot be stored as text replaced by U+FFFD (REPLACEMENT).
+    Raises orjson.JSONDecodeError when it is not JSON either way."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        repaired = _repaired(raw)
+        if repaired is None:
+            raise
+        try:
+            return orjson.loads(repaired)
+        except orjson.JSONDecodeError:
+            raise exc from None
+
+
+def _repaired(raw: bytes) -> bytes | None:
+    """The JSON text with its bytes that are not UTF-8 and its lone surrogate escapes replaced
+    by U+FFFD; None when it holds neither."""
+    try:
+        raw.decode("utf-8")
+        fixed = raw
+    except UnicodeDecodeError:
+        fixed = raw.decode("utf-8", "replace").encode("utf-8")
+    if b"\\u" in fixed:
+
+        def keep_or_replace(m: re.Match[bytes]) -> bytes:
+            return m[0] if len(m[0]) != 6 else b"\\ufffd"
+
+        fixed = _ESCAPES.sub(keep_or_replace, fixed)
+    return None if fixed == raw else fixed
+
 
 def parse_chat_body(item_id: str, raw: bytes, *, status: int, latency_s: float) -> Result:
     """The Result of a 200 response body.
 
     OpenRouter pads non-streaming bodies with leading whitespace and reports late errors as
     HTTP 200 with an `error` object, so both are handled here rather than trusted to the status.
+    A code point that cannot be stored as text is kept as U+FFFD (REPLACEMENT), not refused:
+    the answer was billed, and a retry would be billed again.
     """
     try:
-        body = orjson.loads(raw.strip())
+        body = loads_answer(raw.strip())
     except orjson.JSONDecodeError as exc:
         if looks_like_html(raw):
             raise EndpointError(
@@ -118,13 +171,33 @@ def _message(msg: dict[str, Any], status: int) -> Message:
         role="assistant",
         content=content or "",
         reasoning=reasoning or None,
-        tool_calls=tuple(ToolCall.from_openai(c) for c in raw_calls),
+        tool_calls=tuple(_call(c, status) for c in raw_calls),
     )
 
 
 def _is_call(c: Any) -> bool:
     fn = c.get("function") if isinstance(c, dict) else None
     return isinstance(fn, dict) and isinstance(fn.get("name"), str) and bool(fn["name"])
+
+
+def _call(c: dict[str, Any], status: int) -> ToolCall:
+    """A tool call as ToolCall.from_openai reads it, with arguments sent as a JSON value
+    written back as text (a value too deep to write is an invalid answer)."""
+    fn = c["function"]
+    args = fn.get("arguments")
+    if args is None:
+        args = ""
+    elif not isinstance(args, str):
+        try:
+            args = json.dumps(args, ensure_ascii=False)
+        except (RecursionError, ValueError) as exc:
+            raise EndpointError(
+                "invalid_response", "tool call arguments nest too deep to write", status=status
+            ) from exc
+    call_id = c.get("id")
+    if isinstance(call_id, int) and not isinstance(call_id, bool):
+        call_id = str(call_id)
+    return ToolCall(id=call_id if isinstance(call_id, str) else "", name=fn["name"], arguments=args)
 
 
 def _usage(u: Any) -> Usage:
@@ -139,21 +212,37 @@ def _usage(u: Any) -> Usage:
         prompt_tokens=_int(u.get("prompt_tokens")),
         completion_tokens=_int(u.get("completion_tokens")),
         reasoning_tokens=_int(reasoning),
-        cost_usd=float(cost) if isinstance(cost, int | float) else None,
+        cost_usd=_cost(cost),
     )
 
 
+def _cost(v: Any) -> float | None:
+    """A cost in USD, or None (priced from the list) when it is not a number of 0 or more: a
+    negative cost would give the budget room it does not have."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    cost = float(v)
+    return cost if math.isfinite(cost) and cost >= 0 else None
+
+
 def _ids(v: Any) -> tuple[int, ...] | None:
-    """A list of token ids, or None when absent or not one (the answer stays usable)."""
+    """A list of token ids, or None when absent or not one (the answer stays usable). Ids are
+    stored as uint32."""
     if not isinstance(v, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in v
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**32 for t in v
     ):
         return None
     return tuple(v)
 
 
 def _int(v: Any) -> int:
-    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0
+    """A token count within 0 and MAX_COUNT (anything else counts 0: counted_usage then
+    estimates it)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return 0
+    if isinstance(v, float) and not math.isfinite(v):
+        return 0
+    return min(MAX_COUNT, max(0, int(v)))
 
 
 def _str_or_none(v: Any) -> str | None:

@@ -5,15 +5,20 @@ OpenRouter's stream has quirks that this handles: `: OPENROUTER PROCESSING` comm
 usage in a chunk after the finish chunk (with `choices: []` or one empty choice whose
 `finish_reason` is null and must not overwrite the real one), tool-call arguments in pieces per
 index, and a mid-stream error as a chunk with a top-level `error` and `finish_reason: "error"`.
+
+A stream is read no further than its `limit` (errors.answer_bound): past it, it is
+`oversized_answer`. Fields of the wrong type are skipped, as a missing field would be.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
 
-from regen.engine.client.errors import error_from_body
+from regen.engine.client.errors import error_from_body, oversized
+from regen.engine.client.response import loads_answer
 from regen.errors import EndpointError
 
 
@@ -21,11 +26,14 @@ class StreamAssembler:
     """Feed it the bytes of a stream as they come; `body()` is the assembled completion."""
 
     __slots__ = (
-        "_buf",
+        "_tail",
         "_content",
         "_token_ids",
         "_reasoning",
         "_calls",
+        "_limit",
+        "_request",
+        "received",
         "finish_reason",
         "usage",
         "meta",
@@ -33,12 +41,19 @@ class StreamAssembler:
         "chunks",
     )
 
-    def __init__(self) -> None:
-        self._buf = b""
+    def __init__(self, limit: int | None = None, request: Mapping[str, Any] | None = None) -> None:
+        self._tail: list[bytes] = []
+        """The bytes after the last newline so far, in pieces (joined once a newline comes: a
+        line sent in many pieces is not copied again for each)."""
         self._content: list[str] = []
         self._token_ids: list[Any] = []
         self._reasoning: list[str] = []
         self._calls: dict[int, dict[str, Any]] = {}
+        self._limit = limit
+        self._request = request or {}
+        """The request's body, for the oversized answer's message."""
+        self.received = 0
+        """Bytes fed so far."""
         self.finish_reason: str | None = None
         self.usage: Any = None
         self.meta: dict[str, Any] = {}
@@ -46,10 +61,22 @@ class StreamAssembler:
         self.chunks = 0
 
     def feed(self, data: bytes) -> None:
-        """Take the next bytes; raises EndpointError on a mid-stream error."""
-        buf = self._buf + data if self._buf else data
-        lines = buf.split(b"\n")
-        self._buf = lines.pop()
+        """Take the next bytes; raises EndpointError on a mid-stream error, or when the stream
+        passes its limit."""
+        self.received += len(data)
+        if self._limit is not None and self.received > self._limit:
+            raise oversized(self._limit, self._request)
+        if b"\n" not in data:
+            if data:
+                self._tail.append(data)
+            return
+        if self._tail:
+            data = b"".join([*self._tail, data])
+            self._tail.clear()
+        lines = data.split(b"\n")
+        last = lines.pop()
+        if last:
+            self._tail.append(last)
         for line in lines:
             if line.startswith(b"data:"):
                 self._event(line[5:].strip())
@@ -62,7 +89,7 @@ class StreamAssembler:
         if not payload:
             return
         try:
-            chunk = orjson.loads(payload)
+            chunk = loads_answer(payload)
         except orjson.JSONDecodeError as exc:
             raise EndpointError("invalid_response", f"bad SSE chunk: {exc}", status=200) from exc
         if not isinstance(chunk, dict):
@@ -75,7 +102,7 @@ class StreamAssembler:
             self.meta["prompt_token_ids"] = chunk["prompt_token_ids"]
         if chunk.get("error") is not None:
             raise error_from_body(chunk["error"], status=200)
-        if chunk.get("usage") is not None:
+        if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]
         choices = chunk.get("choices")
         if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
@@ -90,7 +117,7 @@ class StreamAssembler:
         if isinstance(ids, list):
             self._token_ids.extend(ids)
         finish = choice.get("finish_reason")
-        if finish is not None and self.finish_reason is None:
+        if isinstance(finish, str) and self.finish_reason is None:
             if finish == "error":
                 raise EndpointError("server", "stream ended with finish_reason 'error'", status=200)
             self.finish_reason = finish
@@ -104,25 +131,33 @@ class StreamAssembler:
             reasoning = delta.get("reasoning_content")
         if isinstance(reasoning, str) and reasoning:
             self._reasoning.append(reasoning)
-        for tc in delta.get("tool_calls") or ():
+        calls = delta.get("tool_calls")
+        for tc in calls if isinstance(calls, list) else ():
             if not isinstance(tc, dict):
                 continue
-            idx = tc.get("index", 0)
+            idx = tc.get("index")
+            if idx is None:  # a server that sends one call at a time may leave it out
+                idx = 0
+            if not isinstance(idx, int) or isinstance(idx, bool):
+                raise EndpointError(
+                    "invalid_response", f"tool call index is {type(idx).__name__}", status=200
+                )
             call = self._calls.setdefault(idx, {"id": None, "name": None, "args": []})
-            if tc.get("id"):
+            if isinstance(tc.get("id"), str) and tc["id"]:
                 call["id"] = tc["id"]
             fn = tc.get("function")
             if isinstance(fn, dict):
-                if fn.get("name"):
+                if isinstance(fn.get("name"), str) and fn["name"]:
                     call["name"] = fn["name"]
                 if isinstance(fn.get("arguments"), str):
                     call["args"].append(fn["arguments"])
 
     def body(self) -> dict[str, Any]:
         """The completion in the non-streamed shape; a stream cut short is a connection error."""
-        if self._buf.strip().startswith(b"data:"):
-            self._event(self._buf.strip()[5:].strip())
-            self._buf = b""
+        last = b"".join(self._tail).strip()
+        self._tail.clear()
+        if last.startswith(b"data:"):
+            self._event(last[5:].strip())
         if self.finish_reason is None and not self.done:
             raise EndpointError("connection", "stream ended before its finish chunk", status=200)
         message: dict[str, Any] = {
