@@ -9,6 +9,7 @@ the server said, not with anything regen computes.
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from regen.run.runner import run_job
 from regen.sim import SimConfig, sim_in_thread
 from regen.sim.config import SimFaults
 from regen.state.answers import unpack_ids
-from tests.conftest import query, write_rows
+from tests.conftest import query, run_cli, write_rows
 
 MODEL = "qwen/qwen3-8b"
 WEATHER = {
@@ -334,3 +335,77 @@ def test_a_self_hosted_run_rides_out_the_servers_faults(tmp_path: Path, dialect:
     assert len(rows) == 24
     for gen_id, completion, ids in rows:
         assert unpack_ids(ids) == sent[gen_id][1] and completion == len(sent[gen_id][1])
+
+
+@pytest.mark.parametrize("dialect", ["vllm", "sglang"])
+def test_a_prompts_samples_go_as_one_request_with_n(tmp_path: Path, dialect: str) -> None:
+    """samples = 4 on a vLLM or SGLang server: one request with n = 4 per prompt (one
+    prefill), each choice stored as its own sample with the server's own ids and its share of
+    the bill; without batching, four requests and four prefills."""
+    config = SimConfig(
+        dialect=dialect,  # type: ignore[arg-type]
+        served_model=MODEL,
+        seed=3,
+        time_scale=0.0,
+        log_bodies=True,
+    )
+    prefills = {}
+    for batched in (True, False):
+        folder = tmp_path / str(batched)
+        folder.mkdir()
+        with sim_in_thread(config) as sim:
+            job = job_file(folder, sim.base_url, dialect, stream=False, token_ids=True)
+            text = job.read_text().replace("max_tokens = 400", "max_tokens = 400\nsamples = 4")
+            if not batched:
+                text = text.replace(
+                    "token_ids = true", "token_ids = true\nsamples_in_one_request = false"
+                )
+            job.write_text(text)
+            run(job)
+            log = [e for e in sim.simulator.chat_log() if e.status == 200]
+        prefills[batched] = sum(e.prompt_tokens for e in log)
+        results = query(
+            folder / "out",
+            "SELECT i.conversation_id, i.sample, r.generation_id, r.prompt_tokens, "
+            "r.completion_tokens, r.prompt_token_ids, r.completion_token_ids, r.settings "
+            "FROM results r JOIN items i ON i.id = r.item_id",
+        )
+        assert len(results) == 24 * 4
+        if not batched:
+            assert len(log) == 96 and all(e.choices == 1 for e in log)
+            continue
+        assert len(log) == 24 and all(e.choices == 4 for e in log)  # one request a prompt
+        by_gen = {e.generation_id: e for e in log}
+        per_prompt: dict[str, list[Any]] = {}
+        for cid, sample, gen, prompt, completion, p_ids, c_ids, settings in results:
+            per_prompt.setdefault(cid, []).append((sample, gen, prompt, completion, settings))
+            e = by_gen[gen]
+            sent = json.loads(settings)
+            assert sent["n"] == 4 and 0 <= sent["choice"] < 4
+            # Each sample holds its own choice's ids, exactly as the server sent them.
+            assert unpack_ids(c_ids) == e.choice_ids[sent["choice"]]
+            assert unpack_ids(p_ids) == e.prompt_ids and completion == len(unpack_ids(c_ids))
+        for samples in per_prompt.values():
+            assert sorted(s[0] for s in samples) == [0, 1, 2, 3]
+            assert len({s[1] for s in samples}) == 1  # one request
+            # The prompt's tokens are billed once, shared out among its samples.
+            assert sum(s[2] for s in samples) == by_gen[samples[0][1]].prompt_tokens
+    assert prefills[True] * 4 == prefills[False]
+
+
+def test_the_audit_of_batched_samples_holds_each_to_its_share_of_the_prompt(
+    tmp_path: Path,
+) -> None:
+    config = SimConfig(dialect="vllm", served_model=MODEL, seed=3, time_scale=0.0)
+    with sim_in_thread(config) as sim:
+        job = job_file(tmp_path, sim.base_url, "vllm", stream=False, token_ids=True)
+        job.write_text(job.read_text().replace("max_tokens = 400", "max_tokens = 400\nsamples = 3"))
+        run(job)
+    res = run_cli("audit", str(tmp_path / "out"), "--family", "qwen3", "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    report = json.loads(res.stdout)
+    [(whole,)] = query(
+        tmp_path / "out", "SELECT count(*) FROM results WHERE finish_reason != 'length'"
+    )
+    assert report["overall"]["samples"] == whole > 60
+    assert report["overall"]["prompt_mean_abs_diff"] == 0  # no sample held to its share

@@ -97,6 +97,10 @@ class EndpointConfig(_Model):
             return self.token_ids
         return self.dialect == "vllm" or (self.dialect == "sglang" and not stream)
 
+    samples_in_one_request: bool = True
+    """vLLM and SGLang: a prompt's samples go as one request with `n` (one prefill of the
+    prompt), each choice stored, billed and exported as its own sample."""
+
     @field_validator("base_url")
     @classmethod
     def _http_url(cls, v: str) -> str:

@@ -792,7 +792,9 @@ class Scheduler:
                     None if att.sent is None else self._sent_log.identifier(att.sent.id)
                 ),
             )
-            result = replace(self._price(ep, item, result), settings=sent_settings(body))
+            # What was sent: the batcher's one request for a prompt's samples, else the body.
+            settings = result.settings or sent_settings(body)
+            result = replace(self._price(ep, item, result), settings=settings)
             att.billed, att.end = result.usage, "answered"
             return result
         except EndpointError as exc:

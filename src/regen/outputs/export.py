@@ -30,6 +30,7 @@ from regen.outputs.hub import (
     public_source,
 )
 from regen.reconstruct import ReconstructError, Sample, Target
+from regen.reconstruct.target import billed_prompt
 from regen.safe import checked_name, inside
 from regen.state.answers import ExportRow, pack_ids, unpack_ids
 from regen.state.db import Store
@@ -581,7 +582,7 @@ def tokenized_record(
         "n_prompt": n_prompt,
         "n_completion": n_completion,
         "source": source,
-        "prompt_diff": n_prompt - row.prompt_tokens,
+        "prompt_diff": n_prompt - billed_prompt(row, n_prompt),
         "completion_diff": n_completion - row.completion_tokens,
         "provenance": provenance(row, dataset, origins or Origins(), source),
     }

@@ -468,7 +468,7 @@ class Target:
                     prompt_ids=prompt_ids,
                     completion_ids=completion,
                     source="exact" if exact else "reconstructed",
-                    prompt_diff=len(prompt_ids) - row.prompt_tokens,
+                    prompt_diff=len(prompt_ids) - billed_prompt(row, len(prompt_ids)),
                     completion_diff=len(completion) - row.completion_tokens,
                     prefill=p.prefill,
                     rebuilt_prompt_ids=rebuilt_p if p.exact_prompt is not None else None,
@@ -585,3 +585,18 @@ def spec_from_store(
         trust_remote_code=bool(base.get("trust_remote_code")),
         stop=base.get("stop") or None,
     )
+
+
+def billed_prompt(row: Any, prompt_len: int) -> int:
+    """The prompt tokens an answer's bill stands for. A sample sent with the prompt's other
+    samples as one request (`n`, its settings say so) was billed a share of the one prompt:
+    the prompt is then held to its own length (the server's ids are the check there)."""
+    settings = getattr(row, "settings", None)
+    if settings and '"n":' in settings:
+        try:
+            n = json.loads(settings).get("n")
+        except (ValueError, AttributeError):
+            n = None
+        if isinstance(n, int) and n > 1:
+            return prompt_len
+    return int(row.prompt_tokens)

@@ -13,8 +13,10 @@ from regen.conversation import (
     Request,
 )
 from regen.engine.budget import Prices
-from regen.engine.client import Timeouts, chat_body
+from regen.engine.client import ChatClient, Timeouts, chat_body
 from regen.engine.client.account import JsonGetter
+from regen.engine.client.batch import SampleBatcher
+from regen.engine.client.body import SAMPLES_KEY
 from regen.engine.providers import excluded_names, fetch_endpoints, shared_name_warning, verdicts
 from regen.engine.scheduler import (
     EndpointRuntime,
@@ -32,21 +34,28 @@ def health_url(base_url: str) -> str:
 
 
 def _make_body(
-    job: Job, endpoint: EndpointConfig
+    job: Job, endpoint: EndpointConfig, batched: bool = False
 ) -> Callable[[Request, int, bool], dict[str, Any]]:
     samples = {d.name: job.dataset_samples(d) for d in job.datasets}
 
     def make(req: Request, max_tokens: int, stream: bool) -> dict[str, Any]:
-        return chat_body(
-            req,
-            job.generation,
-            endpoint,
-            max_tokens,
-            stream=stream,
-            samples=samples.get(req.dataset, 1),
-        )
+        k = samples.get(req.dataset, 1)
+        body = chat_body(req, job.generation, endpoint, max_tokens, stream=stream, samples=k)
+        if batched and k > 1 and not stream:
+            body[SAMPLES_KEY] = k  # for the SampleBatcher, which takes it out
+        return body
 
     return make
+
+
+def batches_samples(job: Job, endpoint: EndpointConfig) -> bool:
+    """Whether a prompt's samples go to this endpoint as one request with `n` (vLLM and
+    SGLang: one prefill for all of them)."""
+    return (
+        endpoint.dialect in SELF_HOSTED
+        and endpoint.samples_in_one_request
+        and any(job.dataset_samples(d) > 1 for d in job.datasets)
+    )
 
 
 async def check_routes(
@@ -91,6 +100,10 @@ async def check_routes(
     return out
 
 
+def _batching(sender: Sender) -> Sender:
+    return SampleBatcher(sender) if isinstance(sender, ChatClient) else sender
+
+
 def build_lanes(
     job: Job,
     senders: Mapping[str, Sender],
@@ -103,8 +116,8 @@ def build_lanes(
     runtimes = {
         e.name: EndpointRuntime(
             e.name,
-            senders[e.name],
-            _make_body(job, e),
+            _batching(senders[e.name]) if batches_samples(job, e) else senders[e.name],
+            _make_body(job, e, batched=batches_samples(job, e)),
             e.weight,
             prices=prices.get(e.name),
             generation_records=e.dialect == "openrouter",

@@ -92,8 +92,19 @@ def chat_body(
     return body
 
 
+SAMPLES_KEY = "_regen_samples"
+"""A body field for the sample batcher (client/batch.py), never sent: how many samples the
+item's prompt has."""
 NOT_SETTINGS = frozenset(
-    {"messages", "tools", "stream", "stream_options", "return_token_ids", "return_prompt_token_ids"}
+    {
+        "messages",
+        "tools",
+        "stream",
+        "stream_options",
+        "return_token_ids",
+        "return_prompt_token_ids",
+        SAMPLES_KEY,
+    }
 )
 """Body fields that are the prompt or the transport, not how the answer was sampled."""
 

@@ -88,7 +88,9 @@ def answer_bound(body: Mapping[str, Any], request_bytes: int) -> int:
         per_token += LOGPROB_BYTES * (max(0, alternatives) + 1)
     asks_ids = bool(body.get("return_token_ids") or body.get("return_prompt_token_ids"))
     prompt_ids = PROMPT_ID_BYTES * request_bytes if asks_ids else 0
-    return ANSWER_ENVELOPE_BYTES + prompt_ids + max_tokens * per_token
+    n = body.get("n")
+    choices = n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
+    return ANSWER_ENVELOPE_BYTES + prompt_ids + choices * max_tokens * per_token
 
 
 def oversized(limit: int, body: Mapping[str, Any]) -> EndpointError:

@@ -24,7 +24,7 @@ from regen.engine.client.errors import (
     oversized,
     parse_retry_after,
 )
-from regen.engine.client.response import parse_chat_body, result_from_body
+from regen.engine.client.response import parse_chat_body, parse_choices, result_from_body
 from regen.engine.client.sse import StreamAssembler
 from regen.errors import EndpointError
 
@@ -127,6 +127,35 @@ class ChatClient:
         """Send one request; return its Result or raise an EndpointError with its class.
         `on_generation` is called with the generation id as soon as the response names it (its
         `X-Generation-Id` header, else a stream's first chunk), before the answer is in."""
+        got = await self._chat(item_id, body, stream, timeouts, on_generation, None)
+        assert isinstance(got, Result)
+        return got
+
+    async def chat_choices(
+        self,
+        item_ids: list[str],
+        body: dict[str, Any],
+        *,
+        timeouts: Timeouts | None = None,
+        on_generation: Callable[[str], None] | None = None,
+    ) -> list[Result | EndpointError]:
+        """Send one request for len(item_ids) choices (`n`, not streamed): each item's Result
+        (its choice, its share of the bill) or the error of its choice. An error of the whole
+        request is raised, as `chat` raises it."""
+        body = {**body, "n": len(item_ids)}
+        got = await self._chat(item_ids[0], body, False, timeouts, on_generation, item_ids)
+        assert isinstance(got, list)
+        return got
+
+    async def _chat(
+        self,
+        item_id: str,
+        body: dict[str, Any],
+        stream: bool,
+        timeouts: Timeouts | None,
+        on_generation: Callable[[str], None] | None,
+        items: list[str] | None,
+    ) -> Result | list[Result | EndpointError]:
         assert self._session is not None, "use ChatClient as an async context manager"
         t = timeouts or self.default_timeouts
         if stream:
@@ -166,9 +195,10 @@ class ChatClient:
                     on_generation(generation_id)
                 if not stream:
                     raw = await read_answer(resp, limit, body)
-                    return parse_chat_body(
-                        item_id, raw, status=200, latency_s=time.monotonic() - started
-                    )
+                    latency = time.monotonic() - started
+                    if items is not None:
+                        return parse_choices(items, raw, latency_s=latency)
+                    return parse_chat_body(item_id, raw, status=200, latency_s=latency)
                 assembler = StreamAssembler(limit, body)
                 first_byte = asyncio.timeout(t.ttfb_s - (time.monotonic() - started))
                 try:

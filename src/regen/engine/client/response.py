@@ -125,6 +125,86 @@ def result_from_body(item_id: str, body: Any, *, status: int, latency_s: float) 
     )
 
 
+def parse_choices(
+    item_ids: list[str], raw: bytes, *, latency_s: float
+) -> list[Result | EndpointError]:
+    """The Results of a 200 body of len(item_ids) choices (choice k for item k), or each
+    choice's error. A body that is no answer at all raises, as parse_chat_body does."""
+    try:
+        body = loads_answer(raw.strip())
+    except orjson.JSONDecodeError:
+        parse_chat_body(item_ids[0], raw, status=200, latency_s=latency_s)  # raises its error
+        raise
+    if not isinstance(body, dict) or body.get("error") is not None:
+        result_from_body(item_ids[0], body, status=200, latency_s=latency_s)  # raises
+    out: list[Result | EndpointError] = []
+    for item, one in zip(item_ids, choice_bodies(body, len(item_ids)), strict=True):
+        if one is None:
+            out.append(
+                EndpointError(
+                    "invalid_response",
+                    f"asked for {len(item_ids)} choices (n), the server answered with "
+                    "another number: does it take n?",
+                    status=200,
+                )
+            )
+            continue
+        try:
+            out.append(result_from_body(item, one, status=200, latency_s=latency_s))
+        except EndpointError as exc:
+            out.append(exc)
+    return out
+
+
+def choice_bodies(body: Any, n: int) -> list[Any]:
+    """A body of `n` choices (vLLM's and SGLang's `n`: one prefill, n generations) as n bodies
+    of one choice each, for result_from_body. Each choice's usage is its own share of the
+    bill: its own completion (its token ids where the server returned them, else the usage's
+    completion split in proportion to the text) and an equal share of the one prompt (the
+    first choices take the remainder), so that the shares add up to the usage billed. A body
+    that is not n choices is given back as it is for choice 0 (its error or shape is raised by
+    result_from_body), and the other choices are None."""
+    choices = body.get("choices") if isinstance(body, dict) else None
+    if not isinstance(choices, list) or len(choices) != n or body.get("error") is not None:
+        return [body, *([None] * (n - 1))]
+    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    total = _usage(usage)
+    lengths = []
+    for c in choices:
+        ids = _ids(c.get("token_ids")) if isinstance(c, dict) else None
+        msg = c.get("message") if isinstance(c, dict) else None
+        text = json.dumps(msg, ensure_ascii=False) if isinstance(msg, dict) else ""
+        lengths.append((ids, len(text)))
+    known = all(ids is not None for ids, _ in lengths)
+    chars = sum(size for _, size in lengths) or 1
+    out = []
+    given = 0
+    for k, (c, (ids, size)) in enumerate(zip(choices, lengths, strict=True)):
+        if known and ids is not None:
+            completion = len(ids)
+        elif k == n - 1:
+            completion = max(0, total.completion_tokens - given)
+        else:
+            completion = total.completion_tokens * size // chars
+        given += completion
+        prompt = total.prompt_tokens // n + (1 if k < total.prompt_tokens % n else 0)
+        reasoning = total.reasoning_tokens * completion // max(1, total.completion_tokens)
+        share: dict[str, Any] = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "reasoning_tokens": reasoning,
+        }
+        if total.cost_usd is not None:
+            share["cost"] = (
+                total.cost_usd
+                * (prompt + completion)
+                / max(1, total.prompt_tokens + total.completion_tokens)
+            )
+        out.append({**body, "choices": [c], "usage": share})
+    return out
+
+
 def counted_usage(result: Result, prompt_tokens_est: int) -> Result:
     """An answer with text never counts 0 tokens. A server that sent no usage (a stream
     without `stream_options.include_usage`, a proxy that drops it) is counted from the token
