@@ -4,9 +4,10 @@ took, and the ETA shown at 10% of the run against the time that was actually lef
 
 Workloads differ in what makes planning hard: skewed answer lengths across datasets; two lanes
 where a short lane escalates truncated answers to a long one; faults (5xx, 408, cut connections
-that are billed, errors in a 200); and a provider whose capacity is below the lane's
-concurrency (429s; the adaptive limit settles). The simulator runs as its own process (core 0),
-`regen` as another (core 1), scaled in time (`--time-scale`).
+that are billed, errors in a 200); a provider whose capacity is below the lane's concurrency
+(429s; the adaptive limit settles); and the skewed datasets with 4 samples per prompt. The
+simulator runs as its own process (core 0), `regen` as another (core 1), scaled in time
+(`--time-scale`).
 
 Targets (issue 21): cost within 15% and wall time within 25% on every workload; the ETA at
 10% of the run within 15% of the actual remaining time.
@@ -66,6 +67,7 @@ api_key_env = "BENCH_KEY"
 [generation]
 model = "bench/model"
 max_tokens = 4000
+{generation}
 
 [run]
 concurrency = {concurrency}
@@ -86,6 +88,8 @@ class Workload:
     faults: str = ""
     capacity: int = 0
     concurrency: int = 32
+    samples: int = 1
+    """Answers per prompt ([generation] samples): the rows are the items / samples."""
 
 
 WORKLOADS = [
@@ -128,6 +132,16 @@ max_tokens = 4000
         capacity=20,
         concurrency=64,
     ),
+    Workload(
+        "samples",
+        "the skewed datasets with 4 samples per prompt and a temperature mix (issue 35)",
+        {
+            "chat": (0.9, 0.1, 0.0),
+            "code": (0.2, 0.7, 0.1),
+            "reasoning": (0.1, 0.3, 0.6),
+        },
+        samples=4,
+    ),
 ]
 
 
@@ -169,13 +183,21 @@ def one(
     try:
         rng = random.Random(seed)
         blocks = ""
-        per = items // len(w.datasets)
+        per = items // len(w.datasets) // w.samples
         for name, shares in w.datasets.items():
             (work / f"{name}.jsonl").write_text("\n".join(rows(per, shares, rng)) + "\n")
             blocks += f'\n[[datasets]]\nname = "{name}"\npath = "{name}.jsonl"\n'
         job = work / "job.toml"
         job.write_text(
-            JOB_TOML.format(base_url=base_url, concurrency=w.concurrency, seed=seed, lanes=w.lanes)
+            JOB_TOML.format(
+                base_url=base_url,
+                concurrency=w.concurrency,
+                seed=seed,
+                lanes=w.lanes,
+                generation=(
+                    f"samples = {w.samples}\ntemperature = [0.3, 0.8, 1.1]" if w.samples > 1 else ""
+                ),
+            )
             + blocks
         )
         env = {**os.environ, "BENCH_KEY": "sk-bench"}
