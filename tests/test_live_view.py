@@ -14,12 +14,14 @@ from rich.console import Console
 from regen.engine.eta import eta_text
 from regen.engine.limiter import AdaptiveLimit
 from regen.engine.scheduler import DatasetStats, JobTotals, LaneStats, RunStats
+from regen.state.work import DatasetProgress
 from regen.view.progress import (
     DEGRADE_ORDER,
     LIVE_COLUMNS,
     ProgressView,
     progress_line,
     progress_view,
+    summary_table,
 )
 
 NOW = 10_000.0
@@ -247,3 +249,29 @@ def test_held_bills_show_as_what_they_are_and_stand_in_for_the_eta_when_they_blo
         d.in_flight = 0
     blocked = render(progress_view(stats, NOW), 120)
     assert "ETA: held for bills until" in blocked
+
+
+def summary_datasets() -> tuple[list[DatasetProgress], dict[tuple[str, str], int]]:
+    long = "B1-glaive-function-calling"
+    ds = [
+        DatasetProgress(long, 0, 20000, 12, 30, 19800, 19790, 3, 1_234_567, 9_876_543, 12.3456),
+        DatasetProgress("code", 1, 5000, 0, 0, 5000, 5000, 0, 234_567, 876_543, 2.3456),
+    ]
+    errors = {(long, "rate_limited"): 120, (long, "server"): 3, ("code", "timeout"): 2}
+    return ds, errors
+
+
+@pytest.mark.parametrize("width", [80, 120, 200])
+def test_the_end_summary_fits_the_console_and_keeps_what_the_run_did(width: int) -> None:
+    """It used to squeeze every column to `12…` at 80 columns and cut at 120."""
+    ds, errors = summary_datasets()
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+    console.print(summary_table(ds, errors, {"B1-glaive-function-calling": 19790, "code": 5000}))
+    text = console.export_text()
+    assert max(cell_len(line) for line in text.splitlines()) <= width
+    assert "…" not in text  # no value cut
+    for kept in ("items", "done", "failed", "cost $", "exported", "B1-glaive-function-calling"):
+        assert kept in text
+    assert "19790" in text and "12.3456" in text
+    if width == 200:  # all of it, errors by class too
+        assert "rate_limited:120,server:3" in text and "$/Mtok" in text

@@ -464,47 +464,101 @@ class ProgressReporter:
             self._close_log()
 
 
+SUMMARY_COLUMNS = (
+    "dataset",
+    "rows",
+    "bad",
+    "dupes",
+    "items",
+    "done",
+    "failed",
+    "prompt tok",
+    "completion tok",
+    "cost $",
+    "$/Mtok",
+    "errors",
+    "exported",
+)
+SUMMARY_DEGRADE_ORDER = (
+    "errors by class",
+    "$/Mtok",
+    "prompt tok",
+    "dupes",
+    "bad",
+    "rows",
+    "errors",
+    "completion tok",
+)
+"""What the end-of-run table gives up, first to last, until it fits the console's width (as
+the live view's DEGRADE_ORDER): `errors by class` turns each breakdown into its count, every
+other step drops its column. The dataset, items, done, failed, cost and exported columns
+always stay (what the run did and what it cost), in 80 columns with names of up to 20; only
+then are dataset names shortened."""
+
+
+class SummaryView:
+    """The end-of-run table: per dataset, what is done and what it cost (from state.db), laid
+    out for the width of the console that draws it."""
+
+    def __init__(
+        self,
+        datasets: list[DatasetProgress],
+        errors: dict[tuple[str, str], int],
+        exports: dict[str, int],
+    ) -> None:
+        self.rows: list[dict[str, str]] = []
+        self.row_errors: list[dict[str, int]] = []
+        for d in datasets:
+            errs = {c: n for (ds, c), n in errors.items() if ds == d.name}
+            cells = (
+                d.name,
+                str(d.rows_read),
+                str(d.bad_rows),
+                str(d.duplicates),
+                str(d.items),
+                str(d.done),
+                str(d.failed),
+                format_tokens(d.prompt_tokens),
+                format_tokens(d.completion_tokens),
+                f"{d.cost_usd:.4f}",
+                f"{per_mtok(d.cost_usd, d.completion_tokens):.2f}",
+                errors_text(errs),
+                str(exports.get(d.name, 0)),
+            )
+            self.rows.append(dict(zip(SUMMARY_COLUMNS, cells, strict=True)))
+            self.row_errors.append(errs)
+
+    def table(self, given_up: Sequence[str] = (), name_width: int | None = None) -> Table:
+        table = Table(title="summary", title_justify="left")
+        columns = [c for c in SUMMARY_COLUMNS if c not in given_up]
+        for col in columns:
+            if col == "dataset":
+                table.add_column(col, no_wrap=True, overflow="ellipsis", max_width=name_width)
+            else:
+                table.add_column(col, justify="left" if col == "errors" else "right", no_wrap=True)
+        for cells, errs in zip(self.rows, self.row_errors, strict=True):
+            if "errors by class" in given_up:
+                cells = {**cells, "errors": str(sum(errs.values()))}
+            table.add_row(*(cells[c] for c in columns))
+        return table
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        unbounded = options.update_width(1_000_000)
+        for steps in range(len(SUMMARY_DEGRADE_ORDER) + 1):
+            table = self.table(SUMMARY_DEGRADE_ORDER[:steps])
+            excess = Measurement.get(console, unbounded, table).maximum - options.max_width
+            if excess <= 0:
+                yield table
+                return
+        names = max((cell_len(r["dataset"]) for r in self.rows), default=8)
+        yield self.table(SUMMARY_DEGRADE_ORDER, name_width=max(8, names - excess))
+
+
 def summary_table(
     datasets: list[DatasetProgress], errors: dict[tuple[str, str], int], exports: dict[str, int]
-) -> Table:
-    """The end-of-run table: per dataset, what is done and what it cost (from state.db)."""
-    table = Table(title="summary", title_justify="left")
-    cols = (
-        "dataset",
-        "rows",
-        "bad",
-        "dupes",
-        "items",
-        "done",
-        "failed",
-        "prompt tok",
-        "completion tok",
-        "cost $",
-        "$/Mtok",
-        "errors",
-        "exported",
-    )
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("dataset", "errors") else "right")
-    for d in datasets:
-        errs = {c: n for (ds, c), n in errors.items() if ds == d.name}
-        usd_per_mtok = per_mtok(d.cost_usd, d.completion_tokens)
-        table.add_row(
-            d.name,
-            str(d.rows_read),
-            str(d.bad_rows),
-            str(d.duplicates),
-            str(d.items),
-            str(d.done),
-            str(d.failed),
-            format_tokens(d.prompt_tokens),
-            format_tokens(d.completion_tokens),
-            f"{d.cost_usd:.4f}",
-            f"{usd_per_mtok:.2f}",
-            errors_text(errs),
-            str(exports.get(d.name, 0)),
-        )
-    return table
+) -> SummaryView:
+    """The end-of-run table (SummaryView), fitted to the console's width when printed."""
+    return SummaryView(datasets, errors, exports)
 
 
 def bad_rows_table(
