@@ -275,3 +275,14 @@ def test_the_end_summary_fits_the_console_and_keeps_what_the_run_did(width: int)
     assert "19790" in text and "12.3456" in text
     if width == 200:  # all of it, errors by class too
         assert "rate_limited:120,server:3" in text and "$/Mtok" in text
+
+
+def test_the_last_frame_says_when_the_run_ended_not_an_eta() -> None:
+    """The final live frame kept the ETA of its last second."""
+    live = render(progress_view(busy_stats(), NOW), 120)
+    assert "ETA " in live
+    last = render(progress_view(busy_stats(), NOW, ended=True), 120)
+    head, _, table = last.partition("ETA (p10-p90)")
+    assert "ETA" not in head and "ended after" in head
+    rows = [line for line in table.splitlines() if "│" in line]
+    assert rows and all(line.rstrip().endswith("-") for line in rows)

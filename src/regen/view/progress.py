@@ -326,16 +326,23 @@ def cap_left_usd(stats: RunStats) -> float | None:
     return max(0.0, stats.max_cost_usd - _job_spent_usd(stats))
 
 
-def progress_view(stats: RunStats, now: float | None = None) -> ProgressView:
-    """The live view's figures now; it lays them out for the console's width when drawn."""
+def progress_view(
+    stats: RunStats, now: float | None = None, *, ended: bool = False
+) -> ProgressView:
+    """The live view's figures now; it lays them out for the console's width when drawn. The
+    last frame (`ended`) says when the run ended, not an ETA it no longer has."""
     now = time.monotonic() if now is None else now
     elapsed = max(now - stats.started_at, 1e-9)
     rates = stats.rolling(now)
     etas, job_eta = stats.etas(now)
+    if ended:
+        etas, job_eta = {}, None
     t = _totals(stats)
     held = stats.holds()
     eta = f"ETA {eta_text(job_eta)}"
-    if held.requests and not t.in_flight and held.until is not None and not stats.stop_reason:
+    if ended:
+        eta = f"ended after {format_duration(elapsed)}"
+    elif held.requests and not t.in_flight and held.until is not None and not stats.stop_reason:
         # Nothing goes out while held bills stand between the job and a budget: say so.
         eta = f"ETA: held for bills until {time.strftime('%H:%M:%S', time.localtime(held.until))}"
     progress = [
@@ -457,7 +464,7 @@ class ProgressReporter:
             final = progress_line(self._stats)
             self._log(final)
             if live is not None:
-                live.update(progress_view(self._stats))
+                live.update(progress_view(self._stats, ended=True))
                 live.stop()
             else:
                 self._console.print(final, markup=False, highlight=False, soft_wrap=True)
