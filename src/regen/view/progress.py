@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -185,6 +185,28 @@ A dataset's name is the one value ever shortened (with an ellipsis, to no less t
 and only when even the three columns that stay do not fit (below about 50 columns)."""
 
 
+def fitting_table(
+    console: Console,
+    options: ConsoleOptions,
+    build: Callable[[Sequence[str], int | None], Table],
+    order: Sequence[str],
+    rows: Sequence[dict[str, str]],
+) -> Table:
+    """The table `build` makes with the fewest of `order`'s steps given up that fits the
+    console's width (the live view's and the end summary's rule)."""
+    # Measured as if the console had room: a measure within its width would clamp to it.
+    unbounded = options.update_width(1_000_000)
+    excess = 0
+    for steps in range(len(order) + 1):
+        table = build(order[:steps], None)
+        excess = Measurement.get(console, unbounded, table).maximum - options.max_width
+        if excess <= 0:
+            return table
+    # Only the names give way (rich would otherwise cut every column a little).
+    names = max(cell_len(c) for row in rows for c in (row["dataset"], "dataset"))
+    return build(order, max(8, names - excess))
+
+
 def _dataset_cells(
     name: str, d: DatasetStats, rate: tuple[float, float], eta: Eta | None
 ) -> dict[str, str]:
@@ -280,16 +302,7 @@ class ProgressView:
 
     def _fitting_table(self, console: Console, options: ConsoleOptions) -> Table:
         """The table with the most columns that fits, giving them up in DEGRADE_ORDER."""
-        # Measured as if the console had room: a measure within its width would clamp to it.
-        unbounded = options.update_width(1_000_000)
-        for steps in range(len(DEGRADE_ORDER) + 1):
-            table = self.table(DEGRADE_ORDER[:steps])
-            excess = Measurement.get(console, unbounded, table).maximum - options.max_width
-            if excess <= 0:
-                return table
-        # Only the names give way (rich would otherwise cut every column a little).
-        names = max(cell_len(c) for row in self.rows for c in (row["dataset"], "dataset"))
-        return self.table(DEGRADE_ORDER, name_width=max(8, names - excess))
+        return fitting_table(console, options, self.table, DEGRADE_ORDER, self.rows)
 
     def table(self, given_up: Sequence[str] = (), name_width: int | None = None) -> Table:
         """The per-dataset table without the steps of DEGRADE_ORDER in `given_up`, its dataset
@@ -550,15 +563,7 @@ class SummaryView:
         return table
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        unbounded = options.update_width(1_000_000)
-        for steps in range(len(SUMMARY_DEGRADE_ORDER) + 1):
-            table = self.table(SUMMARY_DEGRADE_ORDER[:steps])
-            excess = Measurement.get(console, unbounded, table).maximum - options.max_width
-            if excess <= 0:
-                yield table
-                return
-        names = max((cell_len(r["dataset"]) for r in self.rows), default=8)
-        yield self.table(SUMMARY_DEGRADE_ORDER, name_width=max(8, names - excess))
+        yield fitting_table(console, options, self.table, SUMMARY_DEGRADE_ORDER, self.rows)
 
 
 def summary_table(
