@@ -205,12 +205,12 @@ def export_specforge(
     origins = Origins.of(store, datasets)
 
     def records(name: str) -> Iterable[dict[str, Any]]:
+        # `regen export --format specforge` without ids: the one rule for what carries loss.
         for r in store.answers.export_rows(name):
-            if history_author(r) == "source":
-                left_out[name] += 1
+            rec, _ = _record(r, name, None, RUN_EXPORT, origins)
+            if rec is None:
+                left_out[name] += 1  # source_history, the only reason without ids or filters
                 continue
-            rec = specforge_record(r)
-            rec["provenance"] = provenance(r, name, origins)
             yield rec
 
     for name in datasets:
@@ -380,6 +380,10 @@ class ExportOptions:
     turns, which trainers train on unless their last-turn switch is on (SpecForge
     `data.train_only_last_turn`, LLaMA-Factory `mask_history`). Off: they carry no loss in
     any trainer's defaults (SOURCE_TURNS says how, per format)."""
+
+
+RUN_EXPORT = ExportOptions(format="specforge")
+"""What the run's own export writes (export_specforge): SpecForge records, no filters."""
 
 
 def _drop_reason(row: ExportRow, opts: ExportOptions) -> str | None:
