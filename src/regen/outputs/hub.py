@@ -65,16 +65,6 @@ def card_yaml(datasets: list[str], files: list[str]) -> str:
     return "\n".join(lines)
 
 
-def _counted(store: Store, column: str, datasets: list[str]) -> list[tuple[Any, int]]:
-    marks = ",".join("?" * len(datasets))
-    rows = store._db.execute(  # noqa: SLF001 - a read of the answers' own columns
-        f"SELECT {column}, COUNT(*) FROM results WHERE dataset IN ({marks}) "
-        f"GROUP BY {column} ORDER BY COUNT(*) DESC",
-        tuple(datasets),
-    ).fetchall()
-    return [(v, int(n)) for v, n in rows]
-
-
 def _table(head: tuple[str, ...], rows: list[tuple[Any, ...]]) -> list[str]:
     out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     out += ["| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |" for r in rows]
@@ -87,7 +77,7 @@ def dataset_card(store: Store, manifest: dict[str, Any], datasets: list[str], po
     audit, counts and cost, which text carries loss, and the provenance fields."""
     fmt = manifest["format"]
     lines = [card_yaml(datasets, manifest["files"])]
-    models = _counted(store, "model", datasets)
+    models = store.answers.counted_by("model", datasets)
     title = models[0][0] if models and models[0][0] else "a target model"
     lines += [
         f"# Answers regenerated with {title}",
@@ -104,8 +94,8 @@ def dataset_card(store: Store, manifest: dict[str, Any], datasets: list[str], po
             (what, ", ".join(f"{v if v is not None else 'unknown'} ({n})" for v, n in counts))
             for what, counts in (
                 ("model", models),
-                ("endpoint (the job's)", _counted(store, "endpoint", datasets)),
-                ("provider", _counted(store, "provider", datasets)),
+                ("endpoint (the job's)", store.answers.counted_by("endpoint", datasets)),
+                ("provider", store.answers.counted_by("provider", datasets)),
             )
         ],
     )
@@ -120,7 +110,7 @@ def dataset_card(store: Store, manifest: dict[str, Any], datasets: list[str], po
         "Settings each request carried besides its messages and tools (answers):",
         "",
     ]
-    for settings, n in _counted(store, "settings", datasets)[:8]:
+    for settings, n in store.answers.counted_by("settings", datasets)[:8]:
         lines.append(f"- `{settings or 'not recorded (answered before regen stored it)'}` ({n})")
     reconstruct = manifest.get("reconstruct")
     ids = (

@@ -137,6 +137,22 @@ class Answers(Owner):
         ).fetchall()
         return {str(p): int(n) for p, n in rows}
 
+    COUNTED = frozenset({"model", "endpoint", "provider", "settings"})
+    """What counted_by counts answers by."""
+
+    def counted_by(self, column: str, datasets: Sequence[str]) -> list[tuple[Any, int]]:
+        """The answers of these datasets by a column of COUNTED (value, count), commonest
+        first: what made an export (its card)."""
+        if column not in self.COUNTED:
+            raise ValueError(f"answers are not counted by {column!r}")
+        marks = ",".join("?" * len(datasets))
+        rows = self._db.execute(
+            f"SELECT {column}, COUNT(*) FROM results WHERE dataset IN ({marks}) "
+            f"GROUP BY {column} ORDER BY COUNT(*) DESC",
+            tuple(datasets),
+        ).fetchall()
+        return [(v, int(n)) for v, n in rows]
+
     def usage_sources(self) -> dict[tuple[str, str], int]:
         """Answers whose server sent no usage, by (dataset, how they were counted: `ids` or
         `estimate`)."""
