@@ -55,13 +55,14 @@ class JobInfo(_Model):
 
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+NAME_MAX = 100
 
 
 class EndpointConfig(_Model):
     """`[endpoint]` (or each of `[[endpoints]]`): where requests go. The API key itself is only
     ever read from the environment."""
 
-    name: str = Field(default="default", pattern=NAME_PATTERN, max_length=100)
+    name: str = Field(default="default", pattern=NAME_PATTERN, max_length=NAME_MAX)
     weight: float = Field(default=1.0, gt=0)
     """Share of a lane's requests, among the lane's healthy endpoints."""
     base_url: str = "https://openrouter.ai/api/v1"
@@ -244,7 +245,7 @@ class LaneConfig(_Model):
     An item goes to the first lane that selects it (by dataset and estimated prompt tokens).
     """
 
-    name: str = Field(pattern=NAME_PATTERN, max_length=100)
+    name: str = Field(pattern=NAME_PATTERN, max_length=NAME_MAX)
     concurrency: int = Field(default=256, ge=1, le=100_000)
     max_tokens: int | None = Field(default=None, gt=0)
     """Defaults to [generation].max_tokens."""
@@ -288,7 +289,7 @@ class CustomMapping(_Model):
 class DatasetConfig(_Model):
     """`[[datasets]]`: one prompt source, regenerated in the order the file lists them."""
 
-    name: str = Field(pattern=NAME_PATTERN, max_length=100)
+    name: str = Field(pattern=NAME_PATTERN, max_length=NAME_MAX)
     path: str
     """A file (.jsonl, .json, .parquet, .csv, .arrow), a folder of them, a dataset saved with
     `datasets.save_to_disk`, or `hf://org/name` (needs `pip install 'regen[hub]'`)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from regen.config import NAME_MAX, NAME_PATTERN
 from regen.errors import StateError
 
 REDACTED = "[redacted key]"
@@ -63,14 +64,14 @@ def printable(text: str, *, newlines: bool = False) -> str:
     return text
 
 
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
-"""config.NAME_PATTERN, the rule job.toml holds dataset, lane and endpoint names to."""
+NAME = re.compile(NAME_PATTERN)
+"""The rule job.toml holds dataset, lane and endpoint names to (and at most NAME_MAX long)."""
 
 
 def checked_name(name: str, where: str) -> str:
     """A name read back from state.db, held to the job file's rule: a state.db copied from
     elsewhere may name a dataset `../../x`, and names become file names."""
-    if not NAME.fullmatch(name) or name in (".", ".."):
+    if not NAME.fullmatch(name) or len(name) > NAME_MAX:
         raise StateError(
             f"{where}: names a dataset {printable(name)[:120]!r}, which is not a name a job "
             "file allows (letters, digits, _ . -): this state.db was not written by regen "
