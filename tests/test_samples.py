@@ -140,3 +140,14 @@ def test_a_samples_job_grows_refuses_to_shrink_and_exports_each_sample(tmp_path:
     assert len(firsts) == 20 and {r["provenance"]["sample"] for r in firsts} == {0}
     manifest = json.loads((to / "manifest.json").read_text())
     assert manifest["datasets"]["chat"]["dropped"]["other_sample"] == 60
+
+
+def test_only_samples_sent_the_same_settings_wait_to_share_a_request() -> None:
+    """A temperature list tells samples apart: they cannot be one request with `n`, so none
+    waits for the others (the batcher passes a sample that shares with nobody at once)."""
+    from regen.run.lanes import sharing
+
+    mixed = GenerationConfig(model="m", temperature=[0.2, 0.7, 1.0])
+    assert [sharing(mixed, request(k), 4) for k in range(4)] == [2, 1, 1, 2]
+    plain = GenerationConfig(model="m", temperature=0.7, seed=3)
+    assert [sharing(plain, request(k), 4) for k in range(4)] == [4, 4, 4, 4]

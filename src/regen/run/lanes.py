@@ -4,11 +4,12 @@ probe and the providers its routing excludes."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from rich.console import Console
 
-from regen.config import EndpointConfig, Job
+from regen.config import EndpointConfig, GenerationConfig, Job
 from regen.conversation import (
     Request,
 )
@@ -16,7 +17,7 @@ from regen.engine.budget import Prices
 from regen.engine.client import ChatClient, Timeouts, chat_body
 from regen.engine.client.account import JsonGetter
 from regen.engine.client.batch import SampleBatcher
-from regen.engine.client.body import SAMPLES_KEY
+from regen.engine.client.body import SAMPLES_KEY, sample_settings
 from regen.engine.providers import excluded_names, fetch_endpoints, shared_name_warning, verdicts
 from regen.engine.scheduler import (
     EndpointRuntime,
@@ -42,10 +43,29 @@ def _make_body(
         k = samples.get(req.dataset, 1)
         body = chat_body(req, job.generation, endpoint, max_tokens, stream=stream, samples=k)
         if batched and k > 1 and not stream:
-            body[SAMPLES_KEY] = k  # for the SampleBatcher, which takes it out
+            # For the SampleBatcher, which takes it out: how many of the prompt's samples
+            # can share this request (those sent the same settings but for the seed).
+            body[SAMPLES_KEY] = sharing(job.generation, req, k)
         return body
 
     return make
+
+
+def sharing(gen: GenerationConfig, req: Request, samples: int) -> int:
+    """How many of a prompt's samples are sent the same settings as this one, but for the
+    seed (all of them unless a temperature, top_p or effort list tells them apart)."""
+    effort = (gen.reasoning or {}).get("effort")
+    if not any(isinstance(v, list) for v in (gen.temperature, gen.top_p, effort)):
+        return samples
+    mine = _unseeded(sample_settings(gen, req, samples))
+    return sum(
+        _unseeded(sample_settings(gen, replace(req, sample=k), samples)) == mine
+        for k in range(samples)
+    )
+
+
+def _unseeded(settings: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in settings.items() if k != "seed"}
 
 
 def batches_samples(job: Job, endpoint: EndpointConfig) -> bool:
