@@ -83,8 +83,15 @@ def test_a_token_budget_holds_across_kill_9_and_immediate_reruns(tmp_path: Path)
     assert kills >= 3, kills
     assert final.returncode == 0, final.stdout + final.stderr
     # The overshoot stays within what one run keeps in flight (96 requests of 512 tokens).
-    assert budget <= tokens <= budget + 96 * 512, tokens
+    assert tokens <= budget + 96 * 512, tokens
     assert tokens <= budget * 1.5, tokens
+    # The budget was met by the ledger's count, which holds a killed run's request whose bill
+    # never showed at its worst case: what the simulator billed may fall a few tokens short.
+    ((counted,),) = query(
+        tmp_path / "out", "SELECT SUM(completion_tokens) FROM ledger WHERE dataset = 'chat'"
+    )
+    assert counted >= budget, counted
+    assert tokens >= budget * 0.9, tokens
 
 
 def test_spend_of_another_job_on_the_same_key_never_stops_this_one(tmp_path: Path) -> None:
