@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -101,7 +102,7 @@ def test_a_token_budget_reserves_max_tokens_until_lengths_are_seen_then_their_p9
     first = [admit(b, max_tokens=200) for _ in range(21)]
     # Before RAMP_ANSWERS answers, each attempt reserves its max_tokens: twenty fit.
     assert [isinstance(x, Lease) for x in first] == [True] * 20 + [False]
-    assert first[-1] == Denial("token budget held by requests in flight", wait=True)
+    assert first[-1] == Denial("token budget held by requests in flight", wait=True, dataset=True)
     for k, lease in enumerate(first[:20]):
         assert isinstance(lease, Lease)
         b.settle(lease, Usage(0, 10 + k))  # answers of 10 to 29 tokens: 390 used
@@ -406,7 +407,9 @@ async def test_a_settlement_right_after_a_denial_wakes_the_waiter() -> None:
     b = book(token_budget=1000)
     lease = admit(b, max_tokens=1000)  # reserved at max_tokens: the budget is held
     assert isinstance(lease, Lease)
-    assert admit(b, max_tokens=800) == Denial("token budget held by requests in flight", wait=True)
+    assert admit(b, max_tokens=800) == Denial(
+        "token budget held by requests in flight", wait=True, dataset=True
+    )
     waiting = b.changed("ds", "lane")
     b.settle(lease, Usage(0, 100))  # before the waiter runs at all
     await asyncio.wait_for(waiting, 1.0)
@@ -459,3 +462,46 @@ def test_the_reserved_length_is_the_p90_of_the_latest_answers(lengths: list[int]
         window = sorted(lengths[max(0, i + 1 - LENGTH_WINDOW) : i + 1])
         p90 = window[int(0.9 * (len(window) - 1))] if len(window) >= RAMP_ANSWERS else 10**6
         assert b.expected_tokens("ds", "lane", 10**6) == p90
+
+
+def test_a_dataset_whose_budget_is_held_by_requests_in_flight_leaves_its_free_slots_to_the_next(
+    tmp_path: Path,
+) -> None:
+    """Dataset a's budget fits 10 requests reserved at max_tokens (512) before any answer: its
+    first 10 fill it. The lane's other 30 slots must take dataset b's items meanwhile, rather
+    than wait for a's 10 to return (they sat idle at every token-budgeted dataset's end). The
+    simulator answers nothing until 40 requests are in flight, so that only happens if b's
+    go out beside a's; and a's budget still holds."""
+    write_rows(tmp_path / "a.jsonl", chat_rows(200, prefix="A"))
+    write_rows(tmp_path / "b.jsonl", chat_rows(30, prefix="B"))
+    budget = 10 * 512
+    with sim_in_thread(SimConfig(seed=5, time_scale=0.02)) as sim:
+        job = write_job(
+            tmp_path,
+            sim.base_url,
+            datasets=[("a", "a.jsonl", "openai"), ("b", "b.jsonl", "openai")],
+            concurrency=40,
+            extra="initial_limit = 40",
+        )
+        text = job.read_text().replace(
+            'path = "a.jsonl"', f'path = "a.jsonl"\ntoken_budget = {budget}'
+        )
+        job.write_text(text)
+        sim.simulator.hold()
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(run_cli, "run", str(job))
+            all_in = sim.simulator.wait_until(lambda: sim.simulator.held >= 40, timeout=60)
+            sim.simulator.release()
+            proc = running.result()
+    assert all_in, "the lane's free slots were not given to dataset b"
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = tmp_path / "out"
+    ((used, in_ledger),) = query(
+        out, "SELECT SUM(completion_tokens), COUNT(*) FROM ledger WHERE dataset = 'a'"
+    )
+    assert budget <= used <= budget + 512 * 10  # met, and over by no more than was in flight
+    assert query(out, "SELECT status, COUNT(*) FROM items WHERE dataset = 'b' GROUP BY 1") == [
+        ("done", 30)
+    ]
+    # Every answer of a was counted once: nothing set aside was sent twice.
+    assert query(out, "SELECT COUNT(*) FROM results WHERE dataset = 'a'") == [(in_ledger,)]

@@ -53,7 +53,9 @@ def test_a_killed_runs_request_holds_its_dataset_cap_until_its_bill_is_known() -
     book.add_hold("a", worst, 1000, awaited=True)
     book.add_hold("a", worst, 1000, awaited=True)
     denial = admit(book)
-    assert denial == Denial("dollar cap held for requests whose bills are not known yet", wait=True)
+    assert denial == Denial(
+        "dollar cap held for requests whose bills are not known yet", wait=True, dataset=True
+    )
     assert isinstance(admit(book, "b"), Lease)  # the other dataset has no cap
     book.release("a", worst, 1000, fill_cost(Usage(100, 400), PRICES), awaited=True)  # less
     assert isinstance(admit(book), Lease)
@@ -65,7 +67,7 @@ def test_a_killed_runs_request_holds_the_token_budget_and_its_tokens_count() -> 
     book.add_hold("a", 0.0, 1000, awaited=True)
     book.add_hold("a", 0.0, 1000, awaited=True)
     assert isinstance(admit(book), Lease)  # 2000 held + 1000 reserved
-    assert admit(book) == Denial("token budget held by requests in flight", wait=True)
+    assert admit(book) == Denial("token budget held by requests in flight", wait=True, dataset=True)
     book.release("a", 0.0, 1000, Usage(0, 1600), awaited=True)  # a long answer: it counts
     book.release("a", 0.0, 1000, None, awaited=True)  # not billed
     assert book.datasets["a"].scope.spent_tokens == 1600

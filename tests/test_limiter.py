@@ -168,3 +168,18 @@ def test_a_trickle_of_503s_does_not_hold_the_limit_down() -> None:
     before = lim.limit
     answer(lim, "overload")
     assert lim.epoch == 2 and lim.limit < before
+
+
+def test_failures_after_a_drain_do_not_put_the_endpoint_back() -> None:
+    """The requests in flight to a server that went down fail one after another. A cool-down
+    set by the third of them ended the drain within seconds, and the next failure drained it
+    again: one outage was counted 73 times."""
+    clock = [0.0]
+    health = EndpointHealth(clock=lambda: clock[0])
+    health.drain()
+    for _ in range(10):
+        health.record(False)
+    clock[0] += 3600.0
+    assert health.drained and not health.healthy
+    health.revive()
+    assert health.healthy and not health.drained

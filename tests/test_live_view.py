@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import re
+import time
 from collections import Counter
 
 import pytest
@@ -12,8 +13,15 @@ from rich.cells import cell_len
 from rich.console import Console
 
 from regen.engine.eta import eta_text
-from regen.engine.limiter import AdaptiveLimit
-from regen.engine.scheduler import DatasetStats, JobTotals, LaneStats, RunStats
+from regen.engine.limiter import AdaptiveLimit, EndpointHealth
+from regen.engine.scheduler import (
+    DatasetStats,
+    EndpointStats,
+    JobTotals,
+    LaneStats,
+    Outage,
+    RunStats,
+)
 from regen.state.work import DatasetProgress
 from regen.view.progress import (
     DEGRADE_ORDER,
@@ -286,3 +294,43 @@ def test_the_last_frame_says_when_the_run_ended_not_an_eta() -> None:
     assert "ETA" not in head and "ended after" in head
     rows = [line for line in table.splitlines() if "│" in line]
     assert rows and all(line.rstrip().endswith("-") for line in rows)
+
+
+def pool_stats() -> RunStats:
+    """busy_stats with a pool of three servers: gpu1 out of the pool since 60 s ago (its
+    requests went to the others), gpu2 cooling down after failures in a row."""
+    stats = busy_stats()
+    for i, answers in enumerate((9_000, 2_345, 1_000)):
+        ep = stats.endpoints[f"gpu{i}"] = EndpointStats(
+            health=EndpointHealth(clock=lambda: NOW),
+            limits=[AdaptiveLimit(64, 30, clock=lambda: NOW)],
+        )
+        ep.answers, ep.latency_sum_s, ep.on_wire = answers, answers * 6.0, 10 * i
+        ep.errors = Counter({"connection": 3 * i})
+    stats.endpoints["gpu1"].health.drain()
+    stats.endpoints["gpu1"].outages = [Outage(time.time() - 60, resent=3)]
+    stats.endpoints["gpu2"].health.cool_until = NOW + 12
+    return stats
+
+
+@pytest.mark.parametrize("width", [80, 120, 200])
+def test_each_endpoint_of_a_pool_has_its_line(width: int) -> None:
+    text = render(progress_view(pool_stats(), NOW), width)
+    assert max(cell_len(line) for line in text.splitlines()) <= width
+    lines = {m[1]: m[0] for m in re.finditer(r"endpoint (gpu\d)\b.*", text)}
+    assert set(lines) == {"gpu0", "gpu1", "gpu2"}, text
+    assert "OUT of the pool since" in lines["gpu1"] and "up" in lines["gpu0"].split()
+    assert "cooling down 12s" in lines["gpu2"]
+    if width >= 200:  # every figure on one line
+        assert "9000 answered  0 failed  mean 6.0s" in lines["gpu0"]
+        assert "2345 answered  3 failed  mean 6.0s  1 outage, 3 re-sent" in lines["gpu1"]
+
+
+def test_a_pool_with_every_server_out_says_so_in_place_of_the_eta() -> None:
+    stats = pool_stats()
+    for ep in stats.endpoints.values():
+        ep.health.drain()
+        ep.outages = ep.outages or [Outage(time.time() - 5)]
+    text = render(progress_view(stats, NOW), 120)
+    assert "ETA: every server out of the pool since" in text
+    assert f"ETA {job_eta_text()}" not in text

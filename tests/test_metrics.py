@@ -21,7 +21,14 @@ from prometheus_client.samples import Sample
 from regen.engine.client import RETRYABLE, STOPS_RUN
 from regen.engine.holds import HoldSummary
 from regen.engine.limiter import AdaptiveLimit
-from regen.engine.scheduler import DatasetStats, JobTotals, LaneStats, RunStats
+from regen.engine.scheduler import (
+    DatasetStats,
+    EndpointStats,
+    JobTotals,
+    LaneStats,
+    Outage,
+    RunStats,
+)
 from regen.sim import SimConfig, sim_in_thread
 from regen.sim.config import SimFaults
 from regen.view.metrics import exposition
@@ -149,7 +156,10 @@ def fake_stats() -> RunStats:
         lane.observe_latency(1.5)
     stats = RunStats(datasets={"chat": d}, lanes={"default": lane})
     stats.credits_usd, stats.max_cost_usd = 12.5, 5.0
-    stats.drained["upstream"] = 1
+    ep = stats.endpoints["upstream"] = EndpointStats(limits=lane.limits)
+    ep.answers, ep.completion_tokens, ep.on_wire = 10, 500, 4
+    ep.errors = Counter({"connection": 7})
+    ep.outages = [Outage(1e9, 1e9 + 30, resent=7)]
     stats.holds = lambda: HoldSummary(36, 0.07, 36, 0.07, 1e9)
     return stats
 
@@ -170,6 +180,13 @@ def test_job_totals_are_before_the_run_plus_this_run_and_run_counters_stand_apar
     assert value(fams, "regen_attempt_errors", **{"class": "http_5xx"}) == 4
     assert value(fams, "regen_attempt_errors", **{"class": "timeout"}) == 2
     assert value(fams, "regen_run_attempt_errors", **{"class": "http_5xx"}) == 1
+    # An outage is one event, however many requests it failed; they count where they went.
+    assert value(fams, "regen_run_endpoint_outages", endpoint="upstream") == 1
+    assert value(fams, "regen_run_endpoint_resent", endpoint="upstream") == 7
+    assert value(fams, "regen_run_endpoint_attempt_errors", **{"class": "connection"}) == 7
+    assert value(fams, "regen_endpoint_up", endpoint="upstream") == 1
+    assert value(fams, "regen_endpoint_requests_in_flight", endpoint="upstream") == 4
+    assert value(fams, "regen_run_endpoint_tokens", kind="completion") == 500
     # Items by state add up to the dataset's items, as in `regen status`.
     states = {s.labels["state"]: s.value for s in fams["regen_items"].samples}
     assert states == {"done": 50, "failed": 3, "pending": 47}

@@ -9,6 +9,7 @@ committed, and restarts it once more are.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -23,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from tests.conftest import write_rows
+from tests.conftest import run_cli, write_rows
 
 MODEL = "qwen/qwen3-8b"
 ITEMS = 600
@@ -155,13 +156,29 @@ def test_a_pool_survives_a_killed_server_and_takes_it_back(tmp_path: Path) -> No
         done = db.execute("SELECT COUNT(*) FROM items WHERE status = 'done'").fetchone()[0]
         results = db.execute("SELECT COUNT(*), COUNT(DISTINCT item_id) FROM results").fetchone()
         exported = len((out / "export" / "chat.jsonl").read_text().splitlines())
+        outages = db.execute(
+            "SELECT endpoint, ended_at > started_at, resent FROM outages"
+        ).fetchall()
+        failed_on_victim = db.execute(
+            "SELECT COUNT(*) FROM attempts WHERE endpoint = 'gpu1' AND failure_class IS NOT NULL"
+        ).fetchone()[0]
     finally:
         db.close()
     assert done == ITEMS, text  # nothing lost
     assert results == (ITEMS, ITEMS) and exported == ITEMS  # nothing answered twice
     assert after_restart["chat_requests"] > 0, "the restarted server got requests again"
     assert all(s["chat_requests"] > 0 for s in survivors)
-    assert "endpoint gpu1: taken out of the pool" in text, text
+    # One kill is one outage, however many of its requests failed (each was counted as one).
+    assert len(outages) == 1 and outages[0][:2] == ("gpu1", 1), outages
+    assert outages[0][2] == failed_on_victim > 0
+    assert re.search(r"endpoint gpu1: out of the pool 1 time \(.*; \d+ requests? re-sent", text)
+    assert re.search(r"endpoints\s.*gpu0.*gpu1.*gpu2", text, re.S), text
+    # `regen status` has a line per endpoint, the outage on gpu1's.
+    status = run_cli("status", str(out)).stdout
+    lines = dict(re.findall(r"endpoint (gpu\d): (.*)", status))
+    assert set(lines) == {"gpu0", "gpu1", "gpu2"}, status
+    assert "out of the pool 1 time" in lines["gpu1"], status
+    assert sum(int(line.split()[0]) for line in lines.values()) == ITEMS
 
 
 def single_server_job(tmp_path: Path, port: int, extra: str = "") -> Path:
@@ -211,7 +228,7 @@ def test_a_single_server_that_restarts_is_waited_for_not_given_up_on(tmp_path: P
     finally:
         db.close()
     assert statuses == [("done", 300)], text
-    assert "endpoint default: taken out of the pool" in text, text
+    assert "endpoint default: out of the pool 1 time" in text, text
 
 
 def test_a_pool_whose_servers_stay_down_stops_after_its_bound_with_items_pending(

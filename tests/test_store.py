@@ -60,6 +60,7 @@ def test_migrations_are_recorded_once(tmp_path: Path) -> None:
         (9, "m009_outstanding"),
         (10, "m010_provenance"),
         (11, "m011_samples"),
+        (12, "m012_outages"),
     ]
     assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 

@@ -829,16 +829,17 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
 
 
 def _finish(report: object, console: Console) -> int:
+    import time
+
     from regen.run.summary import (
         RunReport,
         counted_usage_line,
-        drained_line,
         left_out_line,
         row_note_line,
         unproven_line,
         unsent_line,
     )
-    from regen.view.progress import summary_table
+    from regen.view.progress import endpoints_table, outages_line, summary_table
 
     assert isinstance(report, RunReport)
     console.print(summary_table(report.datasets, report.errors, report.exports))
@@ -847,8 +848,12 @@ def _finish(report: object, console: Console) -> int:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     for r in report.reconciliations:
         console.print(_spend_line(r), markup=False, highlight=False, soft_wrap=True)
-    for name, times in report.drained.items():
-        console.print(drained_line(name, times), markup=False, highlight=False, soft_wrap=True)
+    if report.endpoints:
+        console.print(endpoints_table(report.endpoints))
+    now = time.time()
+    for name, outages in report.outages.items():
+        line = outages_line(name, outages, now=now, still_out="still out at the end, since")
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     for (ds, source), n in sorted(report.counted_usage.items()):
         line = counted_usage_line(ds, source, n)
         console.print(line, markup=False, highlight=False, soft_wrap=True)

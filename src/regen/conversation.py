@@ -239,6 +239,8 @@ class Attempt:
     provider: str | None = None
     generation_id: str | None = None
     lane: str | None = None
+    endpoint: str | None = None
+    """The job's endpoint (of its pool) the attempt went to."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,11 +93,14 @@ class Lease:
 @dataclass(frozen=True, slots=True)
 class Denial:
     """Why an attempt may not be sent now. `wait`: attempts in flight hold the room, so ask
-    again when one settles; otherwise the budget is met. `stops_run`: the job's own cap."""
+    again when one settles; otherwise the budget is met. `stops_run`: the job's own cap.
+    `dataset`: the room is the dataset's own (its token budget or dollar cap), so the lane's
+    other datasets may still be sent meanwhile."""
 
     reason: str
     wait: bool = False
     stops_run: bool = False
+    dataset: bool = False
 
 
 @dataclass
@@ -307,7 +310,7 @@ class BudgetBook:
             if ds.spent_tokens + ds.reserved_tokens + ds.held_tokens >= state.token_budget:
                 if ds.stuck:
                     return self._meet(state, "token budget met")
-                return Denial(self._held_reason(ds, "token budget"), wait=True)
+                return Denial(self._held_reason(ds, "token budget"), wait=True, dataset=True)
         worst = 0.0
         if state.max_cost_usd is not None or self._job_cap is not None:
             if prices is None:
@@ -320,7 +323,7 @@ class BudgetBook:
                 if ds.charged_usd + ds.reserved_usd + ds.held_usd + worst > cap:
                     if ds.stuck:
                         return self._meet(state, "dollar cap met")
-                    return Denial(self._held_reason(ds, "dollar cap"), wait=True)
+                    return Denial(self._held_reason(ds, "dollar cap"), wait=True, dataset=True)
             job = self.job
             if self._job_cap is not None:
                 if job.charged_usd + worst > self._job_cap:

@@ -1,12 +1,26 @@
 """The feeder: pending items claimed from the store in dispatch order into each lane's queue,
 as its workers take them, until the lane's datasets are sent, held back (a budget met, a
 pilot sent) or the run stops.
+
+A dataset whose budget is held only by its requests in flight (its room reserved, not met) does
+not hold up the lane: the worker that was refused sets the item aside here (`defer`) and takes
+the next one, and the lane's free slots take the next dataset's items meanwhile. The dataset is
+then probed one item at a time, each time its budget changes: an item admitted lets the next
+one go, an item refused again waits for the next change. Its set-aside items keep their place:
+the lane's queue hands out items by rank, escalated items first (their answers were cut short
+once), then the lane's datasets in dispatch order, so an item let back in goes before the next
+dataset's. Without this, a token-budgeted dataset's last requests held every slot of the lane
+idle until they returned (12-20 s of a 2-minute run in bench/plan.py's lanes workload).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
+import heapq
+import itertools
+from collections import Counter, deque
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from regen import failpoints
@@ -17,6 +31,55 @@ from regen.state.work import PendingItem
 
 if TYPE_CHECKING:
     from regen.engine.scheduler import LaneRuntime, RunStats
+
+ESCALATED_RANK = 0
+"""The rank of escalated items in a lane's queue: before the lane's own datasets (1, 2, ...)."""
+LAST_RANK = 1 << 30
+"""The rank of the end marker each worker takes last."""
+
+
+class LaneQueue:
+    """A lane's items waiting for a worker, handed out by rank then order key; bounded, so that
+    the feeder claims only what the workers are about to take."""
+
+    def __init__(self, maxsize: int) -> None:
+        self._queue: asyncio.PriorityQueue[tuple[int, int, int, PendingItem | None]] = (
+            asyncio.PriorityQueue(maxsize)
+        )
+        self._seq = itertools.count()
+
+    async def put(self, item: PendingItem, rank: int) -> None:
+        await self._queue.put((rank, item.order_key, next(self._seq), item))
+
+    async def close(self, workers: int) -> None:
+        """One end marker per worker, taken after every item."""
+        for _ in range(workers):
+            await self._queue.put((LAST_RANK, 0, next(self._seq), None))
+
+    async def get(self) -> PendingItem | None:
+        return (await self._queue.get())[3]
+
+
+@dataclass
+class Gate:
+    """A dataset's hand-out in one lane while its budget's room is taken by requests in flight."""
+
+    saturated: bool = False
+    """An item was refused for want of room, and none admitted since."""
+    probing: bool = False
+    """Saturated, and one item is out to try the room: no other goes until it is decided."""
+    change: asyncio.Future[None] | None = None
+    """Resolves when the dataset's budget changes (a request settles, the budget is met)."""
+    deferred: list[tuple[int, int, PendingItem]] = field(default_factory=list)
+    """Items set aside, as a heap by order key: they go first when room is found."""
+    undecided: int = 0
+    """Items handed out that a worker has not yet admitted or set aside."""
+
+    @property
+    def open(self) -> bool:
+        return not self.saturated or (
+            self.change is not None and self.change.done() and not self.probing
+        )
 
 
 class Feeder:
@@ -48,40 +111,147 @@ class Feeder:
         """Datasets in sequential mode: their turns wait for the previous turn's answer."""
         self._fed: Counter[str] = Counter()
         self._escalated_sent: set[str] = set()
+        self._gates: dict[tuple[str, str], Gate] = {}
+        self._wake = {name: asyncio.Event() for name in lanes}
+        """Set when a lane's feeder may have something new to hand out."""
+        self._seq = itertools.count()
 
     @property
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
-    async def feed(self, lane: LaneRuntime, queue: asyncio.Queue[PendingItem | None]) -> None:
-        """Fill the lane's queue with its pending items, then one None per worker."""
+    def deferrable(self, item: PendingItem) -> bool:
+        """Whether a worker refused for want of the dataset's room may set the item aside.
+        Not an escalated item (its lane's feeder does not claim its dataset) nor a turn of a
+        sequential dataset (the next turn waits on it)."""
+        return item.dataset not in self._sequential and item.id not in self._escalated_sent
+
+    def defer(self, lane: str, item: PendingItem) -> None:
+        """A worker's item is refused while its dataset's room is held by requests in flight:
+        it waits here, and the dataset's next items wait for the budget to change. Called
+        in the same step as the refusal, so no settlement between them goes unheard."""
+        gate = self._gates[lane, item.dataset]
+        gate.undecided -= 1
+        gate.saturated, gate.probing = True, False
+        heapq.heappush(gate.deferred, (item.order_key, next(self._seq), item))
+        self._fed[item.dataset] -= 1
+        if self._budget is not None and (gate.change is None or gate.change.done()):
+            gate.change = self._budget.changed(item.dataset, lane)
+            gate.change.add_done_callback(lambda _: self._wake[lane].set())
+        self._wake[lane].set()
+
+    def decided(self, lane: str, item: PendingItem) -> None:
+        """A worker's item handed out by the feeder was admitted (or ended without being sent):
+        a probe that passed lets the dataset's next item go."""
+        gate = self._gates.get((lane, item.dataset))
+        if gate is None or item.id in self._escalated_sent:
+            return
+        gate.undecided -= 1
+        gate.probing = False
+        self._wake[lane].set()
+
+    async def feed(self, lane: LaneRuntime, queue: LaneQueue) -> None:
+        """Fill the lane's queue with its pending items, then an end marker per worker."""
         batch_size = max(64, min(2 * lane.concurrency, 4096))
         # Items escalated to this lane go out as they come, beside the lane's own datasets: a
         # sequential turn of this lane may wait for one of them.
         escalated = asyncio.create_task(self._feed_escalated(lane, queue, batch_size))
         try:
-            for name in lane.datasets:
-                after = -1
-                failpoints.reached("dataset", name)
-                while not self.stopping and not self._held_back(name):
-                    batch = self._store.work.claim_batch(name, after, batch_size, lane=lane.name)
-                    if not batch:
-                        break
-                    for item in batch:
-                        if self.stopping or self._held_back(name):
-                            break
-                        await self._put(queue, item)
-                    after = batch[-1].order_key
-                await self._feed_waiting(lane, queue, name, batch_size)
+            await self._feed_datasets(lane, queue, batch_size)
             await escalated
         finally:
             escalated.cancel()
-        for _ in range(lane.concurrency):
-            await queue.put(None)
+        await queue.close(lane.concurrency)
 
-    async def _feed_escalated(
-        self, lane: LaneRuntime, queue: asyncio.Queue[PendingItem | None], batch_size: int
+    async def _feed_datasets(self, lane: LaneRuntime, queue: LaneQueue, batch_size: int) -> None:
+        """Hand out the lane's datasets in order: each dataset's items until it is sent or held
+        back, going on to the next while its room is held by requests in flight."""
+        names = list(lane.datasets)
+        rank = {name: i + 1 for i, name in enumerate(names)}
+        gates = {name: self._gates.setdefault((lane.name, name), Gate()) for name in names}
+        claimed: dict[str, deque[PendingItem]] = {name: deque() for name in names}
+        after = dict.fromkeys(names, -1)
+        exhausted: set[str] = set()
+        finished: set[str] = set()
+        wake = self._wake[lane.name]
+        while not self.stopping:
+            wake.clear()
+            ready, live = None, False
+            for name in names:
+                if name in finished:
+                    continue
+                gate = gates[name]
+                if self._held_back(name):
+                    # Its set-aside items stay pending; those handed out are refused in turn.
+                    finished.add(name)
+                    gate.deferred.clear()
+                    continue
+                has_items = bool(gate.deferred or claimed[name]) or name not in exhausted
+                if not has_items and not gate.undecided:
+                    finished.add(name)
+                    continue
+                live = True
+                if has_items and gate.open:
+                    ready = name
+                    break
+            if ready is None:
+                if not live:
+                    return
+                await self._until_stop(wake.wait())
+                continue
+            if ready in self._sequential:
+                await self._feed_sequential(lane, queue, ready, rank[ready], batch_size)
+                finished.add(ready)
+                continue
+            gate = gates[ready]
+            if gate.deferred:
+                item = heapq.heappop(gate.deferred)[2]
+            else:
+                if not claimed[ready]:
+                    if after[ready] == -1:
+                        failpoints.reached("dataset", ready)
+                    batch = self._store.work.claim_batch(
+                        ready, after[ready], batch_size, lane=lane.name
+                    )
+                    if not batch:
+                        exhausted.add(ready)
+                        continue
+                    claimed[ready].extend(batch)
+                    after[ready] = batch[-1].order_key
+                item = claimed[ready].popleft()
+            gate.probing = gate.saturated
+            gate.undecided += 1
+            await self._put(queue, item, rank[ready])
+
+    async def _feed_sequential(
+        self, lane: LaneRuntime, queue: LaneQueue, name: str, rank: int, batch_size: int
     ) -> None:
+        """A sequential dataset: its ready turns, then each turn as its previous one is
+        answered, until none waits."""
+        failpoints.reached("dataset", name)
+        after = -1
+        while not self.stopping and not self._held_back(name):
+            batch = self._store.work.claim_batch(name, after, batch_size, lane=lane.name)
+            if not batch:
+                break
+            for item in batch:
+                if self.stopping or self._held_back(name):
+                    break
+                await self._put(queue, item, rank)
+            after = batch[-1].order_key
+        await self._feed_waiting(lane, queue, name, rank, batch_size)
+
+    async def _until_stop(self, waiting: Awaitable[object]) -> None:
+        """Wait for something, but wake at once when the run stops."""
+        waiter = asyncio.ensure_future(waiting)
+        stopper = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            stopper.cancel()
+
+    async def _feed_escalated(self, lane: LaneRuntime, queue: LaneQueue, batch_size: int) -> None:
         """Items escalated to this lane arrive while the lanes that send them still run.
         Pass over them in pages (those already handed out are skipped, and on a wide lane
         they fill whole pages) until a pass that began after those lanes finished finds
@@ -99,7 +269,7 @@ class Feeder:
                 if item.id not in self._escalated_sent:
                     self._escalated_sent.add(item.id)
                     fed = True
-                    await queue.put(item)
+                    await queue.put(item, ESCALATED_RANK)
             if len(page) == batch_size:
                 cursor = (page[-1].order_key, page[-1].id)
                 continue
@@ -109,17 +279,18 @@ class Feeder:
                     return
                 await asyncio.sleep(0.2)
 
-    async def _put(self, queue: asyncio.Queue[PendingItem | None], item: PendingItem) -> None:
+    async def _put(self, queue: LaneQueue, item: PendingItem, rank: int) -> None:
         self._fed[item.dataset] += 1
         if item.dataset in self._sequential:
             self._commits.handed_out(item)
-        await queue.put(item)
+        await queue.put(item, rank)
 
     async def _feed_waiting(
         self,
         lane: LaneRuntime,
-        queue: asyncio.Queue[PendingItem | None],
+        queue: LaneQueue,
         name: str,
+        rank: int,
         batch_size: int,
     ) -> None:
         """Sequential mode: a turn becomes ready when the previous turn's answer is committed.
@@ -155,7 +326,7 @@ class Feeder:
                         continue
                     if self.stopping or self._held_back(name):
                         return
-                    await self._put(queue, item)
+                    await self._put(queue, item, rank)
                     fed += 1
                 after = batch[-1].order_key
             in_flight = self._commits.in_flight(name)

@@ -171,7 +171,10 @@ class EndpointHealth:
             self.consecutive_failures = 0
             return
         self.consecutive_failures += 1
-        if self.consecutive_failures >= 3:
+        # The requests in flight to a server that went down fail one after another: they must
+        # not end its drain (a cool-down instead put it back within seconds and the next
+        # failure drained it again, counted as another outage).
+        if self.consecutive_failures >= 3 and not self.drained:
             # 5 s after the third failure in a row, doubling, at most a minute.
             cool = min(60.0, 5.0 * 2 ** (self.consecutive_failures - 3))
             self.cool_until = self._clock() + cool

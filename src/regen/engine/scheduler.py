@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import enum
 import math
 import random
 import time
@@ -51,7 +52,7 @@ from regen.engine.failures import CLIENT_ERRORS as CLIENT_ERRORS
 from regen.engine.failures import JOB_WIDE_AFTER as JOB_WIDE_AFTER
 from regen.engine.failures import JOB_WIDE_WAIT_S as JOB_WIDE_WAIT_S
 from regen.engine.failures import ClientErrorJudge, ErrorRate
-from regen.engine.feeder import Feeder
+from regen.engine.feeder import Feeder, LaneQueue
 from regen.engine.holds import HoldKeeper, HoldSummary
 from regen.engine.limiter import AdaptiveLimit, EndpointHealth
 from regen.engine.sent_log import IDENTIFY_WRITE_EVERY_S as IDENTIFY_WRITE_EVERY_S
@@ -245,6 +246,51 @@ class LaneStats:
 
 
 @dataclass
+class Outage:
+    """An endpoint out of its pool (its server refused connections or was loading), from when
+    it was drained until its health probe passed (None: still out)."""
+
+    start: float
+    """By the wall clock."""
+    end: float | None = None
+    resent: int = 0
+    """Requests that failed on it meanwhile and went to another server (or waited for one)."""
+
+
+@dataclass
+class EndpointStats:
+    """Live counters for one endpoint of the pool in this run (all lanes)."""
+
+    health: EndpointHealth = field(default_factory=EndpointHealth)
+    """Its health (read, never changed, by views): up, cooling down, or out of the pool."""
+    limits: list[AdaptiveLimit] = field(default_factory=list)
+    """Its adaptive limit in each lane that uses it."""
+    on_wire: int = 0
+    answers: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost_usd: float = 0.0
+    latency_sum_s: float = 0.0
+    """Seconds on the wire of its answers."""
+    errors: Counter[str] = field(default_factory=Counter)
+    """Failed attempts by class."""
+    outages: list[Outage] = field(default_factory=list)
+
+    @property
+    def limit(self) -> int:
+        return sum(lim.current for lim in self.limits)
+
+    @property
+    def failed(self) -> int:
+        return sum(self.errors.values())
+
+    @property
+    def resent(self) -> int:
+        return sum(o.resent for o in self.outages)
+
+
+@dataclass
 class RunStats:
     """What progress shows while a run goes on."""
 
@@ -260,8 +306,8 @@ class RunStats:
     """The run stopped because the job's dollar cap or the credit floor was reached."""
     outage: bool = False
     """The run stopped because every server of a lane stayed down too long."""
-    drained: dict[str, int] = field(default_factory=dict)
-    """Times each endpoint was taken out of its pool (a server down or loading)."""
+    endpoints: dict[str, EndpointStats] = field(default_factory=dict)
+    """Per endpoint of the pool: answers, failures, outages."""
     repriced: dict[str, float] = field(default_factory=dict)
     """Per endpoint: how many times its known prices its answers were billed at most, when
     more than once (the prices the worst cases of dollar caps use were raised to it)."""
@@ -407,6 +453,15 @@ class Tally:
         return Outcome(self.item.id, self.item.dataset, tuple(self.attempts), **kw)
 
 
+class Deferred(enum.Enum):
+    """An item set aside by its worker (`Scheduler._admit`)."""
+
+    DEFERRED = "deferred"
+
+
+DEFERRED = Deferred.DEFERRED
+
+
 @dataclass(frozen=True, slots=True)
 class Retry:
     """An item to be tried again: at once, on another server or the first to come back
@@ -483,6 +538,8 @@ class Scheduler:
                 lane.limits[ep.name] = AdaptiveLimit(
                     lane.concurrency, run.initial_limit, adaptive=run.adaptive
                 )
+                ep_stats = self.stats.endpoints.setdefault(ep.name, EndpointStats(ep.health))
+                ep_stats.limits.append(lane.limits[ep.name])
             self.stats.lanes[lane.name] = LaneStats(
                 lane.concurrency,
                 list(lane.limits.values()),
@@ -535,7 +592,7 @@ class Scheduler:
         tasks: list[asyncio.Task[None]] = []
         workers: list[asyncio.Task[None]] = []
         for lane in self._lanes.values():
-            queue: asyncio.Queue[PendingItem | None] = asyncio.Queue(maxsize=lane.concurrency)
+            queue = LaneQueue(lane.concurrency)
             tasks.append(asyncio.create_task(self._feeder.feed(lane, queue)))
             lane_workers = [
                 asyncio.create_task(self._work(lane, queue)) for _ in range(lane.concurrency)
@@ -596,12 +653,14 @@ class Scheduler:
         for w in workers:
             w.cancel()
 
-    async def _work(self, lane: LaneRuntime, queue: asyncio.Queue[PendingItem | None]) -> None:
+    async def _work(self, lane: LaneRuntime, queue: LaneQueue) -> None:
         while True:
             item = await queue.get()
             if item is None or self.stopping:
                 return
-            self._record(lane, await self._process(lane, item))
+            outcome = await self._process(lane, item)
+            if outcome is not None:  # None: set aside until its dataset's budget has room
+                self._record(lane, outcome)
 
     def _pick(self, lane: LaneRuntime) -> EndpointRuntime:
         """The healthy endpoint with the fewest attempts outstanding for its weight (ties:
@@ -634,13 +693,15 @@ class Scheduler:
             return False
         if exc.failure_class != "connection" and exc.status != 503:
             return False
+        outages = self.stats.endpoints[ep.name].outages
         if not ep.health.drained:
             ep.health.drain()
-            self.stats.drained[ep.name] = self.stats.drained.get(ep.name, 0) + 1
+            outages.append(Outage(time.time()))
             if ep.probing is None or ep.probing.done():
                 ep.probing = asyncio.create_task(self._probe(ep))
                 self._probes.add(ep.probing)
                 ep.probing.add_done_callback(self._probes.discard)
+        outages[-1].resent += 1
         return True
 
     async def _pool_back(self, lane: LaneRuntime) -> bool:
@@ -676,21 +737,34 @@ class Scheduler:
                 return
             if await ep.sender.probe(ep.health_url):
                 ep.health.revive()
+                self.stats.endpoints[ep.name].outages[-1].end = time.time()
                 self._down_since.clear()
                 revived, self._revived = self._revived, asyncio.Event()
                 revived.set()
                 return
             wait = min(most, wait * 2)
 
-    async def _process(self, lane: LaneRuntime, item: PendingItem) -> Outcome:
+    async def _process(self, lane: LaneRuntime, item: PendingItem) -> Outcome | None:
         """Send an item until it ends: answered (or escalated to another lane), failed for
         good, or abandoned (the run stops, or the lane's servers stay down). Each attempt is
         admitted, sent and settled, then classified: the item's outcome, or a retry, which
-        waits its turn."""
+        waits its turn. None: its first attempt found its dataset's room held by requests in
+        flight, and it went back to the feeder (`Feeder.defer`) rather than hold the worker."""
         req = self._request(item)
         tally = Tally(item)
+        deferrable = self._feeder.deferrable(item)
         while True:
-            att = await self._admit_try(lane, item, req, tally)
+            try:
+                att = await self._admit_try(lane, item, req, tally, defer=deferrable)
+            except BaseException:
+                if deferrable:
+                    self._feeder.decided(lane.name, item)
+                raise
+            if att is DEFERRED:
+                return None  # the feeder has it back (`Feeder.defer`)
+            if deferrable:  # its first attempt was admitted, or it ends unsent
+                deferrable = False
+                self._feeder.decided(lane.name, item)
             if att is None:
                 return tally.ended(abandoned=True)
             step = await self._attempt(lane, item, req, att, tally)
@@ -718,12 +792,13 @@ class Scheduler:
         )
 
     async def _admit_try(
-        self, lane: LaneRuntime, item: PendingItem, req: Request, tally: Tally
-    ) -> Try | None:
+        self, lane: LaneRuntime, item: PendingItem, req: Request, tally: Tally, *, defer: bool
+    ) -> Try | Deferred | None:
         """The item's next attempt, admitted: an endpoint of the lane picked once one is up, a
         slot of its limit and, under budgets, a lease taken (`_admit`), and the request
         recorded in `outstanding` when it may be billed after its client is gone. None: it is
-        not sent (the run stops, a budget is met, or state.db cannot be written)."""
+        not sent (the run stops, a budget is met, or state.db cannot be written); DEFERRED
+        (`defer`): set aside while its dataset's room is held by requests in flight."""
         if not await self._pool_back(lane):  # every server of the lane is down
             return None
         tally.number += 1
@@ -731,13 +806,15 @@ class Scheduler:
         limit = lane.limits[ep.name]
         ep.outstanding += 1
         try:
-            admitted = await self._admit(lane, ep, limit, item, req)
+            admitted = await self._admit(lane, ep, limit, item, req, defer=defer)
         except BaseException:
             ep.outstanding -= 1
             raise
-        if admitted is None:
+        if admitted is None or admitted is DEFERRED:
             ep.outstanding -= 1
-            return None
+            if admitted is DEFERRED:
+                tally.number -= 1
+            return admitted
         lease, epoch = admitted
         att = Try(tally.number, ep, limit, epoch, lease)
         if lease is not None and ep.billed_after_gone and self._budget is not None:
@@ -823,6 +900,7 @@ class Scheduler:
         if lane_stats.wire.full_since is None and lane_stats.in_flight >= lane_stats.limit:
             lane_stats.wire.full(t0)
         att.ep.busy.change(t0, +1)
+        self.stats.endpoints[att.ep.name].on_wire += 1
         flow = lane_stats.flow(item.dataset)
         flow.on_wire[id(att)] = t0
         return flow
@@ -840,9 +918,18 @@ class Scheduler:
         lane_stats.wire.change(t1, -1)
         att.ep.busy.change(t1, -1)
         del flow.on_wire[id(att)]
+        ep_stats = self.stats.endpoints[att.ep.name]
+        ep_stats.on_wire -= 1
         if att.end == "answered":
             flow.add_latency(t1 - att.t0)
             lane_stats.observe_latency(t1 - att.t0)
+            ep_stats.answers += 1
+            ep_stats.latency_sum_s += t1 - att.t0
+            if att.billed is not None:
+                ep_stats.prompt_tokens += att.billed.prompt_tokens
+                ep_stats.completion_tokens += att.billed.completion_tokens
+                ep_stats.reasoning_tokens += att.billed.reasoning_tokens
+                ep_stats.cost_usd += att.billed.cost_usd or 0.0
         else:
             flow.failed_wire_s += t1 - att.t0
 
@@ -900,9 +987,11 @@ class Scheduler:
                 exc.message,
                 generation_id=exc.generation_id,
                 lane=lane.name,
+                endpoint=att.ep.name,
             )
         )
         self.stats.datasets[item.dataset].errors[cls] += 1
+        self.stats.endpoints[att.ep.name].errors[cls] += 1
         att.ep.health.record(cls not in UNHEALTHY)
         failover = self._drain(lane, att.ep, exc)
         if failover:
@@ -968,6 +1057,7 @@ class Scheduler:
                 result.provider,
                 result.generation_id,
                 lane.name,
+                att.ep.name,
             )
         )
         if excluded:
@@ -1034,11 +1124,14 @@ class Scheduler:
         limit: AdaptiveLimit,
         item: PendingItem,
         req: Request,
-    ) -> tuple[Lease | None, int] | None:
+        *,
+        defer: bool = False,
+    ) -> tuple[Lease | None, int] | Deferred | None:
         """Take a slot of the endpoint's limit and, under budgets, a lease: the lease (None
         without budgets) and the slot's epoch, or None when the item must not be sent now (a
         budget is met, or the run stops). The slot comes first, so that only attempts about to
-        be sent hold budget."""
+        be sent hold budget. `defer`: when the dataset's own room is held by requests in
+        flight, the item goes back to the feeder (DEFERRED) instead of waiting here."""
         while True:
             epoch = await limit.acquire()
             if self.stopping:
@@ -1061,6 +1154,9 @@ class Scheduler:
                 if decision.stops_run:
                     self.stop(decision.reason, budget=True)
                 return None
+            if defer and decision.dataset:
+                self._feeder.defer(lane.name, item)
+                return DEFERRED
             await self._until_stop(self._budget.changed(item.dataset, lane.name))
 
     async def _backoff(self, seconds: float) -> None:

@@ -55,7 +55,7 @@ from regen.run.accounts import (
 from regen.run.budgets import billed_after_gone, budget_book, hold_keeper
 from regen.run.lanes import build_lanes, check_routes, lane_settings
 from regen.state.db import Store
-from regen.state.runs import TimelinePoint
+from regen.state.runs import OutageRecord, TimelinePoint
 from regen.state.work import DatasetProgress
 from regen.view.progress import (
     ProgressReporter,
@@ -468,6 +468,7 @@ async def supervise(
         if metrics is not None:
             await metrics.cleanup()
         with contextlib.suppress(StateError):
+            save_outages(store, run_id, stats)
             store.runs.end(run_id, stats.stop_reason)
         for sig in signals:
             with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -505,8 +506,9 @@ async def sample_timeline(
     store: Store, run_id: int, stats: RunStats, every_s: float = TIMELINE_EVERY_S
 ) -> None:
     """Until cancelled, record each lane's requests on the wire and adaptive limit (the
-    report's timeline; the limit it settles at is what `regen plan` expects next time). A
-    write that fails stops the sampling, not the run: the run's own writes will say why."""
+    report's timeline; the limit it settles at is what `regen plan` expects next time), and
+    the endpoints out of their pool. A write that fails stops the sampling, not the run: the
+    run's own writes will say why."""
     while True:
         now = time.time()
         points = [
@@ -515,9 +517,19 @@ async def sample_timeline(
         ]
         try:
             store.runs.add_timeline(points)
+            save_outages(store, run_id, stats)
         except StateError:
             return
         await asyncio.sleep(every_s)
+
+
+def save_outages(store: Store, run_id: int, stats: RunStats) -> None:
+    """The run's outages as they stand now, for `regen status` and the report."""
+    store.runs.save_outages(
+        OutageRecord(run_id, name, o.start, o.end, o.resent)
+        for name, ep in stats.endpoints.items()
+        for o in ep.outages
+    )
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import time
 
 from rich.console import Console
 
@@ -16,10 +17,11 @@ from regen.outputs.report import write_report
 from regen.run.accounts import endpoint_keys
 from regen.run.dispatch import Dispatched, dispatch, quiet_gc
 from regen.run.prepare import Prepared, prepare
-from regen.run.summary import RunReport, drained_line, unsent_items, unsent_line
+from regen.run.summary import RunReport, run_outages, unsent_items, unsent_line
 from regen.state.db import Store
 from regen.view.progress import (
     append_log,
+    outages_line,
     reconciliation_line,
 )
 
@@ -71,14 +73,18 @@ def end(
     stats = dispatched.stats if dispatched is not None else None
     stop_reason = stats.stop_reason if stats is not None else "interrupted"
     budget_stop = stats.budget_stop if stats is not None else False
-    drained = stats.drained if stats is not None else {}
+    outages = run_outages(stats) if stats is not None else {}
+    now = time.time()
     reconciliations = dispatched.reconciliations if dispatched is not None else []
     budget_lines = dispatched.budget_lines if dispatched is not None else []
     append_log(
         out / "run.log",
         budget_lines
         + [reconciliation_line(r) for r in reconciliations]
-        + [drained_line(name, n) for name, n in drained.items()],
+        + [
+            outages_line(name, o, now=now, still_out="still out at the end, since")
+            for name, o in outages.items()
+        ],
     )
     blocked = store.work.blocked_items()
     unproven = json.loads(store.get_meta("unproven_providers") or "[]")
@@ -112,7 +118,8 @@ def end(
         budget_lines=budget_lines,
         budget_stop=budget_stop,
         outage=stats.outage if stats is not None else False,
-        drained=drained,
+        outages=outages,
+        endpoints=store.spend.by_endpoint() if len(job.endpoint_pool) > 1 else [],
         counted_usage=store.answers.usage_sources(),
         unsent=unsent,
         unproven=store.answers.answers_by_provider(unproven),

@@ -11,9 +11,12 @@ from regen.engine.billing import (
     Reconciliation,
 )
 from regen.engine.budget import BudgetBook
+from regen.engine.scheduler import RunStats
 from regen.run.budgets import budget_book
 from regen.state.db import Store
+from regen.state.runs import OutageRecord
 from regen.state.sources import BadRowGroup
+from regen.state.spend import EndpointTotals
 from regen.state.work import DatasetProgress
 
 
@@ -42,8 +45,10 @@ class RunReport:
     """Stopped at the job's dollar cap or credit floor: a planned end."""
     outage: bool = False
     """Stopped because every server of a lane stayed down (`[run] pool_down_timeout_s`)."""
-    drained: dict[str, int] = field(default_factory=dict)
-    """Per endpoint of a pool: times it was taken out (its server down or loading)."""
+    outages: dict[str, list[OutageRecord]] = field(default_factory=dict)
+    """Per endpoint of a pool: each time it was taken out (its server down or loading)."""
+    endpoints: list[EndpointTotals] = field(default_factory=list)
+    """Per endpoint of a pool of several: what it answered and failed, for the job."""
     counted_usage: dict[tuple[str, str], int] = field(default_factory=dict)
     """Answers whose server sent no usage, by (dataset, `ids` or `estimate`)."""
     unsent: list[Unsent] = field(default_factory=list)
@@ -163,8 +168,10 @@ def row_note_line(g: BadRowGroup) -> str:
     return f"note: dataset {g.dataset}: {g.rows} row(s) (rows {first}): {g.example}"
 
 
-def drained_line(endpoint: str, times: int) -> str:
-    return (
-        f"endpoint {endpoint}: taken out of the pool {times} time(s) (server down or loading) "
-        "and probed until it was back; its requests went to the other servers"
-    )
+def run_outages(stats: RunStats) -> dict[str, list[OutageRecord]]:
+    """This run's outages per endpoint (the run's id is not needed to say them)."""
+    return {
+        name: [OutageRecord(0, name, o.start, o.end, o.resent) for o in ep.outages]
+        for name, ep in stats.endpoints.items()
+        if ep.outages
+    }

@@ -50,6 +50,7 @@ def outcome_rows(outcomes: Iterable[Outcome], charges: Iterable[Charge], now: fl
                 _shown(a.provider),
                 _shown(a.generation_id),
                 a.lane,
+                a.endpoint,
             )
             for a in o.attempts
         )

@@ -1,5 +1,6 @@
 """The job's runs and their timeline: when each started and ended, why it stopped, its lanes,
-and each lane's requests on the wire over time (tables `runs`, `timeline`)."""
+each lane's requests on the wire over time, and the endpoints taken out of their pool (tables
+`runs`, `timeline`, `outages`)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,18 @@ class TimelinePoint:
 
 
 @dataclass(frozen=True, slots=True)
+class OutageRecord:
+    """An endpoint out of its pool in a run, from `started_at` until `ended_at` (None: it was
+    still out when the run last wrote it), with the requests that went elsewhere meanwhile."""
+
+    run_id: int
+    endpoint: str
+    started_at: float
+    ended_at: float | None
+    resent: int
+
+
+@dataclass(frozen=True, slots=True)
 class LaneCapacity:
     """What a lane's provider let it keep on the wire: requests refused for capacity (429s)
     in all runs, the most answered at once, and the latest run's mean requests on the wire
@@ -76,6 +89,21 @@ class Runs(Owner):
                 "INSERT INTO timeline VALUES (?, ?, ?, ?, ?, ?)",
                 [(p.run_id, p.t, p.lane, p.in_flight, p.limit, p.concurrency) for p in points],
             )
+
+    def save_outages(self, outages: Iterable[OutageRecord]) -> None:
+        """Write (or update) the run's outages as they stand now."""
+        with self._tx() as db:
+            db.executemany(
+                "INSERT OR REPLACE INTO outages VALUES (?, ?, ?, ?, ?)",
+                [(o.run_id, o.endpoint, o.started_at, o.ended_at, o.resent) for o in outages],
+            )
+
+    def outages(self) -> list[OutageRecord]:
+        """Every run's outages, oldest first."""
+        rows = self._db.execute(
+            "SELECT run_id, endpoint, started_at, ended_at, resent FROM outages ORDER BY started_at"
+        ).fetchall()
+        return [OutageRecord(*r) for r in rows]
 
     def all(self) -> list[RunRecord]:
         """Every run and pilot, oldest first; a killed one ends at its last timeline point."""

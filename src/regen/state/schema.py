@@ -270,6 +270,27 @@ def m011_samples(db: sqlite3.Connection) -> None:
     _script(db, "ALTER TABLE items ADD COLUMN sample INTEGER NOT NULL DEFAULT 0")
 
 
+def m012_outages(db: sqlite3.Connection) -> None:
+    """Each time a run took an endpoint out of its pool (its server down or loading): from
+    when until when, and how many requests went elsewhere meanwhile. Failed requests are in
+    `attempts`, now with the endpoint each went to; an outage is one event however many
+    requests it failed."""
+    _script(
+        db,
+        """
+        ALTER TABLE attempts ADD COLUMN endpoint TEXT;
+        CREATE TABLE outages (
+            run_id INTEGER NOT NULL REFERENCES runs(id),
+            endpoint TEXT NOT NULL,
+            started_at REAL NOT NULL,
+            ended_at REAL,
+            resent INTEGER NOT NULL,
+            PRIMARY KEY (run_id, endpoint, started_at)
+        )
+        """,
+    )
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m001_initial,
     m002_lanes,
@@ -282,4 +303,5 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m009_outstanding,
     m010_provenance,
     m011_samples,
+    m012_outages,
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from regen.state.owner import Owner, Rows
 
@@ -58,6 +58,19 @@ class FailedAttempt:
     message: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class EndpointTotals:
+    """What one endpoint of the pool did for the job, over all runs."""
+
+    endpoint: str
+    answers: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    failed: int = 0
+    """Failed attempts (each failed request, however its item ended)."""
+
+
 class Spend(Owner):
     """The `attempts` and `ledger` tables."""
 
@@ -66,8 +79,8 @@ class Spend(Owner):
         """Record attempts and charges (outcomes.py's rows) in the open transaction."""
         db.executemany(
             "INSERT INTO attempts (item_id, number, started_at, latency_s, status, "
-            "failure_class, message, provider, generation_id, lane) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?)",
+            "failure_class, message, provider, generation_id, lane, endpoint) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             attempts,
         )
         db.executemany(
@@ -95,6 +108,27 @@ class Spend(Owner):
             "GROUP BY i.dataset, a.failure_class"
         ).fetchall()
         return {(d, c): n for d, c, n in rows}
+
+    def by_endpoint(self) -> list[EndpointTotals]:
+        """Per endpoint of the job's pool, over all runs: what it answered (the ledger's
+        completions), what that used and cost, and its failed attempts. Charges and attempts
+        recorded before endpoints were (schema 3 and 12) have none and are left out."""
+        totals: dict[str, EndpointTotals] = {}
+        for endpoint, answers, prompt, completion, cost in self._db.execute(
+            "SELECT endpoint, SUM(kind = 'completion'), SUM(prompt_tokens), "
+            "SUM(completion_tokens), SUM(cost_usd) FROM ledger WHERE endpoint IS NOT NULL "
+            "GROUP BY endpoint"
+        ):
+            totals[endpoint] = EndpointTotals(
+                endpoint, int(answers), int(prompt), int(completion), float(cost or 0.0)
+            )
+        for endpoint, failed in self._db.execute(
+            "SELECT endpoint, COUNT(*) FROM attempts "
+            "WHERE endpoint IS NOT NULL AND failure_class IS NOT NULL GROUP BY endpoint"
+        ):
+            known = totals.get(endpoint) or EndpointTotals(endpoint)
+            totals[endpoint] = replace(known, failed=int(failed))
+        return [totals[name] for name in sorted(totals)]
 
     def recent_failures(self, limit: int = 10) -> list[FailedAttempt]:
         """The last failed attempts, newest first."""

@@ -173,17 +173,72 @@ class RunCollector(Collector):
             latency.add_metric([name], buckets, lane.latency_sum_s)
         yield from (in_flight, limit, configured, latency)
 
-    def _run(self) -> Iterator[Metric]:
-        s = self._stats
-        now = time.monotonic()
-        drains = CounterMetricFamily(
-            "regen_run_endpoint_drains_total",
+    def _endpoints(self) -> Iterator[Metric]:
+        """Per endpoint of the pool, in this run: an outage is one series event (however many
+        requests it failed), and its failed requests are counted where they went."""
+        up = GaugeMetricFamily(
+            "regen_endpoint_up",
+            "1 while an endpoint is in its pool, 0 while it is out (its server down or loading)",
+            labels=["endpoint"],
+        )
+        in_flight = GaugeMetricFamily(
+            "regen_endpoint_requests_in_flight",
+            "Requests on the wire to an endpoint now",
+            labels=["endpoint"],
+        )
+        limit = GaugeMetricFamily(
+            "regen_endpoint_concurrency_limit",
+            "An endpoint's adaptive concurrency limits now, over the lanes that use it (requests)",
+            labels=["endpoint"],
+        )
+        outages = CounterMetricFamily(
+            "regen_run_endpoint_outages_total",
             "Times an endpoint was taken out of its pool (down or loading), in this run",
             labels=["endpoint"],
         )
-        for endpoint, n in sorted(s.drained.items()):
-            drains.add_metric([endpoint], n)
-        yield drains
+        resent = CounterMetricFamily(
+            "regen_run_endpoint_resent_total",
+            "Requests that failed on an endpoint out of its pool and went to another, in this run",
+            labels=["endpoint"],
+        )
+        answers = CounterMetricFamily(
+            "regen_run_endpoint_answers_total",
+            "Answers an endpoint gave, in this run",
+            labels=["endpoint"],
+        )
+        tokens = CounterMetricFamily(
+            "regen_run_endpoint_tokens_total",
+            "Tokens of an endpoint's answers by kind (prompt, completion), in this run",
+            labels=["endpoint", "kind"],
+        )
+        cost = CounterMetricFamily(
+            "regen_run_endpoint_cost_usd_total",
+            "Dollars (USD) an endpoint's answers cost, in this run",
+            labels=["endpoint"],
+        )
+        errors = CounterMetricFamily(
+            "regen_run_endpoint_attempt_errors_total",
+            "Failed attempts at an endpoint by failure class, in this run",
+            labels=["endpoint", "class"],
+        )
+        for name, ep in sorted(self._stats.endpoints.items()):
+            up.add_metric([name], 0 if ep.health.drained else 1)
+            in_flight.add_metric([name], ep.on_wire)
+            limit.add_metric([name], ep.limit)
+            outages.add_metric([name], len(ep.outages))
+            resent.add_metric([name], ep.resent)
+            answers.add_metric([name], ep.answers)
+            tokens.add_metric([name, "prompt"], ep.prompt_tokens)
+            tokens.add_metric([name, "completion"], ep.completion_tokens)
+            cost.add_metric([name], ep.cost_usd)
+            for cls, n in sorted(ep.errors.items()):
+                errors.add_metric([name, cls], n)
+        yield from (up, in_flight, limit, outages, resent, answers, tokens, cost, errors)
+
+    def _run(self) -> Iterator[Metric]:
+        s = self._stats
+        now = time.monotonic()
+        yield from self._endpoints()
         if s.credits_usd is not None:
             yield GaugeMetricFamily(
                 "regen_credit_remaining_usd",

@@ -23,10 +23,12 @@ from rich.text import Text
 from regen.engine.billing import Reconciliation
 from regen.engine.budget import per_mtok
 from regen.engine.eta import Eta, eta_text, format_duration
-from regen.engine.scheduler import DatasetStats, RunStats
+from regen.engine.scheduler import DatasetStats, EndpointStats, RunStats
 from regen.errors import StateError
 from regen.safe import printable
+from regen.state.runs import OutageRecord
 from regen.state.sources import BadRowGroup
+from regen.state.spend import EndpointTotals
 from regen.state.work import DatasetProgress
 
 
@@ -282,6 +284,8 @@ class ProgressView:
     lanes: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]
     """Per lane, the items it always shows and those it gives up first when narrow."""
     stop_reason: str | None = None
+    endpoints: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = ()
+    """Per endpoint of a pool of several (or one that was out of it), as the lanes."""
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         width = options.max_width
@@ -291,7 +295,7 @@ class ProgressView:
         yield Text(_errors_item(self.errors, width), no_wrap=True, overflow="ellipsis")
         if self.rows:
             yield self._fitting_table(console, options)
-        for core, detail in self.lanes:
+        for core, detail in (*self.lanes, *self.endpoints):
             items = [*core, *detail]
             while len(items) > len(core) and cell_len("  ".join(items)) > width:
                 items.pop()
@@ -355,6 +359,11 @@ def progress_view(
     eta = f"ETA {eta_text(job_eta)}"
     if ended:
         eta = f"ended after {format_duration(elapsed)}"
+    elif stats.endpoints and all(e.health.drained for e in stats.endpoints.values()):
+        # Nothing can be answered until a server is back: an ETA would be a guess.
+        since = max(e.outages[-1].start for e in stats.endpoints.values() if e.outages)
+        when = time.strftime("%H:%M:%S", time.localtime(since))
+        eta = f"ETA: every server out of the pool since {when}, waiting for one to come back"
     elif held.requests and not t.in_flight and held.until is not None and not stats.stop_reason:
         # Nothing goes out while held bills stand between the job and a budget: say so.
         eta = f"ETA: held for bills until {time.strftime('%H:%M:%S', time.localtime(held.until))}"
@@ -397,6 +406,9 @@ def progress_view(
             core.append(f"{lane.escalated} escalated")
         detail = (f"{lane.done} done", f"mean {on_wire:.0f} on wire")
         lanes.append((tuple(core), detail))
+    endpoints = []
+    if len(stats.endpoints) > 1 or any(e.outages for e in stats.endpoints.values()):
+        endpoints = [_endpoint_items(name, ep, now) for name, ep in stats.endpoints.items()]
     header: tuple[tuple[str, ...], ...] = (tuple(progress), tuple(money))
     if held.requests:
         header += ((held.line(),),)
@@ -407,7 +419,30 @@ def progress_view(
         row_errors=tuple(row_errors),
         lanes=tuple(lanes),
         stop_reason=stats.stop_reason,
+        endpoints=tuple(endpoints),
     )
+
+
+def _endpoint_items(
+    name: str, ep: EndpointStats, now: float
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """An endpoint's line: what it always shows (its state, requests on the wire, its limit)
+    and what it gives up first when narrow."""
+    if ep.health.drained:
+        since = time.strftime("%H:%M:%S", time.localtime(ep.outages[-1].start))
+        state = f"OUT of the pool since {since}"
+    elif not ep.health.healthy:
+        state = f"cooling down {max(0.0, ep.health.cool_until - now):.0f}s"
+    else:
+        state = "up"
+    core = (f"endpoint {name}", state, f"{ep.on_wire} on wire", f"limit {ep.limit}")
+    detail = [f"{ep.answers} answered", f"{ep.failed} failed"]
+    if ep.answers:
+        detail.append(f"mean {ep.latency_sum_s / ep.answers:.1f}s")
+    if ep.outages:
+        n = len(ep.outages)
+        detail.append(f"{n} outage{'s' if n != 1 else ''}, {ep.resent} re-sent")
+    return core, tuple(detail)
 
 
 class ProgressReporter:
@@ -571,6 +606,43 @@ def summary_table(
 ) -> SummaryView:
     """The end-of-run table (SummaryView), fitted to the console's width when printed."""
     return SummaryView(datasets, errors, exports)
+
+
+def outages_line(
+    endpoint: str, outages: Sequence[OutageRecord], *, now: float, still_out: str = "out since"
+) -> str:
+    """An endpoint's outages in one line: how many, how long in all (one not over counts
+    until `now`), the longest, and the requests that went to the other servers; one not over
+    is named with `still_out` and when it began."""
+    spans = [(o.ended_at if o.ended_at is not None else now) - o.started_at for o in outages]
+    resent = sum(o.resent for o in outages)
+    n = len(outages)
+    line = (
+        f"endpoint {endpoint}: out of the pool {n} time{'s' if n != 1 else ''} (server down or "
+        f"loading; probed until back), {format_duration(sum(spans))} in all"
+    )
+    if n > 1:
+        line += f", longest {format_duration(max(spans))}"
+    line += f"; {resent} request{'s' if resent != 1 else ''} re-sent to the other servers"
+    if outages[-1].ended_at is None:
+        line += f"; {still_out} {time.strftime('%H:%M:%S', time.localtime(outages[-1].started_at))}"
+    return line
+
+
+def endpoints_table(totals: Sequence[EndpointTotals]) -> Table:
+    """Per endpoint of a pool, what it answered and failed for the job (all runs)."""
+    table = Table(title="endpoints", title_justify="left", box=box.MINIMAL_HEAVY_HEAD)
+    for col in ("endpoint", "answers", "failed", "completion tok", "$"):
+        table.add_column(col, justify="left" if col == "endpoint" else "right", no_wrap=True)
+    for t in totals:
+        table.add_row(
+            t.endpoint,
+            str(t.answers),
+            str(t.failed),
+            format_tokens(t.completion_tokens),
+            f"{t.cost_usd:.4f}",
+        )
+    return table
 
 
 def bad_rows_table(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,10 +22,11 @@ from regen.engine.budget import per_mtok
 from regen.engine.eta import format_duration
 from regen.lock import running_holder
 from regen.state.db import Store
+from regen.state.runs import OutageRecord
 from regen.state.sources import BadRowGroup
-from regen.state.spend import FailedAttempt
+from regen.state.spend import EndpointTotals, FailedAttempt
 from regen.state.work import DatasetProgress
-from regen.view.progress import bad_rows_table, errors_text, format_tokens
+from regen.view.progress import bad_rows_table, errors_text, format_tokens, outages_line
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,14 @@ class Snapshot:
     known yet: how many, up to how many dollars, and the latest time they are held until."""
     row_notes: list[BadRowGroup] = field(default_factory=list)
     """What the reads noticed in rows they used, commonest first."""
+    endpoints: list[EndpointTotals] = field(default_factory=list)
+    """Per endpoint of the pool, what it answered and failed (all runs)."""
+    outages: list[OutageRecord] = field(default_factory=list)
+    """Each time a run took an endpoint out of its pool, oldest first."""
+    live_run: int | None = None
+    """The id of the run holding the directory now (None: not running)."""
+    run_ends: dict[int, float | None] = field(default_factory=dict)
+    """When each run ended (a killed one: its last timeline point)."""
 
 
 def take_snapshot(out_dir: Path) -> Snapshot:
@@ -71,6 +80,10 @@ def take_snapshot(out_dir: Path) -> Snapshot:
             store.sources.bad_row_reasons(table="row_notes")
             if store.schema_version() >= 10
             else [],
+            store.spend.by_endpoint() if store.schema_version() >= 12 else [],
+            store.runs.outages() if store.schema_version() >= 12 else [],
+            live,
+            {r.id: r.ended_at for r in store.runs.all()} if store.schema_version() >= 7 else {},
         )
     finally:
         store.close()
@@ -125,7 +138,38 @@ def snapshot_json(s: Snapshot) -> dict[str, Any]:
         "progress": s.progress,
         "live_audit": s.live_audit,
         "held": {"requests": s.held[0], "usd": s.held[1], "until": s.held[2]},
+        "endpoints": [asdict(e) for e in s.endpoints],
+        "outages": [asdict(o) for o in s.outages],
     }
+
+
+def _endpoint_lines(s: Snapshot) -> list[Text]:
+    """A line per endpoint of a pool of several, or of any that was ever out of its pool:
+    what it answered and failed, and its outages (red while one is not over)."""
+    outages: dict[str, list[OutageRecord]] = {}
+    for o in s.outages:
+        # One that its run never saw end (the run was killed, or ended first) is over by the
+        # run's last word: only the running run's may still go on.
+        if o.ended_at is None and o.run_id != s.live_run:
+            o = replace(o, ended_at=s.run_ends.get(o.run_id) or o.started_at)
+        outages.setdefault(o.endpoint, []).append(o)
+    names = [e.endpoint for e in s.endpoints]
+    if len(names) < 2 and not outages:
+        return []
+    totals = {e.endpoint: e for e in s.endpoints}
+    now = datetime.now().timestamp()
+    lines = []
+    for name in [*names, *sorted(set(outages) - set(names))]:
+        t = totals.get(name) or EndpointTotals(name)
+        line = (
+            f"endpoint {name}: {t.answers} answers, {t.failed} failed attempts, "
+            f"{format_tokens(t.completion_tokens)} completion tokens, ${t.cost_usd:.4f}"
+        )
+        out = outages.get(name, [])
+        if out:
+            line += "; " + outages_line(name, out, now=now).split(": ", 1)[1]
+        lines.append(Text(line, style="red" if out and out[-1].ended_at is None else ""))
+    return lines
 
 
 def snapshot_view(s: Snapshot) -> Group:
@@ -181,7 +225,7 @@ def snapshot_view(s: Snapshot) -> Group:
             f"{per_mtok(d.cost_usd, d.completion_tokens):.2f}",
             errors_text(errs),
         )
-    parts: list[Any] = [Text(head), table]
+    parts: list[Any] = [Text(head), table, *_endpoint_lines(s)]
     n, usd, until = s.held
     if n:
         when = datetime.fromtimestamp(until).strftime("%H:%M:%S") if until else "-"
