@@ -1,7 +1,11 @@
-"""report.html: the job over time, run by run, with readable axes; lanes and escalations; and
-per dataset the completion lengths marked at each lane's max_tokens. Read back as a person
-would (the HTML parsed, the page opened in headless Chromium) from a real job: a pilot, a run
-stopped by the dollar cap, and a second run with a higher cap and a dataset added."""
+"""report.html: the job over time, run by run, with readable axes; rates in the unit their
+axis names, counted over steps long enough that a lone event is not a spike; failed attempts
+as a share of attempts; tokens per second, reasoning and content apart; lanes and
+escalations; the endpoints; and per dataset the completion lengths marked at each lane's
+max_tokens. Read back as a person would (the HTML parsed, the page opened in headless
+Chromium) from a real job: a pilot, a run stopped by the dollar cap, and a second run with a
+higher cap and a dataset added; and from a job over two endpoints. The arithmetic of the
+charts is checked on a job made by hand, whose every event time is known."""
 
 from __future__ import annotations
 
@@ -11,17 +15,31 @@ import re
 import shutil
 import sqlite3
 import subprocess
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from regen.outputs.report import JobFacts, Report, percentile, render
 from regen.sim import SimConfig, sim_in_thread
+from regen.sim.config import SimFaults
+from regen.state.runs import RunRecord
 from tests.conftest import chat_rows, query, run_cli, two_lanes, write_job, write_rows
 
 LANES = two_lanes(long_max_tokens=2048)
-JOB_CHARTS = ("answers", "in-flight", "spend", "errors", "429s")
+JOB_CHARTS = (
+    "answers",
+    "tokens",
+    "prompt-tokens",
+    "in-flight",
+    "spend",
+    "errors",
+    "failure-share",
+    "429s",
+)
 CLOCK = re.compile(r"^(\d\d-\d\d )?\d\d:\d\d(:\d\d)?$")
 
 
@@ -51,6 +69,29 @@ def job_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
         job = job_file(tmp, sim.base_url, 0.15, ["a", "b"])
         second = run_cli("run", str(job))
         assert second.returncode in (0, 4), second.stderr
+    return tmp / "out"
+
+
+@pytest.fixture(scope="module")
+def endpoints_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A job served by two endpoints, `fast` and `slow` (two simulators, one slower, whose
+    answers fail with a 5xx one time in five)."""
+    tmp = tmp_path_factory.mktemp("endpoints")
+    write_rows(tmp / "a.jsonl", chat_rows(40, "Alpha"))
+    with (
+        sim_in_thread(SimConfig(seed=5, time_scale=0.0)) as fast,
+        sim_in_thread(SimConfig(seed=6, time_scale=0.02, faults=SimFaults(http_5xx=0.2))) as slow,
+    ):
+        job = write_job(tmp, fast.base_url, datasets=[("a", "a.jsonl", "openai")])
+        text = job.read_text()
+        pool = "".join(
+            f'[[endpoints]]\nname = "{name}"\nbase_url = "{sim.base_url}"\n'
+            'api_key_env = "REGEN_TEST_KEY"\n\n'
+            for name, sim in (("fast", fast), ("slow", slow))
+        )
+        job.write_text(text[: text.index("[endpoint]")] + pool + text[text.index("[generation]") :])
+        res = run_cli("run", str(job))
+        assert res.returncode == 0, res.stderr
     return tmp / "out"
 
 
@@ -110,6 +151,15 @@ class Page(html.parser.HTMLParser):
     def charts(self, name: str) -> list[Element]:
         return [s for s in self.root.find("svg") if s.attrs.get("data-chart") == name]
 
+    def chart_title(self, name: str) -> str:
+        """The heading over the one chart of this name."""
+        (box,) = [
+            d
+            for d in self.root.find("div", "chartbox")
+            if any(s.attrs.get("data-chart") == name for s in d.find("svg"))
+        ]
+        return box.find("h3")[0].all_text()
+
     def table(self, cls: str) -> list[dict[str, str]]:
         (t,) = self.root.find("table", cls)
         head = [th.all_text() for th in t.find("th")]
@@ -120,7 +170,37 @@ class Page(html.parser.HTMLParser):
 
 
 def number(s: str) -> float:
-    return float(s.replace(",", "").replace("$", ""))
+    return float(s.replace(",", "").replace("$", "").removesuffix(" s"))
+
+
+def drawn(svg: Element) -> list[list[tuple[float, float, float]]]:
+    """Each series of a chart as a person reads it off the axes: (x where a step starts, x
+    where it ends, the value its height stands for), mapped through the y tick labels."""
+    ticks = [
+        (float(t.attrs["y"]), number(t.all_text()))
+        for t in svg.find("text", "tick")
+        if "y" in t.classes()
+    ]
+    (y0, v0), (y1, v1) = ticks[0], ticks[-1]
+    lines = []
+    for path in svg.find("path", "series"):
+        steps: list[tuple[float, float, float]] = []
+        for cmd, args in re.findall(r"([MHV])([-\d.,]+)", path.attrs["d"]):
+            if cmd == "M":
+                x_text, y_text = args.split(",")
+                x, y = float(x_text), float(y_text)
+            elif cmd == "V":
+                y = float(args)
+            else:
+                steps.append((x, float(args), v0 + (y - y0) / (y1 - y0) * (v1 - v0)))
+                x = float(args)
+        lines.append(steps)
+    return lines
+
+
+def y_title(svg: Element) -> str:
+    (title,) = [t.all_text() for t in svg.find("text", "title") if "y" in t.classes()]
+    return title
 
 
 def assert_readable_axes(svg: Element, time_axis: bool) -> None:
@@ -245,13 +325,160 @@ def test_a_state_db_without_runs_still_renders(job_out: Path, tmp_path: Path, ma
     page = Page((tmp_path / "r.html").read_text())
     (note,) = page.root.find("p", "note")
     assert "runs" in note.all_text()
-    for name in ("answers", "spend", "errors", "429s"):
+    for name in ("answers", "tokens", "prompt-tokens", "spend", "errors", "429s"):
         (svg,) = page.charts(name)
         assert_readable_axes(svg, time_axis=True)
         assert not svg.find("line", "run-start") and not svg.find("line", "cap")
     assert not page.charts("in-flight")
+    # Answers name their endpoint from schema 10 on; before, they are counted apart.
+    endpoints = [r["endpoint"] for r in page.table("endpoints")]
+    assert endpoints == (["(not recorded)"] if made_by == "regen without runs" else ["default"])
     assert [h.all_text() for h in page.root.find("h2")] == ["a", "b"]
     assert len(page.charts("lengths")) == 2
+
+
+T0 = 1_700_000_000.0
+
+
+def one_run(seconds: float, **facts: Any) -> Page:
+    """The report of a job made by hand: one run of `seconds` from T0, with these facts."""
+    run = RunRecord(1, "run", T0, T0 + seconds, None, None, {})
+    job = JobFacts(
+        runs=[run], recorded=True, run_answers=[0], run_usd=[0.0], run_last=[run.ended_at], **facts
+    )
+    return Page(render(Path("out"), Report(job, [])))
+
+
+def values(line: list[tuple[float, float, float]]) -> list[float]:
+    return [v for _, _, v in line]
+
+
+def test_a_lone_failure_in_a_five_minute_run_reads_as_one_a_minute_not_as_a_spike() -> None:
+    # One failed attempt (a 429) in the middle and one in the run's last second: counted over
+    # steps of 2 s they read as 30 and 60 a minute.
+    page = one_run(
+        301,
+        failures=[(T0 + 150, "rate_limited", "short"), (T0 + 300.5, "rate_limited", "short")],
+        rate_limited=[(T0 + 150, "short"), (T0 + 300.5, "short")],
+    )
+    for name, unit in (("errors", "failed attempts/min"), ("429s", "429s/min")):
+        (svg,) = page.charts(name)
+        assert y_title(svg) == unit
+        assert "counted over steps of 1 min" in page.chart_title(name)
+        (line,) = drawn(svg)
+        # A minute's step holds each; the last step runs to the end (61 s).
+        assert values(line) == pytest.approx([0, 0, 1, 0, 60 / 61], abs=0.02)
+        # The area under a rate is the count: each step's value times its minutes.
+        width = line[-1][1] - line[0][0]
+        area = sum(v * (x1 - x0) / width * 301 / 60 for x0, x1, v in line)
+        assert area == pytest.approx(2, abs=0.05)
+
+
+def test_tokens_per_second_keep_reasoning_content_and_prompt_apart() -> None:
+    # One answer a second for the first two minutes of a four-minute run, each of 100 prompt
+    # tokens and 50 completion tokens, 20 of them reasoning.
+    n = 120
+    page = one_run(
+        240,
+        answers=array("d", (T0 + i for i in range(n))),
+        answer_prompt=array("q", [100] * n),
+        answer_completion=array("q", [50] * n),
+        answer_reasoning=array("q", [20] * n),
+    )
+    (answers,) = drawn(page.charts("answers")[0])
+    assert values(answers) == pytest.approx([1, 1, 0, 0], abs=0.01)
+    (svg,) = page.charts("tokens")
+    assert y_title(svg) == "completion tokens/s"
+    completion, reasoning, content = drawn(svg)
+    assert values(completion) == pytest.approx([50, 50, 0, 0], abs=0.2)
+    assert values(reasoning) == pytest.approx([20, 20, 0, 0], abs=0.2)
+    assert values(content) == pytest.approx([30, 30, 0, 0], abs=0.2)
+    (svg,) = page.charts("prompt-tokens")
+    assert y_title(svg) == "prompt tokens/s"
+    (prompt,) = drawn(svg)
+    assert values(prompt) == pytest.approx([100, 100, 0, 0], abs=0.5)
+
+
+def test_failed_attempts_are_drawn_as_a_share_of_the_attempts_started() -> None:
+    # An attempt every 6 s (10 a minute) for five minutes; one fails in the third minute and
+    # two in the fourth.
+    failures = [(T0 + 150, "http_5xx", "short"), (T0 + 198, "timeout", "short")]
+    failures.append((T0 + 204, "timeout", "short"))
+    page = one_run(300, attempts=array("d", (T0 + 6 * i for i in range(50))), failures=failures)
+    (svg,) = page.charts("failure-share")
+    assert y_title(svg) == "% of attempts started that failed"
+    assert "6.0% of all attempts" in page.chart_title("failure-share")
+    every, http_5xx, timeout = drawn(svg)
+    assert values(every) == pytest.approx([0, 0, 10, 20, 0], abs=0.1)
+    assert values(http_5xx) == pytest.approx([0, 0, 10, 0, 0], abs=0.1)
+    assert values(timeout) == pytest.approx([0, 0, 0, 20, 0], abs=0.1)
+
+
+def test_each_dataset_counts_its_answers_tokens_reasoning_and_content_apart(job_out: Path) -> None:
+    page = Page((job_out / "report.html").read_text())
+    tables = page.root.find("table", "ds-tokens")
+    sums = query(
+        job_out,
+        "SELECT COUNT(r.item_id), COALESCE(SUM(r.prompt_tokens), 0), "
+        "COALESCE(SUM(r.completion_tokens), 0), COALESCE(SUM(r.reasoning_tokens), 0) "
+        "FROM datasets d LEFT JOIN results r ON r.dataset = d.name "
+        "GROUP BY d.name ORDER BY d.position",
+    )
+    assert len(tables) == len(sums) == 2
+    for table, (answers, prompt, completion, reasoning) in zip(tables, sums, strict=True):
+        head = [th.all_text() for th in table.find("th")]
+        row = dict(zip(head, (td.all_text() for td in table.find("td")), strict=True))
+        assert number(row["answers"]) == answers
+        assert number(row["prompt tok"]) == prompt
+        assert number(row["completion tok"]) == completion
+        assert number(row["reasoning tok"]) == reasoning
+        assert number(row["content tok"]) == completion - reasoning
+        assert row["reasoning"] == (f"{reasoning / completion:.1%}" if completion else "-")
+    # The simulated model reasons and then answers: both parts are there to be told apart.
+    _, _, completion, reasoning = sums[0]
+    assert 0 < reasoning < completion
+
+
+def test_each_endpoint_has_its_answers_tokens_cost_and_latency(endpoints_out: Path) -> None:
+    page = Page((endpoints_out / "report.html").read_text())
+    rows = {r["endpoint"]: r for r in page.table("endpoints")}
+    assert set(rows) == {"fast", "slow"}
+    for name, row in rows.items():
+        ((answers, prompt, completion, reasoning, cost),) = query(
+            endpoints_out,
+            "SELECT COUNT(*), SUM(prompt_tokens), SUM(completion_tokens), "
+            f"SUM(reasoning_tokens), SUM(cost_usd) FROM results WHERE endpoint = '{name}'",
+        )
+        assert number(row["answers"]) == answers > 0
+        assert number(row["prompt tok"]) == prompt
+        assert number(row["completion tok"]) == completion
+        assert number(row["reasoning tok"]) == reasoning
+        assert number(row["content tok"]) == completion - reasoning
+        assert number(row["cost of answers"]) == pytest.approx(cost, abs=1e-4)
+        lat = sorted(
+            t
+            for (t,) in query(
+                endpoints_out, f"SELECT latency_s FROM results WHERE endpoint = '{name}'"
+            )
+        )
+        assert number(row["mean latency"]) == pytest.approx(sum(lat) / len(lat), abs=0.006)
+        assert number(row["p50 latency"]) == pytest.approx(percentile(lat, 0.5), abs=0.006)
+        assert number(row["p90 latency"]) == pytest.approx(percentile(lat, 0.9), abs=0.006)
+        ((failed,),) = query(
+            endpoints_out,
+            "SELECT COUNT(*) FROM attempts WHERE failure_class IS NOT NULL "
+            f"AND endpoint = '{name}'",
+        )
+        assert number(row["failed attempts"].split()[0]) == failed
+        assert row["outages"] == "0"  # hosted endpoints are never taken out of a pool
+    # The slow simulator answers slower and fails now and then, and the table says so.
+    assert number(rows["slow"]["failed attempts"].split()[0]) > 0
+    assert rows["fast"]["failed attempts"] == "0"
+    assert number(rows["slow"]["p50 latency"]) > number(rows["fast"]["p50 latency"])
+    (svg,) = page.charts("endpoint-tokens")
+    assert_readable_axes(svg, time_axis=True)
+    assert y_title(svg) == "completion tokens/s"
+    assert len(drawn(svg)) == 2
 
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -302,7 +529,13 @@ document.body.setAttribute("data-svg-sizes", sizes.join(" "));
 </script>"""
 
 
-def test_report_renders_in_headless_chromium(job_out: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("out", "charts"), [("job_out", JOB_CHARTS), ("endpoints_out", ("endpoint-tokens",))]
+)
+def test_report_renders_in_headless_chromium(
+    out: str, charts: tuple[str, ...], request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    job_out: Path = request.getfixturevalue(out)
     page = (job_out / "report.html").read_text()
     shot = tmp_path / "report.png"
     res = headless(tmp_path, f"--screenshot={shot}", (job_out / "report.html").as_uri())
@@ -317,7 +550,8 @@ def test_report_renders_in_headless_chromium(job_out: Path, tmp_path: Path) -> N
     assert "data-error" not in html_el.attrs
     (body,) = dom.find("body")
     sizes = body.attrs["data-svg-sizes"].split()
-    assert len(sizes) == page.count("<svg") >= len(JOB_CHARTS) + 4
+    assert len(sizes) == page.count("<svg")
+    assert {s.attrs["data-chart"] for s in dom.find("svg")} >= set(charts)
     for size in sizes:
         width, height = (int(v) for v in size.split("x"))
         assert width > 100 and height > 100, sizes

@@ -94,6 +94,22 @@ class ExportRow:
         return history
 
 
+@dataclass(frozen=True, slots=True)
+class ResultFact:
+    """One answer, as the report reads it (endpoint None: stored before answers named it)."""
+
+    dataset: str
+    created_at: float
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    cost_usd: float | None
+    latency_s: float
+    provider: str | None
+    finish_reason: str | None
+    endpoint: str | None
+
+
 class Answers(Owner):
     """The `results` table."""
 
@@ -110,13 +126,15 @@ class Answers(Owner):
             results,
         )
 
-    def result_facts(self) -> Iterator[tuple[str, float, int, float, str | None, str | None]]:
-        """(dataset, finished at, completion tokens, latency, provider, finish reason) of
-        every answer, for the report."""
-        yield from self._db.execute(
-            "SELECT dataset, created_at, completion_tokens, latency_s, provider, finish_reason "
-            "FROM results"
-        )
+    def result_facts(self, endpoint: bool = True) -> Iterator[ResultFact]:
+        """Every answer's usage, cost, time on the wire and source, for the report;
+        `endpoint=False` for a state.db from before m010_provenance (no endpoint column)."""
+        column = "endpoint" if endpoint else "NULL"
+        for r in self._db.execute(
+            "SELECT dataset, created_at, prompt_tokens, completion_tokens, reasoning_tokens, "
+            f"cost_usd, latency_s, provider, finish_reason, {column} FROM results"
+        ):
+            yield ResultFact(*r)
 
     def recent_completion_lengths(self, dataset: str, n: int) -> list[int]:
         """The completion tokens of a dataset's latest `n` answers."""

@@ -150,6 +150,15 @@ class Spend(Owner):
         ).fetchall()
         return [(c, m, n) for c, m, n in rows]
 
+    def endpoint_failures(self) -> dict[tuple[str, str], int]:
+        """Failed attempts by (endpoint, class); those recorded before attempts named their
+        endpoint (schema 12) are left out."""
+        rows = self._db.execute(
+            "SELECT endpoint, failure_class, COUNT(*) FROM attempts "
+            "WHERE endpoint IS NOT NULL AND failure_class IS NOT NULL GROUP BY 1, 2"
+        ).fetchall()
+        return {(e, c): n for e, c, n in rows}
+
     def attempt_facts(self) -> Iterator[AttemptFact]:
         """Every attempt, in the order recorded."""
         for r in self._db.execute(

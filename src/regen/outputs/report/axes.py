@@ -7,6 +7,7 @@ from the SVG so the arithmetic can be read (and tested) without the markup.
 
 from __future__ import annotations
 
+import itertools
 import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
@@ -49,6 +50,13 @@ TIME_STEPS += (7200, 10800, 21600, 43200, 86400, 172800, 604800)
 def time_step(seconds: float) -> float:
     """The clock-friendly step (1 s ... 1 week) at or above `seconds`."""
     return float(next((s for s in TIME_STEPS if s >= seconds), TIME_STEPS[-1]))
+
+
+def fmt_step(s: float) -> str:
+    """A clock-friendly step as people say it: `5 s`, `1 min`, `2 h`."""
+    if s < 60:
+        return f"{s:g} s"
+    return f"{s / 60:g} min" if s < 3600 else f"{s / 3600:g} h"
 
 
 def fmt_duration(s: float) -> str:
@@ -113,12 +121,17 @@ class Bucket:
 GAP_PX = 14
 MIN_SPAN_PX = 48
 BUCKET_PX = 5
+RATE_STEP_S = 60.0
+"""The shortest step a rate is counted over: one event in a step of a second would read as
+60 a minute, so rates and shares are counted over a minute or more."""
 
 
 @dataclass
 class TimeAxis:
     """Spans laid side by side across `width` pixels, each cut into buckets of whole seconds
-    (a clock-friendly step) that the series are counted into."""
+    (a clock-friendly step) that the series are counted into. A span's last bucket takes the
+    remainder: between half a step and one and a half, so that no sliver of a bucket at a
+    run's end turns a few events into a spike."""
 
     spans: list[Span]
     x0: list[float]
@@ -131,7 +144,8 @@ class TimeAxis:
     _buckets: list[Bucket] | None = None
 
     @classmethod
-    def build(cls, spans: list[Span], width: float) -> TimeAxis:
+    def build(cls, spans: list[Span], width: float, min_step_s: float = 1.0) -> TimeAxis:
+        """The axis, its steps no shorter than `min_step_s` (RATE_STEP_S for rates)."""
         n = len(spans)
         durations = [max(s.end - s.start, 1e-3) for s in spans]
         avail = width - GAP_PX * max(0, n - 1)
@@ -149,12 +163,12 @@ class TimeAxis:
             ]
         x0, first, bucket_s, x, b = [], [], [], 0.0, 0
         for d, w in zip(durations, widths, strict=True):
-            step = time_step(d / max(1, int(w / BUCKET_PX)))
+            step = time_step(max(min_step_s, d / max(1, int(w / BUCKET_PX))))
             x0.append(x)
             first.append(b)
             bucket_s.append(step)
             x += w + GAP_PX
-            b += max(1, math.ceil(d / step - 1e-9))
+            b += max(1, int(d / step + 0.5))
         return cls(spans, x0, widths, bucket_s, first, b, [s.start for s in spans])
 
     def _span_of(self, t: float) -> int:
@@ -189,8 +203,8 @@ class TimeAxis:
             n = (self.first[i + 1] if i + 1 < len(self.first) else self.n_buckets) - self.first[i]
             for k in range(n):
                 t0 = span.start + k * self.bucket_s[i]
-                t1 = min(span.end, t0 + self.bucket_s[i])
                 closing = k == n - 1
+                t1 = span.end if closing else t0 + self.bucket_s[i]
                 out.append(
                     Bucket(
                         i,
@@ -205,20 +219,27 @@ class TimeAxis:
         self._buckets = out
         return out
 
-    def count(self, times: Sequence[float]) -> list[float]:
-        """How many of these (sorted) times fall in each bucket."""
-        return [
-            float(
-                (bisect_right(times, b.until) if b.closing else bisect_left(times, b.until))
-                - bisect_left(times, b.start)
-            )
-            for b in self.buckets()
-        ]
+    def count(self, times: Sequence[float], weights: Sequence[float] | None = None) -> list[float]:
+        """How many of these (sorted) times fall in each bucket; with `weights` (one per
+        time), their sum instead (tokens of the answers that finished in it)."""
+        cum = [0.0, *itertools.accumulate(weights)] if weights is not None else None
+        out = []
+        for b in self.buckets():
+            hi = bisect_right(times, b.until) if b.closing else bisect_left(times, b.until)
+            lo = bisect_left(times, b.start)
+            out.append(float(hi - lo) if cum is None else cum[hi] - cum[lo])
+        return out
+
+    def steps(self) -> str:
+        """What the buckets are, for a chart's title: `1 min`, or `1 min to 5 min`."""
+        lo, hi = min(self.bucket_s), max(self.bucket_s)
+        return fmt_step(lo) if lo == hi else f"{fmt_step(lo)} to {fmt_step(hi)}"
 
     def ticks(self) -> list[tuple[float, str]]:
         """(x, label) of clock-aligned ticks in every span, about one per 90 px, none where
         its label would touch the previous one; over several days, each span's first tick
-        says the date."""
+        says the date. A span too short to hold an aligned tick (a pilot of half a second)
+        gets one at its start."""
         out: list[tuple[float, str]] = []
         days = utc(self.spans[0].start, "%d") != utc(self.spans[-1].end, "%d")
         for i, span in enumerate(self.spans):
@@ -226,6 +247,7 @@ class TimeAxis:
             step = time_step(d / max(1.0, self.widths[i] / 90))
             fmt = "%H:%M:%S" if step < 60 else "%H:%M" if step < 86400 else "%m-%d"
             t = math.ceil(span.start / step) * step
+            t = t if t <= span.end else span.start
             first = True
             while t <= span.end:
                 x = self.x(t)

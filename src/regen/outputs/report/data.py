@@ -1,8 +1,9 @@
 """What the report shows, read from state.db into plain dataclasses.
 
 `gather` reads each table once (results, attempts, ledger, lanes, runs and their
-timeline) and attributes answers, spend and the last event to each run; nothing here
-knows about pixels or HTML, so the drawing modules above it only read these values.
+timeline), attributes answers, spend and the last event to each run, and sums each
+endpoint's answers; nothing here knows about pixels or HTML, so the drawing modules above
+it only read these values.
 """
 
 from __future__ import annotations
@@ -14,13 +15,19 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from regen.state.db import Store
-from regen.state.runs import RunRecord, TimelinePoint
+from regen.state.runs import OutageRecord, RunRecord, TimelinePoint
 from regen.state.work import DatasetProgress
 
 RUNS_SCHEMA = 7
 """The schema version (m007_runs) from which state.db records runs, the timeline and lanes."""
+ENDPOINT_SCHEMA = 10
+"""The schema version (m010_provenance) from which each answer names its endpoint."""
+OUTAGE_SCHEMA = 12
+"""The schema version (m012_outages) from which attempts name their endpoint and outages are
+recorded."""
 RATE_LIMITED = "rate_limited"
 
 
@@ -37,6 +44,29 @@ class DatasetReport:
     """Done items by (lane that answered, whether a shorter lane's truncated answer escalated)."""
     escalated_charges: int = 0
     """Truncated answers paid for and sent again on a longer lane."""
+    prompt_tokens: int = 0
+    reasoning_tokens: int = 0
+    """Of the answers' completion tokens, those the server counted as reasoning (0 where it
+    said nothing of reasoning)."""
+
+
+@dataclass
+class EndpointReport:
+    """The answers one endpoint of the job gave (name None: answers stored before answers
+    named their endpoint)."""
+
+    name: str | None
+    finished_at: array[float] = field(default_factory=lambda: array("d"))
+    completion_tokens: array[int] = field(default_factory=lambda: array("q"))
+    """One per answer, in the order of `finished_at`."""
+    latencies: array[float] = field(default_factory=lambda: array("d"))
+    prompt_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost_usd: float = 0.0
+    errors: dict[str, int] = field(default_factory=dict)
+    """Failed attempts at it by class (schema 12 on)."""
+    outages: list[OutageRecord] = field(default_factory=list)
+    """Each time a run took it out of its pool (schema 12 on)."""
 
 
 @dataclass
@@ -48,6 +78,12 @@ class JobFacts:
     """False: state.db predates the record of runs (schema < 7); no runs, timeline or lanes."""
     timeline: list[TimelinePoint] = field(default_factory=list)
     answers: array[float] = field(default_factory=lambda: array("d"))
+    answer_prompt: array[int] = field(default_factory=lambda: array("q"))
+    answer_completion: array[int] = field(default_factory=lambda: array("q"))
+    answer_reasoning: array[int] = field(default_factory=lambda: array("q"))
+    """Tokens of each answer, in the order of `answers` (the time each was stored)."""
+    attempts: array[float] = field(default_factory=lambda: array("d"))
+    """The start of every attempt (sorted); empty when not recorded (schema < 7)."""
     failures: list[tuple[float, str, str | None]] = field(default_factory=list)
     """(started at, class, lane) of every failed attempt."""
     rate_limited: list[tuple[float, str | None]] = field(default_factory=list)
@@ -76,6 +112,7 @@ class JobFacts:
 class Report:
     job: JobFacts
     datasets: list[DatasetReport]
+    endpoints: list[EndpointReport] = field(default_factory=list)
 
 
 SLACK_S = 2.0
@@ -93,9 +130,21 @@ def run_windows(runs: list[RunRecord]) -> list[tuple[float, float]]:
     return out
 
 
+def _in_order(times: array[float]) -> bool:
+    return all(map(operator.le, times, itertools.islice(times, 1, None)))
+
+
 def _sorted(values: array[float]) -> array[float]:
-    ordered = all(map(operator.le, values, itertools.islice(values, 1, None)))
-    return values if ordered else array("d", sorted(values))
+    return values if _in_order(values) else array("d", sorted(values))
+
+
+def _sort_by_time(times: array[float], *columns: array[int]) -> list[array[Any]]:
+    """`times` sorted, with each column (one value per time) in the same order."""
+    if _in_order(times):
+        return [times, *columns]
+    order = sorted(range(len(times)), key=times.__getitem__)
+    arrays: list[array[Any]] = [times, *columns]
+    return [array(a.typecode, map(a.__getitem__, order)) for a in arrays]
 
 
 def gather(store: Store) -> Report:
@@ -106,19 +155,34 @@ def gather(store: Store) -> Report:
     job.timeline = store.runs.timeline() if recorded else []
 
     reports = {p.name: DatasetReport(p) for p in store.work.dataset_progress()}
-    add_answer = job.answers.append
+    endpoints: dict[str | None, EndpointReport] = {}
     served: dict[tuple[str, str | None, str | None], int] = {}
     current, r = None, None
-    for ds, created, tokens, latency, provider, finish in store.answers.result_facts():
-        add_answer(created)
-        if ds != current:
-            current, r = ds, reports.get(ds)
+    named = store.schema_version() >= ENDPOINT_SCHEMA
+    for fact in store.answers.result_facts(endpoint=named):
+        job.answers.append(fact.created_at)
+        job.answer_prompt.append(fact.prompt_tokens)
+        job.answer_completion.append(fact.completion_tokens)
+        job.answer_reasoning.append(fact.reasoning_tokens)
+        e = endpoints.get(fact.endpoint)
+        if e is None:
+            e = endpoints[fact.endpoint] = EndpointReport(fact.endpoint)
+        e.finished_at.append(fact.created_at)
+        e.completion_tokens.append(fact.completion_tokens)
+        e.latencies.append(fact.latency_s)
+        e.prompt_tokens += fact.prompt_tokens
+        e.reasoning_tokens += fact.reasoning_tokens
+        e.cost_usd += fact.cost_usd or 0.0
+        if fact.dataset != current:
+            current, r = fact.dataset, reports.get(fact.dataset)
         if r is None:
             continue
-        r.finished_at.append(created)
-        r.completion_tokens.append(tokens)
-        r.latencies.append(latency)
-        key = (ds, provider, finish)
+        r.finished_at.append(fact.created_at)
+        r.completion_tokens.append(fact.completion_tokens)
+        r.latencies.append(fact.latency_s)
+        r.prompt_tokens += fact.prompt_tokens
+        r.reasoning_tokens += fact.reasoning_tokens
+        key = (fact.dataset, fact.provider, fact.finish_reason)
         served[key] = served.get(key, 0) + 1
     for (ds, provider, finish), n in served.items():
         r = reports[ds]
@@ -140,6 +204,7 @@ def gather(store: Store) -> Report:
     if recorded:
         tried = job.lane_attempts
         for a in store.spend.attempt_facts():
+            job.attempts.append(a.started_at)
             tried[a.lane] = tried.get(a.lane, 0) + 1
             if a.failure_class is not None or a.status == 429:
                 failed(a.started_at, a.status, a.failure_class, a.lane)
@@ -168,11 +233,22 @@ def gather(store: Store) -> Report:
             if ds in reports:
                 reports[ds].lanes[(lane, escalated)] = n
 
-    job.answers = _sorted(job.answers)
+    job.answers, job.answer_prompt, job.answer_completion, job.answer_reasoning = _sort_by_time(
+        job.answers, job.answer_prompt, job.answer_completion, job.answer_reasoning
+    )
+    job.attempts = _sorted(job.attempts)
     for r in reports.values():
         r.finished_at = _sorted(r.finished_at)
+    if store.schema_version() >= OUTAGE_SCHEMA:
+        for (name, cls), n in store.spend.endpoint_failures().items():
+            endpoints.setdefault(name, EndpointReport(name)).errors[cls] = n
+        for o in store.runs.outages():
+            endpoints.setdefault(o.endpoint, EndpointReport(o.endpoint)).outages.append(o)
+    for e in endpoints.values():
+        e.finished_at, e.completion_tokens = _sort_by_time(e.finished_at, e.completion_tokens)
     _attribute(job)
-    return Report(job, list(reports.values()))
+    by_name = sorted(endpoints.values(), key=lambda e: (e.name is None, e.name or ""))
+    return Report(job, list(reports.values()), by_name)
 
 
 def _attribute(job: JobFacts) -> None:

@@ -1,6 +1,6 @@
-"""One section per dataset: its totals, throughput, the completion-length histogram
-marked at each lane's max_tokens, latency percentiles, finish reasons, lanes, providers
-and failed attempts by class.
+"""One section per dataset: its totals, the tokens of its answers (reasoning and content
+apart), throughput, the completion-length histogram marked at each lane's max_tokens,
+latency percentiles, finish reasons, lanes, providers and failed attempts by class.
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ def _markers(r: DatasetReport, runs: list[RunRecord]) -> list[tuple[str, int]]:
 
 
 def _throughput(r: DatasetReport, axis: TimeAxis | None, job: JobFacts) -> str:
+    """Answers per minute, on an axis whose steps are a minute or more (RATE_STEP_S)."""
     if axis is None or len(r.finished_at) < 2:
         return "<p class=dim>not enough answers for a curve</p>"
     per_min = _rates(axis.count(r.finished_at), axis, 60.0)
@@ -85,6 +86,28 @@ def _throughput(r: DatasetReport, axis: TimeAxis | None, job: JobFacts) -> str:
         "answers/min",
         DS_WIDTH,
         height=220,
+    )
+
+
+def _tokens(r: DatasetReport) -> str:
+    """The answers' tokens: completion split into reasoning (as the server counted it) and
+    content. The ledger's totals above also hold truncated answers sent again and billed
+    failures."""
+    completion = sum(r.completion_tokens)
+    content = completion - r.reasoning_tokens
+    return _table(
+        [
+            (
+                f"{len(r.completion_tokens):,}",
+                f"{r.prompt_tokens:,}",
+                f"{completion:,}",
+                f"{r.reasoning_tokens:,}",
+                f"{content:,}",
+                f"{r.reasoning_tokens / completion:.1%}" if completion else "-",
+            )
+        ],
+        ("answers", "prompt tok", "completion tok", "reasoning tok", "content tok", "reasoning"),
+        cls="ds-tokens",
     )
 
 
@@ -151,12 +174,16 @@ def _section(r: DatasetReport, axis: TimeAxis | None, job: JobFacts) -> str:
         ("p50", "p90", "p99", "max"),
     )
     hist = _histogram(r.completion_tokens, _markers(r, job.runs))
+    throughput = "throughput (answers per minute)" + (
+        f", counted over steps of {axis.steps()}" if axis is not None else ""
+    )
     return f"""
 <section>
 <h2>{html.escape(p.name)}</h2>
 {summary}
+<h3>tokens in answers</h3>{_tokens(r)}
 <div class=grid>
-<div><h3>throughput (answers per minute)</h3>{_throughput(r, axis, job)}</div>
+<div><h3>{html.escape(throughput)}</h3>{_throughput(r, axis, job)}</div>
 <div><h3>completion length (tokens), marked at each lane's max_tokens</h3>{hist}</div>
 <div><h3>latency of answers</h3>{latency}<h3>finish reasons</h3>{_counts(r.finish_reasons)}
 {_dataset_lanes(r)}</div>

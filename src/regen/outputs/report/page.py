@@ -1,5 +1,5 @@
-"""The page: the stylesheet, the overview table, the job and dataset sections in order,
-and writing report.html atomically."""
+"""The page: the stylesheet, the overview table, the job, endpoint and dataset sections in
+order, and writing report.html atomically."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from pathlib import Path
 from regen import __version__
 from regen.errors import StateError
 from regen.outputs.export import write_text_atomic
-from regen.outputs.report.axes import TimeAxis, activity_spans
+from regen.outputs.report.axes import RATE_STEP_S, TimeAxis, activity_spans
 from regen.outputs.report.data import Report, gather
 from regen.outputs.report.dataset import DS_WIDTH, _section
+from regen.outputs.report.endpoints import endpoint_section
 from regen.outputs.report.job import _job_section
 from regen.outputs.report.markup import _table
 from regen.outputs.report.svg import Plot
@@ -55,15 +56,16 @@ def render(out_dir: Path, report: Report) -> str:
     )
     spans = activity_spans(report.job)
     plot = Plot(DS_WIDTH, 1)
-    axis = TimeAxis.build(spans, plot.pw) if spans else None
+    axis = TimeAxis.build(spans, plot.pw, RATE_STEP_S) if spans else None
     body = "".join(_section(r, axis, report.job) for r in reports)
+    endpoints = endpoint_section(report.endpoints, report.job, spans)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>regen report: {html.escape(out_dir.name)}</title><style>{STYLE}</style></head>
 <body><h1>regen report</h1>
 <p>{html.escape(str(out_dir))} &middot; written {when} by regen {__version__} &middot;
 ${total_cost:,.4f} spent on {total_tokens:,} completion tokens</p>
-{overview}{_job_section(report)}{body}
+{overview}{_job_section(report)}{endpoints}{body}
 </body></html>
 """
 

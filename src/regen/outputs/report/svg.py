@@ -1,6 +1,6 @@
 """Inline SVG charts: a canvas with gridlines and axis titles, step lines on a time axis
-with the gaps between runs and each run's start marked, and rates per bucket. No script and
-no external asset, so the page opens anywhere, offline.
+with the gaps between runs and each run's start marked, and rates and shares per bucket. No
+script and no external asset, so the page opens anywhere, offline.
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ from regen.outputs.report.markup import _esc
 from regen.state.runs import RunRecord
 
 PALETTE = ("#2a7", "#27c", "#d62", "#a3c", "#c90", "#3aa", "#c36", "#777", "#68a", "#9a3")
+
+Series = tuple[Sequence[float | None], str, str]
+"""A line on a time chart: a value per bucket (None: no line there), colour, dash pattern."""
 
 
 def _f(v: float) -> str:
@@ -159,7 +162,7 @@ def _time_chart(
     axis: TimeAxis,
     job: JobFacts,
     labels: list[str],
-    series: list[tuple[Sequence[float | None], str, str]],
+    series: Sequence[Series],
     y_title: str,
     width: int,
     height: int = 230,
@@ -179,4 +182,12 @@ def _time_chart(
 
 
 def _rates(counts: list[float], axis: TimeAxis, per_s: float) -> list[float | None]:
+    """Counts per bucket as a rate: a count over a bucket of w seconds is count / w a second,
+    times `per_s` (60: a minute). Meant for an axis whose steps are at least the unit's
+    (RATE_STEP_S), so one event reads as one a minute, not as a spike of 60."""
     return [c / b.seconds * per_s for c, b in zip(counts, axis.buckets(), strict=True)]
+
+
+def _shares(part: list[float], whole: list[float]) -> list[float | None]:
+    """`part` as a percentage of `whole`, per bucket; None (no line) where `whole` is 0."""
+    return [p / w * 100.0 if w else None for p, w in zip(part, whole, strict=True)]
