@@ -183,3 +183,19 @@ def test_failures_after_a_drain_do_not_put_the_endpoint_back() -> None:
     assert health.drained and not health.healthy
     health.revive()
     assert health.healthy and not health.drained
+
+
+async def test_a_retry_waits_ahead_of_the_items_not_tried_yet() -> None:
+    """A full lane has more workers than slots: a retry queued behind them went out after a
+    hundred new requests, and the run's last rows were its retries."""
+    limit = AdaptiveLimit(1, 1, adaptive=False)
+    first = await limit.acquire()
+    new = asyncio.ensure_future(limit.acquire())
+    await asyncio.sleep(0)
+    retry = asyncio.ensure_future(limit.acquire(first=True))
+    await asyncio.sleep(0)
+    limit.release("ok", epoch=first)
+    await asyncio.sleep(0)
+    assert retry.done() and not new.done()
+    limit.release("ok", epoch=retry.result())
+    assert await new == limit.epoch

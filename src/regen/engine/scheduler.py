@@ -806,7 +806,9 @@ class Scheduler:
         limit = lane.limits[ep.name]
         ep.outstanding += 1
         try:
-            admitted = await self._admit(lane, ep, limit, item, req, defer=defer)
+            admitted = await self._admit(
+                lane, ep, limit, item, req, defer=defer, retry=tally.number > 1
+            )
         except BaseException:
             ep.outstanding -= 1
             raise
@@ -1126,6 +1128,7 @@ class Scheduler:
         req: Request,
         *,
         defer: bool = False,
+        retry: bool = False,
     ) -> tuple[Lease | None, int] | Deferred | None:
         """Take a slot of the endpoint's limit and, under budgets, a lease: the lease (None
         without budgets) and the slot's epoch, or None when the item must not be sent now (a
@@ -1133,7 +1136,8 @@ class Scheduler:
         be sent hold budget. `defer`: when the dataset's own room is held by requests in
         flight, the item goes back to the feeder (DEFERRED) instead of waiting here."""
         while True:
-            epoch = await limit.acquire()
+            # A retry takes the next free slot, ahead of items not tried yet.
+            epoch = await limit.acquire(first=retry)
             if self.stopping:
                 limit.release("other", epoch=epoch)
                 return None
