@@ -334,3 +334,8 @@ def test_a_pool_with_every_server_out_says_so_in_place_of_the_eta() -> None:
     text = render(progress_view(stats, NOW), 120)
     assert "ETA: every server out of the pool since" in text
     assert f"ETA {job_eta_text()}" not in text
+    # The log line (and `regen status`, which reads it) says so too.
+    line = progress_line(stats, NOW)
+    assert "endpoints_out=3/3" in line and re.search(r"pool_down_since=\d+", line)
+    assert "pool_down_since" not in progress_line(pool_stats(), NOW)
+    assert "endpoints_out=1/3" in progress_line(pool_stats(), NOW)

@@ -122,6 +122,7 @@ def progress_line(stats: RunStats, now: float | None = None) -> str:
     rates = stats.rolling(now)
     _, job_eta = stats.etas(now)
     held = stats.holds()
+    out = [name for name, e in stats.endpoints.items() if e.health.drained]
     per_ds = " ".join(
         f"{name}={d.done_before + d.done}/{d.items}" for name, d in stats.datasets.items()
     )
@@ -143,9 +144,20 @@ def progress_line(stats: RunStats, now: float | None = None) -> str:
             if held.requests and held.until is not None
             else ""
         )
+        + (f"endpoints_out={len(out)}/{len(stats.endpoints)} " if out else "")
+        + (f"pool_down_since={down:.0f} " if (down := pool_down_since(stats)) is not None else "")
         + f"errors={errors_text(t.errors)} "
         f"elapsed_s={elapsed:.0f} {per_ds} {per_lane}"
     ).rstrip()
+
+
+def pool_down_since(stats: RunStats) -> float | None:
+    """When the last server of the pool went out of it, while every one is out (None: some
+    server is in); nothing is answered then, so no ETA stands."""
+    eps = stats.endpoints.values()
+    if not eps or not all(e.health.drained for e in eps):
+        return None
+    return max(e.outages[-1].start for e in eps if e.outages)
 
 
 LIVE_COLUMNS: tuple[str, ...] = (
@@ -359,9 +371,8 @@ def progress_view(
     eta = f"ETA {eta_text(job_eta)}"
     if ended:
         eta = f"ended after {format_duration(elapsed)}"
-    elif stats.endpoints and all(e.health.drained for e in stats.endpoints.values()):
+    elif (since := pool_down_since(stats)) is not None:
         # Nothing can be answered until a server is back: an ETA would be a guess.
-        since = max(e.outages[-1].start for e in stats.endpoints.values() if e.outages)
         when = time.strftime("%H:%M:%S", time.localtime(since))
         eta = f"ETA: every server out of the pool since {when}, waiting for one to come back"
     elif held.requests and not t.in_flight and held.until is not None and not stats.stop_reason:

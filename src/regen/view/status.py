@@ -188,7 +188,11 @@ def snapshot_view(s: Snapshot) -> Group:
         if "credits_usd" in p:
             head += f", credit ${float(p['credits_usd']):,.2f}"
         held_until = p.get("held_until")
-        if s.running_pid is not None and held_until and p.get("in_flight") == "0":
+        down = p.get("pool_down_since")
+        if s.running_pid is not None and down:
+            when = datetime.fromtimestamp(float(down)).strftime("%H:%M:%S")
+            head += f", every server out of the pool since {when} as of that line"
+        elif s.running_pid is not None and held_until and p.get("in_flight") == "0":
             when = datetime.fromtimestamp(float(held_until)).strftime("%H:%M:%S")
             head += f", waiting for held bills (until {when} at the latest) as of that line"
         elif p.get("eta_s", "-") != "-" and s.running_pid is not None:
