@@ -38,6 +38,18 @@ LAST_RANK = 1 << 30
 """The rank of the end marker each worker takes last."""
 
 
+async def until_set(waiting: Awaitable[object], event: asyncio.Event) -> None:
+    """Wait for something, but wake at once when `event` is set (the run stops); what was
+    waited for is cancelled if it has not happened."""
+    waiter = asyncio.ensure_future(waiting)
+    stopper = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        stopper.cancel()
+
+
 class LaneQueue:
     """A lane's items waiting for a worker, handed out by rank then order key; bounded, so that
     the feeder claims only what the workers are about to take."""
@@ -197,7 +209,7 @@ class Feeder:
             if ready is None:
                 if not live:
                     return
-                await self._until_stop(wake.wait())
+                await until_set(wake.wait(), self._stopping)
                 continue
             if ready in self._sequential:
                 await self._feed_sequential(lane, queue, ready, rank[ready], batch_size)
@@ -241,15 +253,6 @@ class Feeder:
             after = batch[-1].order_key
         await self._feed_waiting(lane, queue, name, rank, batch_size)
 
-    async def _until_stop(self, waiting: Awaitable[object]) -> None:
-        """Wait for something, but wake at once when the run stops."""
-        waiter = asyncio.ensure_future(waiting)
-        stopper = asyncio.ensure_future(self._stopping.wait())
-        try:
-            await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-            stopper.cancel()
 
     async def _feed_escalated(self, lane: LaneRuntime, queue: LaneQueue, batch_size: int) -> None:
         """Items escalated to this lane arrive while the lanes that send them still run.

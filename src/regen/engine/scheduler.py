@@ -52,7 +52,7 @@ from regen.engine.failures import CLIENT_ERRORS as CLIENT_ERRORS
 from regen.engine.failures import JOB_WIDE_AFTER as JOB_WIDE_AFTER
 from regen.engine.failures import JOB_WIDE_WAIT_S as JOB_WIDE_WAIT_S
 from regen.engine.failures import ClientErrorJudge, ErrorRate
-from regen.engine.feeder import Feeder, LaneQueue
+from regen.engine.feeder import Feeder, LaneQueue, until_set
 from regen.engine.holds import HoldKeeper, HoldSummary
 from regen.engine.limiter import AdaptiveLimit, EndpointHealth
 from regen.engine.sent_log import IDENTIFY_WRITE_EVERY_S as IDENTIFY_WRITE_EVERY_S
@@ -1169,13 +1169,7 @@ class Scheduler:
 
     async def _until_stop(self, waiting: Awaitable[Any]) -> None:
         """Wait for something, but wake at once when the run stops."""
-        waiter = asyncio.ensure_future(waiting)
-        stopper = asyncio.ensure_future(self._stopping.wait())
-        try:
-            await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-            stopper.cancel()
+        await until_set(waiting, self._stopping)
 
     def _record(self, lane: LaneRuntime, outcome: Outcome) -> None:
         """An item's outcome, weighed by the judge of client errors, counted and buffered for
