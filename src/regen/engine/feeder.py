@@ -253,7 +253,6 @@ class Feeder:
             after = batch[-1].order_key
         await self._feed_waiting(lane, queue, name, rank, batch_size)
 
-
     async def _feed_escalated(self, lane: LaneRuntime, queue: LaneQueue, batch_size: int) -> None:
         """Items escalated to this lane arrive while the lanes that send them still run.
         Pass over them in pages (those already handed out are skipped, and on a wide lane
