@@ -51,6 +51,7 @@ def check(rows: list[tuple[float, float]], slots: int, share: float) -> tuple[fl
         elif s <= now:
             flow.on_wire[k] = s
     flow.remaining = len(rows) - done
+    flow.finished = done  # every answer is this run's
     (eta,) = lane_eta([(flow, flow.remaining, "count")], now, float(slots), 0.0)
     assert eta is not None
     actual = end - now

@@ -339,3 +339,28 @@ def test_a_pool_with_every_server_out_says_so_in_place_of_the_eta() -> None:
     assert "endpoints_out=3/3" in line and re.search(r"pool_down_since=\d+", line)
     assert "pool_down_since" not in progress_line(pool_stats(), NOW)
     assert "endpoints_out=1/3" in progress_line(pool_stats(), NOW)
+
+
+def test_the_first_seconds_show_a_labelled_range_not_a_point() -> None:
+    """A run's first seconds (issue 37: `eta_s=12733` for a two-minute job): only a pilot's
+    answers, nothing or 2 of 32 requests on the wire. The ETA counts the lane at its limit,
+    shows as a range marked `prior`, and run.log's line says so."""
+    for sent in (0, 32):
+        lane = LaneStats(concurrency=32, datasets=["chat"])
+        lane.limits.append(AdaptiveLimit(32, 32, clock=lambda: NOW))
+        if sent:
+            for k in range(sent):
+                lane.wire.change(NOW - 0.9 + 0.01 * k, +1)
+            lane.wire.full(NOW - 0.6)
+            lane.wire.change(NOW - 0.2, -30)
+        flow = lane.flow("chat")
+        flow.remaining = 3000
+        for i in range(30):
+            flow.add_latency(1.0 + i % 3)  # the pilot's: 2 s on average
+        stats = RunStats(datasets={"chat": DatasetStats(items=3000)}, started_at=NOW - 1)
+        stats.lanes = {"default": lane}
+        text = render(progress_view(stats, NOW), 120)
+        assert re.search(r"ETA ~\S+-\S+ \(prior\)", text), text
+        fields = dict(kv.split("=", 1) for kv in progress_line(stats, NOW).split() if "=" in kv)
+        assert fields["eta_basis"] == "prior"
+        assert 3000 * 2.0 / 32 < float(fields["eta_s"]) < 3000 * 2.0 / 32 * 1.5

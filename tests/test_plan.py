@@ -9,8 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from regen.config import Job, load_job
 from regen.demo import prepare_demo
+from regen.engine.budget import Prices
+from regen.run.forecast import Interval, plan
 from regen.sim import SimConfig, sim_in_thread
+from regen.state.spend import FlowEntry
+from regen.state.work import DatasetProgress
 from tests.conftest import chat_rows, query, run_cli, two_lanes, write_job, write_rows
 
 
@@ -115,8 +120,8 @@ def test_plan_without_answers_uses_each_lanes_max_tokens(tmp_path: Path) -> None
     assert long_["completion_tokens"] / long_["passages"] == pytest.approx(4096 / 4, rel=0.01)
     assert short["completion_tokens"] / short["passages"] == pytest.approx(256 / 4, rel=0.01)
     # Some short answers are expected to be truncated and sent on to the long lane.
-    assert 0 < short["escalations"] < short["passages"]
-    assert long_["passages"] == pytest.approx(long_["pending"] + short["escalations"])
+    assert 0 < short["escalations"]["mean"] < short["passages"]
+    assert long_["passages"] == pytest.approx(long_["pending"] + short["escalations"]["mean"])
 
 
 def test_pilot_measures_escalations_and_the_job_cap_says_when_it_stops(tmp_path: Path) -> None:
@@ -140,8 +145,9 @@ def test_pilot_measures_escalations_and_the_job_cap_says_when_it_stops(tmp_path:
     for ds in ("a", "b"):
         short, long_ = flows["short", ds], flows["long", ds]
         assert short["basis"] == "30 answers" or short["basis"].endswith("of lane short")
-        assert long_["passages"] == pytest.approx(long_["pending"] + short["escalations"])
-        assert short["escalations"] > 0
+        assert long_["passages"] == pytest.approx(long_["pending"] + short["escalations"]["mean"])
+        assert short["escalations"]["p10"] < short["escalations"]["mean"]
+        assert short["escalations"]["mean"] < short["escalations"]["p90"]
     # The long lane rests on the few truncated answers the pilot sent on: the plan says so.
     assert any(a.startswith("lane long, dataset a: rests on") for a in p["job"]["assumptions"])
     # Attempts include retries and escalations: at least one per passage.
@@ -189,3 +195,81 @@ def test_the_regression_estimator_corrects_a_sample_that_drew_short_prompts() ->
     assert Stat.regressed(flat, xs, 300.0).mean == pytest.approx(100, rel=0.15)
     assert Stat.regressed(ys, xs, 1e6).mean == plain.mean
     assert not math.isnan(Stat.regressed(ys, [1.0] * len(ys), 5.0).mean)
+
+
+# The plan's intervals, from constructed answers (no simulator): each models a spread the
+# bench (bench/plan.py) found missing.
+
+
+def offline_job(tmp: Path, lanes: str = "") -> Job:
+    write_rows(tmp / "a.jsonl", chat_rows(10, "Alpha"))
+    write_rows(tmp / "b.jsonl", chat_rows(10, "Beta"))
+    path = write_job(
+        tmp,
+        "http://127.0.0.1:9/api/v1",
+        datasets=[("a", "a.jsonl", "openai"), ("b", "b.jsonl", "openai")],
+        extra=lanes,
+    )
+    return load_job(path)
+
+
+def progress(name: str, items: int) -> DatasetProgress:
+    return DatasetProgress(name, 0, items, 0, items, items, 0, 0, 0, 0, 0.0)
+
+
+def passage(lane: str, ds: str, outcome: str, seconds: float, usd: float) -> FlowEntry:
+    return FlowEntry(lane, ds, outcome, 100, 1, 1, seconds, seconds, 100, 200, usd)
+
+
+PRICES = Prices(0.000001, 0.000002)
+
+
+def test_a_pilots_escalation_share_carries_its_binomial_spread_to_the_long_lane(
+    tmp_path: Path,
+) -> None:
+    job = offline_job(tmp_path, LANES)
+    # 30 short-lane passages per dataset, 9 truncated; the long lane's answers all alike.
+    entries = [
+        passage("short", ds, "escalated" if i < 9 else "done", 1.0, 0.001)
+        for ds in ("a", "b")
+        for i in range(30)
+    ] + [passage("long", ds, "done", 4.0, 0.01) for ds in ("a", "b") for _ in range(9)]
+    pending = {("short", "a"): (1000, 100_000), ("short", "b"): (1000, 100_000)}
+    p = plan(job, [progress("a", 1000), progress("b", 1000)], entries, {}, pending, PRICES, {})
+    flows = {(f.lane, f.dataset): f for f in p.flows}
+    esc = flows["short", "a"].escalations
+    # 9 of 30: the share is unsure by about 0.08 either way, the count by about a quarter.
+    assert esc.mean == pytest.approx(300)
+    assert esc.p90 / esc.mean > 1.25 and esc.p10 / esc.mean < 0.8
+    # The long lane's dollars and time grow with that count: at least as unsure as it is.
+    long_a = flows["long", "a"]
+    assert long_a.cost_usd is not None
+    assert long_a.cost_usd.p90 / long_a.cost_usd.mean > 1.25
+    assert long_a.time_s.p90 / long_a.time_s.mean > 1.25
+    (long_lane,) = [lane for lane in p.lanes if lane.name == "long"]
+    assert long_lane.escalations_in.p10 < long_lane.escalations_in.mean == pytest.approx(600)
+    # None truncated in 30 does not mean none will be.
+    none = [passage("short", "a", "done", 1.0, 0.001) for _ in range(30)]
+    p0 = plan(job, [progress("a", 1000)], none, {}, {("short", "a"): (1000, 100_000)}, PRICES, {})
+    (short0,) = [f for f in p0.flows if f.lane == "short" and f.dataset == "a"]
+    assert short0.escalations.mean == 0 and short0.escalations.p90 == 0
+    assert short0.escalations == Interval(0.0, 0.0, 0.0)
+
+
+def test_the_prior_without_answers_claims_no_more_than_a_guess_can(tmp_path: Path) -> None:
+    job = offline_job(tmp_path)
+    pending = {("default", "a"): (1000, 100_000), ("default", "b"): (1000, 100_000)}
+    completions_only = Prices(0.0, 0.000002)
+    p = plan(job, [progress("a", 1000), progress("b", 1000)], [], {}, pending, completions_only, {})
+    a = next(d for d in p.datasets if d.name == "a")
+    assert a.cost_usd is not None and a.cost_usd.prior and a.done_in_s is not None
+    # Completions of max_tokens/4 are a guess: from max_tokens/16 to all of it (p10-p90);
+    # the time also as the speed may be half or twice the guess.
+    assert a.cost_usd.p10 == pytest.approx(a.cost_usd.mean / 4, rel=0.15)
+    assert a.cost_usd.p90 == pytest.approx(a.cost_usd.mean * 4, rel=0.15)
+    assert a.done_in_s.p10 < a.done_in_s.mean / 4 and a.done_in_s.p90 > a.done_in_s.mean * 5
+    # Answers cut at max_tokens go nowhere without a longer lane: no escalations.
+    assert a.escalations == Interval(0.0, 0.0, 0.0)
+    # The same guess for every dataset: their errors add up, the job is as unsure as each.
+    assert p.cost_usd is not None
+    assert p.cost_usd.p90 / p.cost_usd.mean == pytest.approx(a.cost_usd.p90 / a.cost_usd.mean)

@@ -36,6 +36,18 @@ RESERVOIR = 4096
 """Latencies kept per flow: enough for the distribution, bounded for memory and time."""
 MIN_SAMPLE = 5
 """Fewer finished answers than this in a lane and dataset: use the lane's pooled answers."""
+UNMEASURED_RSD = 1.0
+"""The relative sd Concurrency.mean gives a pace it has not measured yet: lane_eta reads it
+as such (its ETA is then `prior`)."""
+EARLIER_RSD = 0.12
+"""How far this run's pace may be from the one earlier runs' answers (a pilot's) measured,
+beyond their sampling error: a pilot starts cold, the machine's load and the provider's speed
+move. On bench/plan.py's workloads a dataset's mean time in the run was 0.74 to 1.27 times its
+pilot's, the pilot's own sampling error included."""
+FILL_S = 5.0
+"""A lane not yet full after this long is measured as it is (fed slowly, or few items)."""
+RUN_ANSWERS = 20
+"""Answers a lane needs from this run before its ETA stops being `prior`."""
 
 
 @dataclass
@@ -238,6 +250,10 @@ class Eta:
     p10: float
     p90: float
     bound: str = "count"
+    prior: bool = False
+    """This run has not measured its own pace yet (too few of its answers, or a lane not yet
+    full for long): the figures rest on earlier answers (a pilot's) and a guess at the
+    concurrency, so they are a range to show as such, not a point."""
 
 
 @dataclass
@@ -251,22 +267,31 @@ class Concurrency:
     full_since: float | None = None
     """When the lane first had as many on the wire as its limit allowed: the seconds before,
     while it filled up (a lane fed by escalations fills slowly), say nothing of its pace."""
+    peak: int = 0
+    """The most requests on the wire at once so far: until its pace is measured, what a lane
+    will keep on the wire is taken as that, never the few it had out in its first second."""
 
     def full(self, now: float) -> None:
         if self.full_since is None:
             self.full_since = now
 
     def change(self, now: float, delta: int) -> None:
-        if self.last:
+        if self.samples:
             self.busy_s += self.in_flight * (now - self.last)
+        else:
+            self.samples.append((now, 0.0))  # the timeline starts with its first change
         self.last = now
         self.in_flight += delta
+        self.peak = max(self.peak, self.in_flight)
 
-    def mean(self, now: float, window_s: float = 30.0) -> tuple[float, float]:
+    def mean(self, now: float, window_s: float = 30.0, *, limit: int = 0) -> tuple[float, float]:
         """Mean requests on the wire over about the last `window_s`, and the relative
-        standard error of that mean from its one-second steps (how steady the rate was)."""
+        standard error of that mean from its one-second steps (how steady the rate was).
+        Until the lane has been full for a few seconds (or, never full, has run for
+        FILL_S) its pace is not measured: then the most it has had on the wire, or its
+        `limit` (what it may send) if more, with UNMEASURED_RSD."""
         self.change(now, 0)
-        if not self.samples or now - self.samples[-1][0] >= 1.0:
+        if now - self.samples[-1][0] >= 1.0:
             self.samples.append((now, self.busy_s))
         while len(self.samples) > 2 and now - self.samples[1][0] >= window_s:
             self.samples.popleft()
@@ -277,13 +302,14 @@ class Concurrency:
         ):
             self.samples.popleft()
         t0, b0 = self.samples[0]
-        if now - t0 < 1.0:
-            return float(self.in_flight), 0.5
-        level = (self.busy_s - b0) / (now - t0)
         points = list(self.samples)
         steps = [
             (bb - ba) / (tb - ta) for (ta, ba), (tb, bb) in itertools.pairwise(points) if tb > ta
         ]
+        filled = self.full_since is not None
+        if now - t0 < 1.0 or (len(steps) < 2 if filled else now - t0 < FILL_S):
+            return float(max(self.peak, self.in_flight, limit)), UNMEASURED_RSD
+        level = (self.busy_s - b0) / (now - t0)
         if level <= 0 or len(steps) < 2:
             return level, 0.5
         mean_step = sum(steps) / len(steps)
@@ -335,6 +361,9 @@ def lane_eta(
     Items not yet on the wire take `mean` each of the lane's `concurrency`; then the last
     requests of the dataset drain (the slowest residual among those in flight). Requests on the
     wire now are half done on average, which the drain of the last ones stands in for.
+
+    Until the lane has RUN_ANSWERS answers of this run and a measured pace (`concurrency_rsd`
+    below UNMEASURED_RSD), each ETA is `prior`: its interval, log-normal, is what to show.
     """
     pooled_done: list[float] = []
     pooled_censored: list[float] = []
@@ -346,8 +375,12 @@ def lane_eta(
     pooled = kaplan_meier(pooled_done, pooled_censored, len(pooled_done) / max(1, answers))
     out: list[Eta | None] = []
     work = var = 0.0
+    earlier_work = 0.0  # resting on earlier runs' answers alone (datasets not reached yet)
     known = True
+    # Nothing on the wire yet and no pace known: no figure can be backed (not even a range).
+    started = concurrency >= 1.0 or concurrency_rsd < UNMEASURED_RSD
     c = max(concurrency, 1.0)
+    prior = concurrency_rsd >= UNMEASURED_RSD or sum(f.finished for f, _, _ in flows) < RUN_ANSWERS
     for flow, n, bound in flows:
         model = None
         if len(flow.latencies) >= MIN_SAMPLE:
@@ -357,7 +390,7 @@ def lane_eta(
                 len(flow.latencies) / max(1, flow.answers),
             )
         model = model or pooled
-        if model is None or not known:
+        if model is None or not known or (n and not started):
             known = known and n == 0
             out.append(Eta(0.0, 0.0, 0.0, bound) if known else None)
             continue
@@ -365,6 +398,8 @@ def lane_eta(
         overhead = flow.failed_wire_s / max(1, flow.answers)
         unstarted = max(0, n - len(flow.on_wire))
         work += unstarted * (model.mean + overhead)
+        if flow.finished < RUN_ANSWERS:
+            earlier_work += unstarted * (model.mean + overhead)
         # The mean's standard error, scaled to the items left, their own spread, and how much
         # of the mean rests on the extrapolated tail.
         var += (
@@ -374,7 +409,18 @@ def lane_eta(
         )
         drain, drain_sd = model.drain(min(n, round(c))) if n else (0.0, 0.0)
         seconds = work / c + drain
-        sd = SD_SCALE * math.sqrt(var / (c * c) + drain_sd**2 + (work / c * concurrency_rsd) ** 2)
+        sd = SD_SCALE * math.sqrt(
+            var / (c * c)
+            + drain_sd**2
+            + (work / c * concurrency_rsd) ** 2
+            + (earlier_work / c * EARLIER_RSD) ** 2
+        )
+        if prior and seconds > 0:
+            # Not a point: a range, skewed as a guess at a pace is (never down to zero).
+            s = math.sqrt(math.log1p((sd / seconds) ** 2))
+            low, high = seconds * math.exp(-Z90 * s), seconds * math.exp(Z90 * s)
+            out.append(Eta(seconds, low, high, bound, prior=True))
+            continue
         out.append(Eta(seconds, max(0.0, seconds - Z90 * sd), seconds + Z90 * sd, bound))
     return out
 
@@ -390,6 +436,7 @@ def combine(etas: Iterable[Eta | None]) -> Eta | None:
         max(e.p10 for e in last),
         max(e.p90 for e in last),
         "budget" if any(e.bound == "budget" for e in last) else "count",
+        prior=any(e.prior for e in last),
     )
 
 
@@ -405,16 +452,25 @@ def format_duration(seconds: float) -> str:
 
 
 def eta_text(eta: Eta | None) -> str:
+    """`12m (10m-15m)`; before the run has measured its pace, only the range and what it
+    rests on: `~2m-9m (prior)`."""
     if eta is None:
         return "-"
     if eta.seconds <= 0:
         return "0s"
-    text = f"{format_duration(eta.seconds)} ({format_duration(eta.p10)}-{format_duration(eta.p90)})"
+    if eta.prior:
+        text = f"~{format_duration(eta.p10)}-{format_duration(eta.p90)} (prior)"
+    else:
+        text = (
+            f"{format_duration(eta.seconds)} "
+            f"({format_duration(eta.p10)}-{format_duration(eta.p90)})"
+        )
     return text + (" budget" if eta.bound == "budget" else "")
 
 
 PRIOR_REL_SD = 0.8
-"""How unsure the prior's means are (the sd of their logarithm): p10-p90 about /2.8 to x2.8."""
+"""How unsure a prior Stat's mean is (the sd of its logarithm) where it is summed as if
+measured; the plan's own intervals for a prior are bands (forecast.PriorBand)."""
 REGRESS_MIN = 20
 """Passages needed before their prompt sizes adjust a mean (Stat.regressed)."""
 REGRESS_CLAMP = 3.0
@@ -434,10 +490,22 @@ class Stat:
 
     @classmethod
     def of(cls, xs: Sequence[float]) -> Stat:
+        """The sample's mean and sd. Times and dollars are skewed (a few long answers hold
+        much of the total): from a small sample, sd / sqrt(n) understates how far the mean may
+        be off, and the sample's own sd runs short. Their error is at least Cox's for the mean
+        of a log-normal, from the spread of the logarithms."""
         n = len(xs)
         mean = sum(xs) / n
         var = sum((x - mean) ** 2 for x in xs) / (n - 1) if n > 1 else mean**2
-        return cls(mean, math.sqrt(var), n)
+        error = None
+        if n >= 3 and min(xs) > 0:
+            logs = [math.log(x) for x in xs]
+            m = sum(logs) / n
+            s2 = sum((y - m) ** 2 for y in logs) / (n - 1)
+            cox = mean * math.sqrt(s2 / n + s2 * s2 / (2 * (n - 1)))
+            if cox > math.sqrt(var / n):
+                error = cox
+        return cls(mean, math.sqrt(var), n, error)
 
     @classmethod
     def regressed(cls, ys: Sequence[float], xs: Sequence[float], x_to: float | None) -> Stat:
@@ -457,10 +525,15 @@ class Stat:
         mean = plain.mean + slope * (x_to - mx)
         if not plain.mean / REGRESS_CLAMP <= mean <= plain.mean * REGRESS_CLAMP:
             return plain
-        resid = sum(
-            (y - plain.mean - slope * (x - mx)) ** 2 for x, y in zip(xs, ys, strict=True)
-        ) / max(1, n - 2)
-        error = math.sqrt(resid * (1 / n + (x_to - mx) ** 2 / sxx))
+        # The error of the prediction at x_to, robust to a spread that grows with x (long
+        # prompts' answers vary most): the sandwich (HC1) form, each residual by its weight.
+        var = sum(
+            ((1 / n + (x_to - mx) * (x - mx) / sxx) * (y - plain.mean - slope * (x - mx))) ** 2
+            for x, y in zip(xs, ys, strict=True)
+        )
+        error = math.sqrt(var * n / (n - 2))
+        # As skewed as the plain mean is (Stat.of), relative to sd / sqrt(n).
+        error *= plain.se / (plain.sd / math.sqrt(n)) if plain.sd > 0 else 1.0
         return cls(mean, plain.sd, n, error)
 
     @property

@@ -353,7 +353,7 @@ class RunStats:
         coming: dict[tuple[str, str], float] = {}
         for name in escalation_order({n: lane.escalate_to for n, lane in self.lanes.items()}):
             lane = self.lanes[name]
-            c, rsd = lane.wire.mean(now)
+            c, rsd = lane.wire.mean(now, limit=lane.limit)
             rows = []
             for ds in lane.datasets:
                 flow = lane.flow(ds)
@@ -394,6 +394,7 @@ def after_feeder(eta: Eta, feeder: Eta, flow: Flow) -> Eta:
         max(eta.p10, feeder.p10 + one),
         max(eta.p90, feeder.p90 + one),
         eta.bound,
+        prior=eta.prior or feeder.prior,
     )
 
 

@@ -63,8 +63,22 @@ PRIOR_TOKENS_PER_S = 50.0
 model under load, slower than its quoted peak."""
 PRIOR_LENGTH_CV = 1.0
 """The spread of one prior completion (its sd over its mean)."""
+PRIOR_LENGTH_BAND = 4.0
+"""How far the prior's mean completion may be off, as its p10-p90: from a sixteenth of
+max_tokens (a chat model answering in a few hundred tokens under a generous max_tokens) to all
+of it (a reasoning model that fills it). On bench/plan.py's workloads the no-pilot plan then
+held 90% of the actuals (a band of 6: 100%, too wide to say anything; 3: 79%)."""
+PRIOR_SPEED_BAND = 2.0
+"""How far the prior's tokens/s and time to the first token may be off (p10-p90)."""
 LIMIT_RSD = 0.1
 """How far the requests a provider lets a lane keep on the wire may move in the next run."""
+PACE_RSD = 0.08
+"""How far a whole lane's pace may move from what its answers so far measured, whatever their
+number: a pilot's requests find the provider and the machine otherwise than the run's will
+(cold connections, other load, the provider's speed over the day). On bench/plan.py's
+workloads a dataset's mean time in the run was 0.74 to 1.27 times its pilot's, the pilot's
+sampling included; where a pilot sends a dataset first, into its cold start, about 0.86 times
+(0.75-0.84 with a CPU load beside both)."""
 ADAPTIVE_SHARE = 0.72
 """Against a provider that refuses what it cannot take, the adaptive limit saws below its
 capacity and pauses for each Retry-After: measured, the lane keeps about this share of the
@@ -80,6 +94,9 @@ class Interval:
     mean: float
     p10: float
     p90: float
+    prior: bool = False
+    """It rests (in part) on the prior of a lane without answers: a guess whose error every
+    flow it touches shares, so its sums add p10s and p90s rather than spreads."""
 
     @classmethod
     def of(cls, mean: float, sd: float) -> Interval:
@@ -113,6 +130,10 @@ class Profile:
     latency: LatencyModel | None
     escalated_prompt: float | None = None
     """Mean estimated prompt tokens of the passages it is expected to escalate."""
+    escalated_sd: float = 0.0
+    """How unsure the share escalated is (its sd): a share of a few passages is a wide one."""
+    band: PriorBand | None = None
+    """A prior's p10 and p90 per passage (None: measured, its spread is in its stats)."""
 
     @classmethod
     def measured(
@@ -133,9 +154,10 @@ class Profile:
         # Which passages get truncated depends on their prompts: the share escalated, and the
         # prompt size of those escalated, adjusted to the prompts to come as the means are.
         escalated = [1.0 if e.outcome == "escalated" else 0.0 for e in entries]
+        share_stat = stat(escalated)
         escalated_prompt = None
         if any(escalated):
-            share = stat(escalated).mean
+            share = share_stat.mean
             weighted = stat([x * y for x, y in zip(xs, escalated, strict=True)]).mean
             plain = sum(x for x, y in zip(xs, escalated, strict=True) if y) / sum(escalated)
             escalated_prompt = weighted / share if share > 0 and weighted > 0 else plain
@@ -149,24 +171,50 @@ class Profile:
             stat([max(e.span_s, e.wire_s) for e in entries]),
             stat([e.wire_s for e in entries]),
             sum(e.attempts for e in entries) / n,
-            min(1.0, max(0.0, stat(escalated).mean)),
+            min(1.0, max(0.0, share_stat.mean)),
             sum(e.outcome == "failed" for e in entries) / n,
             kaplan_meier(latencies, []) if latencies else None,
             escalated_prompt,
+            max(share_stat.se, share_sd(int(sum(escalated)), n)),
         )
 
     @classmethod
-    def prior(cls, max_tokens: int, prompt_est: float, prices: Prices | None) -> Profile:
+    def prior(
+        cls, max_tokens: int, prompt_est: float, prices: Prices | None, escalates: bool
+    ) -> Profile:
+        """The stated prior for a lane without answers; `escalates`: its truncated answers
+        go on to a longer lane (else they are answers like any other)."""
         completion = PRIOR_LENGTH_SHARE * max_tokens
         seconds = PRIOR_TTFT_S + completion / PRIOR_TOKENS_PER_S
-        # A log-normal with that mean and spread: the share of answers it cuts at max_tokens.
         s = math.sqrt(math.log1p(PRIOR_LENGTH_CV**2))
         mu = math.log(completion) - s * s / 2
-        truncated = 0.5 * math.erfc((math.log(max_tokens) - mu) / (s * math.sqrt(2)))
+        # The band: the mean length at its p10 and p90, the speed at its slow and fast ends;
+        # the share truncated and the dollars follow the length.
+        short = completion / PRIOR_LENGTH_BAND
+        long_ = min(float(max_tokens), completion * PRIOR_LENGTH_BAND)
+        fast = PRIOR_TOKENS_PER_S * PRIOR_SPEED_BAND
+        slow = PRIOR_TOKENS_PER_S / PRIOR_SPEED_BAND
         cost = None
+        usd_band = None
         if prices is not None:
             usd = prices.cost(round(prompt_est), round(completion))
             cost = Stat(usd, usd * PRIOR_LENGTH_CV, 0)
+            usd_band = (
+                prices.cost(round(prompt_est), round(short)),
+                prices.cost(round(prompt_est), round(long_)),
+            )
+        band = PriorBand(
+            usd_band,
+            (
+                PRIOR_TTFT_S / PRIOR_SPEED_BAND + short / fast,
+                PRIOR_TTFT_S * PRIOR_SPEED_BAND + long_ / slow,
+            ),
+            # Lengths beyond max_tokens are what is truncated: the share is not capped.
+            (
+                _truncated(short, max_tokens) if escalates else 0.0,
+                _truncated(completion * PRIOR_LENGTH_BAND, max_tokens) if escalates else 0.0,
+            ),
+        )
         # Quantiles of the prior's latency, for the drain of a lane's last requests.
         rng = random.Random(0)
         sample = [PRIOR_TTFT_S + rng.lognormvariate(mu, s) / PRIOR_TOKENS_PER_S for _ in range(400)]
@@ -180,10 +228,36 @@ class Profile:
             Stat(seconds, seconds * PRIOR_LENGTH_CV, 0),
             Stat(seconds, seconds * PRIOR_LENGTH_CV, 0),
             1.0,
-            truncated,
+            _truncated(completion, max_tokens) if escalates else 0.0,
             0.0,
             kaplan_meier(sample, []),
+            band=band,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class PriorBand:
+    """Per passage of a lane without answers: the p10 and p90 of its dollars, seconds (on the
+    wire and held alike) and share escalated, as the prior's guess may be off."""
+
+    cost_usd: tuple[float, float] | None
+    seconds: tuple[float, float]
+    escalated: tuple[float, float]
+
+
+def _truncated(mean: float, max_tokens: int) -> float:
+    """The share of answers a log-normal of lengths (this mean, PRIOR_LENGTH_CV) cuts at
+    max_tokens."""
+    s = math.sqrt(math.log1p(PRIOR_LENGTH_CV**2))
+    mu = math.log(mean) - s * s / 2
+    return 0.5 * math.erfc((math.log(max_tokens) - mu) / (s * math.sqrt(2)))
+
+
+def share_sd(k: int, n: int) -> float:
+    """The sd of a share seen k times in n (the Jeffreys beta posterior's): never zero, so a
+    pilot that saw no truncated answer, or only truncated ones, does not claim to know."""
+    a, b = k + 0.5, n - k + 0.5
+    return math.sqrt(a * b / ((a + b) ** 2 * (a + b + 1)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +272,7 @@ class FlowPlan:
     passages: float
     """Expected passages: pending here, escalated in from shorter lanes, cut by budgets."""
     attempts: float
-    escalations: float
+    escalations: Interval
     """Passages expected to go on to a longer lane."""
     failures: float
     prompt_tokens: float
@@ -219,7 +293,7 @@ class DatasetPlan:
     """Pending items expected to be sent (fewer when a budget or cap stops it)."""
     basis: str
     attempts: float
-    escalations: float
+    escalations: Interval
     prompt_tokens: float
     completion_tokens: float
     cost_usd: Interval | None
@@ -238,7 +312,7 @@ class LanePlan:
     on_wire_basis: str
     passages: float
     attempts: float
-    escalations_in: float
+    escalations_in: Interval
     cost_usd: Interval | None
     time_s: Interval
     basis: str
@@ -304,7 +378,9 @@ def _profiles(
                 basis = f"{len(pooled)} answers of lane {lane.name}"
                 prof = Profile.measured(basis, pooled, lat, to)
             else:
-                prof = Profile.prior(job.lane_max_tokens(lane), to or 0.0, prices)
+                prof = Profile.prior(
+                    job.lane_max_tokens(lane), to or 0.0, prices, lane.escalate_to is not None
+                )
             out[lane.name, ds.name] = prof
     return out
 
@@ -329,13 +405,13 @@ def plan(
     profiles = _profiles(job, entries, latencies, pending, prices)
     lanes = _order(job)
     spent = {p.name: p for p in progress}
-    passages = _passages(job, lanes, pending, profiles)
-    share, stops = _budget_shares(job, lanes, spent, passages, profiles)
+    counts = _passages(job, lanes, pending, profiles)
+    share, stops = _budget_shares(job, lanes, spent, counts.mean, profiles)
     timeline = _Timeline()
     for lane in lanes:
-        timeline.add(job, lane, lanes, passages, share, profiles, pending, capacity)
-    job_end = max((e for e, _ in timeline.lane_end.values()), default=0.0)
-    job_sd = max((sd for e, sd in timeline.lane_end.values() if e == job_end), default=0.0)
+        timeline.add(job, lane, lanes, counts, share, profiles, pending, capacity)
+    last = max(timeline.lane_end.values(), key=lambda b: b.mean, default=_Band())
+    job_end = last.mean
     room = _room(job, progress, credit_room_usd)
     stop, cut_at = _job_stop(timeline.segments, room, job_end)
     datasets = [
@@ -344,9 +420,13 @@ def plan(
         if ds.name in spent
     ]
     total_cost = _sum_intervals([d.cost_usd for d in datasets])
-    time_s = Interval.of(job_end, job_sd) if timeline.flows else None
+    time_s = last.interval() if timeline.flows else None
     if cut_at is not None:
-        time_s = Interval.of(cut_at, job_sd * cut_at / job_end if job_end else 0.0)
+        time_s = (
+            last.scaled(cut_at / job_end).interval()
+            if job_end
+            else Interval(cut_at, cut_at, cut_at)
+        )
         if total_cost is not None and room is not None:
             total_cost = Interval(room[0], min(total_cost.p10, room[0]), room[0])
     return JobPlan(
@@ -360,26 +440,51 @@ def plan(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Counts:
+    """Expected passages per flow: the mean, the variance the measured escalation shares give
+    it, and the p10-p90 the prior's put around it."""
+
+    mean: dict[tuple[str, str], float]
+    var: dict[tuple[str, str], float]
+    band: dict[tuple[str, str], tuple[float, float]]
+
+
 def _passages(
     job: Job,
     lanes: list[LaneConfig],
     pending: dict[tuple[str | None, str], tuple[int, int]],
     profiles: dict[tuple[str, str], Profile],
-) -> dict[tuple[str, str], float]:
+) -> _Counts:
     """Passages per flow before budgets, lanes in escalation order: a lane's pending items and
-    the share of the lanes escalating to it that come back truncated."""
-    passages: dict[tuple[str, str], float] = {}
+    the share of the lanes escalating to it that come back truncated; and how unsure that
+    count is (the escalated share is a sample's or a prior's, and each passage a draw)."""
+    out = _Counts({}, {}, {})
     for lane in lanes:
         for ds in job.datasets:
             n = float(pending.get((lane.name, ds.name), (0, 0))[0])
+            var, lo, hi = 0.0, n, n
             for src in lanes:
-                if src.escalate_to == lane.name:
-                    n += (
-                        passages.get((src.name, ds.name), 0.0)
-                        * profiles[src.name, ds.name].escalated
-                    )
-            passages[lane.name, ds.name] = n
-    return passages
+                if src.escalate_to != lane.name:
+                    continue
+                key = (src.name, ds.name)
+                k, prof = out.mean.get(key, 0.0), profiles[key]
+                n += k * prof.escalated
+                var += _escalated_var(k, out.var.get(key, 0.0), prof)
+                k_lo, k_hi = out.band.get(key, (k, k))
+                p_lo, p_hi = prof.band.escalated if prof.band else (prof.escalated,) * 2
+                lo, hi = lo + k_lo * p_lo, hi + k_hi * p_hi
+            out.mean[lane.name, ds.name] = n
+            out.var[lane.name, ds.name] = var
+            out.band[lane.name, ds.name] = (lo, hi)
+    return out
+
+
+def _escalated_var(k: float, k_var: float, prof: Profile) -> float:
+    """The variance of how many of k passages (itself unsure by k_var) a profile escalates:
+    each passage a Bernoulli draw, the share unsure by its sd, and k by its own."""
+    p, p_sd = prof.escalated, prof.escalated_sd
+    return k * p * (1 - p) + (k * p_sd) ** 2 + k_var * (p * p + p_sd * p_sd)
 
 
 def _budget_shares(
@@ -424,16 +529,16 @@ class _Timeline:
     lanes: list[LanePlan] = field(default_factory=list)
     segments: list[tuple[float, float, float, str, str]] = field(default_factory=list)
     """(start s, end s, dollars, lane, dataset) of each flow on its lane's timeline."""
-    lane_end: dict[str, tuple[float, float]] = field(default_factory=dict)
-    flow_end: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
-    """(mean, sd) of when each lane is through with each dataset, from now."""
+    lane_end: dict[str, _Band] = field(default_factory=dict)
+    flow_end: dict[tuple[str, str], _Band] = field(default_factory=dict)
+    """When each lane is through with each dataset, from now."""
 
     def add(
         self,
         job: Job,
         lane: LaneConfig,
         lanes: list[LaneConfig],
-        passages: dict[tuple[str, str], float],
+        counts: _Counts,
         share: dict[str, float],
         profiles: dict[tuple[str, str], Profile],
         pending: dict[tuple[str | None, str], tuple[int, int]],
@@ -443,70 +548,56 @@ class _Timeline:
         bounds (slots held, requests on the wire), then the drain of its last requests."""
         limit, limit_basis = on_wire_for(lane, capacity.get(lane.name))
         on_wire = min(float(lane.concurrency), limit) if limit else float(lane.concurrency)
-        t = 0.0
-        var = 0.0
+        elapsed = _Band()
         total_n = 0.0
-        last_latency: LatencyModel | None = None
+        last: Profile | None = None
         lane_rows: list[FlowPlan] = []
+        escalated_in: list[Interval] = []
         for ds in job.datasets:
-            prof = profiles[lane.name, ds.name]
-            n = passages[lane.name, ds.name] * share[ds.name]
-            if n <= 0 and not pending.get((lane.name, ds.name)):
+            key = (lane.name, ds.name)
+            prof = profiles[key]
+            k = share[ds.name]
+            n = counts.mean[key] * k
+            if n <= 0 and not pending.get(key):
                 continue
-            # The slower of the two bounds sets the rate, and its spread is that stat's.
-            held, wired = prof.held_s.mean / lane.concurrency, prof.wire_s.mean / on_wire
-            stat, width = (
-                (prof.held_s, lane.concurrency) if held >= wired else (prof.wire_s, on_wire)
-            )
-            seconds = n * max(held, wired)
-            sd = stat.total_sd(n) / width
-            if limit and stat is prof.wire_s:
-                sd = math.hypot(sd, seconds * LIMIT_RSD)
-            cost = None
-            if prof.cost_usd is not None:
-                cost = Interval.of(n * prof.cost_usd.mean, prof.cost_usd.total_sd(n))
-            row = FlowPlan(
-                lane.name,
+            lo, hi = (x * k for x in counts.band[key])
+            row, took = _flow_row(
+                lane,
                 ds.name,
-                prof.basis,
-                pending.get((lane.name, ds.name), (0, 0))[0],
-                n,
-                n * prof.attempts,
-                n * prof.escalated,
-                n * prof.failed,
-                n * prof.prompt_tokens.mean,
-                n * prof.completion_tokens.mean,
-                cost,
-                Interval.of(seconds, sd),
+                pending.get(key, (0, 0))[0],
+                prof,
+                (n, math.sqrt(counts.var[key]) * k, lo, hi),
+                on_wire,
+                bool(limit),
             )
             lane_rows.append(row)
-            self.segments.append((t, t + seconds, cost.mean if cost else 0.0, lane.name, ds.name))
-            t += seconds
-            self.flow_end[lane.name, ds.name] = (t, math.sqrt(var + sd * sd))
-            var += sd * sd
+            cost = row.cost_usd.mean if row.cost_usd else 0.0
+            t = elapsed.mean
+            self.segments.append((t, t + took.mean, cost, lane.name, ds.name))
+            elapsed += took
+            self.flow_end[key] = _paced(elapsed)
             total_n += n
+            came = pending.get(key, (0, 0))[0] * k
+            escalated_in.append(
+                _Band.spread(
+                    n - came, math.sqrt(counts.var[key]) * k, lo - came, hi - came
+                ).interval()
+            )
             if n > 0:
-                last_latency = prof.latency
-        # The last requests drain: the slowest of those left in flight. The fluid time above
-        # counts each of them as a share of a slot; the drain replaces its last wave.
-        drain, drain_sd = 0.0, 0.0
-        if last_latency is not None and total_n > 0:
-            k = max(1, round(min(on_wire, total_n)))
-            drain, drain_sd = last_latency.drain(k)
-            wave = min(total_n, on_wire) * last_latency.mean / on_wire
-            t = max(t - wave, 0.0) + drain
-        end = t
+                last = prof
+        end = self._drain(elapsed, last, on_wire, total_n)
         for src in lanes:
             if src.escalate_to == lane.name and src.name in self.lane_end and total_n > 0:
-                fed_end = self.lane_end[src.name][0] + (last_latency.mean if last_latency else 0.0)
-                end = max(end, fed_end)
-        sd_end = math.sqrt(var + drain_sd**2)
-        self.lane_end[lane.name] = (end, sd_end)
+                fed = self.lane_end[src.name]
+                one = last.latency.mean if last is not None and last.latency else 0.0
+                if fed.mean + one > end.mean:
+                    end = _Band(fed.mean + one, fed.var, fed.down, fed.up)
+        end = _paced(end)
+        self.lane_end[lane.name] = end
         # The lane's last dataset ends with the lane; an earlier one when the next begins.
-        last = next((r for r in reversed(lane_rows) if r.passages > 0), None)
-        if last is not None:
-            self.flow_end[lane.name, last.dataset] = (end, sd_end)
-        lane_cost = _sum_intervals([r.cost_usd for r in lane_rows]) if lane_rows else None
+        final = next((r for r in reversed(lane_rows) if r.passages > 0), None)
+        if final is not None:
+            self.flow_end[lane.name, final.dataset] = end
         bases = sorted({r.basis for r in lane_rows})
         self.lanes.append(
             LanePlan(
@@ -516,20 +607,96 @@ class _Timeline:
                 limit_basis,
                 total_n,
                 sum(r.attempts for r in lane_rows),
-                sum(
-                    passages[src.name, ds.name]
-                    * share[ds.name]
-                    * profiles[src.name, ds.name].escalated
-                    for src in lanes
-                    if src.escalate_to == lane.name
-                    for ds in job.datasets
-                ),
-                lane_cost,
-                Interval.of(end, sd_end),
+                _sum(escalated_in),
+                _sum_intervals([r.cost_usd for r in lane_rows]) if lane_rows else None,
+                end.interval(),
                 "; ".join(bases),
             )
         )
         self.flows.extend(lane_rows)
+
+    @staticmethod
+    def _drain(elapsed: _Band, last: Profile | None, on_wire: float, total_n: float) -> _Band:
+        """The lane's end: its last requests drain, the slowest of those left in flight. The
+        fluid time counts each of them as a share of a slot; the drain replaces its last wave
+        (stretched as the prior's seconds are, for a lane without answers)."""
+        if last is None or last.latency is None or total_n <= 0:
+            return elapsed
+        model = last.latency
+        drain, drain_sd = model.drain(max(1, round(min(on_wire, total_n))))
+        wave = min(min(total_n, on_wire) * model.mean / on_wire, elapsed.mean)
+        low, high = 1.0, 1.0
+        if last.band is not None:
+            low, high = (x / last.wire_s.mean for x in last.band.seconds)
+        # Both stretch as the prior's seconds do.
+        less = _Band(wave, 0.0, wave * (1 - low), wave * (high - 1))
+        end = _Band(
+            elapsed.mean - less.mean, elapsed.var, elapsed.down - less.down, elapsed.up - less.up
+        )
+        return end + _Band.spread(drain, drain_sd, drain * low, drain * high)
+
+
+def _paced(b: _Band) -> _Band:
+    """A time with the lane's pace unsure by PACE_RSD (once: it moves every flow alike)."""
+    return _Band(b.mean, b.var + (b.mean * PACE_RSD) ** 2, b.down, b.up)
+
+
+def _flow_row(
+    lane: LaneConfig,
+    dataset: str,
+    pending: int,
+    prof: Profile,
+    passages: tuple[float, float, float, float],
+    on_wire: float,
+    limited: bool,
+) -> tuple[FlowPlan, _Band]:
+    """One flow's row and the time it takes on its lane's timeline. `passages`: how many it
+    is expected to take, their sd from measured escalation shares, and their p10 and p90 from
+    the prior's."""
+    n, n_sd, n_lo, n_hi = passages
+    # The slower of the two bounds sets the rate, and its spread is that stat's.
+    held, wired = prof.held_s.mean / lane.concurrency, prof.wire_s.mean / on_wire
+    stat, width = (prof.held_s, lane.concurrency) if held >= wired else (prof.wire_s, on_wire)
+    rate = max(held, wired)
+    # A prior's own error is its band; only the spread of each passage adds.
+    measured = prof.band is None
+
+    def sd(st: Stat) -> float:
+        return st.total_sd(n) if measured else math.sqrt(n) * st.sd
+
+    seconds = n * rate
+    # How unsure the count of passages is (escalations to come) adds to each.
+    time_sd = math.hypot(sd(stat) / width, n_sd * rate, seconds * PACE_RSD)
+    if limited and stat is prof.wire_s:
+        time_sd = math.hypot(time_sd, seconds * LIMIT_RSD)
+    r_lo, r_hi = (x / width for x in prof.band.seconds) if prof.band else (rate, rate)
+    took = _Band.spread(seconds, time_sd, n_lo * r_lo, n_hi * r_hi)
+    cost = None
+    if prof.cost_usd is not None:
+        usd = prof.cost_usd
+        c_lo, c_hi = prof.band.cost_usd if prof.band and prof.band.cost_usd else (usd.mean,) * 2
+        cost = _Band.spread(
+            n * usd.mean, math.hypot(sd(usd), n_sd * usd.mean), n_lo * c_lo, n_hi * c_hi
+        ).interval()
+    p_lo, p_hi = prof.band.escalated if prof.band else (prof.escalated,) * 2
+    escalations = _Band.spread(
+        n * prof.escalated, math.sqrt(_escalated_var(n, n_sd**2, prof)), n_lo * p_lo, n_hi * p_hi
+    ).interval()
+    row = FlowPlan(
+        lane.name,
+        dataset,
+        prof.basis,
+        pending,
+        n,
+        n * prof.attempts,
+        escalations,
+        n * prof.failed,
+        n * prof.prompt_tokens.mean,
+        n * prof.completion_tokens.mean,
+        cost,
+        took.interval(),
+    )
+    return row, took
 
 
 def _dataset_plan(
@@ -549,8 +716,7 @@ def _dataset_plan(
     done_in = None
     ends = [timeline.flow_end[r.lane, r.dataset] for r in rows if r.passages > 0]
     if ends:
-        e, sd = max(ends)
-        done_in = Interval.of(e, sd)
+        done_in = max(ends, key=lambda b: b.mean).interval()
     why = stops.get(name)
     note = None
     if why is not None and sent < pending_n:
@@ -574,7 +740,7 @@ def _dataset_plan(
         sent,
         "; ".join(bases),
         sum(r.attempts for r in rows),
-        sum(r.escalations for r in rows),
+        _sum([r.escalations for r in rows]),
         sum(r.prompt_tokens for r in rows),
         sum(r.completion_tokens for r in rows),
         cost,
@@ -589,13 +755,61 @@ def _sum_intervals(maybe: Sequence[Interval | None]) -> Interval | None:
     parts = [p for p in maybe if p is not None]
     if len(parts) < len(maybe):
         return None
-    mean = sum(p.mean for p in parts)
-    var = 0.0
-    for p in parts:
-        if p.mean > 0 and p.p90 > p.mean:
-            s = math.log(p.p90 / p.mean) / Z90
-            var += (p.mean**2) * math.expm1(s * s)
-    return Interval.of(mean, math.sqrt(var))
+    return _sum(parts)
+
+
+def _sum(parts: Sequence[Interval]) -> Interval:
+    """The sum of quantities given as intervals: measured ones independent, the prior's
+    moving together."""
+    return sum((_Band.of(p) for p in parts), _Band()).interval()
+
+
+@dataclass(frozen=True, slots=True)
+class _Band:
+    """A sum being planned: its mean, the variance of its measured parts (independent), and
+    how far below and above it the prior's parts may put it (their errors move together, so
+    these add up)."""
+
+    mean: float = 0.0
+    var: float = 0.0
+    down: float = 0.0
+    up: float = 0.0
+
+    @classmethod
+    def of(cls, iv: Interval) -> _Band:
+        if iv.prior:
+            return cls(iv.mean, 0.0, iv.mean - iv.p10, iv.p90 - iv.mean)
+        var = 0.0
+        if iv.mean > 0 and iv.p90 > iv.mean:
+            s = math.log(iv.p90 / iv.mean) / Z90
+            var = iv.mean**2 * math.expm1(s * s)
+        return cls(iv.mean, var)
+
+    @classmethod
+    def spread(cls, mean: float, sd: float, low: float, high: float) -> _Band:
+        """`mean` with its measured sd, and the prior's p10 and p90 of it (`low`, `high`)."""
+        return cls(mean, sd * sd, max(0.0, mean - low), max(0.0, high - mean))
+
+    def __add__(self, other: _Band) -> _Band:
+        return _Band(
+            self.mean + other.mean,
+            self.var + other.var,
+            self.down + other.down,
+            self.up + other.up,
+        )
+
+    def scaled(self, k: float) -> _Band:
+        return _Band(self.mean * k, self.var * k * k, self.down * k, self.up * k)
+
+    def interval(self) -> Interval:
+        """The measured spread, stretched over the prior's band (both are relative errors)."""
+        iv = Interval.of(self.mean, math.sqrt(self.var))
+        if not (self.down or self.up):
+            return iv
+        if self.mean <= 0:
+            return Interval(0.0, 0.0, self.up, prior=True)
+        low, high = max(0.0, self.mean - self.down), self.mean + self.up
+        return Interval(self.mean, low * iv.p10 / self.mean, high * iv.p90 / self.mean, prior=True)
 
 
 def _room(

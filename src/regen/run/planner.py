@@ -114,6 +114,10 @@ def _usd(iv: Interval | None) -> str:
     return f"{iv.mean:.4f} ({iv.p10:.4f}-{iv.p90:.4f})"
 
 
+def _count(iv: Interval) -> str:
+    return f"{iv.mean:.0f} ({iv.p10:.0f}-{iv.p90:.0f})" if iv.mean > 0 else "0"
+
+
 def _time(iv: Interval | None) -> str:
     if iv is None:
         return "?"
@@ -134,7 +138,7 @@ def plan_tables(plan: Plan) -> list[Table]:
             f.lane,
             f"{f.passages:.0f}",
             f"{f.attempts:.0f}",
-            f"{f.escalations:.0f}",
+            _count(f.escalations),
             format_tokens(round(f.prompt_tokens)),
             format_tokens(round(f.completion_tokens)),
             _usd(f.cost_usd),
@@ -176,7 +180,7 @@ def plan_tables(plan: Plan) -> list[Table]:
             str(lane.concurrency),
             "-" if lane.on_wire is None else f"{lane.on_wire:.0f}",
             f"{lane.passages:.0f}",
-            f"{lane.escalations_in:.0f}",
+            f"{lane.escalations_in.mean:.0f}",
             _usd(lane.cost_usd),
             _time(lane.time_s),
         )

@@ -109,8 +109,10 @@ def _totals(stats: RunStats) -> DatasetStats:
 def _eta_fields(eta: Eta | None) -> str:
     if eta is None:
         return "eta_s=- eta_p10_s=- eta_p90_s=-"
-    return f"eta_s={eta.seconds:.0f} eta_p10_s={eta.p10:.0f} eta_p90_s={eta.p90:.0f}" + (
-        " eta_bound=budget" if eta.bound == "budget" else ""
+    return (
+        f"eta_s={eta.seconds:.0f} eta_p10_s={eta.p10:.0f} eta_p90_s={eta.p90:.0f}"
+        + (" eta_bound=budget" if eta.bound == "budget" else "")
+        + (" eta_basis=prior" if eta.prior else "")
     )
 
 

@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from regen.engine.budget import per_mtok
-from regen.engine.eta import format_duration
+from regen.engine.eta import Eta, eta_text
 from regen.lock import running_holder
 from regen.state.db import Store
 from regen.state.runs import OutageRecord
@@ -196,11 +196,14 @@ def snapshot_view(s: Snapshot) -> Group:
             when = datetime.fromtimestamp(float(held_until)).strftime("%H:%M:%S")
             head += f", waiting for held bills (until {when} at the latest) as of that line"
         elif p.get("eta_s", "-") != "-" and s.running_pid is not None:
-            head += (
-                f", ETA {format_duration(float(p['eta_s']))} "
-                f"({format_duration(float(p['eta_p10_s']))}-"
-                f"{format_duration(float(p['eta_p90_s']))}) as of that line"
+            eta = Eta(
+                float(p["eta_s"]),
+                float(p["eta_p10_s"]),
+                float(p["eta_p90_s"]),
+                p.get("eta_bound", "count"),
+                prior=p.get("eta_basis") == "prior",
             )
+            head += f", ETA {eta_text(eta)} as of that line"
     table = Table(title="datasets", title_justify="left")
     cols = (
         "dataset",
