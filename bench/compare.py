@@ -21,7 +21,10 @@ run, is pinned to core 0), alternated within each round. Per runner and round:
 1. a full run: wall time, answers per second, client CPU seconds per 1,000 rows (user + system
    of the runner and the children it waited for, from wait4), peak RSS (the larger of wait4's
    and the sampled sum over the process group), requests answered 429, rows missing, answers
-   paid twice (the simulator's bill: billed answers less distinct ones);
+   paid twice (the simulator's bill: billed answers less distinct ones); then, while rows are
+   missing, the runner again with its own resume (as a user would; same simulator) until none
+   are missing or a pass answers no new row: passes, *time to every row answered* (the
+   passes' wall times, each from its process start), rows still missing, answers paid twice;
 2. a kill and restart: SIGKILL to the process group once `--kill-at` of the rows are billed,
    then the peer's own resume: rows missing, rows written twice, answers paid twice;
 3. a dollar cap of `--cap-fraction` of the full run's spend: regen runs with
@@ -30,11 +33,15 @@ run, is pinned to core 0), alternated within each round. Per runner and round:
     .venv/bin/python bench/compare.py setup                 # make the peers' environments
     .venv/bin/python bench/compare.py [--requests 3000] [--rounds 3] [--lock /tmp/bench.lock]
     .venv/bin/python bench/compare.py report --results FILE  # the tables again, from a log
+    .venv/bin/python bench/compare.py tail --keep DIR   # how regen's kept full runs ended
     .venv/bin/python bench/compare.py scale [--requests 100000]   # regen at 2,000 and 10,000
 
 The default workload is issue 23's: 3,000 prompts, 512 in flight, capacity 400, ~1% faults.
 `--lock PATH` holds an exclusive flock on PATH around each measured run and each install, so
-runs of other benchmarks on the machine never overlap a measurement.
+runs of other benchmarks on the machine never overlap a measurement. `--keep DIR` keeps each
+run's folder (state.db, run.log, outputs, bench.json with each pass's start and wall time)
+under DIR and ends with regen's tail (`tail`); without it, a run's folder is removed once
+measured. Logs written before the time to every row answered still report (without it).
 """
 
 from __future__ import annotations
@@ -43,9 +50,12 @@ import argparse
 import contextlib
 import fcntl
 import hashlib
+import itertools
 import json
+import math
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -53,7 +63,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,6 +116,10 @@ PEERS: dict[str, Peer] = {
 }
 RUNNERS = ("regen", *PEERS)
 
+TTFT_S, TOKENS_PER_S, MAX_TOKENS = 0.4, 80, 2048
+"""The simulated endpoint's speed and the answers' cap: an answer takes at most
+(TTFT_S + MAX_TOKENS / TOKENS_PER_S) * time scale, unless a stall holds it."""
+
 SIM = """
 seed = {seed}
 time_scale = {time_scale}
@@ -121,8 +135,8 @@ provider_name = "Bench"
 tag = "bench"
 prompt_price = 5e-7
 completion_price = 2e-6
-ttft_s = 0.4
-tokens_per_s = 80
+ttft_s = {ttft_s}
+tokens_per_s = {tokens_per_s}
 capacity = {capacity}
 """
 
@@ -149,7 +163,7 @@ api_key_env = "BENCH_KEY"
 
 [generation]
 model = "{model}"
-max_tokens = 2048
+max_tokens = {max_tokens}
 
 [run]
 progress_interval_s = 5
@@ -393,29 +407,76 @@ def last_error(d: Path) -> str:
     return lines[-1][:300] if lines else ""
 
 
-def prepare(tmp: Path, kind: str, url: str, n: int, conc: int, cap: float | None) -> Path:
-    d = tmp / f"{kind}-{time.monotonic_ns()}"
+def prepare(
+    tmp: Path, kind: str, label: str, url: str, n: int, conc: int, cap: float | None
+) -> Path:
+    d = tmp / f"{kind}-{label}-{time.monotonic_ns()}"
     d.mkdir()
     write_prompts(d / "prompts.jsonl", n)
     budget = f"[budget]\nmax_cost_usd = {cap}\n" if cap is not None else ""
-    (d / "job.toml").write_text(JOB.format(url=url, model=MODEL, concurrency=conc, budget=budget))
+    (d / "job.toml").write_text(
+        JOB.format(url=url, model=MODEL, max_tokens=MAX_TOKENS, concurrency=conc, budget=budget)
+    )
     return d
 
 
+@dataclass
+class Pass:
+    """One process of a runner, from fork to exit: its interpreter's start counts, as it does
+    for a user who runs the command again."""
+
+    rc: int
+    cpu_s: float
+    rss_mb: float
+    started: float
+    """Epoch seconds, so that a kept run folder's state.db can be read against it."""
+    wall_s: float
+    killed: bool = False
+    timed_out: bool = False
+
+
+def run_pass(
+    cmd: list[str], d: Path, env: dict[str, str], timeout_s: float,
+    kill_when: Callable[[], bool] | None = None,
+) -> Pass:  # fmt: skip
+    """Run `cmd` in `d` until it exits, `kill_when()` holds (SIGKILL) or `timeout_s` passes."""
+    started, t0 = time.time(), time.monotonic()
+    child = Child(spawn(cmd, d, env))
+    killed = timed_out = False
+    while (done := child.poll()) is None:
+        if kill_when is not None and not killed and kill_when():
+            child.kill()
+            killed = True
+        elif not timed_out and time.monotonic() - t0 > timeout_s:
+            child.kill()
+            timed_out = True
+        time.sleep(0.2 if kill_when is not None and not killed else 0.05)
+    rc, cpu, rss = done
+    return Pass(rc, cpu, rss, started, time.monotonic() - t0, killed, timed_out)
+
+
 def one_run(
-    tmp: Path, kind: str, args: argparse.Namespace, *, kill_at: float | None = None,
-    cap: float | None = None, seed: int = 1,
+    tmp: Path, kind: str, args: argparse.Namespace, *, label: str, kill_at: float | None = None,
+    cap: float | None = None, seed: int = 1, until_complete: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     with held(args.lock):
-        return _one_run(tmp, kind, args, kill_at=kill_at, cap=cap, seed=seed)
+        res = _one_run(
+            tmp, kind, args, label=label, kill_at=kill_at, cap=cap, seed=seed,
+            until_complete=until_complete,
+        )  # fmt: skip
+    if args.keep is None:
+        shutil.rmtree(res.pop("dir"), ignore_errors=True)
+    return res
 
 
 def _one_run(
-    tmp: Path, kind: str, args: argparse.Namespace, *, kill_at: float | None,
-    cap: float | None, seed: int,
+    tmp: Path, kind: str, args: argparse.Namespace, *, label: str, kill_at: float | None,
+    cap: float | None, seed: int, until_complete: bool,
 ) -> dict[str, Any]:  # fmt: skip
     proc, url = simproc.start_sim(
         SIM.format(
+            ttft_s=TTFT_S,
+            tokens_per_s=TOKENS_PER_S,
             seed=seed,
             faults=FAULTS,
             time_scale=args.time_scale,
@@ -426,59 +487,52 @@ def _one_run(
         tmp,
     )
     note = ""
+    more: dict[str, Any] = {}
     try:
-        d = prepare(tmp, kind, url, args.requests, args.concurrency, cap)
+        d = prepare(tmp, kind, label, url, args.requests, args.concurrency, cap)
         cmd, venv = command(kind, url, args.concurrency, args.venv_root)
+        # The peer's own resume: regen, curator and distilabel rerun the same command.
+        resume = cmd if kind == "regen" else [*cmd, "--resume"]
         env = run_env(kind, d, venv)
-        started = time.monotonic()
-        deadline = started + args.run_timeout
-        child = Child(spawn(cmd, d, env))
-        cpu = rss = 0.0
-        killed = False
-        rc: int | None = None
+
+        def billed_enough() -> bool:
+            assert kill_at is not None
+            return bool(sim_stats(url, settle=False)["billed"] >= kill_at * args.requests)
+
+        passes = [run_pass(cmd, d, env, args.run_timeout, billed_enough if kill_at else None)]
         if kill_at is not None:
-            while (done := child.poll()) is None:
-                if sim_stats(url, settle=False)["billed"] >= kill_at * args.requests:
-                    child.kill()
-                    killed = True
-                    break
-                time.sleep(0.2)
-            if killed:
-                while (done := child.poll()) is None:
-                    time.sleep(0.05)
-                _, c, r = done
-                cpu, rss = cpu + c, max(rss, r)
-                # The peer's own resume: regen, curator and distilabel rerun the same command.
-                child = Child(spawn([*cmd, "--resume"] if kind != "regen" else cmd, d, env))
+            if passes[0].killed:
+                passes.append(run_pass(resume, d, env, args.run_timeout))
             else:
                 note = "ended before the kill; "
-                assert done is not None
-                rc, c, r = done
-                cpu, rss = cpu + c, max(rss, r)
-        if rc is None:
-            while (done := child.poll()) is None:
-                if time.monotonic() > deadline and "killed after" not in note:
-                    child.kill()
-                    note += f"killed after {args.run_timeout:.0f} s; "
-                time.sleep(0.05)
-            rc, c, r = done
-            cpu, rss = cpu + c, max(rss, r)
-        wall = time.monotonic() - started
         stats = sim_stats(url)
+        ids = output_rows(kind, d)
+        later: list[Pass] = []
+        if until_complete:
+            later, more = until_answered(kind, args, url, d, resume, env, ids)
+            walls = [p.wall_s for p in (*passes, *later)]
+            more |= {
+                "pass_wall_s": walls,
+                "wall_all_s": sum(walls),
+                "cpu_all_s": sum(p.cpu_s for p in (*passes, *later)),
+            }
     finally:
         proc.terminate()
         proc.wait()
-    ids = output_rows(kind, d)
+    (d / "bench.json").write_text(json.dumps([vars(p) for p in (*passes, *later)]))
+    rc = passes[-1].rc
     unique = {i for i in ids if i != "<bad>"}
+    if any(p.timed_out for p in (*passes, *later)):
+        note += f"killed after {args.run_timeout:.0f} s; "
     if rc != 0:
         note += f"exit {rc}: {last_error(d)}"
     return {
         "runner": kind,
         "rc": rc,
-        "killed": killed,
-        "wall_s": wall,
-        "cpu_s": cpu,
-        "rss_mb": rss,
+        "killed": passes[0].killed,
+        "wall_s": sum(p.wall_s for p in passes),
+        "cpu_s": sum(p.cpu_s for p in passes),
+        "rss_mb": max(p.rss_mb for p in passes),
         "rows": len(ids),
         "unique": len(unique),
         "missing": args.requests - len(unique),
@@ -490,7 +544,38 @@ def _one_run(
         "paid_twice": stats["billed"] - stats["distinct_billed"],
         "spend_usd": stats["billed_usd"],
         "note": note,
+        **more,
         "dir": str(d),
+    }
+
+
+def until_answered(
+    kind: str, args: argparse.Namespace, url: str, d: Path, resume: list[str],
+    env: dict[str, str], ids: list[str],
+) -> tuple[list[Pass], dict[str, Any]]:  # fmt: skip
+    """After a first pass that left `ids`: run the runner again with its own resume, as a
+    user would, while rows are missing and the last pass answered a new row. Against the same
+    simulator: a user's rerun meets the same provider, whose faults do not repeat a
+    request's, and its bill then counts the answers paid twice over all passes."""
+    missing = [args.requests - len(set(ids) - {"<bad>"})]
+    later: list[Pass] = []
+    while missing[-1] and 1 + len(later) < args.max_passes:
+        later.append(run_pass(resume, d, env, args.run_timeout))
+        missing.append(args.requests - len(set(output_rows(kind, d)) - {"<bad>"}))
+        if missing[-1] >= missing[-2]:
+            break
+    stats = sim_stats(url)
+    end = output_rows(kind, d)
+    return later, {
+        "passes": 1 + len(later),
+        "pass_missing": missing,
+        "rc_end": later[-1].rc if later else None,
+        "missing_end": missing[-1],
+        "written_twice_end": len(end) - len(set(end)) - end.count("<bad>"),
+        "requests_all": stats["chat_requests"],
+        "answered_429_all": int(stats["by_status"].get("429", 0)),
+        "paid_twice_all": stats["billed"] - stats["distinct_billed"],
+        "spend_all_usd": stats["billed_usd"],
     }
 
 
@@ -525,7 +610,9 @@ def versions(root: Path) -> dict[str, str]:
 
 
 def compare(args: argparse.Namespace) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix="regen-compare-"))
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    tmp = args.keep or Path(tempfile.mkdtemp(prefix="regen-compare-"))
     results = Path(args.results or tmp / "results.jsonl")
     runners = [r for r in RUNNERS if r in args.runners]
     unavailable: dict[str, str] = {}
@@ -549,18 +636,21 @@ def compare(args: argparse.Namespace) -> None:
         order = runners if rnd % 2 == 1 else list(reversed(runners))
         regen_spend = None
         for kind in order:
-            res = one_run(tmp, kind, args, seed=rnd)
+            res = one_run(tmp, kind, args, label=f"full-r{rnd}", seed=rnd, until_complete=True)
             log("full", rnd, res)
             if kind == "regen":
                 regen_spend = res["spend_usd"]
         for kind in order:
-            log("kill", rnd, one_run(tmp, kind, args, kill_at=args.kill_at, seed=rnd))
+            res = one_run(tmp, kind, args, label=f"kill-r{rnd}", kill_at=args.kill_at, seed=rnd)
+            log("kill", rnd, res)
         if regen_spend is not None:
             cap = round(regen_spend * args.cap_fraction, 6)
-            res = one_run(tmp, "regen", args, cap=cap, seed=rnd)
+            res = one_run(tmp, "regen", args, label=f"cap-r{rnd}", cap=cap, seed=rnd)
             res["cap_usd"] = cap
             log("cap", rnd, res)
     report(args, [json.loads(line) for line in results.read_text().splitlines()], unavailable)
+    if args.keep is not None and "regen" in runners:
+        tail(args)
 
 
 WORKLOAD = ("requests", "concurrency", "capacity", "time_scale", "mean_tokens", "kill_at")
@@ -611,6 +701,7 @@ def report(
         )
     for kind, why in unavailable.items():
         print(f"| {kind} | - | - | - | - | - | - | - | - | - | - | - | - | - | {why} |")
+    until_answered_table(full, order)
     print()
     print(
         f"Killed (SIGKILL to the process group) at {w['kill_at']:.0%} of the rows billed, "
@@ -658,6 +749,53 @@ def report(
             print(f"- {r['runner']} ({r['phase']}, round {r['round']}): {r['note']}")
 
 
+def until_answered_table(full: dict[str, list[dict[str, Any]]], order: list[str]) -> None:
+    """Time to every row answered: a runner that leaves rows missing is run again with its own
+    resume until none are missing or a pass answers no new row (`until_answered`). A round
+    that never got every row counts as infinitely long, so a median over rounds says "not
+    reached" when most rounds did not."""
+    rounds = {k: [r for r in full[k] if "passes" in r] for k in order}
+    if not any(rounds.values()):
+        print()
+        print("(This log predates the time to every row answered: full runs had one pass.)")
+        return
+
+    def to_all(r: dict[str, Any]) -> float:
+        return float(r["wall_all_s"]) if r["missing_end"] == 0 else float("inf")
+
+    base = med([to_all(r) for r in rounds.get("regen", [])])
+    print()
+    print(
+        "Until every row is answered: a runner that left rows missing is run again with its "
+        "own resume (same simulator) until none are missing or a pass answers no new row. "
+        "Time to every row answered is the sum of the passes' wall times, each from its "
+        "process start:"
+    )
+    print()
+    print(
+        "| runner | single pass wall s | rows missing after one pass | passes "
+        "| time to every row answered s | x regen | rows missing at the end "
+        "| answers paid twice (all passes) | rows missing after each pass, per round "
+        "| every row answered |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for kind in order:
+        rs = rounds[kind]
+        if not rs:
+            continue
+        t = med([to_all(r) for r in rs])
+        shown = f"{t:.1f}" if t != float("inf") else "not reached"
+        ratio = f"{t / base:.2f}" if t != float("inf") and base not in (0, float("inf")) else "-"
+        per_round = "; ".join("→".join(str(m) for m in r["pass_missing"]) for r in rs)
+        print(
+            f"| {kind} | {med([r['wall_s'] for r in rs]):.1f} "
+            f"| {med([r['missing'] for r in rs]):.0f} | {med([r['passes'] for r in rs]):.0f} "
+            f"| {shown} | {ratio} | {med([r['missing_end'] for r in rs]):.0f} "
+            f"| {med([r['paid_twice_all'] for r in rs]):.0f} | {per_round} "
+            f"| {sum(r['missing_end'] == 0 for r in rs)}/{len(rs)} |"
+        )
+
+
 def ok(r: dict[str, Any]) -> bool:
     return bool(r["rc"] == 0 and r["missing"] == 0 and r["written_twice"] == 0)
 
@@ -671,6 +809,128 @@ def setup(args: argparse.Namespace) -> None:
         print(f"{name}: {d} ({time.monotonic() - started:.0f} s): {' '.join(VENVS[name])}")
     for kind, v in versions(args.venv_root).items():
         print(f"  {kind}: {v}")
+
+
+# regen's tail --------------------------------------------------------------------------------
+
+
+def pct(values: list[float], q: float) -> float:
+    """The nearest-rank `q` quantile (0..1) of `values`."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def regen_tail(d: Path, time_scale: float) -> dict[str, str]:
+    """How a kept regen run folder's single pass ended, read from its state.db against the
+    bench's clock (bench.json: the process's fork and exit): what to shorten for a faster
+    single pass (start-up, the last answers, retries, shutdown)."""
+    import sqlite3
+
+    first = json.loads((d / "bench.json").read_text())[0]
+    t0, wall = first["started"], first["wall_s"]
+    db = sqlite3.connect(f"file:{d / 'out/state.db'}?mode=ro", uri=True)
+    # The first pass only: a regen that left failed items was run again (until_answered).
+    attempts = db.execute(
+        "SELECT item_id, number, started_at, latency_s, status, failure_class FROM attempts "
+        "WHERE started_at < ? ORDER BY item_id, number",
+        (t0 + wall,),
+    ).fetchall()
+    run_start, run_end = db.execute(
+        "SELECT started_at, ended_at FROM runs WHERE kind = 'run' ORDER BY id LIMIT 1"
+    ).fetchone()
+    db.close()
+    ends = sorted(a[2] + a[3] for a in attempts if a[5] is None)
+    sends = [a[2] for a in attempts]
+    by_item: dict[str, list[tuple[Any, ...]]] = {}
+    for a in attempts:
+        by_item.setdefault(a[0], []).append(a)
+    retried = {i: at for i, at in by_item.items() if len(at) > 1}
+    # The wait before each retry: from the failed attempt's end to the next one's send.
+    waits = [b[2] - (a[2] + a[3]) for at in retried.values() for a, b in itertools.pairwise(at)]
+    classes: dict[str, int] = {}
+    for a in attempts:
+        if a[5] is not None:
+            key = f"{a[5]} ({a[4]})" if a[4] else a[5]
+            classes[key] = classes.get(key, 0) + 1
+    latency = [a[3] for a in attempts if a[5] is None]
+    to_answer = [at[-1][2] + at[-1][3] - at[0][2] for at in by_item.values() if at[-1][5] is None]
+    retried_to_answer = [
+        at[-1][2] + at[-1][3] - at[0][2] for at in retried.values() if at[-1][5] is None
+    ]
+    last_1pct = ends[-max(1, len(ends) // 100) :]
+    slowest_s = (TTFT_S + MAX_TOKENS / TOKENS_PER_S) * time_scale
+    late = [
+        at for at in by_item.values() if at[-1][5] is None and at[-1][2] + at[-1][3] >= last_1pct[0]
+    ]
+    window = (t0 + 0.9 * wall, t0 + wall)
+    spans = [(a[2], a[2] + a[3]) for a in attempts]
+    samples = [window[0] + (window[1] - window[0]) * k / 100 for k in range(101)]
+    in_flight = [sum(s <= t < e for s, e in spans) for t in samples]
+
+    def at(t: float | None) -> str:
+        return f"{t - t0:.2f}" if t is not None else "-"
+
+    return {
+        "process wall s (fork to exit)": f"{wall:.2f}",
+        "run started (regen's runs table) s": at(run_start),
+        "first request sent s": at(min(sends)),
+        "99% of answers in s": at(pct(ends, 0.99)),
+        "last first attempt sent s": at(max(a[2] for a in attempts if a[1] == 1)),
+        "last request sent s": at(max(sends)),
+        "last answer in s": at(ends[-1]),
+        "run ended (runs table) s": at(run_end),
+        "exit after the last answer s": f"{t0 + wall - ends[-1]:.2f}",
+        "attempts / items": f"{len(attempts)} / {len(by_item)}",
+        "items retried": str(len(retried)),
+        "failed attempts by class (HTTP status)": ", ".join(
+            f"{k} {v}" for k, v in sorted(classes.items(), key=lambda kv: -kv[1])
+        ),
+        "wait before a retry s (median / max)": f"{med(waits):.2f} / {max(waits, default=0):.2f}",
+        "retried item, first send to answer s (median / max)": (
+            f"{med(retried_to_answer):.2f} / {max(retried_to_answer, default=0):.2f}"
+        ),
+        "answer latency s (p50 / p99 / max)": (
+            f"{pct(latency, 0.5):.2f} / {pct(latency, 0.99):.2f} / {max(latency):.2f}"
+        ),
+        f"answers over the longest generation + 1 s ({slowest_s + 1:.1f} s): stalls": str(
+            sum(x > slowest_s + 1 for x in latency)
+        ),
+        "item, first send to answer s (p50 / p99 / max)": (
+            f"{pct(to_answer, 0.5):.2f} / {pct(to_answer, 0.99):.2f} / {max(to_answer):.2f}"
+        ),
+        "last 1% of answers: retried / answer latency > 2x p50": (
+            f"{sum(len(at) > 1 for at in late)} of {len(late)} / "
+            f"{sum(at[-1][3] > 2 * pct(latency, 0.5) for at in late)} of {len(late)}"
+        ),
+        "last 1% of answers: first sent s (median / min)": (
+            f"{med([at[0][2] - t0 for at in late]):.2f} / {min(at[0][2] - t0 for at in late):.2f}"
+        ),
+        "last 3 answers: first sent s + latency s (attempts)": ", ".join(
+            f"{at[0][2] - t0:.2f} + {at[-1][3]:.2f} ({len(at)})"
+            for at in sorted(late, key=lambda at: at[-1][2] + at[-1][3])[-3:]
+        ),
+        "in flight over the last 10% of the wall (mean / max / at its start)": (
+            f"{statistics.fmean(in_flight):.1f} / {max(in_flight)} / {in_flight[0]}"
+        ),
+    }
+
+
+def tail(args: argparse.Namespace) -> None:
+    """regen's tail in each kept full run (`--keep DIR` of a compare run), one column a run."""
+    dirs = sorted(args.keep.glob("regen-full-r*-*"), key=lambda p: p.name)
+    dirs = [d for d in dirs if (d / "bench.json").exists() and (d / "out/state.db").exists()]
+    if not dirs:
+        raise SystemExit(f"no kept regen full runs (regen-full-r*) in {args.keep}")
+    tails = [regen_tail(d, args.time_scale) for d in dirs]
+    print()
+    print("regen's single pass, seconds from its process start:")
+    print()
+    print("| | " + " | ".join(d.name.rsplit("-", 1)[0] for d in dirs) + " |")
+    print("|---|" + "---|" * len(dirs))
+    for key in tails[0]:
+        print(f"| {key} | " + " | ".join(t[key] for t in tails) + " |")
 
 
 # scale ---------------------------------------------------------------------------------------
@@ -689,11 +949,11 @@ def scale(args: argparse.Namespace) -> None:
         # the simulator keep up (about 800 a second here); no capacity limit, no faults.
         sim = SIM.format(
             seed=1, faults="", time_scale=time_scale, model=MODEL, mean=args.mean_tokens,
-            capacity=0,
+            capacity=0, ttft_s=TTFT_S, tokens_per_s=TOKENS_PER_S,
         )  # fmt: skip
         proc, url = simproc.start_sim(sim, tmp)
         try:
-            d = prepare(tmp, "regen", url, args.requests, conc, None)
+            d = prepare(tmp, "regen", f"scale-{conc}", url, args.requests, conc, None)
             text = (d / "job.toml").read_text().replace("[run]", f"[run]\ninitial_limit = {conc}")
             (d / "job.toml").write_text(text)
             started = time.monotonic()
@@ -717,7 +977,10 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument(
-        "mode", nargs="?", choices=("compare", "setup", "report", "scale"), default="compare"
+        "mode",
+        nargs="?",
+        choices=("compare", "setup", "report", "scale", "tail"),
+        default="compare",
     )
     ap.add_argument("--requests", type=int)
     ap.add_argument("--rounds", type=int, default=3)
@@ -738,7 +1001,19 @@ def main() -> None:
         "--lock", help="flock this file around each run and install (not under an outer flock)"
     )
     ap.add_argument("--results", help="append each run's record here (JSON lines)")
-    ap.add_argument("--run-timeout", type=float, default=600, help="kill a run after this")
+    ap.add_argument("--run-timeout", type=float, default=600, help="kill a pass after this")
+    ap.add_argument(
+        "--max-passes",
+        type=int,
+        default=10,
+        help="full runs: at most this many passes (the first and the resumes) to answer all",
+    )
+    ap.add_argument(
+        "--keep",
+        type=Path,
+        help="keep each run's folder (state.db, run.log, outputs) under this folder; without "
+        "it they are removed once measured",
+    )
     ap.add_argument("--levels", type=int, nargs="+", default=[2000, 10000])
     ap.add_argument(
         "--level-time-scales",
@@ -753,6 +1028,10 @@ def main() -> None:
         scale(args)
     elif args.mode == "setup":
         setup(args)
+    elif args.mode == "tail":
+        if not args.keep:
+            ap.error("tail needs --keep DIR (a compare run's kept folders)")
+        tail(args)
     elif args.mode == "report":
         if not args.results:
             ap.error("report needs --results FILE")
