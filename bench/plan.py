@@ -1,6 +1,7 @@
 """Can you bet money on `regen plan`, and on the ETA? For each workload and seed: the plan
 without a pilot (`regen plan --json`: the prior, nothing sent), a 30-item pilot (`regen plan
---pilot 30 --json`), then the run. The plan's dollars and wall time against what the run then
+--pilot 30 --json`; with `--precision P`, a pilot sized to +/-P, `--pilot` its most per
+dataset), then the run. The plan's dollars and wall time against what the run then
 spent and took; the ETA the run showed at 10% of its items (at 10% of its time, and the first
 it showed) against the time that was actually left; and how often the plans' p10-p90 intervals
 held what happened. `--keep DIR` keeps each run's files, the pilot's state.db (pilot.db) too.
@@ -29,7 +30,8 @@ Targets (issues 21, 37): cost within 15% and wall time within 25% on every workl
 p10-p90 coverage between 70% and 90%.
 
 Run: .venv/bin/python bench/plan.py [--items 3000] [--time-scale 0.2] [--seeds 1]
-     [--first-seed 1] [--only NAME[,NAME]] [--pilot 30] [--cpu-load 0[,N]] [--keep DIR]
+     [--first-seed 1] [--only NAME[,NAME]] [--pilot 30 [--precision P]] [--cpu-load 0[,N]]
+     [--keep DIR]
      [--load-core 1] [--results FILE] [--lock /tmp/bench.lock]
      .venv/bin/python bench/plan.py --summarize FILE   # the tables again, from --results
 """
@@ -226,9 +228,12 @@ def cpu_load(n: int, core: int | None) -> Iterator[None]:
             p.wait()
 
 
-def regen_plan(regen: list[str], job: Path, env: dict[str, str], pilot: int) -> dict[str, Any]:
+def regen_plan(
+    regen: list[str], job: Path, env: dict[str, str], pilot: int, precision: float | None = None
+) -> dict[str, Any]:
+    more = [] if precision is None else ["--precision", str(precision)]
     out = subprocess.run(
-        [*regen, "plan", str(job), "--pilot", str(pilot), "--json"],
+        [*regen, "plan", str(job), "--pilot", str(pilot), *more, "--json"],
         env=env,
         check=True,
         capture_output=True,
@@ -331,6 +336,7 @@ def one(
     tmp: Path,
     pilot: int,
     load: tuple[int, int | None],
+    precision: float | None = None,
 ) -> dict[str, Any]:
     sim, base_url = simproc.start_sim(
         SIM_TOML.format(seed=seed, time_scale=time_scale, faults=w.faults, capacity=w.capacity),
@@ -368,7 +374,7 @@ def one(
         regen = ["taskset", "-c", "1", sys.executable, "-m", "regen"]
         with cpu_load(*load):
             prior = regen_plan(regen, prior_dir / "job.toml", env, 0)
-            plan = regen_plan(regen, job, env, pilot)
+            plan = regen_plan(regen, job, env, pilot, precision)
             shutil.copy(work / "out" / "state.db", work / "pilot.db")
             subprocess.run(
                 [*regen, "run", str(job)], env=env, check=True, stdout=subprocess.DEVNULL
@@ -377,7 +383,9 @@ def one(
         sim.terminate()
         sim.wait()
     db = sqlite3.connect(work / "out" / "state.db")
-    (pilot_end,) = db.execute("SELECT ended_at FROM runs WHERE kind = 'pilot'").fetchone()
+    pilot_end, pilot_s = db.execute(
+        "SELECT MAX(ended_at), SUM(ended_at - started_at) FROM runs WHERE kind = 'pilot'"
+    ).fetchone()
     started, ended = db.execute(
         "SELECT started_at, ended_at FROM runs WHERE kind = 'run'"
     ).fetchone()
@@ -408,6 +416,8 @@ def one(
         "plan_cost": interval(plan["job"]["cost_usd"]),
         "cost": cost,
         "plan_wall": interval(plan["job"]["time_s"]),
+        "pilot_items": done0,
+        "pilot_s": pilot_s,
         "wall": wall,
         # "At 10% of the run", two ways: when 10% of its items are finished (a fast short
         # lane gets there early), and when 10% of its time has passed.
@@ -497,6 +507,11 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="workload names, comma separated")
     ap.add_argument("--pilot", type=int, default=30, help="items per dataset in the pilot")
     ap.add_argument(
+        "--precision",
+        type=float,
+        help="size the pilot by `regen plan --precision P` (--pilot is then its most per dataset)",
+    )
+    ap.add_argument(
         "--cpu-load", default="0", help="busy processes beside each run, comma separated"
     )
     ap.add_argument("--load-core", type=int, help="pin the busy processes to this core")
@@ -511,7 +526,9 @@ def main() -> None:
     print(simproc.machine_line())
     print(
         f"items per workload: {args.items}, time scale {args.time_scale}, "
-        f"pilot {args.pilot} per dataset, CPU load {args.cpu_load}"
+        f"pilot {args.pilot} per dataset"
+        + (f" at most, sized to +/-{args.precision:.0%}" if args.precision else "")
+        + f", CPU load {args.cpu_load}"
     )
     only = set(args.only.split(",")) if args.only else None
     results = []
@@ -532,6 +549,7 @@ def main() -> None:
                             args.keep or Path(d),
                             args.pilot,
                             (load, args.load_core),
+                            args.precision,
                         )
                     results.append(r)
                     if args.results:
@@ -539,7 +557,9 @@ def main() -> None:
                             f.write(json.dumps(r) + "\n")
                     e = r["eta"]
                     print(
-                        f"{w.name} seed {seed} load {load}: cost {r['cost']:.4f}, wall "
+                        f"{w.name} seed {seed} load {load}: pilot {r['pilot_items']} items "
+                        f"in {r['pilot_s']:.1f} s, "
+                        f"cost {r['cost']:.4f}, wall "
                         f"{r['wall']:.1f} s, ETA at 10% "
                         + (f"{e['eta'] / e['left'] - 1:+.1%}" if e else "-"),
                         flush=True,

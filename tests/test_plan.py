@@ -273,3 +273,92 @@ def test_the_prior_without_answers_claims_no_more_than_a_guess_can(tmp_path: Pat
     # The same guess for every dataset: their errors add up, the job is as unsure as each.
     assert p.cost_usd is not None
     assert p.cost_usd.p90 / p.cost_usd.mean == pytest.approx(a.cost_usd.p90 / a.cost_usd.mean)
+
+
+def test_a_pilot_with_a_precision_sends_each_dataset_what_its_spread_needs(
+    tmp_path: Path,
+) -> None:
+    """`--pilot 300 --precision 0.1`: 30 items per dataset, then more while the job's cost or
+    time over the items to come is not known within +/-10%, shared as their spreads say: a
+    dataset of mixed answer lengths gets more than one of steady ones, and the total the pilot
+    then predicts holds within what it said."""
+    rng = random.Random(4)
+    filler = ["apples", "rivers", "graphs", "engines", "proteins", "markets"]
+
+    def row(i: int, long: bool) -> dict[str, object]:
+        text = (
+            f"Task {i}: prove, derive, explain step by step and implement: "
+            + " ".join(rng.choices(filler, k=300))
+            if long
+            else f"Question {i}: what is {rng.choice(filler)}?"
+        )
+        return {"messages": [{"role": "user", "content": text}]}
+
+    write_rows(tmp_path / "steady.jsonl", [row(i, False) for i in range(400)])
+    write_rows(tmp_path / "mixed.jsonl", [row(i, rng.random() < 0.3) for i in range(400)])
+    per_item = (
+        "SELECT i.dataset, COUNT(DISTINCT i.id), SUM(l.cost_usd) / COUNT(DISTINCT i.id), "
+        "(SELECT COUNT(*) FROM items j WHERE j.dataset = i.dataset AND j.status = 'pending') "
+        "FROM items i JOIN ledger l ON l.item_id = i.id WHERE i.status != 'pending' "
+        "GROUP BY i.dataset"
+    )
+    with sim_in_thread(SimConfig(seed=3, time_scale=0.01)) as sim:
+        job = write_job(
+            tmp_path,
+            sim.base_url,
+            datasets=[("steady", "steady.jsonl", "openai"), ("mixed", "mixed.jsonl", "openai")],
+            concurrency=32,
+        )
+        plan = run_cli("plan", str(job), "--pilot", "300", "--precision", "0.1", "--json")
+        assert plan.returncode == 0, plan.stderr
+        pilot = {ds: (n, usd, left) for ds, n, usd, left in query(tmp_path / "out", per_item)}
+        spent_before = sum(c for _, c in spent(tmp_path / "out").values())
+        run = run_cli("run", str(job))
+        assert run.returncode == 0, run.stderr
+    run_cost = sum(c for _, c in spent(tmp_path / "out").values()) - spent_before
+    quantities = {q["name"]: q for q in json.loads(plan.stdout)["pilot"]}
+    assert set(quantities) == {"time", "cost"}
+    assert all(0 < q["error"] <= 0.1 for q in quantities.values()), quantities
+    assert pilot["mixed"][0] > pilot["steady"][0] >= 30, pilot
+    assert "pilot round 1: steady 30, mixed 30 items; time +/-" in plan.stderr
+    assert "; next: " in plan.stderr and "pilot round 2" in plan.stderr
+    # The job's cost over the items then to come, as the pilot's means predict it, holds.
+    predicted = sum(usd * left for _, usd, left in pilot.values())
+    assert abs(predicted / run_cost - 1) <= 2 * quantities["cost"]["error"], (predicted, run_cost)
+
+
+def test_precision_needs_a_pilot(tmp_path: Path) -> None:
+    job = write_job(tmp_path, "http://127.0.0.1:9/v1")
+    for args in (("--precision", "0.1"), ("--pilot", "30", "--precision", "1.5")):
+        out = run_cli("plan", str(job), *args)
+        assert out.returncode == 2 and "--precision" in out.stderr, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_pilot_shares_its_items_as_the_datasets_spreads_say() -> None:
+    """Neyman allocation: for one total over two datasets with as many items to come, the one
+    whose items vary three times as much gets three times the items; sending them brings the
+    total's error within what was asked."""
+    from regen.run.pilot import Quantity, next_sizes, quantity
+
+    rng = random.Random(5)
+    samples = {
+        "a": [({"x": rng.gauss(10, 1)}, 0.0) for _ in range(30)],
+        "b": [({"x": rng.gauss(10, 3)}, 0.0) for _ in range(30)],
+    }
+    q = quantity("time in lane x", samples, {"a": 5000, "b": 5000}, 0.01)
+    assert q.error is not None and q.error > 0.01
+    assert q.needs["b"] / q.needs["a"] == pytest.approx(3, rel=0.35)
+    # With those sizes the error falls to about what was asked (MARGIN below it).
+    bigger = {
+        ds: [(w, 0.0) for w in [{"x": rng.gauss(10, sd)} for _ in range(q.needs[ds])]]
+        for ds, sd in (("a", 1), ("b", 3))
+    }
+    assert quantity("time in lane x", bigger, {"a": 5000, "b": 5000}, 0.01).error < 0.0105
+    # Sizes: what is asked, at least half as many again, never past --pilot N or the items.
+    asked = Quantity("cost", 0.2, {"a": 100, "b": 31, "c": 500})
+    sizes = next_sizes([asked], {"a": 30, "b": 30, "c": 30}, {"a": 1000, "b": 1000, "c": 40}, 400)
+    assert sizes == {"a": 100, "b": 45, "c": 70}
+    assert next_sizes([asked], {"a": 400}, {"a": 10}, 400) == {}
+    assert next_sizes([Quantity("cost", 0.05, {})], {"a": 30}, {"a": 10}, 400) == {}

@@ -86,6 +86,14 @@ def _plan_parser(sub: Any) -> None:
         help="first send up to N items per dataset (a seeded sample, kept for the run) and "
         "estimate from their answers; spends what those N answers cost",
     )
+    plan.add_argument(
+        "--precision",
+        type=float,
+        metavar="P",
+        help="with --pilot N: send the pilot in rounds (30 items per dataset first) until each "
+        "lane's time and the job's cost over the items to come are known within +/-P at "
+        "p10-p90 (0.1: 10%%), N items per dataset at most",
+    )
     plan.add_argument("--json", action="store_true", help="print the estimates as JSON")
 
 
@@ -435,10 +443,17 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
     if args.pilot < 0:
         print("error: --pilot must be 0 or more", file=sys.stderr)
         return EXIT_USAGE
+    if args.precision is not None and not (0 < args.precision < 1 and args.pilot > 0):
+        print(
+            "error: --precision takes a share between 0 and 1 (0.1: +/-10%) and needs "
+            "--pilot N (the most items per dataset)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     overrides = {"job.output_dir": str(args.out.resolve())} if args.out else {}
     job = load_job(args.job, **overrides)
     quiet = Console(file=sys.stderr, width=160) if args.json else console
-    plan = plan_job(job, console=quiet, pilot=args.pilot)
+    plan = plan_job(job, console=quiet, pilot=args.pilot, precision=args.precision)
     if args.json:
         print(
             json.dumps(
@@ -456,6 +471,7 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
                     "coverage": plan.coverage,
                     "credit_usd": plan.credit_usd,
                     "spent_usd": plan.spent_usd,
+                    "pilot": [dataclasses.asdict(q) for q in plan.pilot],
                 }
             )
         )

@@ -19,7 +19,7 @@ import asyncio
 import heapq
 import itertools
 from collections import Counter, deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -107,7 +107,7 @@ class Feeder:
         stopping: asyncio.Event,
         lane_done: dict[str, asyncio.Event],
         budget: BudgetBook | None = None,
-        pilot: int | None = None,
+        pilot: Mapping[str, int] | None = None,
         sequential: set[str],
     ) -> None:
         self._store = store
@@ -345,6 +345,6 @@ class Feeder:
         """Nothing more of this dataset goes out: its budget is met, or its pilot is sent."""
         if self._pilot is not None:
             done = self._stats.datasets[dataset].done_before
-            if self._fed[dataset] >= self._pilot - done:
+            if self._fed[dataset] >= self._pilot.get(dataset, 0) - done:
                 return True
         return self._budget is not None and self._budget.datasets[dataset].met is not None

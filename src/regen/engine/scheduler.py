@@ -16,7 +16,7 @@ import math
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
@@ -488,7 +488,7 @@ class Scheduler:
         rng: random.Random | None = None,
         commit_interval_s: float = 0.2,
         budget: BudgetBook | None = None,
-        pilot: int | None = None,
+        pilot: Mapping[str, int] | None = None,
         sequential: Iterable[str] = (),
         run_id: int = 0,
         keeper: HoldKeeper | None = None,

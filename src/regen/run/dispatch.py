@@ -10,7 +10,7 @@ import gc
 import json
 import signal
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,11 +157,12 @@ async def dispatch(
     keys: dict[str, str | None],
     console: Console,
     *,
-    pilot: int | None = None,
+    pilot: Mapping[str, int] | None = None,
     progress: list[DatasetProgress] | None = None,
 ) -> Dispatched:
     """Send every pending item under the job's budgets, showing progress; then reconcile.
-    `pilot`: only until each dataset has that many answers (items in dispatch order).
+    `pilot`: only until each dataset has as many answers as it names (items in dispatch
+    order; a dataset it does not name sends none).
     `progress`: the datasets' counts as `prepare` just read them (each read counts every
     item: 0.1-0.2 s at a million)."""
     if progress is None:
@@ -346,7 +347,7 @@ def start_scheduler(
     stats: RunStats,
     console: Console,
     *,
-    pilot: int | None,
+    pilot: Mapping[str, int] | None,
     run_id: int,
 ) -> tuple[Scheduler, HoldKeeper]:
     """The scheduler over the job's lanes, with the holds of requests that earlier runs left

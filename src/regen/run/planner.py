@@ -1,9 +1,10 @@
 """`regen plan`: what a job will take, before (or while) spending on it.
 
 Reads the datasets into state.db (as a run does), optionally sends a pilot (the first N items
-of each dataset in dispatch order, a seeded sample: real answers, kept for the run), then
-estimates from every answer in state.db: per dataset, the items, tokens, cost and time still
-to come, where budgets stop it, and which datasets the remaining credit covers.
+of each dataset in dispatch order, a seeded sample: real answers, kept for the run; with
+--precision, as many as the estimates need: regen.run.pilot), then estimates from every answer
+in state.db: per dataset, the items, tokens, cost and time still to come, where budgets stop
+it, and which datasets the remaining credit covers.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from regen.lock import RunLock
 from regen.run.accounts import check_reachable, endpoint_keys
 from regen.run.dispatch import dispatch
 from regen.run.forecast import Interval, JobPlan, coverage, plan
+from regen.run.pilot import Quantity, run_pilot
 from regen.run.prepare import prepare
 from regen.state.db import Store
 from regen.state.sources import BadRowGroup
@@ -41,6 +43,8 @@ class Plan:
     prices: Prices | None
     bad_reasons: list[BadRowGroup] = field(default_factory=list)
     """The commonest reasons rows were not used: (dataset, reason, rows)."""
+    pilot: list[Quantity] = field(default_factory=list)
+    """How well the pilot measured each total the plan sums (empty without a pilot)."""
 
 
 async def _account_reads(
@@ -67,15 +71,36 @@ async def _account_reads(
     return prices, credit
 
 
-def plan_job(job: Job, *, console: Console, api_key: str | None = None, pilot: int = 0) -> Plan:
-    """Estimate the job; with `pilot`, first send up to that many items per dataset."""
+def plan_job(
+    job: Job,
+    *,
+    console: Console,
+    api_key: str | None = None,
+    pilot: int = 0,
+    precision: float | None = None,
+) -> Plan:
+    """Estimate the job; with `pilot`, first send up to that many items per dataset (with
+    `precision`, only as many as it takes to know each lane's time and the job's cost over the
+    items to come within +/-precision: regen.run.pilot)."""
     keys = endpoint_keys(job, api_key)
     with RunLock(job.output_path) as lock:
         store = Store.open(job.output_path)
         try:
             prepare(job, store, console, force=False, stale_pid=lock.stale_pid)
+            pilot_errors: list[Quantity] = []
             if pilot > 0:
-                asyncio.run(dispatch(job, store, keys, console, pilot=pilot))
+                pilot_errors = run_pilot(
+                    job,
+                    store,
+                    console,
+                    pilot,
+                    precision,
+                    lambda want: (
+                        asyncio.run(
+                            dispatch(job, store, keys, console, pilot=want)
+                        ).stats.stop_reason
+                    ),
+                )
             prices, credit = asyncio.run(_account_reads(job, keys))
             progress = store.work.dataset_progress()
             spent = sum(p.cost_usd for p in progress)
@@ -105,6 +130,7 @@ def plan_job(job: Job, *, console: Console, api_key: str | None = None, pilot: i
         spent,
         prices,
         bad_reasons,
+        pilot_errors,
     )
 
 
