@@ -505,3 +505,21 @@ def test_a_dataset_whose_budget_is_held_by_requests_in_flight_leaves_its_free_sl
     ]
     # Every answer of a was counted once: nothing set aside was sent twice.
     assert query(out, "SELECT COUNT(*) FROM results WHERE dataset = 'a'") == [(in_ledger,)]
+
+
+def test_items_waiting_for_the_caps_room_are_logged_as_waiting(tmp_path: Path) -> None:
+    """Near its dollar cap a run's workers wait for requests in flight to settle (their worst
+    case holds the room): neither sent nor idle, and the progress line says how many."""
+    write_rows(tmp_path / "chat.jsonl", chat_rows(400))
+    with sim_in_thread(SimConfig(seed=6, time_scale=0.05)) as sim:
+        job = write_job(tmp_path, sim.base_url, datasets=CHAT, concurrency=64)
+        text = job.read_text().replace("progress_interval_s = 0.5", "progress_interval_s = 0.1")
+        job.write_text(text + "\n[budget]\nmax_cost_usd = 0.2\n")
+        proc = run_cli("run", str(job))
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    lines = [
+        ln for ln in (tmp_path / "out" / "run.log").read_text().splitlines() if " progress " in ln
+    ]
+    waits = [int(m[1]) for ln in lines if (m := re.search(r" budget_wait=(\d+) ", ln))]
+    assert waits and max(waits) <= 64, waits
+    assert "budget_wait=" not in lines[-1]  # none left waiting when the run ends

@@ -259,6 +259,28 @@ def test_held_bills_show_as_what_they_are_and_stand_in_for_the_eta_when_they_blo
     assert "ETA: held for bills until" in blocked
 
 
+@pytest.mark.parametrize("width", [80, 120, 200])
+def test_items_waiting_for_budget_room_show_as_what_they_wait_for(width: int) -> None:
+    """Workers waiting for a budget's room, held by requests in flight, were neither in
+    flight nor shown: a capped run looked idle."""
+    stats = busy_stats()
+    lanes = list(stats.lanes.values())
+    lanes[0].waiting["job dollar cap held by requests in flight"] = 12
+    lanes[-1].waiting["job dollar cap held by requests in flight"] += 3
+    lanes[-1].waiting["glaive-function-calling: token budget held by requests in flight"] = 2
+    text = render(progress_view(stats, NOW), width)
+    flat = " ".join(text.split())
+    assert "waiting for budget room: 15 on job dollar cap held by requests in flight" in flat
+    assert "2 on glaive-function-calling: token budget held by requests in flight" in flat
+    assert "ETA" in text  # the ETA stands: the wait ends as requests settle
+    fields = dict(kv.split("=", 1) for kv in progress_line(stats, NOW).split()[2:])
+    assert fields["budget_wait"] == "17"
+    for lane in lanes:
+        lane.waiting.clear()
+    assert "budget_wait" not in progress_line(stats, NOW)
+    assert "budget room" not in render(progress_view(stats, NOW), width)
+
+
 def summary_datasets() -> tuple[list[DatasetProgress], dict[tuple[str, str], int]]:
     long = "B1-glaive-function-calling"
     ds = [

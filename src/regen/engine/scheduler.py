@@ -230,6 +230,9 @@ class LaneStats:
     latency_sum_s: float = 0.0
     escalate_to: str | None = None
     """The lane its truncated answers go on to."""
+    waiting: Counter[str] = field(default_factory=Counter)
+    """Workers waiting for budget room, by what holds it (`job dollar cap held by requests in
+    flight`, `code: token budget held by ...`): not sent, not idle either."""
 
     def observe_latency(self, seconds: float) -> None:
         self.latency_counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
@@ -1162,7 +1165,15 @@ class Scheduler:
             if defer and decision.dataset:
                 self._feeder.defer(lane.name, item)
                 return DEFERRED
-            await self._until_stop(self._budget.changed(item.dataset, lane.name))
+            why = f"{item.dataset}: {decision.reason}" if decision.dataset else decision.reason
+            waiting = self.stats.lanes[lane.name].waiting
+            waiting[why] += 1
+            try:
+                await self._until_stop(self._budget.changed(item.dataset, lane.name))
+            finally:
+                waiting[why] -= 1
+                if not waiting[why]:
+                    del waiting[why]
 
     async def _backoff(self, seconds: float) -> None:
         """Sleep, but wake at once when the run stops."""

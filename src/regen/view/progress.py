@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -147,10 +148,26 @@ def progress_line(stats: RunStats, now: float | None = None) -> str:
             else ""
         )
         + (f"endpoints_out={len(out)}/{len(stats.endpoints)} " if out else "")
+        + (f"budget_wait={n} " if (n := sum(budget_waits(stats).values())) else "")
         + (f"pool_down_since={down:.0f} " if (down := pool_down_since(stats)) is not None else "")
         + f"errors={errors_text(t.errors)} "
         f"elapsed_s={elapsed:.0f} {per_ds} {per_lane}"
     ).rstrip()
+
+
+def budget_waits(stats: RunStats) -> Counter[str]:
+    """Workers waiting for budget room, over the lanes, by what holds it."""
+    out: Counter[str] = Counter()
+    for lane in stats.lanes.values():
+        out.update(lane.waiting)
+    return out
+
+
+def budget_wait_items(waits: Counter[str]) -> tuple[str, ...]:
+    """`waiting for budget room: 12 on job dollar cap held by requests in flight`, then one
+    item per other budget: work that is neither sent nor idle, and what it waits for."""
+    why = [f"{n} on {what}" for what, n in waits.most_common()]
+    return (f"waiting for budget room: {why[0]}", *why[1:]) if why else ()
 
 
 def pool_down_since(stats: RunStats) -> float | None:
@@ -425,6 +442,8 @@ def progress_view(
     header: tuple[tuple[str, ...], ...] = (tuple(progress), tuple(money))
     if held.requests:
         header += ((held.line(),),)
+    if waits := budget_waits(stats):
+        header += (budget_wait_items(waits),)
     return ProgressView(
         header=header,
         errors=dict(t.errors),

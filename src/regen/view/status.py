@@ -204,6 +204,9 @@ def snapshot_view(s: Snapshot) -> Group:
                 prior=p.get("eta_basis") == "prior",
             )
             head += f", ETA {eta_text(eta)} as of that line"
+        if s.running_pid is not None and p.get("budget_wait"):
+            # Neither sent nor idle: a budget's room is held by requests not settled yet.
+            head += f"; {p['budget_wait']} items waiting for budget room"
     table = Table(title="datasets", title_justify="left")
     cols = (
         "dataset",
