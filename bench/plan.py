@@ -31,8 +31,7 @@ p10-p90 coverage between 70% and 90%.
 
 Run: .venv/bin/python bench/plan.py [--items 3000] [--time-scale 0.2] [--seeds 1]
      [--first-seed 1] [--only NAME[,NAME]] [--pilot 30 [--precision P]] [--cpu-load 0[,N]]
-     [--keep DIR]
-     [--load-core 1] [--results FILE] [--lock /tmp/bench.lock]
+     [--keep DIR] [--load-core 1] [--results FILE] [--lock /tmp/bench.lock]
      .venv/bin/python bench/plan.py --summarize FILE   # the tables again, from --results
 """
 

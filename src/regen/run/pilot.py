@@ -1,21 +1,21 @@
 """A pilot sized by what it must measure: `regen plan --pilot N --precision P`.
 
-A dataset the run has not reached yet is known only through its pilot: its answers are what
-the plan, and the run's ETA until the run gets there, rest on. A fixed 30 items per dataset
-says little when answers vary much: where half a dataset's items go on to a long lane and
-take 4,000 tokens there, the long lane's time per item of 30 of them is off by a fifth one
-time in three. So the pilot goes in rounds: 30 items per dataset first; then, for each
-quantity the plan sums (each lane's time on the wire, the job's cost) whose total over the
+A dataset the run has not reached yet is known only through its pilot: its answers are what the
+plan, and the run's ETA until the run gets there, rest on. A fixed 30 items per dataset says
+little when answers vary much: where half a dataset's items go on to a long lane and take 4,000
+tokens there, the long lane's time per item measured on 30 of them is off by a fifth or more
+about two times in five. So the pilot goes in rounds: 30 items per dataset first; then, for
+each quantity the plan sums (each lane's time on the wire, the job's cost) whose total over the
 items still to come is not yet known within +/-P at p10-p90, more items, shared among the
-datasets as stratified sampling does (Neyman allocation: a dataset gets items in proportion
-to its items to come times the spread of its items' values, which makes the total's error
-smallest for the items sent); until every total is known, every dataset has N items, or none
-has items left.
+datasets as stratified sampling does (Neyman allocation: a dataset gets items in proportion to
+its items to come times the spread of its items' values, which makes the total's error smallest
+for the items sent); until every total is known, every dataset has N items, or none has items
+left.
 
-A total's error is the sum over datasets of (items to come x the standard error of the mean
-per item), the latter from Stat.of (Cox's for skewed quantities, which a small sample's own
-spread understates). The items a pilot sends are kept for the run: a larger pilot costs time
-before the run starts, not money beyond the job's.
+A total's error is the root of the sum over datasets of (items to come x the standard error of
+the mean per item)^2, the latter from Stat.of (Cox's for skewed quantities, which a small
+sample's own spread understates). The items a pilot sends are kept for the run: a larger pilot
+costs time before the run starts, not money beyond the job's.
 """
 
 from __future__ import annotations
@@ -63,8 +63,9 @@ def _values(totals: Totals, name: str) -> list[float]:
 def quantity(
     name: str, samples: Mapping[str, Totals], to_come: Mapping[str, int], precision: float
 ) -> Quantity:
-    """`name` ("cost", "time" or "time in lane L") summed over the items to come: its error now, and
-    the items per dataset that would bring it within `precision` (Neyman allocation)."""
+    """`name` ("cost", "time" or "time in lane L") summed over the items to come: its error
+    now, and the items per dataset that would bring it within `precision` (Neyman
+    allocation)."""
     total = var = spread = 0.0
     stats: dict[str, Stat] = {}
     for ds, n in to_come.items():
