@@ -148,6 +148,7 @@ def fake_stats() -> RunStats:
     d.prompt_tokens, d.completion_tokens, d.cost_usd = 100, 500, 0.025
     d.errors = Counter({"http_5xx": 1, "timeout": 2})
     lane = LaneStats(8, [AdaptiveLimit(8, 4)], datasets=["chat"])
+    lane.waiting["job dollar cap held by requests in flight"] = 3
     lane.in_flight = 4
     flow = lane.flow("chat")
     flow.remaining = 47
@@ -194,6 +195,8 @@ def test_job_totals_are_before_the_run_plus_this_run_and_run_counters_stand_apar
     assert value(fams, "regen_requests_in_flight") == 4
     assert value(fams, "regen_concurrency_limit") == 4
     assert value(fams, "regen_concurrency_configured") == 8
+    held = "job dollar cap held by requests in flight"
+    assert value(fams, "regen_items_waiting_for_budget", lane="default", held=held) == 3
     assert value(fams, "regen_cost_cap_usd") == 5.0
     assert value(fams, "regen_held_requests") == 36 and value(fams, "regen_held_usd") == 0.07
     assert value(fams, "regen_credit_remaining_usd") == 12.5

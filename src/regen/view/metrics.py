@@ -157,6 +157,12 @@ class RunCollector(Collector):
             "The lane's configured concurrency (requests)",
             labels=["lane"],
         )
+        waiting = GaugeMetricFamily(
+            "regen_items_waiting_for_budget",
+            "Items of a lane waiting for a token budget's or dollar cap's room, held by requests "
+            "in flight or by bills not known yet (neither sent nor idle), by what holds it",
+            labels=["lane", "held"],
+        )
         latency = HistogramMetricFamily(
             "regen_request_latency_seconds",
             "Seconds on the wire of successful attempts, in this run",
@@ -166,12 +172,14 @@ class RunCollector(Collector):
             in_flight.add_metric([name], lane.in_flight)
             limit.add_metric([name], lane.limit)
             configured.add_metric([name], lane.concurrency)
+            for held, n in sorted(lane.waiting.items()):
+                waiting.add_metric([name, held], n)
             cumulative, buckets = 0, []
             for bound, n in zip(LATENCY_BUCKETS, lane.latency_counts, strict=True):
                 cumulative += n
                 buckets.append((_bound(bound), cumulative))
             latency.add_metric([name], buckets, lane.latency_sum_s)
-        yield from (in_flight, limit, configured, latency)
+        yield from (in_flight, limit, configured, waiting, latency)
 
     def _endpoints(self) -> Iterator[Metric]:
         """Per endpoint of the pool, in this run: an outage is one series event (however many
