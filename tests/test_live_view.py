@@ -386,3 +386,20 @@ def test_the_first_seconds_show_a_labelled_range_not_a_point() -> None:
         fields = dict(kv.split("=", 1) for kv in progress_line(stats, NOW).split() if "=" in kv)
         assert fields["eta_basis"] == "prior"
         assert 3000 * 2.0 / 32 < float(fields["eta_s"]) < 3000 * 2.0 / 32 * 1.5
+
+
+def test_regen_status_says_how_many_items_wait_for_budget_room() -> None:
+    from regen.view.status import Snapshot, snapshot_view
+
+    line = {"at": "12:00:00", "in_flight": "40", "req_s": "3.1", "out_tok_s": "900"}
+    line |= {"eta_s": "120", "eta_p10_s": "90", "eta_p90_s": "160", "budget_wait": "12"}
+    running = Snapshot("out", 4242, [], {}, [], [], [], line)
+    out = io.StringIO()
+    Console(file=out, width=200).print(snapshot_view(running))
+    assert "ETA 2m (2m-3m) as of that line; 12 items waiting for budget room" in " ".join(
+        out.getvalue().split()
+    )
+    ended = Snapshot("out", None, [], {}, [], [], [], line)
+    out = io.StringIO()
+    Console(file=out, width=200).print(snapshot_view(ended))
+    assert "budget room" not in out.getvalue()  # a line of a run that has ended says nothing now
