@@ -362,3 +362,48 @@ def test_a_pilot_shares_its_items_as_the_datasets_spreads_say() -> None:
     assert sizes == {"a": 100, "b": 45, "c": 70}
     assert next_sizes([asked], {"a": 400}, {"a": 10}, 400) == {}
     assert next_sizes([Quantity("cost", 0.05, {})], {"a": 30}, {"a": 10}, 400) == {}
+
+
+def test_a_sized_pilot_stops_asking_a_dataset_that_finishes_nothing_more() -> None:
+    """A dataset whose budget is met during the pilot finishes nothing more however many
+    items it is asked for: it is not asked again (each round is a whole dispatch), and the
+    last round says why the pilot stops short."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from regen.run.pilot import run_pilot
+
+    rng = random.Random(2)
+    finished = {"a": 0, "b": 0}
+    values: dict[str, list[tuple[dict[str, float], float]]] = {"a": [], "b": []}
+    rounds: list[dict[str, int]] = []
+
+    def send(want: dict[str, int]) -> None:
+        rounds.append(want)
+        for ds, n in want.items():
+            cap = n if ds == "a" else 30  # b's budget is met at 30 items
+            while finished[ds] < min(cap, 2000):
+                finished[ds] += 1
+                values[ds].append(({"default": rng.lognormvariate(0, 1)}, rng.uniform(0, 2)))
+
+    store = SimpleNamespace(
+        work=SimpleNamespace(
+            dataset_progress=lambda: [
+                SimpleNamespace(name=ds, pending=2000 - n, done=n, failed=0)
+                for ds, n in finished.items()
+            ]
+        ),
+        spend=SimpleNamespace(item_totals=lambda: values),
+    )
+    job = SimpleNamespace(
+        datasets=[SimpleNamespace(name="a"), SimpleNamespace(name="b")],
+        lane_list=[SimpleNamespace(name="default")],
+    )
+    out = io.StringIO()
+    run_pilot(job, store, Console(file=out, width=300), 1000, 0.05, send)  # type: ignore[arg-type]
+    asked_b = [r["b"] for r in rounds]
+    assert asked_b[0] == 30 and len(set(asked_b)) <= 2, rounds  # asked more once, then not
+    assert finished["a"] > 100 and finished["b"] == 30
+    assert "nothing more finished in b (a budget met?)" in out.getvalue(), out.getvalue()

@@ -118,6 +118,9 @@ def run_pilot(
     lanes = [lane.name for lane in job.lane_list]
     want = {ds: most if precision is None else min(most, FIRST) for ds in names}
     quantities: list[Quantity] = []
+    before: dict[str, int] = {}
+    grow: dict[str, int] = {}
+    stuck: set[str] = set()
     for round_no in range(1, ROUNDS + 1):
         stopped = send(dict(want))
         progress = {p.name: p for p in store.work.dataset_progress() if p.name in want}
@@ -128,7 +131,15 @@ def run_pilot(
         if precision is None or stopped:
             return quantities
         done = {ds: p.done + p.failed for ds, p in progress.items()}
-        grow = next_sizes(quantities, done, to_come, most)
+        # A dataset asked for more that finished nothing more (its budget is met, its items
+        # wait on earlier turns) would finish nothing the next round: it is not asked again.
+        stuck |= {ds for ds in grow if done.get(ds, 0) <= before.get(ds, 0)}
+        before = done
+        grow = {
+            ds: n
+            for ds, n in next_sizes(quantities, done, to_come, most).items()
+            if ds not in stuck
+        }
         errors = ", ".join(f"{q.name} {_pm(q.error)}" for q in quantities)
         sizes = ", ".join(f"{ds} {n}" for ds, n in done.items())
         line = f"pilot round {round_no}: {sizes} items; {errors} (asked {_pm(precision)})"
@@ -137,7 +148,10 @@ def run_pilot(
         elif grow:
             line += f"; stops there ({ROUNDS} rounds)"
         elif any((q.error or 0.0) > precision for q in quantities):
-            line += f"; stops there (--pilot {most} per dataset, or no items left)"
+            why = f"--pilot {most} per dataset, or no items left"
+            if stuck:
+                why += f"; nothing more finished in {', '.join(sorted(stuck))} (a budget met?)"
+            line += f"; stops there ({why})"
         console.print(line, markup=False, highlight=False)
         if not grow:
             break
