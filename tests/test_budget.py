@@ -523,3 +523,23 @@ def test_items_waiting_for_the_caps_room_are_logged_as_waiting(tmp_path: Path) -
     waits = [int(m[1]) for ln in lines if (m := re.search(r" budget_wait=(\d+) ", ln))]
     assert waits and max(waits) <= 64, waits
     assert "budget_wait=" not in lines[-1]  # none left waiting when the run ends
+
+
+def test_float_residue_of_the_keys_lag_is_no_lag_and_a_stuck_cap_stops() -> None:
+    """Freed dollars add up in floats: a run's key's lag caught up to 6.5e-19 counted as a
+    lag, and a capped run with only a killed run's unseen bill held waited for its key forever
+    (bench: 1 run in 4 under load hung at the cap with 32 workers waiting)."""
+    b = book(job_cap=1.0)
+    b.key_lag_usd = 0.1 + 0.2  # as holds.py adds freed amounts
+    b.key_caught_up(0.3)
+    assert b.key_lag_usd == 0.0
+    # A killed run's request with no bill to look up holds the cap's last room; a residue of
+    # lag left by additions elsewhere must not keep the run waiting.
+    first = admit(b, max_tokens=124_000)
+    assert isinstance(first, Lease)
+    b.settle(first, Usage(0, 100_000, 0, 0.8))
+    b.add_hold("ds", 0.19, 1000, awaited=False)  # $0.8 + $0.19 held + $0.02 > $1
+    b.key_lag_usd = 6.5e-19
+    denial = admit(b, max_tokens=10_000)
+    assert isinstance(denial, Denial) and denial.stops_run, denial
+    assert "held for 1 requests whose bills cannot be seen yet" in denial.reason

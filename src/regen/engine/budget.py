@@ -75,6 +75,8 @@ REPRICE_TOLERANCE = 0.01
 """Bills above the known prices by more than this share raise them (rounding stays below)."""
 REPRICED_META = "repriced"
 """state.db meta: per endpoint, the prices an answer was billed above and by how much."""
+USD_RESOLUTION = 1e-9
+"""Dollar amounts below this are float residue, not money."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,7 +338,7 @@ class BudgetBook:
                     return Denial(self.stopped, stops_run=True)
                 held = job.held_usd + self.key_lag_usd
                 if job.charged_usd + job.reserved_usd + held + worst > self._job_cap:
-                    if job.stuck and not self.key_lag_usd:
+                    if job.stuck and self.key_lag_usd < USD_RESOLUTION:
                         # Only bills that come no sooner than their deadline (a lane timeout or
                         # more) stand between the job and its cap: stop rather than idle.
                         self.stopped = (
@@ -437,8 +439,12 @@ class BudgetBook:
         self._notify()
 
     def key_caught_up(self, usd: float) -> None:
-        """The run's key's credit limit now has `usd` more of the room freed for the job."""
+        """The run's key's credit limit now has `usd` more of the room freed for the job. What
+        a float sum of many freed amounts leaves behind (1e-18 dollars) is no lag: counted as
+        one, it kept a capped run waiting for its key forever."""
         self.key_lag_usd = max(0.0, self.key_lag_usd - usd)
+        if self.key_lag_usd < USD_RESOLUTION:
+            self.key_lag_usd = 0.0
         self._notify()
 
     @property
