@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -407,3 +408,37 @@ def test_a_sized_pilot_stops_asking_a_dataset_that_finishes_nothing_more() -> No
     assert asked_b[0] == 30 and len(set(asked_b)) <= 2, rounds  # asked more once, then not
     assert finished["a"] > 100 and finished["b"] == 30
     assert "nothing more finished in b (a budget met?)" in out.getvalue(), out.getvalue()
+
+
+def test_a_fixed_pilot_says_how_well_it_measured_and_how_to_size_it(tmp_path: Path) -> None:
+    from regen.run.pilot import Quantity, pilot_lines
+
+    rng = random.Random(6)
+    rows = [
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": f"Task {i}: prove, derive, explain step by step and implement: "
+                    + " ".join(rng.choices(["graphs", "rivers", "engines"], k=300))
+                    if rng.random() < 0.2
+                    else f"Question {i}: what is it?",
+                }
+            ]
+        }
+        for i in range(200)
+    ]
+    write_rows(tmp_path / "mixed.jsonl", rows)
+    with sim_in_thread(SimConfig(seed=3, time_scale=0.01)) as sim:
+        job = write_job(tmp_path, sim.base_url, datasets=[("mixed", "mixed.jsonl", "openai")])
+        out = run_cli("plan", str(job), "--pilot", "30")
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    assert re.search(r"pilot measured: time \+/-\d+%, cost \+/-\d+%", text), text
+    assert "--precision 0.1` sends more items where they narrow it" in text
+    # Sized, or narrow enough: no note.
+    narrow = [Quantity("time", 0.08, {}), Quantity("cost", 0.12, {})]
+    assert pilot_lines(narrow, None) == ["pilot measured: time +/-8%, cost +/-12%"]
+    wide = [Quantity("time in lane long", 0.21, {}), Quantity("cost", None, {})]
+    assert len(pilot_lines(wide, None)) == 2 and len(pilot_lines(wide, 0.1)) == 1
+    assert pilot_lines([Quantity("cost", None, {})], None) == []

@@ -437,6 +437,7 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
     import json
 
     from regen.config import load_job
+    from regen.run.pilot import pilot_lines
     from regen.run.planner import plan_job, plan_tables
     from regen.view.progress import bad_rows_table
 
@@ -488,6 +489,8 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
         console.print(plan.coverage, markup=False, soft_wrap=True)
     for line in plan.job.assumptions:
         console.print(f"note: {line}", markup=False, soft_wrap=True)
+    for line in pilot_lines(plan.pilot, args.precision):
+        console.print(line, markup=False, soft_wrap=True)
     return EXIT_OK
 
 

@@ -36,6 +36,8 @@ ROUNDS = 6
 """Rounds at most: sizes grow by at least half each round, so this is rarely reached."""
 MARGIN = 1.2
 """More than the spread says is needed: the spread itself is measured on a sample."""
+HINT_ABOVE = 0.15
+"""A fixed-size pilot that leaves a total wider than this at p10-p90 gets a note on sizing it."""
 
 Totals = Sequence[tuple[Mapping[str, float], float]]
 """A dataset's finished items: (time on the wire per lane, dollars charged)."""
@@ -157,6 +159,24 @@ def run_pilot(
             break
         want.update(grow)
     return quantities
+
+
+def pilot_lines(quantities: Sequence[Quantity], precision: float | None) -> list[str]:
+    """How well the pilot measured what the plan sums, and, when a fixed-size pilot left any
+    of it wider than +/-HINT_ABOVE, how to size it: the figures that rest on it are only as
+    good (and the run's ETA, until it reaches each dataset)."""
+    known = [q for q in quantities if q.error is not None]
+    if not known:
+        return []
+    lines = ["pilot measured: " + ", ".join(f"{q.name} {_pm(q.error)}" for q in known)]
+    widest = max(known, key=lambda q: q.error or 0.0)
+    if precision is None and (widest.error or 0.0) > HINT_ABOVE:
+        lines.append(
+            f"note: the pilot leaves {widest.name} {_pm(widest.error)} at p10-p90: "
+            "`regen plan --pilot 500 --precision 0.1` sends more items where they narrow it "
+            "(kept for the run)"
+        )
+    return lines
 
 
 def _pm(x: float | None) -> str:
