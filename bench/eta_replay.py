@@ -21,7 +21,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from regen.engine.eta import Eta, Stat
+from regen.engine.eta import Eta
 from regen.engine.limiter import AdaptiveLimit
 from regen.engine.scheduler import DatasetStats, LaneStats, RunStats
 
@@ -75,13 +75,8 @@ def replay(work: Path, share: float) -> dict[str, Any]:
     for (lane, ds), (n, _) in pending.items():
         stats.lanes[lane].flow(ds).remaining += n
     for (lane, ds), answers in earlier.items():
-        flow = stats.lanes[lane].flow(ds)
         n, est = pending.get((lane, ds), (0, 0))
-        times = [t for t, _ in answers]
-        scale = Stat.regressed(times, [float(x) for _, x in answers], est / n if n else None)
-        factor = scale.mean / (sum(times) / len(times)) if sum(times) > 0 else 1.0
-        for seconds in reversed(times):
-            flow.add_latency(seconds * factor)
+        stats.lanes[lane].flow(ds).start_from(answers[::-1], n, est)  # newest first, as stored
     for lane, ds, n, esc in db.execute(
         "SELECT l.lane, i.dataset, COUNT(*), SUM(l.kind = 'escalated') FROM ledger l "
         "JOIN items i ON i.id = l.item_id WHERE l.created_at < ? "

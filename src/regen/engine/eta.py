@@ -76,6 +76,19 @@ class Flow:
             if k < RESERVOIR:
                 self.latencies[k] = seconds
 
+    def start_from(self, answers: Sequence[tuple[float, int]], items: int, prompts: int) -> None:
+        """Earlier runs' answers (a pilot's), newest first as (time on the wire, estimated
+        prompt tokens), start the flow's latencies, so that its ETA rests on its own times
+        from the start; scaled as `regen plan` adjusts its means, to the prompts of the
+        `items` still to come (`prompts` estimated tokens in all): a pilot of 30 that drew
+        long prompts would otherwise say so for the whole run's start."""
+        times = [t for t, _ in answers]
+        to = prompts / items if items else None
+        scale = Stat.regressed(times, [float(x) for _, x in answers], to)
+        factor = scale.mean / (sum(times) / len(times)) if sum(times) > 0 else 1.0
+        for seconds in reversed(times):
+            self.add_latency(seconds * factor)
+
     tokens: int = 0
     """Tokens that count against the dataset's budget, over the answers finished this run."""
     cost_usd: float = 0.0

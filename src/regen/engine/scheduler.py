@@ -42,7 +42,6 @@ from regen.engine.eta import (
     Concurrency,
     Eta,
     Flow,
-    Stat,
     combine,
     escalation_order,
     items_left,
@@ -555,19 +554,11 @@ class Scheduler:
             if lane_name in self.stats.lanes:
                 self.stats.lanes[lane_name].flow(ds).remaining += n
         # Earlier runs' answers (a pilot's) start each flow's latencies, so that the ETA rests
-        # on a dataset's own times from the start, not on the datasets that happen to go first;
-        # scaled as `regen plan` adjusts its means, to the prompt sizes still to come (a pilot
-        # of 30 that drew long prompts would otherwise say so for the whole run's start).
+        # on a dataset's own times from the start, not on the datasets that happen to go first.
         for (lane_name, ds), answers in store.spend.earlier_latencies().items():
-            if lane_name not in self.stats.lanes:
-                continue
-            flow = self.stats.lanes[lane_name].flow(ds)
-            n, est = pending.get((lane_name, ds), (0, 0))
-            times = [t for t, _ in answers]
-            scale = Stat.regressed(times, [float(x) for _, x in answers], est / n if n else None)
-            factor = scale.mean / (sum(times) / len(times)) if sum(times) > 0 else 1.0
-            for seconds in reversed(times):
-                flow.add_latency(seconds * factor)
+            if lane_name in self.stats.lanes:
+                n, est = pending.get((lane_name, ds), (0, 0))
+                self.stats.lanes[lane_name].flow(ds).start_from(answers, n, est)
         for (lane_name, ds), (answered, escalated) in store.spend.lane_answers().items():
             if lane_name in self.stats.lanes:
                 flow = self.stats.lanes[lane_name].flow(ds)
