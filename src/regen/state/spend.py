@@ -222,22 +222,22 @@ class Spend(Owner):
     def item_totals(self) -> dict[str, list[tuple[dict[str, float], float]]]:
         """Per dataset, each finished item's time on the wire in each lane it passed through
         (every attempt) and what was charged for it: what one more item of it takes."""
-        items: dict[int, tuple[str, dict[str, float], list[float]]] = {}
+        wire: dict[int, tuple[str, dict[str, float]]] = {}
         for item, ds, lane, wire_s in self._db.execute(
             "SELECT i.id, i.dataset, COALESCE(a.lane, i.lane, ''), SUM(a.latency_s) "
             "FROM attempts a JOIN items i ON i.id = a.item_id WHERE i.status != 'pending' "
             "GROUP BY i.id, 3"
         ):
-            items.setdefault(item, (ds, {}, [0.0]))[1][lane] = float(wire_s)
-        for item, usd in self._db.execute(
-            "SELECT l.item_id, SUM(COALESCE(l.cost_usd, 0)) FROM ledger l "
-            "JOIN items i ON i.id = l.item_id WHERE i.status != 'pending' GROUP BY l.item_id"
-        ):
-            if item in items:
-                items[item][2][0] = float(usd)
+            wire.setdefault(item, (ds, {}))[1][lane] = float(wire_s)
+        usd = dict(
+            self._db.execute(
+                "SELECT l.item_id, SUM(COALESCE(l.cost_usd, 0)) FROM ledger l "
+                "JOIN items i ON i.id = l.item_id WHERE i.status != 'pending' GROUP BY l.item_id"
+            )
+        )
         out: dict[str, list[tuple[dict[str, float], float]]] = {}
-        for ds, wire, usd in items.values():
-            out.setdefault(ds, []).append((wire, usd[0]))
+        for item, (ds, lanes) in wire.items():
+            out.setdefault(ds, []).append((lanes, float(usd.get(item, 0.0))))
         return out
 
     def lane_answers(self) -> dict[tuple[str, str], tuple[int, int]]:
