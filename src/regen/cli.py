@@ -380,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
 def _families(args: argparse.Namespace, console: Console) -> int:
     import json
 
+    from rich.markup import escape
     from rich.table import Table
 
     from regen.reconstruct.families import FAMILIES
@@ -387,7 +388,11 @@ def _families(args: argparse.Namespace, console: Console) -> int:
     rows: list[dict[str, Any]] = [
         {
             "family": f.name,
-            "completion": "hand-written grammar" if f.layout is not None else "chat template",
+            "completion": "hand-written grammar"
+            if f.layout is not None
+            else f"{f.encoder_package}, the publisher's encoder"
+            if f.encoder
+            else "chat template",
             "why_grammar": " ".join(f.why_grammar.split()),
             "stop": None
             if f.layout is not None
@@ -408,7 +413,8 @@ def _families(args: argparse.Namespace, console: Console) -> int:
         table.add_column(column, overflow="fold")
     for r in rows:
         how = str(r["completion"]) + (f" ({r['why_grammar']})" if r["why_grammar"] else "")
-        table.add_row(r["family"], how, r["verified"], r["assumed"] or "-")
+        cells = (how, r["verified"], r["assumed"] or "-")
+        table.add_row(r["family"], *(escape(c) for c in cells))
     console.print(table)
     return EXIT_OK
 
