@@ -84,9 +84,13 @@ def test_regen_families_lists_each_family() -> None:
     assert rows["glm-4.7"]["stop_after_calls"] == "<|observation|>"
     assert rows["kimi-k2.5"]["completion"] == "hand-written grammar"
     assert "drops the reasoning" in rows["kimi-k2.5"]["why_grammar"]
+    assert rows["mistral"]["completion"] == "mistral-common, the publisher's encoder"
     assert all(r["verified"] for r in rows.values())
     table = run_cli("families")
     assert table.returncode == 0 and "[reconstruct]" in table.stdout
+    # The families' own texts are printed as they are, not read as terminal markup.
+    cells = " ".join(line.strip("│ ") for line in table.stdout.splitlines())
+    assert "unless  stop says" not in cells and "[reconstruct]" in cells.partition("template")[2]
 
 
 def test_the_generic_family_reads_back_with_the_stop_it_was_given(tmp_path: Path) -> None:

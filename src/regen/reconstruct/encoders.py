@@ -8,13 +8,20 @@ as for a template (rendered.py). regen never re-implements an encoder.
   deepseek-ai, MIT; the one SGLang renders V4 with). Tool-call arguments go in as the JSON text
   the model wrote (the encoder takes nothing else), tools as definitions, reasoning as
   `reasoning_content`, and the job's reasoning setting as its thinking mode and effort.
+- `mistral`: Mistral's own `mistral-common` (Apache-2.0), which vLLM renders Mistral models
+  with. It writes token ids, not text (its text form is the tokenizer's), so the family works
+  on ids: the prompt in its serving form, the finished conversation in its finetuning form
+  (the answer ended by `</s>`), the completion the ids after the prompt's (`IdsEncoder`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
-from typing import Any
+from functools import cache
+from pathlib import Path
+from typing import Any, Protocol
 
 from regen.errors import ConfigError
 
@@ -83,9 +90,135 @@ ENCODERS: dict[str, tuple[str, Render]] = {
 }
 
 
-def encoder(name: str) -> Render:
-    """The render function of an encoder, or a one-line error naming the package to install."""
-    package, render = ENCODERS[name]
+class IdsEncoder(Protocol):
+    """A publisher's encoder that writes token ids (mistral-common): the family's rebuild is
+    then ids throughout, its text only the decoded form (for the self-check and parse-back)."""
+
+    def prompt(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> list[int]:
+        """The history and tools as the server renders them for the next answer."""
+        ...
+
+    def finished(
+        self, messages: list[dict[str, Any]], tools: list[Any] | None, cut: str
+    ) -> list[int]:
+        """The history with its last message, the answer: ended by the model's end token, or
+        (`cut`: "reasoning" or "content") as far as the model wrote when cut at max_tokens."""
+        ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+_MISTRAL_FILE = re.compile(r"tekken.*\.json|.*\.model\.v\d+\w*")
+"""The names mistral-common's own files have: tekken*.json (tiktoken-based, v3 on) or a
+versioned sentencepiece model (`tokenizer.model.v3`, `..._241114.model.v7`)."""
+
+
+def mistral_file(spec: str) -> Path | None:
+    """The mistral-common tokenizer file a `tokenizer` setting names (the file, or one in
+    the folder: tekken.json first, as a model's download holds it), or None."""
+    if spec == "sim":
+        return None
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return path if _MISTRAL_FILE.fullmatch(path.name) else None
+    if not path.is_dir():
+        return None
+    found = sorted(p for p in path.iterdir() if _MISTRAL_FILE.fullmatch(p.name))
+    found.sort(key=lambda p: p.name != "tekken.json")
+    return found[0] if found else None
+
+
+@cache
+def _mistral_tokenizers(file: str) -> tuple[Any, Any]:
+    """mistral-common's tokenizer of a file in its test (serving) and finetuning modes, loaded
+    once a process (a tekken.json is some 15 MB of JSON)."""
+    from mistral_common.protocol.instruct.validator import ValidationMode
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+
+    try:
+        serve = MistralTokenizer.from_file(file, mode=ValidationMode.test)
+        return serve, MistralTokenizer.from_file(file, mode=ValidationMode.finetuning)
+    except Exception as exc:  # its own errors, one line
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"tokenizer {file!r}: mistral-common cannot load it: {first}") from exc
+
+
+class Mistral:
+    """Mistral's mistral-common: `ChatCompletionRequest.from_openai` (its own reading of an
+    OpenAI request: reasoning becomes a think chunk, arguments its JSON), encoded in test mode
+    for the prompt and in finetuning mode for the finished answer. An answer cut at
+    max_tokens is an assistant prefix (no end token), its reasoning an unclosed think chunk
+    when it was cut there; one cut after complete calls is the finished form without `</s>`."""
+
+    def __init__(self, spec: str) -> None:
+        file = mistral_file(spec)
+        if file is None:
+            raise ConfigError(
+                f"tokenizer {spec!r}: the mistral family reads the model's own tokenizer file, "
+                "as mistral-common does: give its tekken.json or tokenizer.model.v* (or the "
+                "folder it is in)"
+            )
+        self._serve, self._train = _mistral_tokenizers(str(file))
+        self._tok: Any = self._serve.instruct_tokenizer.tokenizer
+        self.version = str(self._tok.version.value)
+        self.eos = self._tok.eos_id
+
+    def _request(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> Any:
+        from mistral_common.protocol.instruct.request import ChatCompletionRequest
+
+        return ChatCompletionRequest.from_openai(
+            [_openai(m) for m in messages], tools=list(tools) if tools else None
+        )
+
+    def prompt(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> list[int]:
+        return list(self._serve.encode_chat_completion(self._request(messages, tools)).tokens)
+
+    def finished(
+        self, messages: list[dict[str, Any]], tools: list[Any] | None, cut: str
+    ) -> list[int]:
+        if cut and not messages[-1].get("tool_calls"):
+            last = dict(messages[-1])
+            if cut == "reasoning":  # the thought it was writing, unclosed
+                thought = last.pop("reasoning", "")
+                last["content"] = [{"type": "thinking", "thinking": thought, "closed": False}]
+            request = self._request([*messages[:-1], last], tools)
+            request.messages[-1].prefix = True
+            return list(self._serve.encode_chat_completion(request).tokens)
+        ids = list(self._train.encode_chat_completion(self._request(messages, tools)).tokens)
+        return ids[:-1] if cut and ids and ids[-1] == self.eos else ids
+
+    def decode(self, ids: list[int]) -> str:
+        """The ids as text, each control token as its name, the rest as mistral-common
+        decodes them (what vLLM returns for a completion's text)."""
+        out: list[str] = []
+        run: list[int] = []
+        for i in [*ids, -1]:
+            if i >= 0 and not self._tok.is_special(i):
+                run.append(i)
+                continue
+            if run:
+                out.append(self._tok.decode(run))
+                run = []
+            if i >= 0:
+                out.append(self._tok.id_to_piece(i))
+        return "".join(out)
+
+
+def _openai(m: dict[str, Any]) -> dict[str, Any]:
+    """A stored message as an OpenAI one (the keys mistral-common reads)."""
+    out: dict[str, Any] = {"role": m.get("role"), "content": m.get("content") or ""}
+    for key in ("reasoning", "tool_calls", "tool_call_id", "name"):
+        if m.get(key):
+            out[key] = m[key]
+    return out
+
+
+IDS_ENCODERS: dict[str, tuple[str, Callable[[str], IdsEncoder]]] = {
+    "mistral": ("mistral-common", Mistral),
+}
+
+
+def _installed(name: str, package: str) -> None:
     try:
         __import__(package.replace("-", "_"))
     except ImportError as exc:
@@ -93,4 +226,17 @@ def encoder(name: str) -> Render:
             f"family {name} renders with its publisher's encoder, package {package}: "
             f"pip install {package}"
         ) from exc
+
+
+def ids_encoder(name: str, tokenizer: str) -> IdsEncoder:
+    """The ids encoder of a family for a tokenizer setting, or a one-line error."""
+    package, make = IDS_ENCODERS[name]
+    _installed(name, package)
+    return make(tokenizer)
+
+
+def encoder(name: str) -> Render:
+    """The render function of an encoder, or a one-line error naming the package to install."""
+    package, render = ENCODERS[name]
+    _installed(name, package)
     return render

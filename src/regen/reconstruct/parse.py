@@ -172,7 +172,35 @@ def _syntax_calls(syntax: str, text: str) -> tuple[str, tuple[tuple[str, Any], .
         return _kimi_k3(text)
     if syntax == "dsml":
         return _dsml(text)
+    if syntax == "mistral":
+        return _mistral(text)
     return text, ()
+
+
+_MISTRAL_CALL = re.compile(r"\[TOOL_CALLS\](.*?)(?:\[CALL_ID\].*?)?\[ARGS\]", re.S)
+
+
+def _mistral(text: str) -> tuple[str, tuple[tuple[str, Any], ...]]:
+    """Mistral's calls as vLLM's mistral parser reads them: from v11 on,
+    `[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}` for each call (no call id from v13 on); before
+    it, one `[TOOL_CALLS]` then a JSON list of `{"name", "arguments"}`."""
+    content, section = _before(text, "[TOOL_CALLS]")
+    if not section:
+        return text, ()
+    heads = list(_MISTRAL_CALL.finditer(section))
+    if not heads:  # v3-v7: a JSON list
+        listed = _args(section.removeprefix("[TOOL_CALLS]").strip())
+        if not isinstance(listed, list):
+            return content, (("", section),)
+        return content, tuple(
+            (str(c.get("name", "")), c.get("arguments")) if isinstance(c, dict) else ("", c)
+            for c in listed
+        )
+    calls = []
+    for m, after in zip(heads, [*heads[1:], None], strict=True):
+        end = after.start() if after is not None else len(section)
+        calls.append((m.group(1).strip(), _args(section[m.end() : end])))
+    return content, tuple(calls)
 
 
 _DSML_BLOCK = re.compile(r"<｜DSML｜(?:tool_calls|function_calls)>")

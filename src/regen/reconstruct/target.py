@@ -22,7 +22,7 @@ from typing import Any
 
 from regen.errors import ConfigError
 from regen.reconstruct.check import lost
-from regen.reconstruct.encoders import encoder
+from regen.reconstruct.encoders import IDS_ENCODERS, IdsEncoder, encoder, ids_encoder, mistral_file
 from regen.reconstruct.families import (
     AUTO,
     FAMILIES,
@@ -35,6 +35,7 @@ from regen.reconstruct.families import (
 from regen.reconstruct.kimi_ts import sorted_keys, tools_typescript
 from regen.reconstruct.rendered import (
     ReconstructError,
+    first_difference_at,
     rendered_completion,
     without_separators,
 )
@@ -138,6 +139,16 @@ class Target:
         if why is not None:
             raise ConfigError(why)
         self.family: Family = family(spec.family) if spec.family != AUTO else FAMILIES["template"]
+        self.notes: list[str] = []
+        """What the family rests on, said once at the start of an audit, export or run."""
+        mistral = mistral_file(spec.tokenizer) if spec.family == AUTO else None
+        if mistral is not None:
+            self.family = FAMILIES["mistral"]
+            self.notes.append(f"family auto: mistral, from {mistral.name} (mistral-common)")
+        self._ids: IdsEncoder | None = None
+        if self.family.encoder in IDS_ENCODERS:
+            self._init_ids()
+            return
         self.tok = _hf_tokenizer(spec.tokenizer, spec.trust_remote_code)
         template: str | None
         self._encoder = encoder(self.family.encoder) if self.family.encoder else None
@@ -160,8 +171,6 @@ class Target:
                 "--chat-template FILE (or chat_template in [reconstruct])"
             )
         self.template: str = template
-        self.notes: list[str] = []
-        """What the family rests on, said once at the start of an audit, export or run."""
         if spec.family == AUTO:
             self.family = detect(template, spec.thinking)
             self.notes.append(f"family auto: {self.family.name}, from its chat template")
@@ -176,6 +185,25 @@ class Target:
         self.stops: tuple[str, ...] = self._stops()
         backend = getattr(self.tok, "backend_tokenizer", None) if self.tok.is_fast else None
         self._backend = backend
+
+    def _init_ids(self) -> None:
+        """A family whose publisher's encoder writes ids (mistral-common): no chat template,
+        no Hugging Face tokenizer; the encoder reads the model's own tokenizer file."""
+        self._ids = ids_encoder(self.family.encoder, self.spec.tokenizer)
+        self.tok = None
+        self._encoder = None
+        self._backend = None
+        version = getattr(self._ids, "version", "")
+        f = self.family
+        self.template = f"(the {f.encoder} encoder of {f.encoder_package}, {version})"
+        self.kwargs = {}
+        self.stops = self.family.stop
+        self.warnings = []
+        if self.spec.chat_template:
+            self.warnings.append(
+                f"chat_template {self.spec.chat_template!r} is not read: the {self.family.name} "
+                f"family renders with {self.family.encoder_package}, as vLLM does"
+            )
 
     def _template_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {}
@@ -262,12 +290,18 @@ class Target:
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text, special-token text read as control tokens, nothing added."""
+        if self._ids is not None:
+            raise ReconstructError(
+                f"the {self.family.name} family writes ids, not text: its texts are not encoded"
+            )
         if self._backend is not None:
             encoded = self._backend.encode_batch(texts, add_special_tokens=False)
             return [list(e.ids) for e in encoded]
         return [list(self.tok.encode(t, add_special_tokens=False)) for t in texts]
 
     def decode(self, ids: list[int]) -> str:
+        if self._ids is not None:
+            return self._ids.decode(ids)
         return str(self.tok.decode(ids, skip_special_tokens=False))
 
     # text ---------------------------------------------------------------------------------
@@ -295,6 +329,8 @@ class Target:
         a template that cannot take them parsed (DeepSeek-V3's joins them as text) gets the
         text, the only form a server could have rendered it with. `when` (the answer's time)
         is the date a template asks `strftime_now` for (gpt-oss's `Current date:`)."""
+        if self._ids is not None:
+            return self.decode(self._ids.prompt(messages, tools))
         return self._rendered(messages, tools, when, generation=True)[0]
 
     def _rendered(
@@ -403,6 +439,34 @@ class Target:
         full = self._rendered([*history, message], tools, when, generation=False)[0]
         return rendered_completion(self.family, prompt, full, a, self.stops)
 
+    def _ids_sample(self, row: ExportRow) -> tuple[list[int], list[int]]:
+        """(prompt ids, completion ids) from an encoder that writes ids: the finished
+        conversation's ids after the prompt's. Fields go in as stored: such an encoder writes
+        no separators of its own around them."""
+        assert self._ids is not None
+        a = self.answer(row)
+        history = row.history()
+        tools = row.conversation.get("tools")
+        message: dict[str, Any] = {"role": "assistant", "content": a.content}
+        if a.reasoning:
+            message["reasoning"] = a.reasoning
+        if a.calls:
+            message["tool_calls"] = list(a.calls)
+        cut = ("reasoning" if a.cut_in_reasoning else "content") if a.truncated else ""
+        try:
+            prompt = self._ids.prompt(history, tools)
+            full = self._ids.finished([*history, message], tools, cut)
+        except Exception as exc:  # the encoder's own errors, one line each
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ReconstructError(f"{self.family.encoder} encoder: {first}") from exc
+        if full[: len(prompt)] != prompt:
+            at = first_difference_at(self.decode(prompt), self.decode(full))
+            raise ReconstructError(
+                f"the {self.family.encoder} encoder's finished answer does not extend its "
+                f"prompt (at character {at})"
+            )
+        return prompt, full[len(prompt) :]
+
     def answer(self, row: ExportRow, prefill: str = "") -> Answer:
         return Answer(
             reasoning=row.reasoning or "",
@@ -422,24 +486,31 @@ class Target:
 
     def samples(self, rows: list[ExportRow]) -> list[Sample | ReconstructError]:
         """Each row's sample, or why it could not be built (one bad row never stops a batch).
-        The texts of a batch are encoded together.
+        The texts of a batch are encoded together (a family whose encoder writes ids has
+        them already).
 
         Where the server returned ids, the sample uses them, and the answer is also rebuilt
         (prompt through the template, completion through the family's grammar) into
         `rebuilt_prompt_ids` and `rebuilt_completion_ids`: the server's ids are the oracle
         that proves the rebuild."""
         texts: list[str] = []
+        known: dict[int, list[int]] = {}
         plan: list[_Plan | ReconstructError] = []
         for row in rows:
             exact_p = unpack_ids(row.prompt_token_ids)
             exact_c = unpack_ids(row.completion_token_ids)
             try:
-                tools = row.conversation.get("tools")
-                prompt = self.prompt_text(row.history(), tools, row.created_at or None)
-                prefill = self.prefill(prompt)
-                text = self.completion_text(row, prompt, prefill)
-                missing = lost(self.answer(row, prefill), text)
                 at = len(texts)
+                if self._ids is not None:
+                    known[at], known[at + 1] = self._ids_sample(row)
+                    prompt, text = self.decode(known[at]), self.decode(known[at + 1])
+                    prefill = ""
+                else:
+                    tools = row.conversation.get("tools")
+                    prompt = self.prompt_text(row.history(), tools, row.created_at or None)
+                    prefill = self.prefill(prompt)
+                    text = self.completion_text(row, prompt, prefill)
+                missing = lost(self.answer(row, prefill), text)
                 texts += [prompt, text]
             except ReconstructError as exc:
                 if exact_p is None or exact_c is None:
@@ -449,7 +520,11 @@ class Target:
             if exact_p is not None and self.family.prefills:
                 prefill = self.prefill(self.decode(exact_p[-8:]))
             plan.append(_Plan(row, exact_p, exact_c, prefill, at, missing))
-        encoded = self.encode_batch(texts)
+        unknown = [i for i in range(len(texts)) if i not in known]
+        encoded = dict(known)
+        if unknown:
+            fresh = self.encode_batch([texts[i] for i in unknown])
+            encoded.update(zip(unknown, fresh, strict=True))
         out: list[Sample | ReconstructError] = []
         for p in plan:
             if isinstance(p, ReconstructError):
