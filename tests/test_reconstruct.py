@@ -198,7 +198,7 @@ MODELS = {
     "qwen3.5": "qwen/qwen3.5-397b-a17b",
     "kimi-k3": "moonshotai/kimi-k3",
 }
-NOT_SIMULATED = {"deepseek-v3.1", "deepseek-v4", "mistral", "template"}
+NOT_SIMULATED = {"deepseek-v3.1", "deepseek-v4", "llama4", "mistral", "template"}
 """Families with no model in the simulator (V3.1, V4, Mistral: its reference is an encoder of
 ids, mistral-common, which the simulator would have to share with regen) or none of their
 own (the generic one)."""

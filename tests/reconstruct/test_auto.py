@@ -31,6 +31,8 @@ PUBLISHED = {
     "kimi-k2.5": "kimi-k2.5",
     "kimi-k3": "kimi-k3",
     "gpt-oss": "gpt-oss",
+    "llama4": "llama4",
+    "llama4-pythonic": "llama4",
 }
 
 

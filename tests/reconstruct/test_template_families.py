@@ -50,6 +50,14 @@ class Model:
     vocab: str | None = None
     encoder: bool = False
     """Rendered by the publisher's encoder (DeepSeek's deepseek-recipe), not a template."""
+    template: str = ""
+    """The template's file in templates/ (default: the family's name)."""
+    bos: str = ""
+    """The tokenizer's bos_token, which the template writes first."""
+
+    @property
+    def name(self) -> str:
+        return self.template or self.family
 
 
 MODELS = [
@@ -79,7 +87,22 @@ MODELS = [
         encoder=True,
     ),
 ]
-BY_NAME = {m.family: m for m in MODELS}
+# Llama 4: eos ids 200001 <|end_of_text|>, 200007 <|eom|>, 200008 <|eot|>; both templates
+# write <|eot|> after a turn. Meta's writes calls as JSON after the turn's text in
+# <|python_start|>...<|python_end|>; vLLM's as a pythonic list.
+for _template, _marker in (("llama4", '{"name"'), ("llama4-pythonic", "[")):
+    MODELS.append(
+        Model(
+            "llama4",
+            None,
+            False,
+            "<|eot|>",
+            call_marker=_marker,
+            template=_template,
+            bos="<|begin_of_text|>",
+        )
+    )
+BY_NAME = {m.name: m for m in MODELS}
 
 
 def thinking_modes(m: Model) -> tuple[bool, ...]:
@@ -102,7 +125,7 @@ CUT = [
 def _params() -> list[Any]:
     return [
         pytest.param(
-            m, thinking, case, id=f"{m.family}-{'think' if thinking else 'plain'}-{case.name}"
+            m, thinking, case, id=f"{m.name}-{'think' if thinking else 'plain'}-{case.name}"
         )
         for m in MODELS
         for thinking in thinking_modes(m)
@@ -125,7 +148,8 @@ def oracle_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def kwargs_for(m: Model, thinking: bool) -> dict[str, Any]:
-    return {m.switch: thinking} if m.switch else {}
+    kwargs: dict[str, Any] = {m.switch: thinking} if m.switch else {}
+    return {**kwargs, "bos_token": m.bos} if m.bos else kwargs
 
 
 def encoder_conversation(
@@ -196,7 +220,7 @@ def oracle_prompt(m: Model, case: Case, thinking: bool) -> str:
     if m.encoder:
         return encoder_render(case.history, case.tools, thinking)
     return render(
-        m.family,
+        m.name,
         oracle_messages(case.history),
         tools=case.tools,
         add_generation_prompt=True,
@@ -228,7 +252,7 @@ def expected_completion(m: Model, case: Case, thinking: bool) -> str:
         full = encoder_render([*case.history, a.answer], case.tools, thinking)
     else:
         full = render(
-            m.family,
+            m.name,
             oracle_messages([*case.history, a.answer]),
             tools=case.tools,
             add_generation_prompt=False,
@@ -272,6 +296,8 @@ def vllm_fields(m: Model, completion: str, thinking: bool) -> tuple[str, str]:
         reasoning, _, text = text.partition(closing)
         reasoning = reasoning.removeprefix(opening)
     text = text.partition(m.call_marker)[0]
+    if m.family == "llama4":  # Meta's template wraps a call turn's text in python tags
+        text = text.replace("<|python_start|>", "").replace("<|python_end|>", "")
     if m.family == "kimi-k3":  # the response channel's text
         text = text.removeprefix("<|open|>response<|sep|>").partition("<|close|>response")[0]
     return reasoning, text
@@ -293,7 +319,7 @@ def target(m: Model, thinking: bool, folders: dict[str, str], **rules: Any) -> T
     spec = TargetSpec(
         family=m.family,
         tokenizer=folders[m.vocab or "sim"],
-        chat_template=None if m.encoder else str(TEMPLATES / f"{m.family}.jinja"),
+        chat_template=None if m.encoder else str(TEMPLATES / f"{m.name}.jinja"),
         thinking=thinking,
         template_kwargs={m.switch: thinking} if m.switch else {},
         **rules,
@@ -399,6 +425,15 @@ GOLDEN = {
         "reasoning",
         "17 * 23 = 17 * 20 + 17 * 3 = 340 + 51 = 391.</think>17 × 23 = **391**."
         "<｜end▁of▁sentence｜>",
+    ),
+    "llama4": (
+        "content_then_calls",
+        '<|python_start|>Let me check the weather.<|python_end|>{"name": "get_weather", '
+        '"parameters": {"city": "Paris", "unit": "c"}}<|eot|>',
+    ),
+    "llama4-pythonic": (
+        "parallel_calls",
+        '[get_weather(city="Tokyo"), get_time(tz="Asia/Tokyo")]<|eot|>',
     ),
     "kimi-k3": (
         "reasoning",

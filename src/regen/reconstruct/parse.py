@@ -174,7 +174,47 @@ def _syntax_calls(syntax: str, text: str) -> tuple[str, tuple[tuple[str, Any], .
         return _dsml(text)
     if syntax == "mistral":
         return _mistral(text)
+    if syntax == "llama4":
+        return _llama4(text)
     return text, ()
+
+
+_PYTHONIC = re.compile(r"\[[A-Za-z_][\w.]*\(")
+
+
+def _llama4(text: str) -> tuple[str, tuple[tuple[str, Any], ...]]:
+    """Llama 4's calls, in either form its templates write: JSON objects
+    `{"name": ..., "parameters": {...}}` one after another (Meta's, after the turn's text in
+    `<|python_start|>...<|python_end|>`), or a pythonic list `[f(k="v"), g(...)]` (vLLM's
+    llama4_pythonic parser reads it with Python's `ast`, values as literals)."""
+    body = text.replace("<|python_start|>", "").replace("<|python_end|>", "")
+    at = body.find('{"name"')
+    if at >= 0:
+        decoder, calls, rest = json.JSONDecoder(), [], body[at:]
+        while rest.startswith("{"):
+            try:
+                obj, end = decoder.raw_decode(rest)
+            except json.JSONDecodeError:
+                break
+            calls.append((str(obj.get("name", "")), obj.get("parameters", obj.get("arguments"))))
+            rest = rest[end:].lstrip()
+        return body[:at], tuple(calls)
+    m = _PYTHONIC.search(body)
+    if m is None:
+        return body, ()
+    import ast
+
+    try:
+        tree = ast.parse(body[m.start() :].strip(), mode="eval").body
+        assert isinstance(tree, ast.List)
+        pythonic = tuple(
+            (ast.unparse(c.func), {k.arg: ast.literal_eval(k.value) for k in c.keywords})
+            for c in tree.elts
+            if isinstance(c, ast.Call)
+        )
+    except (SyntaxError, ValueError, AssertionError):
+        return body, ()
+    return body[: m.start()], pythonic
 
 
 _MISTRAL_CALL = re.compile(r"\[TOOL_CALLS\](.*?)(?:\[CALL_ID\].*?)?\[ARGS\]", re.S)
