@@ -25,6 +25,7 @@ PUBLISHED = {
     "deepseek-v3.1": "deepseek-v3.1",
     "glm-4.6": "glm-4.5",
     "glm-4.7": "glm-4.7",
+    "glm-5.2": "glm-4.7",
     "minimax-m2": "minimax-m2",
     "kimi-k2": "kimi-k2",
     "kimi-k2-thinking": "kimi-k2",

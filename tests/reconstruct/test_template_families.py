@@ -64,6 +64,17 @@ MODELS = [
     # GLM-4.7: eos ids 151329 <|endoftext|>, 151336 <|user|>, 151338 <|observation|>; the
     # template writes none of them after an assistant turn.
     Model("glm-4.7", "enable_thinking", False, "<|user|>", "<|observation|>", False),
+    # GLM-5.2 as ik_llama.cpp serves it, under GLM-4.7's rules unchanged (stop tokens assumed
+    # the same): a later template of the family that no rule was written for.
+    Model(
+        "glm-4.7",
+        "enable_thinking",
+        False,
+        "<|user|>",
+        "<|observation|>",
+        False,
+        template="glm-5.2",
+    ),  # fmt: skip
     # MiniMax-M2: eos 200020 `[e~[`, which its template writes after each turn.
     Model("minimax-m2", None, True, "[e~[", call_marker="<minimax:tool_call>"),
     Model("qwen3-coder", None, False, "<|im_end|>", vocab="qwen"),
