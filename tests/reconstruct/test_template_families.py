@@ -97,6 +97,15 @@ MODELS = [
         vocab="deepseek-v4",
         encoder=True,
     ),
+    # DeepSeek-V4.1-Flash: DeepSeek's own V4.1 encoder (its DSML is `<｜DSML｜ calls>`).
+    Model(
+        "deepseek-v4.1",
+        "thinking",
+        False,
+        "<｜end▁of▁sentence｜>",
+        call_marker="\n\n<｜DSML｜ calls>",
+        encoder=True,
+    ),
 ]
 # Llama 4: eos ids 200001 <|end_of_text|>, 200007 <|eom|>, 200008 <|eot|>; both templates
 # write <|eot|> after a turn. Meta's writes calls as JSON after the turn's text in
@@ -196,12 +205,16 @@ def encoder_conversation(
 
 
 def encoder_render(
-    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, thinking: bool
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    thinking: bool,
+    version: str = "deepseek-v4",
 ) -> str:
     import deepseek_recipe as dr
 
     conv = encoder_conversation(messages, tools, thinking)
-    return str(dr.DeepseekV4Encoding().render_conversation(conv).prompt)
+    encoding = dr.DeepseekV41Encoding() if version == "deepseek-v4.1" else dr.DeepseekV4Encoding()
+    return str(encoding.render_conversation(conv).prompt)
 
 
 def oracle_prompt_ids(m: Model, case: Case, thinking: bool, expected: str) -> list[int]:
@@ -229,7 +242,7 @@ def oracle_ids(m: Model, text: str) -> list[int]:
 
 def oracle_prompt(m: Model, case: Case, thinking: bool) -> str:
     if m.encoder:
-        return encoder_render(case.history, case.tools, thinking)
+        return encoder_render(case.history, case.tools, thinking, m.family)
     return render(
         m.name,
         oracle_messages(case.history),
@@ -260,7 +273,7 @@ def expected_completion(m: Model, case: Case, thinking: bool) -> str:
     a = model_answer(m, case, thinking)
     prompt = oracle_prompt(m, case, thinking)
     if m.encoder:
-        full = encoder_render([*case.history, a.answer], case.tools, thinking)
+        full = encoder_render([*case.history, a.answer], case.tools, thinking, m.family)
     else:
         full = render(
             m.name,
@@ -445,6 +458,15 @@ GOLDEN = {
     "llama4-pythonic": (
         "parallel_calls",
         '[get_weather(city="Tokyo"), get_time(tz="Asia/Tokyo")]<|eot|>',
+    ),
+    "deepseek-v4.1": (
+        "parallel_calls",
+        "Two independent lookups.</think>\n\n<｜DSML｜ calls>\n"
+        '<｜DSML｜ invoke name="get_weather">\n<｜DSML｜ parameter name="city" string="true">'
+        "Tokyo</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n"
+        '<｜DSML｜ invoke name="get_time">\n<｜DSML｜ parameter name="tz" string="true">'
+        "Asia/Tokyo</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>"
+        "<｜end▁of▁sentence｜>",
     ),
     "kimi-k3": (
         "reasoning",

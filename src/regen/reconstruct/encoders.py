@@ -4,10 +4,11 @@ A family with `encoder` in families.toml renders its prompts (and the history pl
 answer) through that package instead of a chat template; the completion is then taken exactly
 as for a template (rendered.py). regen never re-implements an encoder.
 
-- `deepseek-v4`: DeepSeek's reference encoder for DeepSeek-V4 (`deepseek-recipe` on PyPI, by
-  deepseek-ai, MIT; the one SGLang renders V4 with). Tool-call arguments go in as the JSON text
-  the model wrote (the encoder takes nothing else), tools as definitions, reasoning as
-  `reasoning_content`, and the job's reasoning setting as its thinking mode and effort.
+- `deepseek-v4`, `deepseek-v4.1`: DeepSeek's reference encoders for DeepSeek-V4 and
+  V4.1-Flash (`deepseek-recipe` on PyPI, by deepseek-ai, MIT; the one SGLang renders V4
+  with). Tool-call arguments go in as the JSON text the model wrote (the encoder takes
+  nothing else), tools as definitions, reasoning as `reasoning_content`, and the job's
+  reasoning setting as its thinking mode and effort.
 - `mistral`: Mistral's own `mistral-common` (Apache-2.0), which vLLM renders Mistral models
   with. It writes token ids, not text (its text form is the tokenizer's), so the family works
   on ids: the prompt in its serving form, the finished conversation in its finetuning form
@@ -36,8 +37,20 @@ def _text(content: Any) -> str:
     return "" if content is None else str(content)
 
 
-def _deepseek_v4(
-    messages: list[dict[str, Any]], tools: list[Any] | None, kwargs: dict[str, Any]
+def _deepseek(encoding: str) -> Render:
+    """DeepSeek's encoder of one model version (deepseek-recipe's `DeepseekV4Encoding`,
+    `DeepseekV41Encoding`)."""
+
+    def render(
+        messages: list[dict[str, Any]], tools: list[Any] | None, kwargs: dict[str, Any]
+    ) -> str:
+        return _deepseek_render(encoding, messages, tools, kwargs)
+
+    return render
+
+
+def _deepseek_render(
+    encoding: str, messages: list[dict[str, Any]], tools: list[Any] | None, kwargs: dict[str, Any]
 ) -> str:
     import deepseek_recipe as dr
 
@@ -66,7 +79,7 @@ def _deepseek_v4(
                 )
             )
         else:
-            raise ValueError(f"the DeepSeek-V4 encoder has no role {role!r}")
+            raise ValueError(f"DeepSeek's {encoding} has no role {role!r}")
     definitions = [
         dr.ToolDefinition(
             str((t.get("function") or {}).get("name")),
@@ -82,11 +95,12 @@ def _deepseek_v4(
         tools=definitions or None,
         reasoning_effort=kwargs.get("reasoning_effort"),
     )
-    return str(dr.DeepseekV4Encoding().render_conversation(conversation).prompt)
+    return str(getattr(dr, encoding)().render_conversation(conversation).prompt)
 
 
 ENCODERS: dict[str, tuple[str, Render]] = {
-    "deepseek-v4": ("deepseek-recipe", _deepseek_v4),
+    "deepseek-v4": ("deepseek-recipe", _deepseek("DeepseekV4Encoding")),
+    "deepseek-v4.1": ("deepseek-recipe", _deepseek("DeepseekV41Encoding")),
 }
 
 

@@ -243,16 +243,17 @@ def _mistral(text: str) -> tuple[str, tuple[tuple[str, Any], ...]]:
     return content, tuple(calls)
 
 
-_DSML_BLOCK = re.compile(r"<｜DSML｜(?:tool_calls|function_calls)>")
-_DSML_INVOKE = re.compile(r'<｜DSML｜invoke name="(.*?)">(.*?)</｜DSML｜invoke>', re.S)
+# V3.2 `function_calls`, V4 `tool_calls`, V4.1 ` calls` (its DSML token, a space, the word).
+_DSML_BLOCK = re.compile(r"<｜DSML｜(?:tool_calls|function_calls| calls)>")
+_DSML_INVOKE = re.compile(r'<｜DSML｜ ?invoke name="(.*?)">(.*?)</｜DSML｜ ?invoke>', re.S)
 _DSML_PARAM = re.compile(
-    r'<｜DSML｜parameter name="(.*?)" string="(true|false)">(.*?)</｜DSML｜parameter>', re.S
+    r'<｜DSML｜ ?parameter name="(.*?)" string="(true|false)">(.*?)</｜DSML｜ ?parameter>', re.S
 )
 
 
 def _dsml(text: str) -> tuple[str, tuple[tuple[str, Any], ...]]:
-    """DeepSeek's DSML calls (V3.2 `function_calls`, V4 `tool_calls`): a parameter marked
-    `string="true"` is its text, any other is JSON."""
+    """DeepSeek's DSML calls (V3.2 `function_calls`, V4 `tool_calls`, V4.1 ` calls`): a
+    parameter marked `string="true"` is its text, any other is JSON."""
     block = _DSML_BLOCK.search(text)
     if block is None:
         return text, ()
