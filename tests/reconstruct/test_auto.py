@@ -125,3 +125,19 @@ def test_the_generic_family_reads_back_with_the_stop_it_was_given(tmp_path: Path
         TargetSpec(family="template", chat_template=str(template), stop="<|x|>")
     ).samples([row])
     assert isinstance(wrong, Exception) and "writes none of the end tokens" in str(wrong)
+
+
+def test_auto_picks_deepseek_v32_from_the_encoder_the_model_ships(tmp_path: Path) -> None:
+    """DeepSeek-V3.2 has no chat template: its repository ships an encoder file, which regen
+    runs from the model's folder only when told to trust the model's code."""
+    from tests.reconstruct.test_template_families import dsv32_folder
+
+    folder = str(dsv32_folder(tmp_path))
+    t = Target(TargetSpec(family="auto", tokenizer=folder, trust_remote_code=True))
+    assert t.family.name == "deepseek-v3.2"
+    assert t.notes == ["family auto: deepseek-v3.2, from the model's encoding/encoding_dsv32.py"]
+    with pytest.raises(ConfigError, match=r"runs the model's own encoder .* trust_remote_code"):
+        Target(TargetSpec(family="deepseek-v3.2", tokenizer=folder))
+    (tmp_path / "encoding" / "encoding_dsv32.py").unlink()
+    with pytest.raises(ConfigError, match=r"encoding/encoding_dsv32\.py\), which tokenizer"):
+        Target(TargetSpec(family="deepseek-v3.2", tokenizer=folder, trust_remote_code=True))

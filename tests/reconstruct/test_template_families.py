@@ -16,8 +16,10 @@ where the template has the switch:
 
 from __future__ import annotations
 
+import copy
 import json
 import re
+import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -52,6 +54,10 @@ class Model:
     """Rendered by the publisher's encoder (DeepSeek's deepseek-recipe), not a template."""
     template: str = ""
     """The template's file in templates/ (default: the family's name)."""
+    folder: str = ""
+    """A model folder the family reads (`folders`), where no vocabulary is checked."""
+    refuses_bare: bool = False
+    """The encoder refuses a thinking answer with neither reasoning nor calls."""
     bos: str = ""
     """The tokenizer's bos_token, which the template writes first."""
 
@@ -96,6 +102,17 @@ MODELS = [
         call_marker="\n\n<｜DSML｜tool_calls>",
         vocab="deepseek-v4",
         encoder=True,
+    ),
+    # DeepSeek-V3.2: DeepSeek's own encoder, from the model's folder (encoding_dsv32.py).
+    Model(
+        "deepseek-v3.2",
+        "thinking",
+        False,
+        "<｜end▁of▁sentence｜>",
+        call_marker="\n\n<｜DSML｜function_calls>",
+        encoder=True,
+        folder="deepseek-v3.2",
+        refuses_bare=True,
     ),
     # DeepSeek-V4.1-Flash: DeepSeek's own V4.1 encoder (its DSML is `<｜DSML｜ calls>`).
     Model(
@@ -204,12 +221,32 @@ def encoder_conversation(
     return conv
 
 
+DSV32 = TEMPLATES / "deepseek-v3.2" / "encoding_dsv32.py"
+
+
+def dsv32_render(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, thinking: bool
+) -> str:
+    """DeepSeek-V3.2's encoder (the fixture), given the messages as SGLang's chat serving
+    prepares them: the request's tools on the system message (an empty one put first where
+    the history has none), reasoning as `reasoning_content`, arguments the model's text."""
+    msgs = oracle_messages(messages)
+    if tools:
+        if msgs[0]["role"] != "system":
+            msgs.insert(0, {"role": "system", "content": ""})
+        msgs[0] = {**msgs[0], "tools": tools}
+    module = vocab.oracle_module("dsv32_fixture", DSV32)
+    return str(module.encode_messages(msgs, thinking_mode="thinking" if thinking else "chat"))
+
+
 def encoder_render(
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
     thinking: bool,
     version: str = "deepseek-v4",
 ) -> str:
+    if version == "deepseek-v3.2":
+        return dsv32_render(messages, tools, thinking)
     import deepseek_recipe as dr
 
     conv = encoder_conversation(messages, tools, thinking)
@@ -263,7 +300,8 @@ def is_cut(case: Case) -> bool:
 
 def shows(m: Model, case: Case, thinking: bool) -> bool:
     """Whether the template can show this answer after its prompt."""
-    return not (m.always_thinks and not case.reasoning)
+    bare = not case.reasoning and not (m.refuses_bare and case.calls)
+    return not ((m.always_thinks or (m.refuses_bare and thinking)) and bare)
 
 
 def expected_completion(m: Model, case: Case, thinking: bool) -> str:
@@ -335,17 +373,30 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {
         "qwen": str(vocab.qwen_folder(tmp_path_factory.mktemp("vocab") / "qwen")),
         "deepseek-v4": str(vocab.deepseek_v4_folder()),
+        "deepseek-v3.2": str(dsv32_folder(tmp_path_factory.mktemp("dsv32"))),
         "sim": "sim",
     }
+
+
+def dsv32_folder(folder: Path) -> Path:
+    """A DeepSeek-V3.2 download as regen reads it: a tokenizer (DeepSeek's V3 files, standing
+    in for V3.2's, which are not on PyPI: the text is checked, not the ids) and the encoder
+    in `encoding/`, where DeepSeek's repository has it."""
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(vocab.deepseek_folder() / name, folder / name)
+    (folder / "encoding").mkdir()
+    shutil.copy(DSV32, folder / "encoding" / "encoding_dsv32.py")
+    return folder
 
 
 def target(m: Model, thinking: bool, folders: dict[str, str], **rules: Any) -> Target:
     spec = TargetSpec(
         family=m.family,
-        tokenizer=folders[m.vocab or "sim"],
+        tokenizer=folders[m.vocab or m.folder or "sim"],
         chat_template=None if m.encoder else str(TEMPLATES / f"{m.name}.jinja"),
         thinking=thinking,
         template_kwargs={m.switch: thinking} if m.switch else {},
+        trust_remote_code=bool(m.folder),
         **rules,
     )
     return Target(spec)
@@ -387,9 +438,11 @@ def test_completion_is_what_the_model_writes(
     a = model_answer(m, case, thinking)
     if not shows(m, case, thinking):
         # MiniMax-M2 always reasons: its template writes an answer without reasoning with no
-        # think block, which cannot follow the prompt's `<think>\n`. regen refuses it.
+        # think block, which cannot follow the prompt's `<think>\n`. DeepSeek-V3.2's encoder
+        # refuses a thinking answer without reasoning. regen refuses both, in one line.
         [sample] = t.samples([stored_row(a, "", a.content)])
-        assert isinstance(sample, Exception) and "does not extend its prompt" in str(sample)
+        assert isinstance(sample, Exception)
+        assert "does not extend its prompt" in str(sample) or "encoder: " in str(sample)
         return
     expected = expected_completion(m, case, thinking)
     reasoning, content = vllm_fields(m, expected, thinking)
@@ -459,6 +512,13 @@ GOLDEN = {
         "parallel_calls",
         '[get_weather(city="Tokyo"), get_time(tz="Asia/Tokyo")]<|eot|>',
     ),
+    "deepseek-v3.2": (
+        "content_then_calls",
+        "I should look it up.</think>Let me check the weather.\n\n<｜DSML｜function_calls>\n"
+        '<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Paris'
+        '</｜DSML｜parameter>\n<｜DSML｜parameter name="unit" string="true">c</｜DSML｜parameter>\n'
+        "</｜DSML｜invoke>\n</｜DSML｜function_calls><｜end▁of▁sentence｜>",
+    ),
     "deepseek-v4.1": (
         "parallel_calls",
         "Two independent lookups.</think>\n\n<｜DSML｜ calls>\n"
@@ -482,6 +542,31 @@ def test_the_oracle_is_the_models_output_format(name: str) -> None:
     case_name, text = GOLDEN[name]
     [case] = [c for c in CASES if c.name == case_name]
     assert expected_completion(m, case, thinking=m.always_thinks or bool(m.switch)) == text
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+def test_the_v32_encoder_kept_is_deepseeks_text(thinking: bool) -> None:
+    """The DeepSeek-V3.2 encoder kept as a fixture (from a GitHub copy; DeepSeek ships it only
+    in the model's repository) writes what mlx-lm's independent port writes (Apple's, from
+    PyPI), for every conversation of the corpus, its prompt and its finished answer."""
+    port = vocab.mlx_deepseek_v32()
+    compared = 0
+    for case in CASES:
+        answer = model_answer(BY_NAME["deepseek-v3.2"], case, thinking).answer
+        for messages in (case.history, [*case.history, answer]):
+            msgs = oracle_messages(messages)
+            if case.tools:
+                if msgs[0]["role"] != "system":
+                    msgs.insert(0, {"role": "system", "content": ""})
+                msgs[0] = {**msgs[0], "tools": case.tools}
+            mode = "thinking" if thinking else "chat"
+            try:
+                want = port.encode_messages(copy.deepcopy(msgs), thinking_mode=mode)
+            except AssertionError:  # a thinking answer with neither reasoning nor calls
+                continue
+            assert dsv32_render(messages, case.tools, thinking) == want, case.name
+            compared += 1
+    assert compared >= 15
 
 
 # Deliberately wrong rules are caught -----------------------------------------------------

@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -126,6 +127,27 @@ def deepseek_v4_folder() -> Path:
     ids = {a["content"]: a["id"] for a in added}
     assert ids.get("<think>") == 128821, ids.get("<think>")  # V4's, not V3's 128798
     return folder
+
+
+def oracle_module(name: str, path: Path) -> Any:
+    """A Python file loaded as a module of its own (a model's encoder, a port of it)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@cache
+def mlx_deepseek_v32() -> Any:
+    """mlx-lm's port of DeepSeek-V3.2's encoder (Apple, MIT): `make` installs mlx-lm apart,
+    in the venv's `oracles/mlx-lm`; only this file of it is loaded."""
+    path = Path(sys.prefix) / "oracles" / "mlx-lm" / "mlx_lm" / "chat_templates" / "deepseek_v32.py"
+    if not path.is_file():
+        pytest.fail(f"no mlx-lm at {path}: `make test` installs it there (see the Makefile)")
+    return oracle_module("mlx_deepseek_v32", path)
 
 
 # gpt-oss / harmony -----------------------------------------------------------------------

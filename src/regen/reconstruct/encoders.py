@@ -9,6 +9,11 @@ as for a template (rendered.py). regen never re-implements an encoder.
   with). Tool-call arguments go in as the JSON text the model wrote (the encoder takes
   nothing else), tools as definitions, reasoning as `reasoning_content`, and the job's
   reasoning setting as its thinking mode and effort.
+- `deepseek-v3.2`: DeepSeek's encoder for V3.2, which DeepSeek publishes in the model's
+  repository (`encoding/encoding_dsv32.py`) and in no package: regen runs the file from the
+  model's folder, as transformers runs a model's own code (`trust_remote_code`), with the
+  messages as SGLang hands them to it (the tools on the system message, reasoning as
+  `reasoning_content`, arguments as the JSON text the model wrote).
 - `mistral`: Mistral's own `mistral-common` (Apache-2.0), which vLLM renders Mistral models
   with. It writes token ids, not text (its text form is the tokenizer's), so the family works
   on ids: the prompt in its serving form, the finished conversation in its finetuning form
@@ -249,8 +254,95 @@ def ids_encoder(name: str, tokenizer: str) -> IdsEncoder:
     return make(tokenizer)
 
 
-def encoder(name: str) -> Render:
-    """The render function of an encoder, or a one-line error naming the package to install."""
+def _deepseek_v32(module: Any) -> Render:
+    """DeepSeek-V3.2's `encode_messages`, given the messages as SGLang prepares them."""
+
+    def render(
+        messages: list[dict[str, Any]], tools: list[Any] | None, kwargs: dict[str, Any]
+    ) -> str:
+        out = []
+        for m in messages:
+            m = {k: v for k, v in m.items() if v is not None}
+            if "reasoning" in m:
+                m["reasoning_content"] = m.pop("reasoning")
+            if m.get("tool_calls"):
+                m["tool_calls"] = [_text_arguments(c) for c in m["tool_calls"]]
+            out.append(m)
+        if tools:
+            if not out or out[0].get("role") != "system":
+                out.insert(0, {"role": "system", "content": ""})
+            out[0] = {**out[0], "tools": list(tools)}
+        mode = "thinking" if kwargs.get("thinking", True) else "chat"
+        return str(module.encode_messages(out, thinking_mode=mode))
+
+    return render
+
+
+def _text_arguments(call: dict[str, Any]) -> dict[str, Any]:
+    fn = call.get("function") or {}
+    args = fn.get("arguments")
+    text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    return {**call, "function": {**fn, "arguments": text}}
+
+
+FOLDER_ENCODERS: dict[str, tuple[str, Callable[[Any], Render]]] = {
+    "deepseek-v3.2": ("encoding/encoding_dsv32.py", _deepseek_v32),
+}
+"""Encoders a publisher ships only in the model's repository: the file, under the model's
+folder, and what makes a render function of the module."""
+
+
+def folder_of(tokenizer: str) -> Path | None:
+    """The model folder a `tokenizer` setting names (the folder, or the one a file is in)."""
+    if tokenizer == "sim":
+        return None
+    path = Path(tokenizer).expanduser()
+    return path if path.is_dir() else path.parent if path.is_file() else None
+
+
+def folder_encoder_family(tokenizer: str) -> str | None:
+    """The family whose encoder file the model's folder holds (`family = "auto"`)."""
+    folder = folder_of(tokenizer)
+    if folder is None:
+        return None
+    return next((n for n, (f, _) in FOLDER_ENCODERS.items() if (folder / f).is_file()), None)
+
+
+def _folder_encoder(name: str, tokenizer: str, trust_remote_code: bool) -> Render:
+    relative, make = FOLDER_ENCODERS[name]
+    folder = folder_of(tokenizer)
+    path = folder / relative if folder is not None else None
+    if path is None or not path.is_file():
+        raise ConfigError(
+            f"family {name} renders with the encoder its publisher ships in the model's "
+            f"repository ({relative}), which tokenizer {tokenizer!r} does not hold: set "
+            "tokenizer to the model's folder with it (e.g. `huggingface-cli download "
+            f"MODEL --include 'tokenizer*' '{relative.partition('/')[0]}/*' --local-dir DIR`)"
+        )
+    if not trust_remote_code:
+        raise ConfigError(
+            f"family {name} runs the model's own encoder ({path}): set trust_remote_code = "
+            "true in [reconstruct] (or --trust-remote-code) to run it"
+        )
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"regen_encoder_{name}", path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"{path}: not a Python file regen can load")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # the model's own code: its first line
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"{path}: cannot load: {first[:200]}") from exc
+    return make(module)
+
+
+def encoder(name: str, tokenizer: str = "sim", trust_remote_code: bool = False) -> Render:
+    """The render function of an encoder, or a one-line error naming what to install or
+    set."""
+    if name in FOLDER_ENCODERS:
+        return _folder_encoder(name, tokenizer, trust_remote_code)
     package, render = ENCODERS[name]
     _installed(name, package)
     return render

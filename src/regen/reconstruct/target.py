@@ -22,7 +22,15 @@ from typing import Any
 
 from regen.errors import ConfigError
 from regen.reconstruct.check import lost
-from regen.reconstruct.encoders import IDS_ENCODERS, IdsEncoder, encoder, ids_encoder, mistral_file
+from regen.reconstruct.encoders import (
+    FOLDER_ENCODERS,
+    IDS_ENCODERS,
+    IdsEncoder,
+    encoder,
+    folder_encoder_family,
+    ids_encoder,
+    mistral_file,
+)
 from regen.reconstruct.families import (
     AUTO,
     FAMILIES,
@@ -142,16 +150,26 @@ class Target:
         self.notes: list[str] = []
         """What the family rests on, said once at the start of an audit, export or run."""
         mistral = mistral_file(spec.tokenizer) if spec.family == AUTO else None
+        shipped = folder_encoder_family(spec.tokenizer) if spec.family == AUTO else None
         if mistral is not None:
             self.family = FAMILIES["mistral"]
             self.notes.append(f"family auto: mistral, from {mistral.name} (mistral-common)")
+        elif shipped is not None:
+            self.family = FAMILIES[shipped]
+            where = FOLDER_ENCODERS[shipped][0]
+            self.notes.append(f"family auto: {shipped}, from the model's {where}")
+        from_template = spec.family == AUTO and mistral is None and shipped is None
         self._ids: IdsEncoder | None = None
         if self.family.encoder in IDS_ENCODERS:
             self._init_ids()
             return
         self.tok = _hf_tokenizer(spec.tokenizer, spec.trust_remote_code)
         template: str | None
-        self._encoder = encoder(self.family.encoder) if self.family.encoder else None
+        self._encoder = (
+            encoder(self.family.encoder, spec.tokenizer, spec.trust_remote_code)
+            if self.family.encoder
+            else None
+        )
         if self._encoder is not None:
             template = f"(the {self.family.encoder} encoder of {self.family.encoder_package})"
         elif spec.chat_template:
@@ -171,7 +189,7 @@ class Target:
                 "--chat-template FILE (or chat_template in [reconstruct])"
             )
         self.template: str = template
-        if spec.family == AUTO:
+        if from_template:
             self.family = detect(template, spec.thinking)
             self.notes.append(f"family auto: {self.family.name}, from its chat template")
         if self.family.name == "template":
@@ -349,7 +367,7 @@ class Target:
                 return self._encoder(messages, tools, kwargs), False
             except Exception as exc:  # the encoder's own errors, one line each
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                raise ReconstructError(f"{self.family.encoder} encoder: {first}") from exc
+                raise ReconstructError(f"{self.family.encoder} encoder: {first[:240]}") from exc
         template = self.template
         if when is not None and "strftime_now" in template:
             template = dated(template, when)
