@@ -371,7 +371,8 @@ class ReconstructConfig(_Model):
     """A Jinja file to use instead of the tokenizer's own chat template."""
     template_kwargs: dict[str, Any] = Field(default_factory=dict)
     trust_remote_code: bool = False
-    """Needed by tokenizers that ship their own code (Kimi's tiktoken tokenizer)."""
+    """Needed by tokenizers that ship their own code (Kimi's tiktoken tokenizer) and by
+    DeepSeek-V3.2's encoder, which regen runs from the model's folder."""
     stop: str | None = None
     """The token the model ends its turn with, where its template writes several or none."""
     live_audit: bool = True
