@@ -448,12 +448,7 @@ class Target:
         history = row.history()
         when = row.created_at or None
         tools = row.conversation.get("tools")
-        content = without_separators(a.content)
-        message: dict[str, Any] = {"role": "assistant", "content": content}
-        if a.reasoning.strip():
-            message["reasoning"] = without_separators(a.reasoning)
-        if a.calls:
-            message["tool_calls"] = list(a.calls)
+        message = _answer_message(a, as_stored=False)
         full = self._rendered([*history, message], tools, when, generation=False)[0]
         return rendered_completion(self.family, prompt, full, a, self.stops)
 
@@ -465,11 +460,7 @@ class Target:
         a = self.answer(row)
         history = row.history()
         tools = row.conversation.get("tools")
-        message: dict[str, Any] = {"role": "assistant", "content": a.content}
-        if a.reasoning:
-            message["reasoning"] = a.reasoning
-        if a.calls:
-            message["tool_calls"] = list(a.calls)
+        message = _answer_message(a, as_stored=True)
         cut = ("reasoning" if a.cut_in_reasoning else "content") if a.truncated else ""
         try:
             prompt = self._ids.prompt(history, tools)
@@ -582,6 +573,23 @@ class _Plan:
     prefill: str
     at: int
     lost: str | None
+
+
+def _answer_message(a: Answer, as_stored: bool) -> dict[str, Any]:
+    """The stored answer as the history message a template or encoder renders: its fields
+    without the separators a template writes itself (a blank reasoning is none), or, for an
+    encoder that writes none, as stored."""
+    if as_stored:
+        content, reasoning = a.content, a.reasoning
+    else:
+        content = without_separators(a.content)
+        reasoning = without_separators(a.reasoning) if a.reasoning.strip() else ""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning:
+        message["reasoning"] = reasoning
+    if a.calls:
+        message["tool_calls"] = list(a.calls)
+    return message
 
 
 def _generation_tag() -> type:
