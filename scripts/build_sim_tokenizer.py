@@ -83,6 +83,16 @@ EXTRA_SPECIALS = [
     "<|close|>",
     "<|sep|>",
     "<|end_of_msg|>",
+    # Llama 4
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|header_start|>",
+    "<|header_end|>",
+    "<|eot|>",
+    "<|eom|>",
+    "<|python_start|>",
+    "<|python_end|>",
+    "<|image|>",
 ]
 
 

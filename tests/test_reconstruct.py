@@ -197,11 +197,14 @@ MODELS = {
     "qwen3-coder": "qwen/qwen3-coder",
     "qwen3.5": "qwen/qwen3.5-397b-a17b",
     "kimi-k3": "moonshotai/kimi-k3",
+    "llama4": "meta-llama/llama-4-maverick",
 }
-NOT_SIMULATED = {"deepseek-v3.1", "deepseek-v4", "llama4", "mistral", "template"}
-"""Families with no model in the simulator (V3.1, V4, Mistral: its reference is an encoder of
-ids, mistral-common, which the simulator would have to share with regen) or none of their
-own (the generic one)."""
+NOT_SIMULATED = {
+    "deepseek-v3.1", "deepseek-v3.2", "deepseek-v4", "deepseek-v4.1", "mistral", "template",
+}  # fmt: skip
+"""Families with no model in the simulator (V3.1; V3.2, V4, V4.1 and Mistral, whose reference
+is their publisher's encoder, which the simulator would have to share with regen) or none of
+their own (the generic one)."""
 
 
 @pytest.mark.parametrize(
@@ -266,7 +269,8 @@ TEXT = st.text(
 )
 ARG_VALUE = st.one_of(st.integers(-1000, 1000), st.booleans(), st.text("abcxyz é", max_size=8))
 ARGS = st.dictionaries(st.sampled_from(["city", "n", "flag", "q"]), ARG_VALUE, max_size=3)
-THINKING = {"deepseek-r1": True, "gpt-oss": True, "kimi-k2": False, "deepseek-v3": False}
+THINKING = {"deepseek-r1": True, "gpt-oss": True, "kimi-k2": False, "deepseek-v3": False,
+            "llama4": False}  # fmt: skip
 
 
 SIM_FAMILIES = sorted(set(FAMILIES) - NOT_SIMULATED)

@@ -206,6 +206,7 @@ FAMILY_MODELS = [
     ("qwen/qwen3-coder", "qwen3-coder"),
     ("qwen/qwen3.5-397b-a17b", "qwen3.5"),
     ("moonshotai/kimi-k3", "kimi-k3"),
+    ("meta-llama/llama-4-maverick", "llama4"),
 ]
 
 

@@ -83,15 +83,17 @@ def test_every_sim_word_is_one_token() -> None:
         assert len(tok.encode(w).ids) == 1 and len(tok.encode(" " + w).ids) == 1
 
 
-NEW = ["glm-4.7", "minimax-m2", "qwen3-coder", "qwen3.5", "kimi-k3"]
+NEW = ["glm-4.7", "minimax-m2", "qwen3-coder", "qwen3.5", "kimi-k3", "llama4"]
 SWITCHED = [("glm-4.7", True), ("glm-4.7", False), ("minimax-m2", True), ("qwen3-coder", False)]
 SWITCHED += [("qwen3.5", True), ("qwen3.5", False), ("kimi-k3", True), ("kimi-k3", False)]
+SWITCHED += [("llama4", False)]
 STOP = {
     "glm-4.7": ("<|observation|>", "<|user|>"),
     "minimax-m2": ("[e~[",),
     "qwen3-coder": ("<|im_end|>",),
     "qwen3.5": ("<|im_end|>",),
     "kimi-k3": ("<|end_of_msg|>",),
+    "llama4": ("<|eot|>",),
 }
 TOOLS = [
     {
@@ -165,12 +167,17 @@ def test_new_families_write_corpus_answers_after_their_prompt(
             assert tail.startswith(text) and text.endswith(STOP[family])
     ids = list(sim_tokenizer().encode(text, add_special_tokens=False).ids)
     parsed = grammar(family).parse(ids, thinking, TOOLS)
+    want = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
+    if family == "llama4":
+        # vLLM's llama4_pythonic parser: each value the text the template wrote, and calls
+        # only from the first character (after text, the whole answer is content).
+        want = [(n, {k: str(v) for k, v in a.items()}) for n, a in want]
+        if content and calls:
+            content, want = text.removesuffix("<|eot|>"), []
     assert parsed.complete
     assert parsed.reasoning.strip() == reasoning
     assert parsed.content.strip() == content
-    assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == [
-        (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls
-    ]
+    assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == want
 
 
 def test_new_families_completions_are_what_their_templates_write() -> None:
@@ -239,6 +246,7 @@ def test_xml_argument_values_follow_the_declared_schema(family: str) -> None:
         ("qwen3.5", ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>",
                      "</tool_call>"]),
         ("kimi-k3", ["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"]),
+        ("llama4", ["<|begin_of_text|>", "<|header_start|>", "<|header_end|>", "<|eot|>"]),
     ],
 )  # fmt: skip
 def test_control_tokens_are_single_special_tokens(family: str, tokens: list[str]) -> None:
@@ -258,6 +266,7 @@ def test_existing_special_token_ids_are_stable() -> None:
     assert tok.token_to_id("<|im_end|>") == 2 and tok.token_to_id("</think>") == 13
     assert tok.token_to_id("<tool_call>") == 18 and tok.token_to_id("<|call|>") == 1576
     assert tok.token_to_id("]~!b[") == 1577 and tok.token_to_id("<|end_of_msg|>") == 1585
+    assert tok.token_to_id("<|begin_of_text|>") == 1586 and tok.token_to_id("<|image|>") == 1594
 
 
 words = st.lists(st.sampled_from(WORDS), min_size=1, max_size=30).map(" ".join)
@@ -297,11 +306,16 @@ def test_parse_gives_back_what_the_template_wrote(
     )
     ids = list(sim_tokenizer().encode(text, add_special_tokens=False).ids)
     parsed = grammar(family).parse(ids, thinking)
+    want = [json.loads(a) for a in arguments]
+    if family == "llama4":  # values as the template's text; calls only without text before
+        want = [{k: str(v) for k, v in a.items()} for a in want]
+        if content and calls:
+            content, want = text.removesuffix("<|eot|>"), []
     assert parsed.complete
     assert parsed.reasoning.strip() == (reasoning if thinking else "")
     assert parsed.content.strip() == content
     assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == [
-        ("get_weather", json.loads(a)) for a in arguments
+        ("get_weather", a) for a in want
     ]
 
 
@@ -362,3 +376,50 @@ def test_new_templates_are_the_bytes_their_sources_name() -> None:
         # The detailed row: file, copy, upstream, licence, verbatim?, sha256.
         [row] = [r for r in rows if r.startswith(f"| {family}.jinja |") and r.count(" | ") == 5]
         assert row.removesuffix(" |").endswith(digest), family
+
+
+def test_llama4_writes_vllms_pythonic_template_and_reads_calls_as_its_parser() -> None:
+    """Llama 4 as vLLM serves it with its pythonic template: a plain answer is its text then
+    `<|eot|>`; a call turn is a Python list of calls, every value quoted text; the server
+    reads calls only from the answer's first character, values as Python literals."""
+    prompt = render_prompt("llama4", USER, [], False)
+    assert prompt == (
+        "<|begin_of_text|><|header_start|>user<|header_end|>\n\nweather in Paris?<|eot|>"
+        "<|header_start|>assistant<|header_end|>\n\n"
+    )
+    assert completion_text("llama4", USER, TOOLS, False, answer("", "Sunny.", [])) == (
+        "Sunny.<|eot|>"
+    )
+    two = [weather("Paris", 2, 0), call("get_time", "{}", "call_1")]
+    text = completion_text("llama4", USER, TOOLS, False, answer("", "", two))
+    assert text == '[get_weather(city="Paris", days="2"), get_time()]<|eot|>'
+
+    def parse(text: str) -> tuple[str, list[tuple[str, str]], bool]:
+        ids = list(sim_tokenizer().encode(text, add_special_tokens=False).ids)
+        p = grammar("llama4").parse(ids, False, TOOLS)
+        return p.content, [(c.name, c.arguments) for c in p.calls], p.complete
+
+    assert parse(text) == (
+        "",
+        [("get_weather", '{"city": "Paris", "days": "2"}'), ("get_time", "{}")],
+        True,
+    )
+    # Values as literals, the arguments as json.dumps writes them (ASCII escapes).
+    assert parse("[f(a=1, b=[True, None], c={'k': 'v'}, d=\"Zürich\")]<|eot|>")[1] == [
+        ("f", '{"a": 1, "b": [true, null], "c": {"k": "v"}, "d": "Z\\u00fcrich"}')
+    ]
+    assert parse('<|python_start|>[f(a="1")]<|python_end|><|eom|>')[1] == [("f", '{"a": "1"}')]
+    # Text first, a cut list, a value that is no literal, a dotted name, a positional
+    # argument, an empty list: no calls, the whole answer is content.
+    for body in (
+        'Let me check.[f(a="1")]',
+        '[f(a="1"',
+        "[f(a=x)]",
+        '[m.f(a="1")]',
+        '[f("1")]',
+        "[]",
+        '[f(a="1")] and more',
+    ):
+        assert parse(body + "<|eot|>") == (body, [], True), body
+    # Cut before its <|eot|>, a whole list is still read.
+    assert parse('[f(a="1")]') == ("", [("f", '{"a": "1"}')], False)

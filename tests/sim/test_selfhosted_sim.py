@@ -144,6 +144,7 @@ async def test_sglang_answers_503_while_loading() -> None:
         ("qwen/qwen3-coder", None, "<|im_end|>"),
         ("qwen/qwen3.5-397b-a17b", "enable_thinking", "<|im_end|>"),
         ("moonshotai/kimi-k3", "thinking", "<|end_of_msg|>"),
+        ("meta-llama/llama-4-maverick", None, "<|eot|>"),
     ],
 )
 async def test_vllm_serves_the_new_families_with_their_switch_and_stop_token(
@@ -166,7 +167,8 @@ async def test_vllm_serves_the_new_families_with_their_switch_and_stop_token(
                 choice = done["choices"][0]
                 assert choice["finish_reason"] == "stop" and choice["message"]["content"]
                 assert choice["token_ids"][-1] == sim_tokenizer().token_to_id(stop)
-                thinks = model not in ("qwen/qwen3-coder",) and not kw
+                thinks = model not in ("qwen/qwen3-coder", "meta-llama/llama-4-maverick")
+                thinks = thinks and not kw
                 assert bool(choice["message"]["reasoning"]) == thinks
     finally:
         await runner.cleanup()

@@ -17,6 +17,9 @@ template shows it. Where it does not, the rule used is the model's published out
   prompt has opened one: the model closes it at once (`</think>`, `\\n</think>\\n\\n`);
 - DeepSeek-V3/R1's cannot write a second call turn in a conversation: the answer is written
   as after a lone user turn;
+- Llama 4's (vLLM's pythonic one) writes a call turn as `{content}[f(k="v"), g()]<|eot|>`,
+  every value as quoted text; the model writes no content before its calls (CALLS_ALONE)
+  and no reasoning (the family has none);
 - gpt-oss samples a call's recipient after the channel (`<|channel|>commentary to=functions.X
   <|constrain|>json<|message|>`, harmony's format docs), where the template writes it after the
   role.
@@ -52,6 +55,7 @@ END = {
     "qwen3-coder": "<|im_end|>",
     "qwen3.5": "<|im_end|>",
     "kimi-k3": "<|end_of_msg|>",
+    "llama4": "<|eot|>",
 }
 SWITCH = {
     "qwen3": "enable_thinking",
@@ -73,6 +77,15 @@ _NO_REASONING = "\x00"
 WRITES_CALL_IDS = frozenset({"kimi-k2.5", "kimi-k2"})
 """Families whose model writes its calls' ids (`functions.NAME:IDX`); a server makes the
 others' ids."""
+TEXT_ARGUMENTS = frozenset({"llama4"})
+"""Families whose template writes every argument value as text (vLLM's pythonic Llama 4 one:
+`k="%s"`, which a server reads back as a string): their model fills a call's text arguments
+only, and a required one of another type as the text the template writes for it."""
+CALLS_ALONE = frozenset({"llama4"})
+"""Families whose model writes a call turn without text: the tool prompt of vLLM's pythonic
+Llama 4 template says "NEVER combine text and function calls", and its llama4_pythonic parser
+reads calls only from an answer's first character (text before them makes the whole answer
+content)."""
 
 
 def _raise(message: str) -> None:

@@ -134,6 +134,7 @@ FamilyName = Literal[
     "qwen3-coder",
     "qwen3.5",
     "kimi-k3",
+    "llama4",
 ]
 
 
@@ -252,6 +253,7 @@ _OTHER_FAMILIES: list[tuple[str, FamilyName, bool, str]] = [
     ("qwen/qwen3-coder", "qwen3-coder", False, "Alibaba"),
     ("qwen/qwen3.5-397b-a17b", "qwen3.5", True, "Alibaba"),
     ("moonshotai/kimi-k3", "kimi-k3", True, "Moonshot AI"),
+    ("meta-llama/llama-4-maverick", "llama4", False, "Together"),
 ]
 """One model for each other family the simulator speaks (each with its grammar)."""
 

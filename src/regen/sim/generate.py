@@ -16,7 +16,14 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from regen.sim.chat import ALWAYS_THINKS, WRITES_CALL_IDS, completion_text, render_prompt
+from regen.sim.chat import (
+    ALWAYS_THINKS,
+    CALLS_ALONE,
+    TEXT_ARGUMENTS,
+    WRITES_CALL_IDS,
+    completion_text,
+    render_prompt,
+)
 from regen.sim.grammar import Call, grammar, sim_tokenizer
 from regen.sim.words import WORDS
 
@@ -74,11 +81,28 @@ def draw_length(rng: random.Random, mean_tokens: float, messages: list[Any]) -> 
     return max(1, int(rng.lognormvariate(mu, sigma)))
 
 
-def _arguments(rng: random.Random, tool: dict[str, Any]) -> str:
+def _is_text(spec: Any) -> bool:
+    """Whether a property's schema holds text only: declared a string (or untyped), its enum's
+    values (if any) all strings."""
+    if not isinstance(spec, dict):
+        return True
+    enum = spec.get("enum")
+    if isinstance(enum, list) and enum:
+        return all(isinstance(v, str) for v in enum)
+    return spec.get("type") in (None, "string")
+
+
+def _arguments(rng: random.Random, tool: dict[str, Any], text_only: bool = False) -> str:
+    """Arguments that fit the tool's schema. `text_only`: only its text properties, and the
+    required others (TEXT_ARGUMENTS)."""
     params = (tool.get("function") or {}).get("parameters") or {}
     props = params.get("properties") if isinstance(params, dict) else None
+    required = params.get("required") if isinstance(params, dict) else None
+    needed = {r for r in required if isinstance(r, str)} if isinstance(required, list) else set()
     args: dict[str, Any] = {}
     for name, spec in (props if isinstance(props, dict) else {}).items():
+        if text_only and not _is_text(spec) and name not in needed:
+            continue
         kind = spec.get("type") if isinstance(spec, dict) else None
         if isinstance(spec, dict) and isinstance(spec.get("enum"), list) and spec["enum"]:
             args[name] = rng.choice(spec["enum"])
@@ -119,8 +143,11 @@ def generate(
     calls: list[Call] = []
     if callable_tools and last.get("role") == "user" and rng.random() < 0.6:
         tool = rng.choice(callable_tools)
-        calls = [Call(tool["function"]["name"], _arguments(rng, tool))]
+        args = _arguments(rng, tool, text_only=family in TEXT_ARGUMENTS)
+        calls = [Call(tool["function"]["name"], args)]
         n_content = rng.choice((0, 0, min(n_content, 12)))  # a short preamble, sometimes
+        if family in CALLS_ALONE:
+            n_content = 0
     reasoning = _words(rng, n_reason)
     content = _words(rng, n_content)
     before = sum(

@@ -121,7 +121,7 @@ class Qwen3:
 
 FAMILIES = (
     "kimi-k2.5", "kimi-k2", "qwen3", "deepseek-v3", "deepseek-r1", "glm-4.5", "gpt-oss", "chatml",
-    "glm-4.7", "minimax-m2", "qwen3-coder", "qwen3.5", "kimi-k3",
+    "glm-4.7", "minimax-m2", "qwen3-coder", "qwen3.5", "kimi-k3", "llama4",
 )  # fmt: skip
 
 

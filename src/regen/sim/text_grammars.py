@@ -1,11 +1,13 @@
 """The simulator's other model families, parsed as text the way a server's reasoning and
 tool-call parsers read it: Kimi-K2, Kimi-K3, DeepSeek-V3 and R1, GLM-4.5 and GLM-4.7,
-MiniMax-M2, Qwen3-Coder, Qwen3.5, gpt-oss (harmony) and plain ChatML. Like grammar.py, this is
+MiniMax-M2, Qwen3-Coder, Qwen3.5, Llama 4 (pythonic calls), gpt-oss (harmony) and plain
+ChatML. Like grammar.py, this is
 the simulator's own code, apart from regen's reconstruction.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from typing import Any
@@ -410,6 +412,76 @@ class KimiK3(TextGrammar):
         return reasoning, content, calls
 
 
+# Llama 4 -----------------------------------------------------------------------------------
+
+
+_LETTER = re.compile(r"[A-Za-z]")
+
+
+def _literal(node: ast.expr) -> Any:
+    """An argument's value as vLLM's pythonic parsers take it: a constant, or a list or dict
+    (with constant keys) of them; anything else (a name, `-1`, a call) is no literal."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.List):
+        return [_literal(e) for e in node.elts]
+    if isinstance(node, ast.Dict):
+        out = {}
+        for k, v in zip(node.keys, node.values, strict=True):
+            if not isinstance(k, ast.Constant):
+                raise ValueError("a dict argument's keys must be literals")
+            out[k.value] = _literal(v)
+        return out
+    raise ValueError("a call argument must be a literal")
+
+
+def _pythonic_calls(text: str) -> list[Call] | None:
+    """The calls of a completion that is a Python list of calls, `[f(k="v"), g()]`, each a
+    plain name (starting with a letter) called with keyword arguments (each starting with a
+    letter) whose values are literals, or None. Read as vLLM's llama4_pythonic parser reads
+    it: the first statement of the text parsed as Python (`ast`), the arguments serialized
+    with `json.dumps` (ASCII escapes)."""
+    if not text.startswith("["):
+        return None
+    try:
+        body = ast.parse(text).body
+        node = body[0].value if body and isinstance(body[0], ast.Expr) else None
+        if not isinstance(node, ast.List):
+            return None
+        calls = []
+        for c in node.elts:
+            if not (isinstance(c, ast.Call) and isinstance(c.func, ast.Name)) or c.args:
+                return None
+            keys = [k.arg for k in c.keywords]
+            if not _LETTER.match(c.func.id) or any(k is None or not _LETTER.match(k) for k in keys):
+                return None
+            args = {k.arg: _literal(k.value) for k in c.keywords}
+            calls.append(Call(c.func.id, json.dumps(args)))
+    except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
+        return None
+    return calls
+
+
+class Llama4(TextGrammar):
+    """vLLM's pythonic template (`--tool-call-parser llama4_pythonic`): no thinking; the model
+    writes `{content}` or its calls as a Python list, `[get_weather(city="Paris", days="3")]`
+    (the template writes every value as quoted text, `"%s"|format(v)`), then `<|eot|>`. The
+    parser reads calls only when the text (after a `<|python_start|>`, with `<|python_end|>`
+    dropped) is such a list from its first character: text before the list, or a list it
+    cannot read, leaves the whole answer content."""
+
+    name = "llama4"
+    ends = ("<|eot|>", "<|eom|>", "<|end_of_text|>")
+
+    def split(
+        self, text: str, thinking: bool, tools: list[Any] | None
+    ) -> tuple[str, str, list[Call]]:
+        if text.startswith("<|python_start|>"):
+            text = text.removeprefix("<|python_start|>").replace("<|python_end|>", "")
+        calls = _pythonic_calls(text)
+        return ("", "", calls) if calls else ("", text, [])
+
+
 TEXT_GRAMMARS: dict[str, type[TextGrammar]] = {
     g.name: g
     for g in (
@@ -422,6 +494,7 @@ TEXT_GRAMMARS: dict[str, type[TextGrammar]] = {
         MiniMaxM2,
         Qwen3Coder,
         Qwen35,
+        Llama4,
         GptOss,
         ChatML,
     )
