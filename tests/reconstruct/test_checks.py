@@ -154,3 +154,43 @@ def test_a_generation_block_is_read_through(tmp_path: Path) -> None:
     )
     target = Target(TargetSpec(family="chatml", chat_template=template))
     assert ["`house`" in w for w in target.warnings] == [True]
+
+
+@pytest.mark.parametrize(
+    ("text", "content", "calls"),
+    [
+        ('[get_weather(city="Paris")]', "", (("get_weather", {"city": "Paris"}),)),
+        (
+            '[f(a="x"), g(n=2, xs=[1, "b"], d={"k": None})]',
+            "",
+            (
+                ("f", {"a": "x"}),
+                ("g", {"n": 2, "xs": [1, "b"], "d": {"k": None}}),
+            ),
+        ),  # fmt: skip
+        ('<|python_start|>[f(a="x")]<|python_end|>', "", (("f", {"a": "x"}),)),
+        (
+            '<|python_start|><|python_end|>{"name": "f", "parameters": {"a": 1}}'
+            '{"name": "g", "parameters": {}}',
+            "",
+            (("f", {"a": 1}), ("g", {})),
+        ),  # fmt: skip
+        # What vLLM's parsers return as content: calls after text, a dotted name, a positional
+        # or non-literal argument, an empty or cut list, JSON after text.
+        ('Let me check.[f(a="x")]', 'Let me check.[f(a="x")]', ()),
+        ('[mod.f(a="x")]', '[mod.f(a="x")]', ()),
+        ('[f("x")]', '[f("x")]', ()),
+        ("[f(n=-1)]", "[f(n=-1)]", ()),
+        ("[]", "[]", ()),
+        ('[f(a="x"', '[f(a="x"', ()),
+        ('Sure. {"name": "f", "parameters": {}}', 'Sure. {"name": "f", "parameters": {}}', ()),
+    ],
+)
+def test_llama4_calls_are_read_as_vllms_parsers_read_them(
+    text: str, content: str, calls: tuple[tuple[str, object], ...]
+) -> None:
+    from regen.reconstruct.families import FAMILIES
+    from regen.reconstruct.parse import parse_syntax
+
+    got = parse_syntax(FAMILIES["llama4"], text + "<|eot|>", FAMILIES["llama4"].stop)
+    assert (got.content, got.calls) == (content, calls)

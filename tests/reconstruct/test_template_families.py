@@ -58,6 +58,9 @@ class Model:
     """A model folder the family reads (`folders`), where no vocabulary is checked."""
     refuses_bare: bool = False
     """The encoder refuses a thinking answer with neither reasoning nor calls."""
+    calls_after_text: bool = True
+    """The server's tool parser reads calls that follow text (vLLM's Llama 4 parsers read
+    them only at the start: text then calls is all content)."""
     bos: str = ""
     """The tokenizer's bos_token, which the template writes first."""
 
@@ -137,6 +140,7 @@ for _template, _marker in (("llama4", '{"name"'), ("llama4-pythonic", "[")):
             call_marker=_marker,
             template=_template,
             bos="<|begin_of_text|>",
+            calls_after_text=False,
         )
     )
 BY_NAME = {m.name: m for m in MODELS}
@@ -460,6 +464,11 @@ def test_completion_is_what_the_model_writes(
     billed = replace(row, completion_tokens=len(c_ids), prompt_tokens=len(p_ids))
     [sample] = t.samples([billed])
     assert not isinstance(sample, Exception), sample
+    if a.content and a.calls and not m.calls_after_text and not is_cut(case):
+        # No server's parser gives this answer back: the audit says so.
+        assert reparse(billed, sample, t) is not None
+        assert sample_problems(billed, sample, t, Checks()).problems == ["reparse_mismatch"]
+        return
     assert reparse(billed, sample, t) is None
     assert sample_problems(billed, sample, t, Checks()).problems == []
 

@@ -179,42 +179,60 @@ def _syntax_calls(syntax: str, text: str) -> tuple[str, tuple[tuple[str, Any], .
     return text, ()
 
 
-_PYTHONIC = re.compile(r"\[[A-Za-z_][\w.]*\(")
-
-
 def _llama4(text: str) -> tuple[str, tuple[tuple[str, Any], ...]]:
-    """Llama 4's calls, in either form its templates write: JSON objects
-    `{"name": ..., "parameters": {...}}` one after another (Meta's, after the turn's text in
-    `<|python_start|>...<|python_end|>`), or a pythonic list `[f(k="v"), g(...)]` (vLLM's
-    llama4_pythonic parser reads it with Python's `ast`, values as literals)."""
-    body = text.replace("<|python_start|>", "").replace("<|python_end|>", "")
-    at = body.find('{"name"')
-    if at >= 0:
-        decoder, calls, rest = json.JSONDecoder(), [], body[at:]
-        while rest.startswith("{"):
-            try:
-                obj, end = decoder.raw_decode(rest)
-            except json.JSONDecodeError:
-                break
-            calls.append((str(obj.get("name", "")), obj.get("parameters", obj.get("arguments"))))
-            rest = rest[end:].lstrip()
-        return body[:at], tuple(calls)
-    m = _PYTHONIC.search(body)
-    if m is None:
-        return body, ()
+    """Llama 4's calls as vLLM's parsers read model output: only where the text (after a
+    leading `<|python_start|>`, its `<|python_end|>` dropped) begins with them and is nothing
+    else. Either JSON objects `{"name": ..., "parameters": {...}}` one after another (Meta's
+    template; llama3_json), or a Python list `[f(k="v"), g()]` of plain names called with
+    keyword arguments whose values are literals (vLLM's template; llama4_pythonic, which
+    reads it with `ast`). Anything else, text before the calls included, is content."""
+    body = text
+    if body.startswith("<|python_start|>"):
+        body = body.removeprefix("<|python_start|>").replace("<|python_end|>", "")
+    calls = _json_calls(body) if body.startswith("{") else _pythonic(body)
+    return ("", calls) if calls else (text, ())
+
+
+def _json_calls(body: str) -> tuple[tuple[str, Any], ...]:
+    decoder, calls, rest = json.JSONDecoder(), [], body
+    while rest:
+        try:
+            obj, end = decoder.raw_decode(rest)
+        except json.JSONDecodeError:
+            return ()
+        if not isinstance(obj, dict) or "name" not in obj:
+            return ()
+        calls.append((str(obj["name"]), obj.get("parameters", obj.get("arguments"))))
+        rest = rest[end:].lstrip()
+    return tuple(calls)
+
+
+def _pythonic(body: str) -> tuple[tuple[str, Any], ...]:
     import ast
 
+    def literal(node: ast.expr) -> Any:
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.List):
+            return [literal(e) for e in node.elts]
+        if isinstance(node, ast.Dict) and all(isinstance(k, ast.Constant) for k in node.keys):
+            return {k.value: literal(v) for k, v in zip(node.keys, node.values, strict=True)}  # type: ignore[union-attr]
+        raise ValueError("not a literal")
+
+    if not body.startswith("["):
+        return ()
     try:
-        tree = ast.parse(body[m.start() :].strip(), mode="eval").body
-        assert isinstance(tree, ast.List)
-        pythonic = tuple(
-            (ast.unparse(c.func), {k.arg: ast.literal_eval(k.value) for k in c.keywords})
-            for c in tree.elts
-            if isinstance(c, ast.Call)
-        )
-    except (SyntaxError, ValueError, AssertionError):
-        return body, ()
-    return body[: m.start()], pythonic
+        tree = ast.parse(body, mode="eval").body
+        if not isinstance(tree, ast.List) or not tree.elts:
+            return ()
+        calls = []
+        for c in tree.elts:
+            if not isinstance(c, ast.Call) or not isinstance(c.func, ast.Name) or c.args:
+                return ()
+            calls.append((c.func.id, {str(k.arg): literal(k.value) for k in c.keywords}))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return ()
+    return tuple(calls)
 
 
 _MISTRAL_CALL = re.compile(r"\[TOOL_CALLS\](.*?)(?:\[CALL_ID\].*?)?\[ARGS\]", re.S)
