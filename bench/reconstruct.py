@@ -40,6 +40,7 @@ MODELS = {
     "qwen3": "qwen/qwen3-8b",
     "glm-4.7": "z-ai/glm-4.7",
     "minimax-m2": "minimax/minimax-m2",
+    "llama4": "meta-llama/llama-4-maverick",
 }
 TOOLS = [
     {
