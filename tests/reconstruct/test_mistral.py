@@ -301,3 +301,45 @@ def test_arguments_written_otherwise_show_against_the_servers_ids(files: dict[st
     verdict = sample_problems(row, sample, t, Checks())
     assert verdict.problems == ["rebuild_differs_from_server"]
     assert verdict.oracle is not None and "completion token" in verdict.oracle
+
+
+def test_audit_and_export_rebuild_a_runs_answers_with_mistral_common(
+    tmp_path: Path, files: dict[str, str]
+) -> None:
+    """The family through the commands a user runs, over a real run's state.db (the
+    simulator's plain ChatML model, which writes no reasoning): every answer is rebuilt by
+    mistral-common, and the tokenized export holds its ids, the completion ending in `</s>`.
+    (The simulator bills with its own tokenizer, so the counts differ from the bill: the
+    audit says so, answer by answer, and nothing else.)"""
+    import pyarrow.parquet as pq
+
+    from regen.sim import SimConfig, sim_in_thread
+    from tests.conftest import run_cli, write_job, write_rows
+
+    rows = [{"messages": [{"role": "user", "content": f"Explain step {i}"}]} for i in range(12)]
+    write_rows(tmp_path / "chat.jsonl", rows)
+    with sim_in_thread(SimConfig(seed=4, time_scale=0.0)) as sim:
+        job = write_job(tmp_path, sim.base_url, datasets=[("chat", "chat.jsonl", "openai")])
+        job.write_text(job.read_text().replace("moonshotai/kimi-k2.5", "sim/chatml"))
+        assert run_cli("run", str(job)).returncode == 0
+    out = tmp_path / "out"
+    flags = ["--family", "mistral", "--tokenizer", files["v7"]]
+    res = run_cli("audit", str(out), *flags, "--include-truncated", "--json")
+    overall = json.loads(res.stdout)["overall"]
+    assert overall["samples"] == 12
+    assert set(overall["problems"]) <= {"length_off_billed", "prompt_off_billed"}, overall
+    to = str(tmp_path / "t")
+    res = run_cli(
+        "export", str(out), "--format", "tokenized", *flags, "--keep-truncated", "--to", to
+    )
+    assert res.returncode == 0, res.stderr
+    [part] = (tmp_path / "t").rglob("*.parquet")
+    table = pq.read_table(part).to_pylist()
+    assert len(table) == 12
+    tok = tokenizer(files["v7"], ValidationMode.test).instruct_tokenizer.tokenizer
+    for record in table:
+        ids = record["input_ids"]
+        assert ids[0] == tok.bos_id
+        assert (ids[-1] == tok.eos_id) == (record["finish_reason"] != "length")
+        assert ids[: record["n_prompt"]][-1] == tok.get_special_token("[/INST]")
+        assert sum(record["loss_mask"]) == record["n_completion"] > 1
