@@ -28,23 +28,12 @@ from typing import Any
 
 import simproc
 
+from reconstruct import TOOLS
 from regen.reconstruct import Target, TargetSpec
 from regen.sim.words import WORDS
 from regen.state.answers import ExportRow
 
 ROOT = Path(__file__).resolve().parent.parent
-TOOL = {
-    "type": "function",
-    "function": {
-        "name": "search",
-        "description": "Search the web",
-        "parameters": {
-            "type": "object",
-            "properties": {"query": {"type": "string"}},
-            "required": ["query"],
-        },
-    },
-}
 
 
 def rows(n: int, reasoning: bool, text_with_calls: bool = True) -> list[ExportRow]:
@@ -66,7 +55,7 @@ def rows(n: int, reasoning: bool, text_with_calls: bool = True) -> list[ExportRo
                 turn_index=1,
                 conversation={
                     "messages": [{"role": "user", "content": f"{i} {user}"}],
-                    "tools": [TOOL] if calls else None,
+                    "tools": TOOLS if calls else None,
                 },
                 content="" if calls and not text_with_calls else content,
                 reasoning=think or None,

@@ -158,3 +158,15 @@ CASES = [
         "Tokyo.",
     ),
 ]
+
+CUT = [
+    Case("cut_in_reasoning", [USER], "The user wants the weather; I will", "", [], [WEATHER]),
+    Case(
+        "cut_in_content",
+        [{"role": "user", "content": "Tell me a story."}],
+        "A short one.",
+        "Once upon a time there was",
+    ),
+]
+"""Answers cut at max_tokens: in the reasoning (no closing tag, no end token) and in the
+content."""

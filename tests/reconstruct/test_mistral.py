@@ -42,7 +42,7 @@ from regen.errors import ConfigError
 from regen.outputs.audit import Checks, reparse, sample_problems
 from regen.reconstruct import Target, TargetSpec
 from regen.state.answers import ExportRow, pack_ids
-from tests.reconstruct.corpus import CASES, USER, WEATHER, Case
+from tests.reconstruct.corpus import CASES, CUT, Case
 
 DATA = Path(mistral_common.__file__).parent / "data"
 VERSIONS = ("v7", "v11", "v13")
@@ -158,17 +158,6 @@ def oracle(path: str, case: Case, cut: str = "") -> tuple[list[int], list[int]]:
         full = train.encode_chat_completion(request([*history, answer], case.tools)).tokens
     assert full[: len(prompt)] == prompt
     return list(prompt), list(full[len(prompt) :])
-
-
-CUT = [
-    Case("cut_in_reasoning", [USER], "The user wants the weather; I will", "", [], [WEATHER]),
-    Case(
-        "cut_in_content",
-        [{"role": "user", "content": "Tell me a story."}],
-        "A short one.",
-        "Once upon a time there was",
-    ),
-]
 
 
 def _params() -> list[Any]:

@@ -31,7 +31,7 @@ from regen.reconstruct import Target, TargetSpec
 from regen.reconstruct.check import lost
 from regen.state.answers import ExportRow
 from tests.reconstruct import vocab
-from tests.reconstruct.corpus import CASES, PARIS, USER, WEATHER, Case, call
+from tests.reconstruct.corpus import CASES, CUT, PARIS, USER, WEATHER, Case, call
 from tests.reconstruct.render import render
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -150,17 +150,6 @@ def thinking_modes(m: Model) -> tuple[bool, ...]:
     if m.switch:
         return (True, False)
     return (m.always_thinks,)
-
-
-CUT = [
-    Case("cut_in_reasoning", [USER], "The user wants the weather; I will", "", [], [WEATHER]),
-    Case(
-        "cut_in_content",
-        [{"role": "user", "content": "Tell me a story."}],
-        "A short one.",
-        "Once upon a time there was",
-    ),
-]
 
 
 def _params() -> list[Any]:
