@@ -54,6 +54,11 @@ class EndpointError(RegenError):
         provider's answer is that it failed, and such answers are not billed."""
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's text, or its type's name when it has none."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def one_line(exc: BaseException) -> str:
     """An exception as one line: regen's own as they are, others with their type."""
     text = str(exc).strip()

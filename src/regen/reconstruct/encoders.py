@@ -25,11 +25,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Any, Protocol
 
-from regen.errors import ConfigError
+from regen.errors import ConfigError, first_line
 
 Render = Callable[[list[dict[str, Any]], list[Any] | None, dict[str, Any]], str]
 
@@ -42,21 +42,11 @@ def _text(content: Any) -> str:
     return "" if content is None else str(content)
 
 
-def _deepseek(encoding: str) -> Render:
-    """DeepSeek's encoder of one model version (deepseek-recipe's `DeepseekV4Encoding`,
-    `DeepseekV41Encoding`)."""
-
-    def render(
-        messages: list[dict[str, Any]], tools: list[Any] | None, kwargs: dict[str, Any]
-    ) -> str:
-        return _deepseek_render(encoding, messages, tools, kwargs)
-
-    return render
-
-
 def _deepseek_render(
     encoding: str, messages: list[dict[str, Any]], tools: list[Any] | None, kwargs: dict[str, Any]
 ) -> str:
+    """DeepSeek's encoder of one model version (deepseek-recipe's `DeepseekV4Encoding`,
+    `DeepseekV41Encoding`)."""
     import deepseek_recipe as dr
 
     out: list[Any] = []
@@ -104,8 +94,8 @@ def _deepseek_render(
 
 
 ENCODERS: dict[str, tuple[str, Render]] = {
-    "deepseek-v4": ("deepseek-recipe", _deepseek("DeepseekV4Encoding")),
-    "deepseek-v4.1": ("deepseek-recipe", _deepseek("DeepseekV41Encoding")),
+    "deepseek-v4": ("deepseek-recipe", partial(_deepseek_render, "DeepseekV4Encoding")),
+    "deepseek-v4.1": ("deepseek-recipe", partial(_deepseek_render, "DeepseekV41Encoding")),
 }
 
 
@@ -158,8 +148,8 @@ def _mistral_tokenizers(file: str) -> tuple[Any, Any]:
         serve = MistralTokenizer.from_file(file, mode=ValidationMode.test)
         return serve, MistralTokenizer.from_file(file, mode=ValidationMode.finetuning)
     except Exception as exc:  # its own errors, one line
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ConfigError(f"tokenizer {file!r}: mistral-common cannot load it: {first}") from exc
+        why = first_line(exc)
+        raise ConfigError(f"tokenizer {file!r}: mistral-common cannot load it: {why}") from exc
 
 
 class Mistral:
@@ -300,12 +290,18 @@ def folder_of(tokenizer: str) -> Path | None:
     return path if path.is_dir() else path.parent if path.is_file() else None
 
 
-def folder_encoder_family(tokenizer: str) -> str | None:
-    """The family whose encoder file the model's folder holds (`family = "auto"`)."""
+def encoder_family_of(tokenizer: str) -> tuple[str, str] | None:
+    """For `family = "auto"`: the family whose publisher's encoder reads the files a model's
+    folder (or file) holds, and the file that says so (a Mistral model's tekken.json or
+    tokenizer.model.v*, DeepSeek-V3.2's encoding/encoding_dsv32.py); None for any other."""
+    mistral = mistral_file(tokenizer)
+    if mistral is not None:
+        return "mistral", f"{mistral.name} (mistral-common)"
     folder = folder_of(tokenizer)
-    if folder is None:
-        return None
-    return next((n for n, (f, _) in FOLDER_ENCODERS.items() if (folder / f).is_file()), None)
+    for name, (relative, _) in FOLDER_ENCODERS.items():
+        if folder is not None and (folder / relative).is_file():
+            return name, f"the model's {relative}"
+    return None
 
 
 def _folder_encoder(name: str, tokenizer: str, trust_remote_code: bool) -> Render:
@@ -333,8 +329,7 @@ def _folder_encoder(name: str, tokenizer: str, trust_remote_code: bool) -> Rende
     try:
         spec.loader.exec_module(module)
     except Exception as exc:  # the model's own code: its first line
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ConfigError(f"{path}: cannot load: {first[:200]}") from exc
+        raise ConfigError(f"{path}: cannot load: {first_line(exc)[:200]}") from exc
     return make(module)
 
 

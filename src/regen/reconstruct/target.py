@@ -20,16 +20,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from regen.errors import ConfigError
+from regen.errors import ConfigError, first_line
 from regen.reconstruct.check import lost
 from regen.reconstruct.encoders import (
-    FOLDER_ENCODERS,
     IDS_ENCODERS,
     IdsEncoder,
     encoder,
-    folder_encoder_family,
+    encoder_family_of,
     ids_encoder,
-    mistral_file,
 )
 from regen.reconstruct.families import (
     AUTO,
@@ -96,8 +94,7 @@ def _hf_tokenizer(spec: str, trust_remote_code: bool) -> Any:
     except ConfigError:
         raise
     except Exception as exc:  # the library raises many kinds; each becomes one line
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ConfigError(f"tokenizer {spec!r}: cannot load: {first}") from exc
+        raise ConfigError(f"tokenizer {spec!r}: cannot load: {first_line(exc)}") from exc
 
 
 def sim_template(family_name: str) -> str:
@@ -149,16 +146,12 @@ class Target:
         self.family: Family = family(spec.family) if spec.family != AUTO else FAMILIES["template"]
         self.notes: list[str] = []
         """What the family rests on, said once at the start of an audit, export or run."""
-        mistral = mistral_file(spec.tokenizer) if spec.family == AUTO else None
-        shipped = folder_encoder_family(spec.tokenizer) if spec.family == AUTO else None
-        if mistral is not None:
-            self.family = FAMILIES["mistral"]
-            self.notes.append(f"family auto: mistral, from {mistral.name} (mistral-common)")
-        elif shipped is not None:
-            self.family = FAMILIES[shipped]
-            where = FOLDER_ENCODERS[shipped][0]
-            self.notes.append(f"family auto: {shipped}, from the model's {where}")
-        from_template = spec.family == AUTO and mistral is None and shipped is None
+        picked = encoder_family_of(spec.tokenizer) if spec.family == AUTO else None
+        if picked is not None:  # a model whose publisher's encoder reads its files
+            name, source = picked
+            self.family = FAMILIES[name]
+            self.notes.append(f"family auto: {name}, from {source}")
+        from_template = spec.family == AUTO and picked is None
         self._ids: IdsEncoder | None = None
         if self.family.encoder in IDS_ENCODERS:
             self._init_ids()
@@ -366,8 +359,7 @@ class Target:
             try:
                 return self._encoder(messages, tools, kwargs), False
             except Exception as exc:  # the encoder's own errors, one line each
-                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                raise ReconstructError(f"{self.family.encoder} encoder: {first[:240]}") from exc
+                raise self._encoder_error(exc) from exc
         template = self.template
         if when is not None and "strftime_now" in template:
             template = dated(template, when)
@@ -387,7 +379,7 @@ class Target:
             except TypeError:  # a template that concatenates arguments as text
                 return self._render(template, messages, tools, kwargs, False, generation), False
         except Exception as exc:  # a template's raise_exception, or a Jinja error
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            first = first_line(exc)
             at = self._first_failing(template, messages, tools, kwargs, generation)
             what = f" message {at + 1} ({messages[at].get('role')})" if at is not None else ""
             raise ReconstructError(
@@ -466,8 +458,7 @@ class Target:
             prompt = self._ids.prompt(history, tools)
             full = self._ids.finished([*history, message], tools, cut)
         except Exception as exc:  # the encoder's own errors, one line each
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise ReconstructError(f"{self.family.encoder} encoder: {first}") from exc
+            raise self._encoder_error(exc) from exc
         if full[: len(prompt)] != prompt:
             at = first_difference_at(self.decode(prompt), self.decode(full))
             raise ReconstructError(
@@ -475,6 +466,10 @@ class Target:
                 f"prompt (at character {at})"
             )
         return prompt, full[len(prompt) :]
+
+    def _encoder_error(self, exc: Exception) -> ReconstructError:
+        """A publisher's encoder's own error, as one line naming the encoder."""
+        return ReconstructError(f"{self.family.encoder} encoder: {first_line(exc)[:240]}")
 
     def answer(self, row: ExportRow, prefill: str = "") -> Answer:
         return Answer(
