@@ -21,6 +21,7 @@ import json
 import re
 import shutil
 from dataclasses import dataclass, replace
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -217,19 +218,36 @@ def encoder_conversation(
 DSV32 = TEMPLATES / "deepseek-v3.2" / "encoding_dsv32.py"
 
 
-def dsv32_render(
-    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, thinking: bool
-) -> str:
-    """DeepSeek-V3.2's encoder (the fixture), given the messages as SGLang's chat serving
-    prepares them: the request's tools on the system message (an empty one put first where
-    the history has none), reasoning as `reasoning_content`, arguments the model's text."""
+def sglang_messages(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> list[dict[str, Any]]:
+    """The messages as SGLang's chat serving hands them to DeepSeek-V3.2's encoder: the
+    request's tools on the system message (an empty one put first where the history has
+    none), reasoning as `reasoning_content`, arguments the model's text."""
     msgs = oracle_messages(messages)
     if tools:
         if msgs[0]["role"] != "system":
             msgs.insert(0, {"role": "system", "content": ""})
         msgs[0] = {**msgs[0], "tools": tools}
-    module = vocab.oracle_module("dsv32_fixture", DSV32)
-    return str(module.encode_messages(msgs, thinking_mode="thinking" if thinking else "chat"))
+    return msgs
+
+
+@cache
+def dsv32_fixture() -> Any:
+    return vocab.oracle_module("dsv32_fixture", DSV32)
+
+
+def dsv32_render(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, thinking: bool
+) -> str:
+    """DeepSeek-V3.2's encoder (the fixture), given the messages as SGLang prepares them."""
+    msgs = sglang_messages(messages, tools)
+    return str(dsv32_fixture().encode_messages(msgs, thinking_mode=mode(thinking)))
+
+
+def mode(thinking: bool) -> str:
+    """DeepSeek-V3.2's encoder's `thinking_mode`."""
+    return "thinking" if thinking else "chat"
 
 
 def encoder_render(
@@ -254,7 +272,7 @@ def oracle_prompt_ids(m: Model, case: Case, thinking: bool, expected: str) -> li
     if m.vocab == "deepseek-v4":
         import deepseek_recipe as dr
 
-        tok = dr.Tokenizer.from_file(str(vocab.deepseek_v4_folder() / "tokenizer.json"))
+        tok = vocab.deepseek_v4_tokenizer()
         conv = encoder_conversation(case.history, case.tools, thinking)
         return list(dr.DeepseekV4Encoding().with_tokenizer(tok).encode(conv))
     return oracle_ids(m, expected)
@@ -264,10 +282,7 @@ def oracle_ids(m: Model, text: str) -> list[int]:
     """A completion's ids: the model's output text, its special tokens included, through the
     publisher's tokenizer (DeepSeek's own, deepseek-recipe; quicktok's Qwen BPE)."""
     if m.vocab == "deepseek-v4":
-        import deepseek_recipe as dr
-
-        tok = dr.Tokenizer.from_file(str(vocab.deepseek_v4_folder() / "tokenizer.json"))
-        return list(tok.encode(text))
+        return list(vocab.deepseek_v4_tokenizer().encode(text))
     if m.vocab == "qwen3.5":
         return vocab.qwen35_oracle()(text)
     return vocab.qwen_oracle()(text)
@@ -556,14 +571,9 @@ def test_the_v32_encoder_kept_is_deepseeks_text(thinking: bool) -> None:
     for case in CASES:
         answer = model_answer(BY_NAME["deepseek-v3.2"], case, thinking).answer
         for messages in (case.history, [*case.history, answer]):
-            msgs = oracle_messages(messages)
-            if case.tools:
-                if msgs[0]["role"] != "system":
-                    msgs.insert(0, {"role": "system", "content": ""})
-                msgs[0] = {**msgs[0], "tools": case.tools}
-            mode = "thinking" if thinking else "chat"
+            msgs = sglang_messages(messages, case.tools)
             try:
-                want = port.encode_messages(copy.deepcopy(msgs), thinking_mode=mode)
+                want = port.encode_messages(copy.deepcopy(msgs), thinking_mode=mode(thinking))
             except AssertionError:  # a thinking answer with neither reasoning nor calls
                 continue
             assert dsv32_render(messages, case.tools, thinking) == want, case.name

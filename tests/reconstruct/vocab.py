@@ -172,6 +172,14 @@ def mlx_deepseek_v32() -> Any:
     return oracle_module("mlx_deepseek_v32", path)
 
 
+@cache
+def deepseek_v4_tokenizer() -> Any:
+    """V4's tokenizer.json as DeepSeek's own code loads it (deepseek-recipe)."""
+    import deepseek_recipe as dr
+
+    return dr.Tokenizer.from_file(str(deepseek_v4_folder() / "tokenizer.json"))
+
+
 # gpt-oss / harmony -----------------------------------------------------------------------
 
 
