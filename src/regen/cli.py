@@ -575,9 +575,9 @@ def _audit(args: argparse.Namespace, console: Console) -> int:
         **_target_overrides(args),
     )
     for note in target.notes:
-        print(f"note: {note}", file=sys.stderr)
+        print(f"note: {printable(note)}", file=sys.stderr)
     for warning in target.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+        print(f"warning: {printable(warning)}", file=sys.stderr)
     data = audit_json(audits)
     overall = data["overall"]
     broken = []
@@ -621,11 +621,15 @@ def _audit(args: argparse.Namespace, console: Console) -> int:
                 ", ".join(f"{k} {v}" for k, v in d["problems"].items()) or "-",
             )
         console.print(table)
+        # An item id, a rebuild's reason or a divergence may quote a row or a server: one
+        # line each, control characters escaped.
         for d in data["datasets"]:
             for w in d["worst"][:3]:
                 console.print(
-                    f"worst {d['name']}: {w['item_id']} rebuilt {w['rebuilt']} "
-                    f"billed {w['billed']} (prompt {w['prompt_diff']:+d})",
+                    printable(
+                        f"worst {d['name']}: {w['item_id']} rebuilt {w['rebuilt']} "
+                        f"billed {w['billed']} (prompt {w['prompt_diff']:+d})"
+                    ),
                     markup=False,
                 )
             if d["server_ids_checked"]:
@@ -639,7 +643,8 @@ def _audit(args: argparse.Namespace, console: Console) -> int:
                 ("rebuild differs from the server", "server_ids_divergences", "first_divergence"),
             ):
                 for r in d[key][:3]:
-                    console.print(f"{what} {d['name']}: {r['item_id']}: {r[detail]}", markup=False)
+                    line = f"{what} {d['name']}: {r['item_id']}: {r[detail]}"
+                    console.print(printable(line), markup=False)
         for b in broken:
             console.print(f"audit failed: {b}", markup=False)
     return EXIT_FAILED_ITEMS if broken else EXIT_OK

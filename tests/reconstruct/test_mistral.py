@@ -332,3 +332,31 @@ def test_audit_and_export_rebuild_a_runs_answers_with_mistral_common(
         assert (ids[-1] == tok.eos_id) == (record["finish_reason"] != "length")
         assert ids[: record["n_prompt"]][-1] == tok.get_special_token("[/INST]")
         assert sum(record["loss_mask"]) == record["n_completion"] > 1
+
+
+def test_a_hostile_rows_text_in_the_encoders_error_is_escaped(
+    tmp_path: Path, files: dict[str, str]
+) -> None:
+    """An encoder's error quotes the row (mistral-common names the call id it refuses): what
+    `regen audit` prints of it holds no raw control characters, so a row cannot drive the
+    terminal."""
+    from regen.sim import SimConfig, sim_in_thread
+    from tests.conftest import run_cli, write_job, write_rows
+
+    cid = "\x1b]0;owned\x07\x1b[2J"
+    call = {"id": cid, "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    history = [
+        {"role": "user", "content": "Call f."},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": cid, "content": "done"},
+    ]
+    write_rows(tmp_path / "chat.jsonl", [{"messages": history}])
+    with sim_in_thread(SimConfig(seed=4, time_scale=0.0)) as sim:
+        job = write_job(tmp_path, sim.base_url, datasets=[("chat", "chat.jsonl", "openai")])
+        job.write_text(job.read_text().replace("moonshotai/kimi-k2.5", "sim/chatml"))
+        assert run_cli("run", str(job)).returncode == 0
+    flags = ["--family", "mistral", "--tokenizer", files["v7"], "--include-truncated"]
+    res = run_cli("audit", str(tmp_path / "out"), *flags)
+    assert "mistral encoder: Tool call id was" in res.stdout, res.stdout
+    assert "\x1b" not in res.stdout and "\x07" not in res.stdout
+    assert "\\x1b" in res.stdout

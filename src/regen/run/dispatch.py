@@ -54,6 +54,7 @@ from regen.run.accounts import (
 )
 from regen.run.budgets import billed_after_gone, budget_book, hold_keeper
 from regen.run.lanes import build_lanes, check_routes, lane_settings
+from regen.safe import printable
 from regen.state.db import Store
 from regen.state.runs import OutageRecord, TimelinePoint
 from regen.state.work import DatasetProgress
@@ -79,7 +80,8 @@ class LiveAuditTask:
         self._starting: asyncio.Future[LiveAudit] | None = None
 
     def _say(self, line: str) -> None:
-        self.console.print(line, markup=False)
+        # A failing sample's reason may quote a row or a server: control characters escaped.
+        self.console.print(printable(line), markup=False)
         with contextlib.suppress(StateError):
             append_log(self.job.output_path / "run.log", [line])
 
