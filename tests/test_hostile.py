@@ -191,3 +191,45 @@ def test_export_removes_what_a_killed_export_left(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     assert not left.exists() and other.exists()
     shutil.rmtree(other)
+
+
+def test_every_command_refuses_a_state_db_of_a_newer_regen_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    """A newer regen may have added tables or columns this one would not keep: every command
+    refuses its state.db with one line (the file, its schema and this regen's), and nothing is
+    written to it."""
+    from regen.state.schema import MIGRATIONS
+
+    with sim_in_thread(SimConfig(seed=3, time_scale=0.0)) as sim:
+        job = write_job(tmp_path, sim.base_url)
+        assert run_cli("run", str(job)).returncode == 0
+        write_rows(tmp_path / "chat.jsonl", chat_rows(30))  # items a run would send
+        out = tmp_path / "out"
+        newer = len(MIGRATIONS) + 1
+        db = sqlite3.connect(out / "state.db")
+        db.execute("INSERT INTO schema_migrations VALUES (?, 'm_from_the_future', 0)", (newer,))
+        db.commit()
+        db.close()
+        state = out / "state.db"
+        before = (state.read_bytes(), state.stat().st_mtime_ns)
+        sent = len(sim.simulator.chat_log())
+        family = ("--family", "kimi-k2.5")
+        commands = [
+            ("run", str(job)),
+            ("plan", str(job)),
+            ("status", str(out)),
+            ("export", str(out)),
+            ("export", str(out), "--format", "tokenized", *family),
+            ("audit", str(out), *family),
+            ("report", str(out)),
+        ]
+        for args in commands:
+            res = run_cli(*args)
+            assert res.returncode == 1, (args, res.stdout, res.stderr)
+            (line,) = res.stderr.strip().splitlines()
+            assert line.startswith(f"error: {state}: its schema is version {newer}, "), line
+            assert f"knows versions up to {len(MIGRATIONS)}" in line, line
+            assert "use the regen that wrote it" in line, line
+            assert (state.read_bytes(), state.stat().st_mtime_ns) == before, args
+        assert len(sim.simulator.chat_log()) == sent  # the run and the plan sent nothing

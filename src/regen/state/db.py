@@ -19,7 +19,7 @@ from regen.state.answers import Answers
 from regen.state.outcomes import outcome_rows
 from regen.state.outstanding import Outstanding
 from regen.state.runs import Runs
-from regen.state.schema import MIGRATIONS
+from regen.state.schema import MIGRATIONS, refuse_unknown_schema, stored_version
 from regen.state.sources import Sources
 from regen.state.spend import Spend
 from regen.state.work import Work
@@ -100,7 +100,8 @@ class Store:
 
     @classmethod
     def open(cls, out_dir: Path) -> Store:
-        """Open (creating if needed) `<out_dir>/state.db` and apply pending migrations."""
+        """Open (creating if needed) `<out_dir>/state.db` and apply pending migrations. A
+        state.db of a newer regen is refused before anything is written to it."""
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -109,6 +110,11 @@ class Store:
         path = out_dir / STATE_FILE
         try:
             db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            try:
+                refuse_unknown_schema(db, path)
+            except StateError:
+                db.close()
+                raise
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
             db.execute("PRAGMA foreign_keys=ON")
@@ -145,13 +151,15 @@ class Store:
                         "directory (with that file) somewhere writable and read the copy"
                     ) from None
                 store = cls._connect_readonly(path, immutable=True)
-            newest = store.schema_version()
+            try:
+                refuse_unknown_schema(store._db, path)
+            except StateError:
+                store.close()
+                raise
         except sqlite3.Error as exc:
             raise StateError(
                 f"{path}: cannot read state database: {exc}{storage_hint(exc)}"
             ) from exc
-        if newest > len(MIGRATIONS):
-            raise StateError(f"{path}: made by a newer regen (schema {newest}); upgrade regen")
         return store
 
     @classmethod
@@ -215,10 +223,7 @@ class Store:
                 )
 
     def schema_version(self) -> int:
-        (v,) = self._db.execute(
-            "SELECT COALESCE(MAX(version), 0) FROM schema_migrations"
-        ).fetchone()
-        return int(v)
+        return stored_version(self._db)
 
     def get_meta(self, key: str) -> str | None:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()

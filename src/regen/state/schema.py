@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Callable
+from pathlib import Path
 
+from regen import __version__
 from regen.conversation import estimate_prompt_tokens
+from regen.errors import StateError
 from regen.state.outstanding import m009_outstanding
 
 
@@ -305,3 +308,27 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m011_samples,
     m012_outages,
 ]
+
+
+def stored_version(db: sqlite3.Connection) -> int:
+    """The newest migration a state.db records (0 for a new file), read without writing."""
+    known = db.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'"
+    ).fetchone()
+    if known is None:
+        return 0
+    (v,) = db.execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations").fetchone()
+    return int(v)
+
+
+def refuse_unknown_schema(db: sqlite3.Connection, path: Path) -> None:
+    """Every command's one check, before it reads or writes anything else: a state.db whose
+    schema is newer than this regen's migrations may hold tables and columns this regen would
+    not keep (or would write wrongly), so it is refused."""
+    version = stored_version(db)
+    if version > len(MIGRATIONS):
+        raise StateError(
+            f"{path}: its schema is version {version}, written by a newer regen; this regen "
+            f"({__version__}) knows versions up to {len(MIGRATIONS)} and changed nothing in "
+            "it: use the regen that wrote it (or a later one)"
+        )
