@@ -14,6 +14,7 @@ from pathlib import Path
 from types import TracebackType
 
 from regen.errors import StateError
+from regen.safe import confined
 
 LOCK_FILE = "run.lock"
 
@@ -22,12 +23,14 @@ class RunLock:
     """Exclusive use of an output directory by one process. Use as a context manager."""
 
     def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
         self.path = out_dir / LOCK_FILE
         self._fd: int | None = None
         self.stale_pid: int | None = None
         """The pid of an earlier holder that died without releasing the lock, if any."""
 
     def acquire(self) -> None:
+        confined(self.out_dir, self.path)  # the lock file is truncated: never through a link out
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)

@@ -1,14 +1,19 @@
-"""Trainer formats. Each export is written to a temporary file and renamed into place."""
+"""Trainer formats. Each export is written to a temporary file and renamed into place.
+
+Every file and folder an export writes or deletes goes through regen.safe's functions, confined
+to the folder the export belongs to (the output directory, or the one `--to` names): a link
+there that leads out of it is refused before anything is touched, a deletion never follows a
+link, and every text written has the registered keys taken out."""
 
 from __future__ import annotations
 
 import array
+import contextlib
 import errno
 import hashlib
 import json
 import os
 import re
-import shutil
 import sys
 import time
 from collections import Counter
@@ -31,7 +36,17 @@ from regen.outputs.hub import (
 )
 from regen.reconstruct import ReconstructError, Sample, Target
 from regen.reconstruct.target import billed_prompt
-from regen.safe import checked_name, inside
+from regen.safe import (
+    checked_name,
+    confined,
+    confined_tree,
+    create,
+    make_dirs,
+    redact_values,
+    remove,
+    root_for,
+    write_text_atomic,
+)
 from regen.state.answers import ExportRow, pack_ids, unpack_ids
 from regen.state.db import Store
 
@@ -129,13 +144,18 @@ def provenance(
     }
 
 
-def write_jsonl_atomic(path: Path, records: Iterable[dict[str, Any]]) -> int:
-    """Write records as JSONL to `path` via a temporary file and a rename; return the count."""
+def write_jsonl_atomic(
+    path: Path, records: Iterable[dict[str, Any]], root: Path | None = None
+) -> int:
+    """Write records as JSONL to `path` via a temporary file and a rename; return the count.
+    `root`: the folder the file is confined to (`path`'s own by default)."""
+    root = path.parent if root is None else root
+    confined(root, path)
     tmp = path.with_name(f".{path.name}.tmp")
     n = 0
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tmp.open("w", encoding="utf-8") as f:
+        make_dirs(root, path.parent)
+        with create(root, tmp) as f:
             for rec in records:
                 f.write(json.dumps(rec, ensure_ascii=False))
                 f.write("\n")
@@ -145,7 +165,8 @@ def write_jsonl_atomic(path: Path, records: Iterable[dict[str, Any]]) -> int:
         failpoints.reached("export")
         os.replace(tmp, path)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            remove(root, tmp)
         raise StateError(
             f"{path}: cannot write export: {exc}; every result is kept in state.db, so run the "
             "same command again once the problem is fixed"
@@ -153,33 +174,38 @@ def write_jsonl_atomic(path: Path, records: Iterable[dict[str, Any]]) -> int:
     return n
 
 
-def clean_stale_exports(export_dir: Path, folder: str | None = None) -> list[str]:
+def clean_stale_exports(
+    export_dir: Path, folder: str | None = None, root: Path | None = None
+) -> list[str]:
     """Remove what a killed export left behind: `.NAME.jsonl.tmp` files of a run's export (a
     run holds the directory's lock, so none is being written), and `.FORMAT.tmp-PID` /
     `.FORMAT.old-PID` folders of `regen export` processes that no longer run. Returns what
     was removed. An `.old-PID` folder is put back when its export's folder is missing.
     `folder`: only the leftovers of `regen export` into that folder (a run may be writing its
-    own files beside them)."""
+    own files beside them). `root`: the folder this is confined to (`export_dir`'s parent by
+    default). A link is never a leftover (regen makes none): it is left alone."""
+    root = export_dir.parent if root is None else root
     removed: list[str] = []
-    if not export_dir.is_dir():
+    if not confined(root, export_dir).is_dir():
         return removed
     for p in export_dir.iterdir():
         name = p.name
-        if folder is not None and not name.startswith(f".{folder}."):
+        if p.is_symlink() or (folder is not None and not name.startswith(f".{folder}.")):
             continue  # `regen export` cleans its own folder's leftovers only
         if folder is None and p.is_file() and name.startswith(".") and name.endswith(".jsonl.tmp"):
-            p.unlink(missing_ok=True)
+            remove(root, p)
             removed.append(name)
             continue
         m = re.fullmatch(r"\.(.+)\.(tmp|old)-(\d+)", name)
         if not (p.is_dir() and m) or _alive(int(m[3])):
             continue
         target = export_dir / m[1]
-        if m[2] == "old" and not target.exists():
-            os.rename(p, target)  # the swap was cut between its two renames
+        if m[2] == "old" and not target.is_symlink() and not target.exists():
+            os.rename(p, confined(root, target))  # the swap was cut between its two renames
             removed.append(f"{name} (put back as {m[1]})")
         else:
-            shutil.rmtree(p, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                remove(root, p)
             removed.append(name)
     return removed
 
@@ -203,6 +229,7 @@ def export_specforge(
     written: dict[str, int] = {}
     left_out: Counter[str] = Counter()
     origins = Origins.of(store, datasets)
+    root = root_for(export_dir, store.path.parent)
 
     def records(name: str) -> Iterable[dict[str, Any]]:
         # `regen export --format specforge` without ids: the one rule for what carries loss.
@@ -213,9 +240,11 @@ def export_specforge(
                 continue
             yield rec
 
-    for name in datasets:
-        path = inside(export_dir, export_dir / f"{checked_name(name, str(store.path))}.jsonl")
-        written[name] = write_jsonl_atomic(path, records(name))
+    paths = [export_dir / f"{checked_name(n, str(store.path))}.jsonl" for n in datasets]
+    for path in paths:  # every file checked before the first is written
+        confined(root, path)
+    for name, path in zip(datasets, paths, strict=True):
+        written[name] = write_jsonl_atomic(path, records(name), root)
     return written, dict(left_out)
 
 
@@ -427,9 +456,9 @@ class _JsonlShards:
     def write(self, split: str, dataset: str, rec: dict[str, Any]) -> None:
         key = (split, dataset)
         if key not in self._files:
-            path = inside(self._tmp, self._tmp / split / f"{dataset}{self._suffix}.jsonl")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._files[key] = path.open("w", encoding="utf-8")
+            path = self._tmp / split / f"{dataset}{self._suffix}.jsonl"
+            make_dirs(self._tmp, path.parent)
+            self._files[key] = create(self._tmp, path)
         f = self._files[key]
         f.write(json.dumps(rec, ensure_ascii=False))
         f.write("\n")
@@ -451,7 +480,7 @@ class _ParquetShards:
 
     def write(self, split: str, dataset: str, rec: dict[str, Any]) -> None:
         rows = self._rows.setdefault((split, dataset), [])
-        rows.append(rec)
+        rows.append(redact_values(rec))  # Parquet takes values, not text: keys out of each
         if len(rows) >= self._shard_rows:
             self._flush(split, dataset)
 
@@ -464,8 +493,9 @@ class _ParquetShards:
             return
         n = self._shards[(split, dataset)]
         self._shards[(split, dataset)] += 1
-        path = inside(self._tmp, self._tmp / split / f"{dataset}{self._suffix}-{n:05d}.parquet")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path = self._tmp / split / f"{dataset}{self._suffix}-{n:05d}.parquet"
+        make_dirs(self._tmp, path.parent)
+        remove(self._tmp, path)  # pyarrow opens the path as it is: nothing may be there
         # The ids arrive as the stored little-endian uint32 bytes: the columns are built from
         # one buffer each, not from Python lists (ten times faster for long samples).
         ids = b"".join(r["input_ids"] for r in rows)
@@ -621,6 +651,8 @@ def export_job(
         raise StateError(f"unknown export format {opts.format!r} (allowed: {', '.join(FORMATS)})")
     for name in datasets:
         checked_name(name, str(store.path))
+    root = root_for(to, store.path.parent)
+    confined_tree(root, to)  # before anything is read from it, carried over or deleted
     previous = _previous_manifest(to)
     since = None
     part = 0
@@ -636,20 +668,21 @@ def export_job(
     # The whole export is written into a sibling folder, then swapped in with two renames:
     # a reader sees the old export or the new one, never a mix. Earlier parts of an
     # incremental export are carried over as hard links (no copy).
-    tmp = to.parent / f".{to.name}.tmp-{os.getpid()}"
-    old = to.parent / f".{to.name}.old-{os.getpid()}"
+    tmp = confined(root, to.parent / f".{to.name}.tmp-{os.getpid()}")
+    old = confined(root, to.parent / f".{to.name}.old-{os.getpid()}")
     counts: dict[str, _Counts] = {}
     seen: set[str] = set()
     until = since or 0.0
     try:
-        clean_stale_exports(to.parent, to.name)  # what a killed export into `to` left
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        clean_stale_exports(to.parent, to.name, root)  # what a killed export into `to` left
+        remove(root, tmp)
+        make_dirs(root, tmp.parent)
+        tmp.mkdir()
         if opts.since_last:
-            for f in to.rglob("*"):
+            for f in to.rglob("*"):  # rglob does not descend into linked folders
                 if f.is_file() and not f.is_symlink() and f.name not in NOT_DATA:
                     dest = tmp / f.relative_to(to)
-                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    make_dirs(tmp, dest.parent)
                     os.link(f, dest)
         writer: _JsonlShards | _ParquetShards = (
             _ParquetShards(tmp, suffix, opts.shard_rows)
@@ -668,15 +701,17 @@ def export_job(
         files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
         manifest = _manifest(store, opts, counts, files, until, since, part, previous, target)
         # The folder is a Hub dataset: its card names each dataset's files per split.
-        write_text_atomic(tmp / CARD, dataset_card(store, manifest, datasets, source_turns(opts)))
+        card = dataset_card(store, manifest, datasets, source_turns(opts))
+        write_text_atomic(tmp, tmp / CARD, card)
         if opts.format == "sharegpt":
-            write_json_atomic(tmp / LLAMA_FACTORY_INFO, llama_factory_info(datasets, files))
-        write_json_atomic(tmp / "manifest.json", manifest)
-        if to.exists():
+            write_json_atomic(tmp, tmp / LLAMA_FACTORY_INFO, llama_factory_info(datasets, files))
+        write_json_atomic(tmp, tmp / "manifest.json", manifest)
+        if to.is_symlink() or to.exists():
             os.rename(to, old)
             failpoints.reached("export-swap")
         os.rename(tmp, to)
-        shutil.rmtree(old, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            remove(root, old)
     except OSError as exc:
         if old.exists() and not to.exists():
             os.rename(old, to)  # put the previous export back
@@ -690,7 +725,8 @@ def export_job(
             f"untouched: {step}"
         ) from exc
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            remove(root, tmp)
     return manifest
 
 
@@ -859,20 +895,6 @@ def _manifest(
     }
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write `text` to a temporary file beside `path`, flush it to disk, and rename it into
-    place: a reader sees the old file or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with tmp.open("w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+def write_json_atomic(root: Path, path: Path, data: Any) -> None:
+    """`data` as indented JSON, written as `write_text_atomic` writes text."""
+    write_text_atomic(root, path, json.dumps(data, indent=2, sort_keys=True) + "\n")

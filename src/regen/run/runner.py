@@ -11,14 +11,15 @@ from rich.console import Console
 
 from regen.config import Job
 from regen.errors import StateError
-from regen.lock import RunLock
+from regen.lock import LOCK_FILE, RunLock
 from regen.outputs.export import export_specforge
 from regen.outputs.report import write_report
 from regen.run.accounts import endpoint_keys
 from regen.run.dispatch import Dispatched, dispatch, quiet_gc
 from regen.run.prepare import Prepared, prepare
 from regen.run.summary import RunReport, run_outages, unsent_items, unsent_line
-from regen.state.db import Store
+from regen.safe import confined
+from regen.state.db import PAST_JOB_SIGNS, STATE_FILES, Store
 from regen.view.progress import (
     append_log,
     outages_line,
@@ -35,6 +36,7 @@ def run_job(
     exports, the report). `api_key` defaults to the job's env variable; `force` resumes even
     if the job's data-affecting settings changed."""
     keys = endpoint_keys(job, api_key)
+    refuse_links_out(job)
     with RunLock(job.output_path) as lock:
         store = Store.open(job.output_path)
         try:
@@ -43,6 +45,19 @@ def run_job(
             return end(job, store, console, prepared, dispatched)
         finally:
             store.close()
+
+
+def refuse_links_out(job: Job) -> None:
+    """Every path a run writes or deletes in its output directory (the lock, state.db and its
+    files, run.log, report.html, export/ and the export's files), checked before the run
+    touches any: a link among them that leads out of the directory refuses the run before a
+    request is sent or paid for. Each writer checks its own path again when it writes."""
+    out = job.output_path
+    names = [LOCK_FILE, *STATE_FILES, *PAST_JOB_SIGNS]
+    for d in job.datasets:
+        names += [f"export/{d.name}.jsonl", f"export/.{d.name}.jsonl.tmp"]
+    for name in names:
+        confined(out, out / name)
 
 
 def send(

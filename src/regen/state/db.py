@@ -15,6 +15,7 @@ from pathlib import Path
 
 from regen.conversation import Charge, Outcome
 from regen.errors import StateError, StateGone
+from regen.safe import confined
 from regen.state.answers import Answers
 from regen.state.outcomes import outcome_rows
 from regen.state.outstanding import Outstanding
@@ -25,6 +26,8 @@ from regen.state.spend import Spend
 from regen.state.work import Work
 
 STATE_FILE = "state.db"
+STATE_FILES = (STATE_FILE, f"{STATE_FILE}-wal", f"{STATE_FILE}-shm", f"{STATE_FILE}-journal")
+"""The database and the files SQLite keeps beside it (a reader writes the -shm too)."""
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -51,6 +54,14 @@ def storage_hint(exc: sqlite3.Error) -> str:
             '".recover"`; regen will not start over in this directory)'
         )
     return ""
+
+
+def _state_path(out_dir: Path) -> Path:
+    """`<out_dir>/state.db`, once it and the files SQLite writes beside it (a reader too: the
+    -shm) are known not to lead out of the directory (safe.confined)."""
+    for name in STATE_FILES:
+        confined(out_dir, out_dir / name)
+    return out_dir / STATE_FILE
 
 
 PAST_JOB_SIGNS = ("run.log", "export", "report.html")
@@ -107,7 +118,7 @@ class Store:
         except OSError as exc:
             raise StateError(f"{out_dir}: cannot create output directory: {exc}") from exc
         refuse_lost_state(out_dir)
-        path = out_dir / STATE_FILE
+        path = _state_path(out_dir)
         try:
             db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             try:
@@ -132,7 +143,7 @@ class Store:
     def open_readonly(cls, out_dir: Path) -> Store:
         """Open `<out_dir>/state.db` for reading only, as `regen status` does while a run may
         be writing it (WAL lets readers and the writer work at once). Nothing is migrated."""
-        path = out_dir / STATE_FILE
+        path = _state_path(out_dir)
         if not path.is_file():
             raise StateError(f"{out_dir}: no {STATE_FILE} here: not a regen output directory")
         try:

@@ -26,7 +26,7 @@ from regen.engine.budget import per_mtok
 from regen.engine.eta import Eta, eta_text, format_duration
 from regen.engine.scheduler import DatasetStats, EndpointStats, RunStats
 from regen.errors import StateError
-from regen.safe import printable
+from regen.safe import append, printable
 from regen.state.runs import OutageRecord
 from regen.state.sources import BadRowGroup
 from regen.state.spend import EndpointTotals
@@ -38,17 +38,45 @@ def log_stamp() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+class RunLog:
+    """run.log's one writer: every line that reaches the file goes through `write`, which
+    makes it one line with keys redacted and escapes shown (a line may quote a server or a
+    dataset); the file is opened only once known not to lead out of the output directory."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self._file: TextIO | None = append(path.parent, path)
+        except OSError as exc:
+            raise StateError(f"{path}: cannot write: {exc}") from exc
+
+    def write(self, line: str) -> None:
+        if self._file is None:
+            return
+        try:
+            self._file.write(printable(line) + "\n")
+            self._file.flush()
+        except OSError as exc:
+            raise StateError(f"{self.path}: cannot write: {exc}") from exc
+
+    def close(self) -> None:
+        log, self._file = self._file, None
+        if log is not None:
+            with contextlib.suppress(OSError):
+                log.close()
+
+
 def append_log(path: Path, lines: list[str]) -> None:
     """Add time-stamped lines to run.log."""
     if not lines:
         return
     stamp = log_stamp()
+    log = RunLog(path)
     try:
-        with path.open("a", encoding="utf-8") as f:
-            # A line may quote a server or a dataset: one line each, keys and escapes shown.
-            f.writelines(f"{stamp} {printable(line)}\n" for line in lines)
-    except OSError as exc:
-        raise StateError(f"{path}: cannot write: {exc}") from exc
+        for line in lines:
+            log.write(f"{stamp} {line}")
+    finally:
+        log.close()
 
 
 def dataset_start_line(p: DatasetProgress, budget_met: str | None = None, samples: int = 1) -> str:
@@ -491,33 +519,29 @@ class ProgressReporter:
         self._console = console
         self._interval_s = interval_s
         self._log_path = log_path
-        self._log_file: TextIO | None = None
+        self._log_file: RunLog | None = None
 
     def _log(self, line: str) -> None:
         if self._log_file is None:
             return
         try:
-            self._log_file.write(line + "\n")
-            self._log_file.flush()
-        except OSError as exc:
+            self._log_file.write(line)
+        except StateError as exc:
             # A full disk must not end the run over its log: say so once, keep showing progress.
             self._close_log()
-            self._console.print(
-                f"warning: {self._log_path}: cannot write progress lines: {exc}", markup=False
-            )
+            self._console.print(f"warning: cannot write progress lines: {exc}", markup=False)
 
     def _close_log(self) -> None:
         log, self._log_file = self._log_file, None
         if log is not None:
-            with contextlib.suppress(OSError):
-                log.close()
+            log.close()
 
     async def run(self) -> None:
         if self._log_path is not None:
             try:
-                self._log_file = self._log_path.open("a", encoding="utf-8")
-            except OSError as exc:
-                self._console.print(f"warning: {self._log_path}: {exc}", markup=False)
+                self._log_file = RunLog(self._log_path)
+            except StateError as exc:
+                self._console.print(f"warning: {exc}", markup=False)
         live: Live | None = None
         try:
             if self._console.is_terminal:

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from regen import __version__
 from regen.errors import StateError
-from regen.outputs.export import write_text_atomic
 from regen.outputs.report.axes import RATE_STEP_S, TimeAxis, activity_spans
 from regen.outputs.report.data import Report, gather
 from regen.outputs.report.dataset import DS_WIDTH, _section
@@ -17,6 +16,7 @@ from regen.outputs.report.endpoints import endpoint_section
 from regen.outputs.report.job import _job_section
 from regen.outputs.report.markup import _table
 from regen.outputs.report.svg import Plot
+from regen.safe import confined, root_for, write_text_atomic
 from regen.state.db import Store
 
 STYLE = """
@@ -71,15 +71,18 @@ ${total_cost:,.4f} spent on {total_tokens:,} completion tokens</p>
 
 
 def write_report(out_dir: Path, to: Path | None = None) -> Path:
-    """Write the report (atomically) and return its path."""
+    """Write the report (atomically, keys taken out) and return its path. A path that is, or
+    passes through, a link out of its folder is refused before state.db is read."""
+    path = to or out_dir / "report.html"
+    root = root_for(path, out_dir)
+    confined(root, path)
     store = Store.open_readonly(out_dir)
     try:
         page = render(out_dir, gather(store))
     finally:
         store.close()
-    path = to or out_dir / "report.html"
     try:
-        write_text_atomic(path, page)
+        write_text_atomic(root, path, page)
     except OSError as exc:
         raise StateError(f"{path}: cannot write the report: {exc}") from exc
     return path
