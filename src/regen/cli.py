@@ -12,15 +12,19 @@ import contextlib
 import re
 import sqlite3
 import sys
+import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
 
 from regen import __version__
 from regen.engine.billing import Reconciliation
 from regen.errors import ConfigError, RegenError
-from regen.safe import printable
+from regen.safe import REDACTED, printable, redact, redacted
 
 EXIT_OK, EXIT_USER, EXIT_USAGE, EXIT_FAILED_ITEMS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 EXIT_CAP, EXIT_ITEMS_LEFT = 4, 5
@@ -335,12 +339,48 @@ def _demo_parser(sub: Any) -> None:
     demo.add_argument("--out", type=Path, default=Path("demo-out"))
 
 
+class KeyFreeConsole(Console):
+    """The console every command prints with: text is redacted before rich lays it out (a key
+    folded across two lines would escape the stream's redaction), and its control characters
+    are shown as escapes (a server's or a dataset's words cannot act on the terminal)."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        markup = self._markup if kwargs.get("markup") is None else kwargs["markup"]
+        # As markup, REDACTED would read as a tag and vanish: it is written escaped there.
+        text = redact(text, escape(REDACTED)) if markup else text
+        return super().render_str(printable(text, newlines=True), **kwargs)
+
+
+@contextlib.contextmanager
+def key_free_output() -> Iterator[None]:
+    """stdout and stderr for the length of a command: streams that take every registered key
+    out of what is written (prints, rich, warnings and tracebacks alike)."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = redacted(sys.stdout), redacted(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; its exit code."""
+    with key_free_output():
+        try:
+            return _main(argv)
+        except Exception:
+            # A bug (or --debug): the traceback goes through the redacting stderr, not
+            # Python's own hook after this function has put the plain streams back.
+            traceback.print_exc()
+            return EXIT_USER
+
+
+def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
-    console = Console()
+    console = KeyFreeConsole()
     if not console.is_terminal:
         # Piped to a file or over a non-interactive SSH: do not squeeze tables into 80 columns.
-        console = Console(width=160)
+        console = KeyFreeConsole(width=160)
     handlers = {
         "run": _run,
         "plan": _plan,
@@ -459,7 +499,7 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
         return EXIT_USAGE
     overrides = {"job.output_dir": str(args.out.resolve())} if args.out else {}
     job = load_job(args.job, **overrides)
-    quiet = Console(file=sys.stderr, width=160) if args.json else console
+    quiet = KeyFreeConsole(file=sys.stderr, width=160) if args.json else console
     plan = plan_job(job, console=quiet, pilot=args.pilot, precision=args.precision)
     if args.json:
         print(

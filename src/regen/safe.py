@@ -52,11 +52,12 @@ def register_secret(value: str | None) -> None:
         _secrets = tuple(sorted({*_secrets, value.strip()}, key=len, reverse=True))
 
 
-def redact(text: str) -> str:
-    """`text` with every registered key replaced by REDACTED."""
+def redact(text: str, mark: str = REDACTED) -> str:
+    """`text` with every registered key replaced by `mark` (REDACTED, or its spelling in a
+    markup that would take it for a tag)."""
     for secret in _secrets:
         if secret in text:
-            text = text.replace(secret, REDACTED)
+            text = text.replace(secret, mark)
     return text
 
 

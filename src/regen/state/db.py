@@ -1,7 +1,9 @@
 """state.db: the file, its one connection and its migrations, and the owners of its tables.
 
 Nobody else opens state.db. Writes that belong together (a result, its attempts and its ledger
-charge) happen in one transaction, so a crash at any moment leaves either all of them or none."""
+charge) happen in one transaction, so a crash at any moment leaves either all of them or none.
+Every text bound for it passes one gate, the connection's (`KeyFreeConnection`): a key a server
+echoed into an error, a provider's name or an answer is never stored, whichever owner writes."""
 
 from __future__ import annotations
 
@@ -9,13 +11,14 @@ import contextlib
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Self
 
 from regen.conversation import Charge, Outcome
 from regen.errors import StateError, StateGone
-from regen.safe import confined
+from regen.safe import confined, has_key, holds_keys, redact
 from regen.state.answers import Answers
 from regen.state.outcomes import outcome_rows
 from regen.state.outstanding import Outstanding
@@ -28,6 +31,49 @@ from regen.state.work import Work
 STATE_FILE = "state.db"
 STATE_FILES = (STATE_FILE, f"{STATE_FILE}-wal", f"{STATE_FILE}-shm", f"{STATE_FILE}-journal")
 """The database and the files SQLite keeps beside it (a reader writes the -shm too)."""
+
+
+def _key_free(value: Any) -> Any:
+    return redact(value) if isinstance(value, str) else value
+
+
+def _key_free_row(params: Any) -> Any:
+    if not holds_keys():
+        return params
+    if isinstance(params, Mapping):
+        return {k: _key_free(v) for k, v in params.items()}
+    # Rows are copied only when one holds a key: ingest writes millions of them.
+    for value in params:
+        if isinstance(value, str) and has_key(value):
+            return tuple(_key_free(v) for v in params)
+    return params
+
+
+def _key_free_rows(rows: Any) -> Any:
+    return (_key_free_row(p) for p in rows) if holds_keys() else rows
+
+
+class _KeyFreeCursor(sqlite3.Cursor):
+    def execute(self, sql: str, parameters: Any = (), /) -> Self:
+        return super().execute(sql, _key_free_row(parameters))
+
+    def executemany(self, sql: str, seq_of_parameters: Any, /) -> Self:
+        return super().executemany(sql, _key_free_rows(seq_of_parameters))
+
+
+class KeyFreeConnection(sqlite3.Connection):
+    """state.db's connection: every text parameter of every statement has the registered keys
+    taken out, so no owner's write (a stop reason, a failure message, a provider's name, an
+    answer, a dataset's row) can store one. Blobs (token ids) are left as they are."""
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        return super().execute(sql, _key_free_row(parameters))
+
+    def executemany(self, sql: str, seq_of_parameters: Any, /) -> sqlite3.Cursor:
+        return super().executemany(sql, _key_free_rows(seq_of_parameters))
+
+    def cursor(self, factory: Any = _KeyFreeCursor) -> Any:
+        return super().cursor(factory)
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -120,7 +166,9 @@ class Store:
         refuse_lost_state(out_dir)
         path = _state_path(out_dir)
         try:
-            db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            db = sqlite3.connect(
+                path, isolation_level=None, check_same_thread=False, factory=KeyFreeConnection
+            )
             try:
                 refuse_unknown_schema(db, path)
             except StateError:
@@ -176,7 +224,7 @@ class Store:
     @classmethod
     def _connect_readonly(cls, path: Path, *, immutable: bool) -> Store:
         uri = f"file:{path}?mode=ro" + ("&immutable=1" if immutable else "")
-        db = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        db = sqlite3.connect(uri, uri=True, check_same_thread=False, factory=KeyFreeConnection)
         try:
             db.execute("PRAGMA busy_timeout=10000")
             db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()

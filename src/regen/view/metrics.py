@@ -53,6 +53,7 @@ from prometheus_client.registry import Collector
 
 from regen import __version__
 from regen.engine.scheduler import LATENCY_BUCKETS, JobTotals, RunStats
+from regen.safe import redact
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -317,9 +318,15 @@ def _registry(stats: RunStats) -> CollectorRegistry:
     return registry
 
 
+def _scrape(registry: CollectorRegistry) -> bytes:
+    """The one way metrics leave regen: Prometheus's text, every registered key taken out of
+    it (label values, whatever a future one holds, and help texts)."""
+    return redact(generate_latest(registry).decode()).encode()
+
+
 def exposition(stats: RunStats) -> str:
     """What `/metrics` serves for these stats, in Prometheus's text format."""
-    return generate_latest(_registry(stats)).decode()
+    return _scrape(_registry(stats)).decode()
 
 
 async def serve_metrics(stats: RunStats, host: str, port: int) -> web.AppRunner:
@@ -327,7 +334,7 @@ async def serve_metrics(stats: RunStats, host: str, port: int) -> web.AppRunner:
     registry = _registry(stats)
 
     async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE})
+        return web.Response(body=_scrape(registry), headers={"Content-Type": CONTENT_TYPE})
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
