@@ -308,3 +308,44 @@ def test_a_report_linked_out_during_a_run_is_not_written(
     assert f"{out / 'report.html'} is a link to " in line
     assert snapshot(outside) == before
     assert (out / "export" / "chat.jsonl").is_file()
+
+
+@pytest.mark.parametrize("where", ["out", "parent", "own files"])
+def test_an_export_never_replaces_a_folder_it_did_not_write(
+    job: Path, tmp_path: Path, where: str
+) -> None:
+    """An export replaces its folder whole: `--to` the output directory, a folder that holds
+    it, or a folder of someone's own files is refused, and nothing in it is touched (an older
+    regen renamed it away and deleted it, state.db with it)."""
+    out = job / "out"
+    to = {"out": out, "parent": job, "own files": tmp_path / "mine"}[where]
+    (tmp_path / "mine" / "notes").mkdir(parents=True)
+    (tmp_path / "mine" / "notes" / "todo.txt").write_text("mine\n")
+    before = files(to)
+    res = run_cli("export", str(out), "--format", "openai", "--to", str(to))
+    assert res.returncode == 1, res.stdout + res.stderr
+    (line,) = res.stderr.strip().splitlines()
+    assert line.startswith(f"error: {to}: holds ") and "nothing was touched" in line, line
+    assert files(to) == before
+    assert not list(to.parent.glob(f".{to.name}.*"))
+
+
+def files(folder: Path) -> dict[str, bytes]:
+    """The bytes of every file under `folder` but SQLite's -wal and -shm (a reader of
+    state.db makes them)."""
+    return {
+        str(p.relative_to(folder)): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and not p.name.endswith(("-wal", "-shm"))
+    }
+
+
+def test_an_export_goes_into_an_empty_folder_or_over_its_own_last_export(
+    job: Path, tmp_path: Path
+) -> None:
+    to = tmp_path / "empty"
+    to.mkdir()
+    for _ in range(2):
+        res = run_cli("export", str(job / "out"), "--format", "openai", "--to", str(to))
+        assert res.returncode == 0, res.stderr
+    assert (to / "manifest.json").is_file()

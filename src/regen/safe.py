@@ -165,7 +165,7 @@ def checked_name(name: str, where: str) -> str:
     return name
 
 
-def _under(path: Path, root: Path) -> bool:
+def within(path: Path, root: Path) -> bool:
     """`path` is `root` or below it as written (`..` is not undone here: see `confined`)."""
     full, top = path.absolute(), root.absolute()
     return full == top or top in full.parents
@@ -174,14 +174,14 @@ def _under(path: Path, root: Path) -> bool:
 def root_for(path: Path, out_dir: Path) -> Path:
     """The folder a path regen writes is confined to: the output directory when the path is
     in it (the default places), else the folder the user named it in (`--to DIR`'s parent)."""
-    return out_dir if _under(path, out_dir) else path.parent
+    return out_dir if within(path, out_dir) else path.parent
 
 
 def confined(root: Path, path: Path) -> Path:
     """`path`, once checked, before anything is written or deleted there, to stay in `root`:
     no part of it below `root` may be, or pass through, a link (or a `..`) that leads out of
     `root`; a link that stays inside is followed. Raises StateError naming the path."""
-    if not _under(path, root):
+    if not within(path, root):
         raise StateError(f"{path}: would be written outside {root}; nothing was written there")
     base = root.resolve()
     step = root.absolute()

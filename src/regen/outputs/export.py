@@ -45,6 +45,7 @@ from regen.safe import (
     redact_values,
     remove,
     root_for,
+    within,
     write_text_atomic,
 )
 from regen.state.answers import ExportRow, pack_ids, unpack_ids
@@ -633,6 +634,24 @@ def _previous_manifest(to: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def refuse_replacing(to: Path, out_dir: Path) -> None:
+    """An export replaces its folder whole, so the folder must be one an export wrote (it has
+    its manifest.json), an empty one or a new one: never the output directory or a folder
+    that holds it, never a folder of someone's own files."""
+    if within(out_dir, to):
+        raise StateError(
+            f"{to}: holds the job's output directory {out_dir}, which an export into it would "
+            "replace; nothing was touched: give --to a folder of its own (by default "
+            "OUT/export/FORMAT)"
+        )
+    if to.is_dir() and not (to / "manifest.json").is_file() and any(to.iterdir()):
+        raise StateError(
+            f"{to}: holds files that are not a regen export (it has no manifest.json), and an "
+            "export replaces its whole folder; nothing was touched: give --to a new or empty "
+            "folder"
+        )
+
+
 def export_job(
     store: Store,
     datasets: list[str],
@@ -653,6 +672,7 @@ def export_job(
         checked_name(name, str(store.path))
     root = root_for(to, store.path.parent)
     confined_tree(root, to)  # before anything is read from it, carried over or deleted
+    refuse_replacing(to, store.path.parent)
     previous = _previous_manifest(to)
     since = None
     part = 0
