@@ -164,8 +164,9 @@ def test_a_key_a_server_echoes_leaves_regen_by_no_sink(tmp_path: Path) -> None:
     assert f"the run stopped: auth: invalid key Bearer {REDACTED}" in stdout
     assert f"error: run stopped: auth: invalid key Bearer {REDACTED}" in stderr
     texts = [stdout, stderr]
-    for fmt in ("specforge", "openai", "sharegpt"):
-        res = run_cli("export", str(out), "--format", fmt, "--keep-empty", process=True)
+    for fmt in ("specforge", "openai", "sharegpt", "tokenized"):
+        family = ("--family", "qwen3") if fmt == "tokenized" else ()
+        res = run_cli("export", str(out), "--format", fmt, *family, process=True)
         assert res.returncode == 0, res.stderr
         texts += [res.stdout, res.stderr]
     for args in (("status", str(out)), ("report", str(out))):
@@ -179,6 +180,11 @@ def test_a_key_a_server_echoes_leaves_regen_by_no_sink(tmp_path: Path) -> None:
     assert REDACTED.encode() in (out / "state.db").read_bytes()
     assert REDACTED in (out / "report.html").read_text()
     assert REDACTED in (out / "export" / "openai" / "README.md").read_text()  # providers
+    import pyarrow.parquet as pq
+
+    (shard,) = (out / "export" / "tokenized").rglob("*.parquet")  # compressed: read it too
+    rows = json.dumps(pq.read_table(shard).drop(["input_ids", "loss_mask"]).to_pylist())
+    assert SECRET_KEY not in rows and REDACTED in rows  # provenance: provider, generation id
     answers = [json.loads(x) for x in (out / "export" / "chat.jsonl").read_text().splitlines()]
     assert len(answers) == 8 and all(
         a["conversations"][-1]["content"] == f"I saw Bearer {REDACTED} here." for a in answers
