@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -43,7 +45,9 @@ FilterValue = str | int | float | bool | None
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # inf and nan are refused in every float field: a cap of inf is no cap, a timeout of inf
+    # waits forever (load_job says so first, in one line per field, for free-form tables too).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class JobInfo(_Model):
@@ -574,11 +578,34 @@ def load_job(path: str | Path, **overrides: Any) -> Job:
         raise ConfigError(f"{p}: unknown field 'base_dir'")
     for dotted, value in overrides.items():
         _set_dotted(raw, dotted, value)
+    bad = [
+        f"field '{_format_loc(loc)}': {value} is not a finite number (give a number, or leave "
+        "the field out for its default)"
+        for loc, value in _non_finite(raw)
+    ]
+    if bad:
+        raise ConfigError(f"{p}: {'; '.join(bad)}")
     raw["base_dir"] = str(p.resolve().parent)
     try:
         return Job.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(f"{p}: {describe_validation_error(exc, Job)}") from exc
+
+
+def _non_finite(
+    node: Any, loc: tuple[int | str, ...] = ()
+) -> Iterator[tuple[tuple[int | str, ...], float]]:
+    """Every inf or nan in a parsed job file, with where it is. One rule for every number:
+    typed fields and free-form tables alike (extra_body, provider and reasoning are sent as
+    JSON, which has no inf or nan: orjson would send null in their place)."""
+    if isinstance(node, float) and not math.isfinite(node):
+        yield loc, node
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            yield from _non_finite(value, (*loc, str(key)))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _non_finite(value, (*loc, i))
 
 
 def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
