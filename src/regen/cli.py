@@ -761,11 +761,10 @@ def _export(args: argparse.Namespace, console: Console) -> int:
 def _providers(args: argparse.Namespace, console: Console) -> int:
     import dataclasses
     import json
-    import os
 
     from rich.table import Table
 
-    from regen.config import EndpointConfig, load_job
+    from regen.config import EndpointConfig, key_from_env, load_job
     from regen.engine.client import ChatClient
     from regen.engine.providers import EndpointInfo, fetch_endpoints, verdicts, warnings
     from regen.safe import register_secret
@@ -783,9 +782,10 @@ def _providers(args: argparse.Namespace, console: Console) -> int:
         max_tokens = min(job.lane_max_tokens(lane) for lane in job.lane_list)
     base_url = (args.base_url or endpoint.base_url).rstrip("/")
 
+    key = key_from_env(endpoint.api_key_env, "api_key_env") or None
+    register_secret(key)
+
     async def fetch() -> list[EndpointInfo]:
-        key = os.environ.get(endpoint.api_key_env)
-        register_secret(key)
         async with ChatClient(base_url, key, concurrency=1, headers=endpoint.headers) as client:
             return await fetch_endpoints(client, args.model)
 

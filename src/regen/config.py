@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -154,6 +156,50 @@ class EndpointConfig(_Model):
                 f"token_ids: only vllm and sglang servers return token ids, not {self.dialect}"
             )
         return self
+
+    @field_validator("headers")
+    @classmethod
+    def _headers_fit_http(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, value in v.items():
+            if not _TOKEN.fullmatch(name):
+                raise ValueError(f"header name {name!r} is not an HTTP header name")
+            where = _first_control(value)
+            if where is not None:
+                raise ValueError(
+                    f"header {name} holds {where}: a header cannot hold control characters"
+                )
+        return v
+
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+_CONTROL_NAMES = {"\r": "a carriage return (CR)", "\n": "a line feed (LF)", "\t": "a tab"}
+
+
+def _first_control(text: str) -> str | None:
+    """The first control character of `text` named with its place, or None: such a
+    character in a header splits it (CR, LF) or acts on a terminal."""
+    found = _CONTROL.search(text)
+    if found is None:
+        return None
+    ch = found.group()
+    name = _CONTROL_NAMES.get(ch, f"a control character (U+{ord(ch):04X})")
+    return f"{name} at character {found.start() + 1}"
+
+
+def key_from_env(variable: str, setting: str) -> str:
+    """The key in environment variable `variable` (which `[endpoint].<setting>` names), with
+    the spaces and line end a copy adds around it taken off; '' when unset. A key with a
+    control character inside is refused in one line that never shows the key."""
+    key = os.environ.get(variable, "").strip()
+    where = _first_control(key)
+    if where is not None:
+        raise ConfigError(
+            f"{variable} (named by [endpoint].{setting}) holds {where}: a key cannot hold "
+            "control characters; set it again (a copy may have brought a line end or a "
+            "terminal code along)"
+        )
+    return key
 
 
 Temperature = Annotated[float, Field(ge=0)]
@@ -629,7 +675,12 @@ def describe_validation_error(exc: ValidationError, root: type[BaseModel]) -> st
             parts.append(f"missing field '{loc}'")
         else:
             where = f"field '{loc}': " if loc else ""
-            parts.append(f"{where}{err['msg']}")
+            # A validator's own words, without pydantic's "Value error, " before them.
+            ctx = err.get("ctx") or {}
+            msg = (
+                str(ctx["error"]) if err["type"] == "value_error" and "error" in ctx else err["msg"]
+            )
+            parts.append(f"{where}{msg}")
     return "; ".join(parts)
 
 
