@@ -176,11 +176,8 @@ class ChatClient:
             if stream:
                 # A stream's headers come at once; its first bytes only when generation
                 # starts. The time-to-first-byte limit covers both.
-                try:
-                    async with asyncio.timeout(t.ttfb_s):
-                        resp = await request
-                except TimeoutError as exc:
-                    raise EndpointError("timeout", f"no response within {t.ttfb_s:g} s") from exc
+                async with _Limit(t.ttfb_s, "timeout", f"no response within {t.ttfb_s:g} s"):
+                    resp = await request
             else:
                 resp = await request
             async with resp:
@@ -200,16 +197,14 @@ class ChatClient:
                         return parse_choices(items, raw, latency_s=latency)
                     return parse_chat_body(item_id, raw, status=200, latency_s=latency)
                 assembler = StreamAssembler(limit, body)
-                first_byte = asyncio.timeout(t.ttfb_s - (time.monotonic() - started))
-                try:
-                    async with first_byte:
-                        piece = await resp.content.readany()
-                except TimeoutError as exc:
-                    raise EndpointError("timeout", f"no bytes within {t.ttfb_s:g} s") from exc
+                first_byte = t.ttfb_s - (time.monotonic() - started)
+                async with _Limit(first_byte, "timeout", f"no bytes within {t.ttfb_s:g} s"):
+                    piece = await resp.content.readany()
                 pace = min(t.read_interval_s, t.idle_s / 4)
                 conn = resp.connection
                 transport = conn.transport if conn is not None and pace > 0 else None
                 named = generation_id is not None or on_generation is None
+                stalled = f"no bytes for {t.idle_s:g} s"
                 while piece:
                     self.stream_reads += 1
                     assembler.feed(piece)
@@ -218,14 +213,11 @@ class ChatClient:
                         gen = assembler.meta["id"]
                         if isinstance(gen, str) and on_generation is not None:
                             on_generation(gen)
-                    try:
-                        async with asyncio.timeout(t.idle_s):
-                            if transport is None or assembler.finish_reason is not None:
-                                piece = await resp.content.readany()
-                            else:
-                                piece = await read_later(transport, resp.content, pace)
-                    except TimeoutError as exc:
-                        raise EndpointError("stalled", f"no bytes for {t.idle_s:g} s") from exc
+                    async with _Limit(t.idle_s, "stalled", stalled):
+                        if transport is None or assembler.finish_reason is not None:
+                            piece = await resp.content.readany()
+                        else:
+                            piece = await read_later(transport, resp.content, pace)
                 self.chunks_received += assembler.chunks
                 return result_from_body(
                     item_id, assembler.body(), status=200, latency_s=time.monotonic() - started
@@ -363,6 +355,33 @@ async def read_later(
     finally:
         handle.cancel()
         transport.resume_reading()
+
+
+class _Limit:
+    """`asyncio.timeout(seconds)` that raises EndpointError(failure_class, message) when it
+    runs out. Another limit running out inside it (the attempt's total, which aiohttp times)
+    passes through as it is: a stream whose bytes keep coming past the total is a `timeout`,
+    not `stalled`."""
+
+    __slots__ = ("_timeout", "_class", "_message")
+
+    def __init__(self, seconds: float, failure_class: str, message: str) -> None:
+        self._timeout = asyncio.timeout(seconds)
+        self._class, self._message = failure_class, message
+
+    async def __aenter__(self) -> None:
+        await self._timeout.__aenter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self._timeout.__aexit__(exc_type, exc, tb)
+        except TimeoutError as own:  # raised only when this limit ran out
+            raise EndpointError(self._class, self._message) from own
 
 
 def _begun(
