@@ -786,7 +786,13 @@ def _providers(args: argparse.Namespace, console: Console) -> int:
     register_secret(key)
 
     async def fetch() -> list[EndpointInfo]:
-        async with ChatClient(base_url, key, concurrency=1, headers=endpoint.headers) as client:
+        async with ChatClient(
+            base_url,
+            key,
+            concurrency=1,
+            headers=endpoint.headers,
+            follow_redirects_to=endpoint.follow_redirects_to,
+        ) as client:
             return await fetch_endpoints(client, args.model)
 
     eps = asyncio.run(fetch())

@@ -104,6 +104,11 @@ class EndpointConfig(_Model):
             return self.token_ids
         return self.dialect == "vllm" or (self.dialect == "sglang" and not stream)
 
+    follow_redirects_to: list[str] = Field(default_factory=list)
+    """Hosts (`host` or `host:port`) that a redirect may lead this endpoint's requests to,
+    the key and headers with them. A redirect within base_url's own scheme, host and port is
+    followed; one anywhere else stops the run with one line, and nothing is sent there."""
+
     samples_in_one_request: bool = True
     """vLLM and SGLang: a prompt's samples go as one request with `n` (one prefill of the
     prompt), each choice stored, billed and exported as its own sample."""
@@ -157,6 +162,17 @@ class EndpointConfig(_Model):
             )
         return self
 
+    @field_validator("follow_redirects_to")
+    @classmethod
+    def _hosts(cls, v: list[str]) -> list[str]:
+        for host in v:
+            if not _HOST.fullmatch(host):
+                raise ValueError(
+                    f"{host!r} is not a host name: give host or host:port (eu.example.com, "
+                    "10.0.0.2:8000), without a scheme or path"
+                )
+        return v
+
     @field_validator("headers")
     @classmethod
     def _headers_fit_http(cls, v: dict[str, str]) -> dict[str, str]:
@@ -171,6 +187,7 @@ class EndpointConfig(_Model):
         return v
 
 
+_HOST = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*)(:[0-9]{1,5})?")
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 _CONTROL_NAMES = {"\r": "a carriage return (CR)", "\n": "a line feed (LF)", "\t": "a tab"}

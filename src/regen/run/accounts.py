@@ -64,7 +64,13 @@ async def check_reachable(job: Job) -> None:
     for e in job.endpoint_pool:
         if e.dialect in SELF_HOSTED:
             continue
-        async with ChatClient(e.base_url, None, concurrency=1, headers=e.headers) as probe:
+        async with ChatClient(
+            e.base_url,
+            None,
+            concurrency=1,
+            headers=e.headers,
+            follow_redirects_to=e.follow_redirects_to,
+        ) as probe:
             why = await probe.reach()
         if why is not None:
             raise ConfigError(

@@ -295,7 +295,11 @@ async def open_accounts(
             pool_size[name] = pool_size.get(name, 0) + lane.concurrency
     clients = {
         e.name: ChatClient(
-            e.base_url, keys[e.name], concurrency=pool_size.get(e.name, 1), headers=e.headers
+            e.base_url,
+            keys[e.name],
+            concurrency=pool_size.get(e.name, 1),
+            headers=e.headers,
+            follow_redirects_to=e.follow_redirects_to,
         )
         for e in job.endpoint_pool
     }
