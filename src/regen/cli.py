@@ -19,7 +19,7 @@ from rich.console import Console
 
 from regen import __version__
 from regen.engine.billing import Reconciliation
-from regen.errors import ConfigError, RegenError
+from regen.errors import ConfigError, Interrupted, RegenError
 from regen.safe import printable
 
 EXIT_OK, EXIT_USER, EXIT_USAGE, EXIT_FAILED_ITEMS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -373,6 +373,14 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_USER
+    except Interrupted as exc:
+        console.print(
+            f"stopped: {exc.signal_name} before the first request: nothing was sent, what was "
+            "read is kept; run the same command again to resume",
+            markup=False,
+            highlight=False,
+        )
+        return EXIT_INTERRUPTED
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
 
@@ -427,15 +435,21 @@ def _report(args: argparse.Namespace, console: Console) -> int:
 
 
 def _run(args: argparse.Namespace, console: Console) -> int:
-    from regen.config import load_job
-    from regen.run.runner import run_job
+    from regen.run.signals import stop_signals
 
-    overrides: dict[str, object] = {"job.output_dir": str(args.out.resolve())} if args.out else {}
-    if args.metrics_port is not None:
-        overrides["run.metrics_port"] = args.metrics_port
-    job = load_job(args.job, **overrides)
-    report = run_job(job, console=console, force=args.force)
-    return _finish(report, console)
+    # Signals are the run's own from here to the summary's last line (run/signals.py).
+    with stop_signals():
+        from regen.config import load_job
+        from regen.run.runner import run_job
+
+        overrides: dict[str, object] = (
+            {"job.output_dir": str(args.out.resolve())} if args.out else {}
+        )
+        if args.metrics_port is not None:
+            overrides["run.metrics_port"] = args.metrics_port
+        job = load_job(args.job, **overrides)
+        report = run_job(job, console=console, force=args.force)
+        return _finish(report, console)
 
 
 def _plan(args: argparse.Namespace, console: Console) -> int:
