@@ -23,7 +23,7 @@ from rich.text import Text
 
 from regen import __version__
 from regen.engine.billing import Reconciliation
-from regen.errors import ConfigError, RegenError
+from regen.errors import ConfigError, Interrupted, RegenError
 from regen.safe import REDACTED, printable, redact, redacted
 
 EXIT_OK, EXIT_USER, EXIT_USAGE, EXIT_FAILED_ITEMS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -413,6 +413,14 @@ def _main(argv: list[str] | None) -> int:
             file=sys.stderr,
         )
         return EXIT_USER
+    except Interrupted as exc:
+        console.print(
+            f"stopped: {exc.signal_name} before the first request: nothing was sent, what was "
+            "read is kept; run the same command again to resume",
+            markup=False,
+            highlight=False,
+        )
+        return EXIT_INTERRUPTED
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
 
@@ -467,15 +475,21 @@ def _report(args: argparse.Namespace, console: Console) -> int:
 
 
 def _run(args: argparse.Namespace, console: Console) -> int:
-    from regen.config import load_job
-    from regen.run.runner import run_job
+    from regen.run.signals import stop_signals
 
-    overrides: dict[str, object] = {"job.output_dir": str(args.out.resolve())} if args.out else {}
-    if args.metrics_port is not None:
-        overrides["run.metrics_port"] = args.metrics_port
-    job = load_job(args.job, **overrides)
-    report = run_job(job, console=console, force=args.force)
-    return _finish(report, console)
+    # Signals are the run's own from here to the summary's last line (run/signals.py).
+    with stop_signals():
+        from regen.config import load_job
+        from regen.run.runner import run_job
+
+        overrides: dict[str, object] = (
+            {"job.output_dir": str(args.out.resolve())} if args.out else {}
+        )
+        if args.metrics_port is not None:
+            overrides["run.metrics_port"] = args.metrics_port
+        job = load_job(args.job, **overrides)
+        report = run_job(job, console=console, force=args.force)
+        return _finish(report, console)
 
 
 def _plan(args: argparse.Namespace, console: Console) -> int:
@@ -801,11 +815,10 @@ def _export(args: argparse.Namespace, console: Console) -> int:
 def _providers(args: argparse.Namespace, console: Console) -> int:
     import dataclasses
     import json
-    import os
 
     from rich.table import Table
 
-    from regen.config import EndpointConfig, load_job
+    from regen.config import EndpointConfig, key_from_env, load_job
     from regen.engine.client import ChatClient
     from regen.engine.providers import EndpointInfo, fetch_endpoints, verdicts, warnings
     from regen.safe import register_secret
@@ -823,10 +836,17 @@ def _providers(args: argparse.Namespace, console: Console) -> int:
         max_tokens = min(job.lane_max_tokens(lane) for lane in job.lane_list)
     base_url = (args.base_url or endpoint.base_url).rstrip("/")
 
+    key = key_from_env(endpoint.api_key_env, "api_key_env") or None
+    register_secret(key)
+
     async def fetch() -> list[EndpointInfo]:
-        key = os.environ.get(endpoint.api_key_env)
-        register_secret(key)
-        async with ChatClient(base_url, key, concurrency=1, headers=endpoint.headers) as client:
+        async with ChatClient(
+            base_url,
+            key,
+            concurrency=1,
+            headers=endpoint.headers,
+            follow_redirects_to=endpoint.follow_redirects_to,
+        ) as client:
             return await fetch_endpoints(client, args.model)
 
     eps = asyncio.run(fetch())

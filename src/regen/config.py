@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
+import os
+import re
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -43,7 +47,9 @@ FilterValue = str | int | float | bool | None
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # inf and nan are refused in every float field: a cap of inf is no cap, a timeout of inf
+    # waits forever (load_job says so first, in one line per field, for free-form tables too).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class JobInfo(_Model):
@@ -98,6 +104,11 @@ class EndpointConfig(_Model):
             return self.token_ids
         return self.dialect == "vllm" or (self.dialect == "sglang" and not stream)
 
+    follow_redirects_to: list[str] = Field(default_factory=list)
+    """Hosts (`host` or `host:port`) that a redirect may lead this endpoint's requests to,
+    the key and headers with them. A redirect within base_url's own scheme, host and port is
+    followed; one anywhere else stops the run with one line, and nothing is sent there."""
+
     samples_in_one_request: bool = True
     """vLLM and SGLang: a prompt's samples go as one request with `n` (one prefill of the
     prompt), each choice stored, billed and exported as its own sample."""
@@ -150,6 +161,62 @@ class EndpointConfig(_Model):
                 f"token_ids: only vllm and sglang servers return token ids, not {self.dialect}"
             )
         return self
+
+    @field_validator("follow_redirects_to")
+    @classmethod
+    def _hosts(cls, v: list[str]) -> list[str]:
+        for host in v:
+            if not _HOST.fullmatch(host):
+                raise ValueError(
+                    f"{host!r} is not a host name: give host or host:port (eu.example.com, "
+                    "10.0.0.2:8000), without a scheme or path"
+                )
+        return v
+
+    @field_validator("headers")
+    @classmethod
+    def _headers_fit_http(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, value in v.items():
+            if not _TOKEN.fullmatch(name):
+                raise ValueError(f"header name {name!r} is not an HTTP header name")
+            where = _first_control(value)
+            if where is not None:
+                raise ValueError(
+                    f"header {name} holds {where}: a header cannot hold control characters"
+                )
+        return v
+
+
+_HOST = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*)(:[0-9]{1,5})?")
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+_CONTROL_NAMES = {"\r": "a carriage return (CR)", "\n": "a line feed (LF)", "\t": "a tab"}
+
+
+def _first_control(text: str) -> str | None:
+    """The first control character of `text` named with its place, or None: such a
+    character in a header splits it (CR, LF) or acts on a terminal."""
+    found = _CONTROL.search(text)
+    if found is None:
+        return None
+    ch = found.group()
+    name = _CONTROL_NAMES.get(ch, f"a control character (U+{ord(ch):04X})")
+    return f"{name} at character {found.start() + 1}"
+
+
+def key_from_env(variable: str, setting: str) -> str:
+    """The key in environment variable `variable` (which `[endpoint].<setting>` names), with
+    the spaces and line end a copy adds around it taken off; '' when unset. A key with a
+    control character inside is refused in one line that never shows the key."""
+    key = os.environ.get(variable, "").strip()
+    where = _first_control(key)
+    if where is not None:
+        raise ConfigError(
+            f"{variable} (named by [endpoint].{setting}) holds {where}: a key cannot hold "
+            "control characters; set it again (a copy may have brought a line end or a "
+            "terminal code along)"
+        )
+    return key
 
 
 Temperature = Annotated[float, Field(ge=0)]
@@ -574,11 +641,34 @@ def load_job(path: str | Path, **overrides: Any) -> Job:
         raise ConfigError(f"{p}: unknown field 'base_dir'")
     for dotted, value in overrides.items():
         _set_dotted(raw, dotted, value)
+    bad = [
+        f"field '{_format_loc(loc)}': {value} is not a finite number (give a number, or leave "
+        "the field out for its default)"
+        for loc, value in _non_finite(raw)
+    ]
+    if bad:
+        raise ConfigError(f"{p}: {'; '.join(bad)}")
     raw["base_dir"] = str(p.resolve().parent)
     try:
         return Job.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(f"{p}: {describe_validation_error(exc, Job)}") from exc
+
+
+def _non_finite(
+    node: Any, loc: tuple[int | str, ...] = ()
+) -> Iterator[tuple[tuple[int | str, ...], float]]:
+    """Every inf or nan in a parsed job file, with where it is. One rule for every number:
+    typed fields and free-form tables alike (extra_body, provider and reasoning are sent as
+    JSON, which has no inf or nan: orjson would send null in their place)."""
+    if isinstance(node, float) and not math.isfinite(node):
+        yield loc, node
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            yield from _non_finite(value, (*loc, str(key)))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _non_finite(value, (*loc, i))
 
 
 def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
@@ -602,7 +692,12 @@ def describe_validation_error(exc: ValidationError, root: type[BaseModel]) -> st
             parts.append(f"missing field '{loc}'")
         else:
             where = f"field '{loc}': " if loc else ""
-            parts.append(f"{where}{err['msg']}")
+            # A validator's own words, without pydantic's "Value error, " before them.
+            ctx = err.get("ctx") or {}
+            msg = (
+                str(ctx["error"]) if err["type"] == "value_error" and "error" in ctx else err["msg"]
+            )
+            parts.append(f"{where}{msg}")
     return "; ".join(parts)
 
 

@@ -64,3 +64,12 @@ def one_line(exc: BaseException) -> str:
     text = str(exc).strip()
     first = text.splitlines()[0] if text else ""
     return first if isinstance(exc, RegenError) and first else f"{type(exc).__name__}: {first}"
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal before a run's first request: the run stops where it is (nothing is in flight,
+    and what it read is committed). Not a RegenError: nothing went wrong."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name

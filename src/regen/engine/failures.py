@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from regen.config import RunConfig
 from regen.conversation import Outcome
+from regen.engine.client.errors import STOPS_RUN
 from regen.engine.commits import CommitBuffer
 
 if TYPE_CHECKING:
@@ -100,7 +101,11 @@ class ClientErrorJudge:
     def weigh(self, outcome: Outcome) -> tuple[Outcome, bool]:
         """An item's outcome as it is to be recorded, and whether it is a suspect (failed by a
         client error that may be the job's: it counts against the error rate once its streak
-        ends). Once the error is known to be the job's, the items it fails stay pending."""
+        ends). Once the error is known to be the job's, the items it fails stay pending; so
+        do those an error that stops the run ended (a key refused, credit gone, a certificate
+        or a redirect refused): it is the job's, said once as the run's stop, not each item's."""
+        if outcome.failure_class in STOPS_RUN:
+            return replace(outcome, failure_class=None, abandoned=True), False
         if outcome.failure_class in CLIENT_ERRORS:
             if self._job_wide is not None:  # the job's error: the item stays pending
                 return replace(outcome, failure_class=None, abandoned=True), False

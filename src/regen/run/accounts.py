@@ -4,11 +4,10 @@ the run with a management key), reachability, credit, and the run's key's limit.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
-from regen.config import EndpointConfig, Job
+from regen.config import EndpointConfig, Job, key_from_env
 from regen.engine.billing import (
     Account,
     poll_credit,
@@ -35,7 +34,7 @@ def api_key_from_env(endpoint: EndpointConfig) -> str | None:
         management_key(endpoint.management_key_env)  # said now, before anything is read
         return None
     name = endpoint.api_key_env
-    key = os.environ.get(name, "").strip()
+    key = key_from_env(name, "api_key_env")
     register_secret(key)
     if not key and endpoint.dialect not in SELF_HOSTED:
         raise ConfigError(f"set {name} or name another variable in [endpoint].api_key_env")
@@ -43,7 +42,7 @@ def api_key_from_env(endpoint: EndpointConfig) -> str | None:
 
 
 def management_key(env: str) -> str:
-    key = os.environ.get(env, "").strip()
+    key = key_from_env(env, "management_key_env")
     if not key:
         raise ConfigError(f"set {env} or name another variable in [endpoint].management_key_env")
     register_secret(key)
@@ -65,7 +64,13 @@ async def check_reachable(job: Job) -> None:
     for e in job.endpoint_pool:
         if e.dialect in SELF_HOSTED:
             continue
-        async with ChatClient(e.base_url, None, concurrency=1, headers=e.headers) as probe:
+        async with ChatClient(
+            e.base_url,
+            None,
+            concurrency=1,
+            headers=e.headers,
+            follow_redirects_to=e.follow_redirects_to,
+        ) as probe:
             why = await probe.reach()
         if why is not None:
             raise ConfigError(

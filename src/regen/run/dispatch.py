@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import gc
 import json
-import signal
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -54,6 +53,7 @@ from regen.run.accounts import (
 )
 from regen.run.budgets import billed_after_gone, budget_book, hold_keeper
 from regen.run.lanes import build_lanes, check_routes, lane_settings
+from regen.run.signals import stop_signals
 from regen.safe import printable
 from regen.state.db import Store
 from regen.state.runs import OutageRecord, TimelinePoint
@@ -295,7 +295,11 @@ async def open_accounts(
             pool_size[name] = pool_size.get(name, 0) + lane.concurrency
     clients = {
         e.name: ChatClient(
-            e.base_url, keys[e.name], concurrency=pool_size.get(e.name, 1), headers=e.headers
+            e.base_url,
+            keys[e.name],
+            concurrency=pool_size.get(e.name, 1),
+            headers=e.headers,
+            follow_redirects_to=e.follow_redirects_to,
         )
         for e in job.endpoint_pool
     }
@@ -406,8 +410,9 @@ async def supervise(
     run_id: int,
 ) -> None:
     """Run the scheduler to its end with its side tasks (credit watch, key limits, timeline,
-    progress, live audit, metrics) and the signal handlers (the first signal stops sending,
-    the second cuts requests in flight short); then stop them all and record the run's end."""
+    progress, live audit, metrics) and the signals (`run/signals.py`: the first stops
+    sending, a Ctrl-C during the stop cuts requests in flight short); then stop them all and
+    record the run's end."""
     stats = scheduler.stats
     tasks = [
         asyncio.create_task(watch_credit(job, accounts.billing, accounts.credit, scheduler, stats))
@@ -439,43 +444,45 @@ async def supervise(
             f"metrics: http://{job.run.metrics_host}:{job.run.metrics_port}/metrics",
             markup=False,
         )
-    loop = asyncio.get_running_loop()
     main = asyncio.current_task()
-    signals = (signal.SIGINT, signal.SIGTERM)
+    assert main is not None
 
-    def on_signal() -> None:
-        # First signal: stop dispatch, let in-flight requests finish. Second: abort now.
-        if scheduler.stopping and main is not None:
-            main.cancel()
-            return
-        scheduler.stop("interrupted")
-        line = (
-            f"stopping: no new requests; {stats.in_flight} in flight may finish within "
-            f"{job.run.stop_grace_s:g} s and are kept (a second signal cuts them short)"
-        )
+    def say(line: str) -> None:
         console.print(line, markup=False, highlight=False)
         with contextlib.suppress(StateError):
             append_log(job.output_path / "run.log", [line])
 
-    for sig in signals:
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, on_signal)
-    try:
-        await scheduler.run()
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if auditor is not None:
-            await auditor.finish()
-        if metrics is not None:
-            await metrics.cleanup()
-        with contextlib.suppress(StateError):
-            save_outages(store, run_id, stats)
-            store.runs.end(run_id, stats.stop_reason)
-        for sig in signals:
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(sig)
+    def stop(name: str) -> None:
+        scheduler.stop("interrupted")
+        say(
+            f"stopping: no new requests; {stats.in_flight} in flight may finish within "
+            f"{job.run.stop_grace_s:g} s and are kept (Ctrl-C again cuts them short; another "
+            "SIGTERM changes nothing)"
+        )
+
+    def cut() -> None:
+        say(
+            f"stopping now (Ctrl-C again): {stats.in_flight} requests in flight are cut short; "
+            "their items stay pending, and what they cost is looked up by the next run"
+        )
+        main.cancel()
+
+    with stop_signals() as signals, signals.sending(stop=stop, cut=cut, say=say):
+        if signals.first is not None:  # a signal before the scheduler was there to stop
+            scheduler.stop("interrupted")
+        try:
+            await scheduler.run()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if auditor is not None:
+                await auditor.finish()
+            if metrics is not None:
+                await metrics.cleanup()
+            with contextlib.suppress(StateError):
+                save_outages(store, run_id, stats)
+                store.runs.end(run_id, stats.stop_reason)
 
 
 def end_lines(keeper: HoldKeeper, stats: RunStats) -> list[str]:

@@ -56,7 +56,13 @@ async def _account_reads(
     async with contextlib.AsyncExitStack() as stack:
         clients = {
             e.name: await stack.enter_async_context(
-                ChatClient(e.base_url, keys[e.name], concurrency=2, headers=e.headers)
+                ChatClient(
+                    e.base_url,
+                    keys[e.name],
+                    concurrency=2,
+                    headers=e.headers,
+                    follow_redirects_to=e.follow_redirects_to,
+                )
             )
             for e in job.endpoint_pool
         }

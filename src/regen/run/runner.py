@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 import time
@@ -10,13 +11,14 @@ import time
 from rich.console import Console
 
 from regen.config import Job
-from regen.errors import StateError
+from regen.errors import Interrupted, StateError
 from regen.lock import LOCK_FILE, RunLock
 from regen.outputs.export import export_specforge
 from regen.outputs.report import write_report
 from regen.run.accounts import endpoint_keys
 from regen.run.dispatch import Dispatched, dispatch, quiet_gc
 from regen.run.prepare import Prepared, prepare
+from regen.run.signals import StopSignals, stop_signals
 from regen.run.summary import RunReport, run_outages, unsent_items, unsent_line
 from regen.safe import confined
 from regen.state.db import PAST_JOB_SIGNS, STATE_FILES, Store
@@ -37,11 +39,11 @@ def run_job(
     if the job's data-affecting settings changed."""
     keys = endpoint_keys(job, api_key)
     refuse_links_out(job)
-    with RunLock(job.output_path) as lock:
+    with stop_signals() as signals, RunLock(job.output_path) as lock:
         store = Store.open(job.output_path)
         try:
             prepared = prepare(job, store, console, force=force, stale_pid=lock.stale_pid)
-            dispatched = send(job, store, keys, console, prepared)
+            dispatched = send(job, store, keys, console, prepared, signals)
             return end(job, store, console, prepared, dispatched)
         finally:
             store.close()
@@ -66,13 +68,40 @@ def send(
     keys: dict[str, str | None],
     console: Console,
     prepared: Prepared,
+    signals: StopSignals,
 ) -> Dispatched | None:
-    """Dispatch with the collector quiet; None when a second signal cut it short."""
+    """Dispatch with the collector quiet; None when a Ctrl-C cut it short. Until the
+    scheduler binds its own stop (`supervise`), a signal only says that nothing more is sent:
+    the scheduler then stops as it starts."""
+
+    async def sending() -> Dispatched:
+        main = asyncio.current_task()
+        assert main is not None
+
+        def say(line: str) -> None:
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+            with contextlib.suppress(StateError):
+                append_log(job.output_path / "run.log", [line])
+
+        def stop(name: str) -> None:
+            say(f"stopping: {name}: no request is sent after this (Ctrl-C again aborts at once)")
+
+        def cut() -> None:
+            say("stopping now (Ctrl-C again): the run ends at once")
+            main.cancel()
+
+        with signals.sending(stop=stop, cut=cut, say=say):
+            return await dispatch(job, store, keys, console, progress=prepared.progress)
+
     try:
         with quiet_gc():
-            return asyncio.run(dispatch(job, store, keys, console, progress=prepared.progress))
+            return asyncio.run(sending())
+    except Interrupted:
+        raise  # before the loop ran: nothing was sent, and the run stops where it is
     except (KeyboardInterrupt, asyncio.CancelledError):
         return None
+    finally:
+        signals.ending()
 
 
 def end(

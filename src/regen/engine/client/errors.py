@@ -21,6 +21,7 @@ FAILURE_CLASSES = (
     "stalled",
     "connection",
     "tls",
+    "redirect",
     "bad_request",
     "auth",
     "insufficient_credits",
@@ -44,8 +45,9 @@ RETRYABLE = frozenset(
         "oversized_answer",
     }
 )
-# These end the whole run: no other request can succeed either.
-STOPS_RUN = frozenset({"auth", "insufficient_credits", "tls"})
+# These end the whole run: no other request can succeed either (a refused redirect is the
+# endpoint's setting, not the item's: see client/redirects.py).
+STOPS_RUN = frozenset({"auth", "insufficient_credits", "tls", "redirect"})
 
 ANSWER_BYTES_PER_TOKEN = 4096
 """The most bytes of an answer's body one token of its max_tokens may account for, about twice

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import aiohttp
 import orjson
+from yarl import URL
 
 from regen.conversation import Result
 from regen.engine.client.errors import (
@@ -23,6 +24,12 @@ from regen.engine.client.errors import (
     looks_like_html,
     oversized,
     parse_retry_after,
+)
+from regen.engine.client.redirects import (
+    MAX_REDIRECTS,
+    REDIRECT_STATUSES,
+    RedirectPolicy,
+    too_many,
 )
 from regen.engine.client.response import parse_chat_body, parse_choices, result_from_body
 from regen.engine.client.sse import StreamAssembler
@@ -63,9 +70,12 @@ class ChatClient:
         connect_timeout_s: float = 30.0,
         headers: dict[str, str] | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        follow_redirects_to: Sequence[str] = (),
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.url = f"{self.base_url}/chat/completions"
+        self._redirects = RedirectPolicy.of(self.base_url, follow_redirects_to)
+        """Which redirects are followed: to the base URL's origin, or to a listed host."""
         self._headers = {"Content-Type": "application/json", **(headers or {})}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -172,15 +182,12 @@ class ChatClient:
         status: int | None = None
         resp: aiohttp.ClientResponse | None = None
         try:
-            request = self._session.post(self.url, data=data, timeout=timeout)
+            request = self._send(self._session, "POST", self.url, data=data, timeout=timeout)
             if stream:
                 # A stream's headers come at once; its first bytes only when generation
                 # starts. The time-to-first-byte limit covers both.
-                try:
-                    async with asyncio.timeout(t.ttfb_s):
-                        resp = await request
-                except TimeoutError as exc:
-                    raise EndpointError("timeout", f"no response within {t.ttfb_s:g} s") from exc
+                async with _Limit(t.ttfb_s, "timeout", f"no response within {t.ttfb_s:g} s"):
+                    resp = await request
             else:
                 resp = await request
             async with resp:
@@ -200,16 +207,14 @@ class ChatClient:
                         return parse_choices(items, raw, latency_s=latency)
                     return parse_chat_body(item_id, raw, status=200, latency_s=latency)
                 assembler = StreamAssembler(limit, body)
-                first_byte = asyncio.timeout(t.ttfb_s - (time.monotonic() - started))
-                try:
-                    async with first_byte:
-                        piece = await resp.content.readany()
-                except TimeoutError as exc:
-                    raise EndpointError("timeout", f"no bytes within {t.ttfb_s:g} s") from exc
+                first_byte = t.ttfb_s - (time.monotonic() - started)
+                async with _Limit(first_byte, "timeout", f"no bytes within {t.ttfb_s:g} s"):
+                    piece = await resp.content.readany()
                 pace = min(t.read_interval_s, t.idle_s / 4)
                 conn = resp.connection
                 transport = conn.transport if conn is not None and pace > 0 else None
                 named = generation_id is not None or on_generation is None
+                stalled = f"no bytes for {t.idle_s:g} s"
                 while piece:
                     self.stream_reads += 1
                     assembler.feed(piece)
@@ -218,14 +223,11 @@ class ChatClient:
                         gen = assembler.meta["id"]
                         if isinstance(gen, str) and on_generation is not None:
                             on_generation(gen)
-                    try:
-                        async with asyncio.timeout(t.idle_s):
-                            if transport is None or assembler.finish_reason is not None:
-                                piece = await resp.content.readany()
-                            else:
-                                piece = await read_later(transport, resp.content, pace)
-                    except TimeoutError as exc:
-                        raise EndpointError("stalled", f"no bytes for {t.idle_s:g} s") from exc
+                    async with _Limit(t.idle_s, "stalled", stalled):
+                        if transport is None or assembler.finish_reason is not None:
+                            piece = await resp.content.readany()
+                        else:
+                            piece = await read_later(transport, resp.content, pace)
                 self.chunks_received += assembler.chunks
                 return result_from_body(
                     item_id, assembler.body(), status=200, latency_s=time.monotonic() - started
@@ -276,15 +278,16 @@ class ChatClient:
         """GET `{base_url}/{path}` and return its JSON, or None on any failure (these reads
         are informative: a run never fails because one of them did)."""
         side = self._side_session()
+        url = f"{self.base_url}/{path}"
         try:
-            async with side.get(
-                f"{self.base_url}/{path}", timeout=aiohttp.ClientTimeout(total=30)
+            async with await self._send(
+                side, "GET", url, timeout=aiohttp.ClientTimeout(total=30)
             ) as resp:
                 if resp.status != 200:
                     return None
                 raw, whole = await read_at_most(resp.content, SIDE_BODY_BYTES)
                 return orjson.loads(raw) if whole else None
-        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
+        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, EndpointError):
             return None
 
     async def reach(self, timeout_s: float = 15.0) -> str | None:
@@ -293,9 +296,12 @@ class ChatClient:
         side = self._side_session()
         url = f"{self.base_url}/models"
         try:
-            async with side.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            timeout = aiohttp.ClientTimeout(total=timeout_s)
+            async with await self._send(side, "GET", url, timeout=timeout) as resp:
                 await read_at_most(resp.content, SIDE_BODY_BYTES)
                 return None
+        except EndpointError as exc:  # a redirect regen does not follow
+            return exc.message
         except aiohttp.ClientConnectorCertificateError as exc:
             return (
                 f"the TLS certificate of {exc.host} is not trusted ({exc.certificate_error}): "
@@ -313,10 +319,28 @@ class ChatClient:
         """Whether a GET of `url` (a server's /health) answers 200 within 5 s."""
         side = self._side_session()
         try:
-            async with side.get(url, timeout=aiohttp.ClientTimeout(total=5)) as resp:
+            timeout = aiohttp.ClientTimeout(total=5)
+            async with await self._send(side, "GET", url, timeout=timeout) as resp:
                 return resp.status == 200
-        except (aiohttp.ClientError, TimeoutError):
+        except (aiohttp.ClientError, TimeoutError, EndpointError):
             return False
+
+    async def _send(
+        self, session: aiohttp.ClientSession, method: str, url: str, **kwargs: Any
+    ) -> aiohttp.ClientResponse:
+        """A request whose redirects regen follows itself, by its RedirectPolicy: aiohttp's
+        would follow any to any host. Raises EndpointError (`redirect`) for one it refuses."""
+        at = URL(url)
+        for _ in range(MAX_REDIRECTS + 1):
+            resp = await session.request(method, at, allow_redirects=False, **kwargs)
+            if resp.status not in REDIRECT_STATUSES:
+                return resp
+            try:
+                location = resp.headers.get("Location")
+                at = self._redirects.target(method, at, resp.status, location)
+            finally:
+                resp.release()
+        raise too_many(URL(url))
 
 
 async def read_answer(resp: aiohttp.ClientResponse, limit: int, request: dict[str, Any]) -> bytes:
@@ -363,6 +387,33 @@ async def read_later(
     finally:
         handle.cancel()
         transport.resume_reading()
+
+
+class _Limit:
+    """`asyncio.timeout(seconds)` that raises EndpointError(failure_class, message) when it
+    runs out. Another limit running out inside it (the attempt's total, which aiohttp times)
+    passes through as it is: a stream whose bytes keep coming past the total is a `timeout`,
+    not `stalled`."""
+
+    __slots__ = ("_timeout", "_class", "_message")
+
+    def __init__(self, seconds: float, failure_class: str, message: str) -> None:
+        self._timeout = asyncio.timeout(seconds)
+        self._class, self._message = failure_class, message
+
+    async def __aenter__(self) -> None:
+        await self._timeout.__aenter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self._timeout.__aexit__(exc_type, exc, tb)
+        except TimeoutError as own:  # raised only when this limit ran out
+            raise EndpointError(self._class, self._message) from own
 
 
 def _begun(

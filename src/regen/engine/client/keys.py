@@ -16,6 +16,8 @@ from urllib.parse import quote
 import aiohttp
 import orjson
 
+from regen.engine.client.errors import brief
+
 
 class KeyApiError(Exception):
     """A call to `/keys` that did not succeed: its HTTP status (None: no answer) and why."""
@@ -92,15 +94,23 @@ class KeyApi:
                 url,
                 data=None if body is None else orjson.dumps(body),
                 timeout=aiohttp.ClientTimeout(total=30),
+                allow_redirects=False,  # a management key goes to base_url's host alone
             ) as resp:
                 raw = await resp.read()
                 status = resp.status
+                location = resp.headers.get("Location")
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise KeyApiError(None, f"{method} {url}: {type(exc).__name__}") from exc
         try:
             doc = orjson.loads(raw) if raw.strip() else None
         except orjson.JSONDecodeError:
             doc = None
+        if 300 <= status < 400:
+            raise KeyApiError(
+                status,
+                f"{method} {url}: HTTP {status} redirect to {brief(location or 'nowhere', 200)}: "
+                "not followed; set [endpoint].base_url to the API's own address",
+            )
         if status >= 400:
             message = ""
             if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
