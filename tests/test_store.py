@@ -61,6 +61,7 @@ def test_migrations_are_recorded_once(tmp_path: Path) -> None:
         (10, "m010_provenance"),
         (11, "m011_samples"),
         (12, "m012_outages"),
+        (13, "m013_source_view"),
     ]
     assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 
@@ -291,3 +292,4 @@ def test_rows_sorted_before_they_go_in_still_keep_the_first_of_each_key(tmp_path
     assert items == [("i5", "q"), ("i9", "p")]
     convs = store._db.execute("SELECT id, row_index FROM conversations ORDER BY id").fetchall()
     assert convs == [("c0", 4), ("c1", 1), ("c5", 2), ("c9", 0)]
+
