@@ -137,7 +137,7 @@ def test_an_appended_row_is_read_and_adds_its_item(tmp_path: Path, reads: list[s
     p, job, store = read_once(tmp_path, 5)
     with p.open("a") as f:
         f.write(rows(1, start=5) + "[1]\n")
-    assert ingest(store, job) == []
+    assert ingest(store, job) == ["dataset a: its source changed since the last read: rows 1 added"]
     assert reads == ["a", "a"]
     assert query(job.output_path, "SELECT rows_read, bad_rows, turns_read FROM datasets") == [
         (7, 1, 6)

@@ -61,6 +61,7 @@ def test_migrations_are_recorded_once(tmp_path: Path) -> None:
         (10, "m010_provenance"),
         (11, "m011_samples"),
         (12, "m012_outages"),
+        (13, "m013_source_view"),
     ]
     assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 
@@ -291,3 +292,46 @@ def test_rows_sorted_before_they_go_in_still_keep_the_first_of_each_key(tmp_path
     assert items == [("i5", "q"), ("i9", "p")]
     convs = store._db.execute("SELECT id, row_index FROM conversations ORDER BY id").fetchall()
     assert convs == [("c0", 4), ("c1", 1), ("c5", 2), ("c9", 0)]
+
+
+def test_m013_upgrades_a_database_made_by_m012_with_every_item_in_view(tmp_path: Path) -> None:
+    """Items read before m013 are all in view until their dataset's next complete read, and
+    a reader that opens such a state.db read-only (it does not migrate) sees the same."""
+    from regen.state import db as store_mod
+
+    old = store_mod.MIGRATIONS
+    store_mod.MIGRATIONS = old[:12]  # the schema as m012 left it
+    try:
+        s1 = Store.open(tmp_path)
+        c1, c2 = conv("q1", 0), conv("q2", 1)
+        add(s1, c1, 1)
+        add(s1, c2, 2)
+        i1 = item_id(c1.id, 1)
+        answer = Result(i1, Message("assistant", "new"), "stop", Usage(10, 20, 5, 0.5))
+        s1.commit_outcomes([Outcome(i1, "ds", (Attempt(1, 0.0, 0.1, 200),), result=answer)])
+        s1.close()
+    finally:
+        store_mod.MIGRATIONS = old
+
+    def in_view(store: Store) -> None:
+        (p,) = store.work.dataset_progress()
+        assert (p.items, p.done, p.pending, p.orphans) == (2, 1, 1, 0)
+        (row,) = store.answers.export_rows("ds")
+        assert (row.item_id, row.orphan) == (i1, False)
+        assert [n for _, n in store.answers.counted_by("model", ["ds"])] == [1]
+        assert store.work.pending_flows() == {(None, "ds"): (1, 0)}
+
+    reader = Store.open_readonly(tmp_path)
+    in_view(reader)
+    reader.close()
+    s2 = Store.open(tmp_path)
+    assert s2.schema_version() == len(MIGRATIONS)
+    assert s2._db.execute("SELECT gone, COUNT(*) FROM items GROUP BY gone").fetchall() == [(0, 2)]
+    in_view(s2)
+    s2._db.execute("UPDATE items SET gone = 1 WHERE id = ?", (i1,))
+    (p,) = s2.work.dataset_progress()
+    assert (p.items, p.done, p.pending, p.orphans) == (1, 0, 1, 1)
+    (row,) = s2.answers.export_rows("ds")
+    assert row.orphan
+    assert s2.answers.counted_by("model", ["ds"]) == []
+    assert [n for _, n in s2.answers.counted_by("model", ["ds"], orphans=True)] == [1]

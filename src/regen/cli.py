@@ -180,6 +180,11 @@ def _export_parser(sub: Any) -> None:
     exp.add_argument("--to", type=Path, help="folder to write (default OUT/export/FORMAT)")
     exp.add_argument("--keep-truncated", action="store_true", help="keep answers cut at max_tokens")
     exp.add_argument("--keep-empty", action="store_true", help="keep empty answers")
+    exp.add_argument(
+        "--keep-orphans",
+        action="store_true",
+        help="keep answers to rows no longer in their dataset's source (as last read)",
+    )
     exp.add_argument("--min-tokens", type=int, metavar="N", help="drop answers shorter than this")
     exp.add_argument("--max-tokens", type=int, metavar="N", help="drop answers longer than this")
     exp.add_argument(
@@ -749,6 +754,7 @@ def _export(args: argparse.Namespace, console: Console) -> int:
             format=args.format,
             keep_truncated=args.keep_truncated,
             keep_empty=args.keep_empty,
+            keep_orphans=args.keep_orphans,
             min_completion_tokens=args.min_tokens,
             max_completion_tokens=args.max_tokens,
             exclude_providers=tuple(args.exclude_provider),
@@ -925,6 +931,7 @@ def _finish(report: object, console: Console) -> int:
         RunReport,
         counted_usage_line,
         left_out_line,
+        orphans_line,
         row_note_line,
         unproven_line,
         unsent_line,
@@ -954,6 +961,10 @@ def _finish(report: object, console: Console) -> int:
         console.print(row_note_line(g), markup=False, highlight=False, soft_wrap=True)
     for ds, n in sorted(report.export_left_out.items()):
         console.print(left_out_line(ds, n), markup=False, highlight=False, soft_wrap=True)
+    for d in report.datasets:
+        if d.orphans:
+            line = orphans_line(d.name, d.orphans, report.out_dir)
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
     for u in report.unsent:
         console.print(unsent_line(u), markup=False, highlight=False, soft_wrap=True)
     left = sum(u.items for u in report.unsent if u.kind == "left")

@@ -7,6 +7,7 @@ runs: a lost machine) when it reaches POINT:
 - `start`: dispatch is about to send the first request;
 - `commit:N`: a commit has just brought this run's committed answers to N or more;
 - `dataset:NAME`: a lane is about to hand out dataset NAME's first items (a dataset boundary);
+- `read:NAME`: dataset NAME's rows are all stored, its read not yet recorded as complete;
 - `export`: inside the run's export, one file written in full and not yet renamed into place;
 - `export-swap`: inside `regen export`, between its two renames (the old folder moved aside,
   the new one not yet in place).
@@ -19,7 +20,7 @@ import os
 import signal
 
 ENV = "REGEN_CRASH_AT"
-POINTS = ("start", "commit", "dataset", "export", "export-swap")
+POINTS = ("start", "commit", "dataset", "read", "export", "export-swap")
 
 
 def _parse(raw: str | None) -> tuple[str, str] | None:
@@ -43,6 +44,6 @@ def reached(point: str, arg: str = "", count: int = 0) -> None:
         return
     if point == "commit" and count < int(_AT[1]):
         return
-    if point == "dataset" and arg != _AT[1]:
+    if point in ("dataset", "read") and arg != _AT[1]:
         return
     os.kill(os.getpid(), signal.SIGKILL)

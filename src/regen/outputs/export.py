@@ -226,7 +226,8 @@ def export_specforge(
 ) -> tuple[dict[str, int], dict[str, int]]:
     """`<export_dir>/<dataset>.jsonl` for each dataset; returns the samples written and those
     left out (their history holds the dataset's own assistant turns, which SpecForge would
-    train on: `regen export` writes them with exact loss masks), per dataset."""
+    train on: `regen export` writes them with exact loss masks), per dataset. Answers to rows
+    no longer in a dataset's source are left out too (the run's summary counts them)."""
     written: dict[str, int] = {}
     left_out: Counter[str] = Counter()
     origins = Origins.of(store, datasets)
@@ -235,6 +236,8 @@ def export_specforge(
     def records(name: str) -> Iterable[dict[str, Any]]:
         # `regen export --format specforge` without ids: the one rule for what carries loss.
         for r in store.answers.export_rows(name):
+            if _drop_reason(r, RUN_EXPORT) == "orphan":
+                continue
             rec, _ = _record(r, name, None, RUN_EXPORT, origins)
             if rec is None:
                 left_out[name] += 1  # source_history, the only reason without ids or filters
@@ -410,6 +413,9 @@ class ExportOptions:
     turns, which trainers train on unless their last-turn switch is on (SpecForge
     `data.train_only_last_turn`, LLaMA-Factory `mask_history`). Off: they carry no loss in
     any trainer's defaults (SOURCE_TURNS says how, per format)."""
+    keep_orphans: bool = False
+    """Also write answers to rows (or turns) their dataset's source no longer has, as last
+    read in full (ExportRow.orphan): left out by default, counted as dropped `orphan`."""
 
 
 RUN_EXPORT = ExportOptions(format="specforge")
@@ -417,6 +423,8 @@ RUN_EXPORT = ExportOptions(format="specforge")
 
 
 def _drop_reason(row: ExportRow, opts: ExportOptions) -> str | None:
+    if row.orphan and not opts.keep_orphans:
+        return "orphan"
     if row.finish_reason == "length" and not opts.keep_truncated:
         return "truncated"
     if not (row.content or row.reasoning or row.tool_calls) and not opts.keep_empty:

@@ -77,7 +77,8 @@ def dataset_card(store: Store, manifest: dict[str, Any], datasets: list[str], po
     audit, counts and cost, which text carries loss, and the provenance fields."""
     fmt = manifest["format"]
     lines = [card_yaml(datasets, manifest["files"])]
-    models = store.answers.counted_by("model", datasets)
+    orphans = bool(manifest["filters"].get("keep_orphans"))  # counted as the export wrote them
+    models = store.answers.counted_by("model", datasets, orphans)
     title = models[0][0] if models and models[0][0] else "a target model"
     lines += [
         f"# Answers regenerated with {title}",
@@ -94,8 +95,8 @@ def dataset_card(store: Store, manifest: dict[str, Any], datasets: list[str], po
             (what, ", ".join(f"{v if v is not None else 'unknown'} ({n})" for v, n in counts))
             for what, counts in (
                 ("model", models),
-                ("endpoint (the job's)", store.answers.counted_by("endpoint", datasets)),
-                ("provider", store.answers.counted_by("provider", datasets)),
+                ("endpoint (the job's)", store.answers.counted_by("endpoint", datasets, orphans)),
+                ("provider", store.answers.counted_by("provider", datasets, orphans)),
             )
         ],
     )
@@ -110,7 +111,7 @@ def dataset_card(store: Store, manifest: dict[str, Any], datasets: list[str], po
         "Settings each request carried besides its messages and tools (answers):",
         "",
     ]
-    for settings, n in store.answers.counted_by("settings", datasets)[:8]:
+    for settings, n in store.answers.counted_by("settings", datasets, orphans)[:8]:
         lines.append(f"- `{settings or 'not recorded (answered before regen stored it)'}` ({n})")
     reconstruct = manifest.get("reconstruct")
     ids = (

@@ -163,6 +163,14 @@ def left_out_line(dataset: str, n: int) -> str:
     )
 
 
+def orphans_line(dataset: str, n: int, out_dir: Path) -> str:
+    return (
+        f"export: {n} answer(s) of {dataset} left out: their rows are no longer in its source "
+        f"as last read; state.db keeps them (`regen export {out_dir} --keep-orphans` writes "
+        "them)"
+    )
+
+
 def row_note_line(g: BadRowGroup) -> str:
     first = ", ".join(map(str, g.first_rows)) + (", ..." if g.rows > len(g.first_rows) else "")
     return f"note: dataset {g.dataset}: {g.rows} row(s) (rows {first}): {g.example}"

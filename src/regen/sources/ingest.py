@@ -3,7 +3,10 @@
 Idempotent: ids derive from content, so re-reading a dataset adds only its new rows, and a
 kill in the middle loses nothing. A dataset whose files and settings are those of its last
 complete read is not read again: each file's size, modification time and content hash are
-recorded with that read (`source_fingerprint`).
+recorded with that read (`source_fingerprint`). A complete read also decides the dataset's
+view: its items that the source no longer yields (rows removed or changed, turns its settings
+no longer select) are not sent, and their answers leave exports (Work.settle_view); a read
+cut short leaves the last complete read's view as it was.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from regen import __version__
+from regen import __version__, failpoints
 from regen.config import DatasetConfig, Job
 from regen.conversation import (
     ROLES,
@@ -31,14 +34,17 @@ from regen.sources import Source
 from regen.sources.modes import item_id, row_notes, sample_prompt_hash, target_turns
 from regen.sources.readers import HUB_PREFIX, file_digest, source_files
 from regen.state.db import Store
+from regen.state.reads import ViewChange
 from regen.state.sources import KEPT_BAD_ROWS, KEPT_BAD_ROWS_READ
 from regen.state.work import LaneRule, NewConversation, NewItem, first_lane
 
 INGEST_BATCH = 2000
 """Rows planned before they go to the store (which commits far fewer times)."""
-READ_VERSION = 1
+READ_VERSION = 2
 """Part of every source fingerprint: bump it when a change to the readers, adapters or
-item planning changes what a source yields, so that every dataset is read again once."""
+item planning changes what a source yields, so that every dataset is read again once.
+2: reads decide which items are in view, so a state made before sees its rows no longer in
+the files leave the view on its next run."""
 
 
 def order_key(seed: int, iid: str) -> int:
@@ -323,9 +329,12 @@ def read_dataset(
 
 
 def ingest(store: Store, job: Job) -> list[str]:
-    """Read every dataset into the store; new rows add items, known rows change nothing.
-    Returns a note naming the datasets not read again because their sources are unchanged."""
+    """Read every dataset into the store; new rows add items, known rows change nothing, and
+    items the source no longer yields leave the view. Returns a line per dataset whose rows
+    changed since its last complete read, and a note naming the datasets not read again
+    because their sources are unchanged."""
     unchanged: list[str] = []
+    changes: list[str] = []
     rules = lane_rules(job)
     for position, ds in enumerate(job.datasets):
         source = source_of(job, ds)
@@ -334,15 +343,26 @@ def ingest(store: Store, job: Job) -> list[str]:
         if source_unchanged(store.sources.fingerprint(ds.name), fingerprint):
             unchanged.append(ds.name)
             continue
-        bad, notes, turns_read, bad_total = read_dataset(
-            store,
-            ds,
-            source,
-            job.dataset_seed(ds),
-            lane_of(rules, ds.name),
-            target_reasons(job),
-            job.dataset_samples(ds),
-        )
+        read_before = store.sources.read_before(ds.name)
+        store.work.start_read(ds.name)
+        try:
+            bad, notes, turns_read, bad_total = read_dataset(
+                store,
+                ds,
+                source,
+                job.dataset_seed(ds),
+                lane_of(rules, ds.name),
+                target_reasons(job),
+                job.dataset_samples(ds),
+            )
+        except BaseException:
+            store.work.forget_read()  # not a complete read: the last one's view stands
+            raise
+        failpoints.reached("read", ds.name)
+        # The view before the fingerprint: a kill between them reads the source again.
+        change = store.work.settle_view(ds.name)
+        if read_before and change:
+            changes.append(view_change_line(ds.name, change))
         store.sources.record_read(
             ds.name,
             source.rows,
@@ -355,11 +375,36 @@ def ingest(store: Store, job: Job) -> list[str]:
             bad_total=bad_total,
         )
     if not unchanged:
-        return []
-    return [
+        return changes
+    return changes + [
         f"not read again, their files unchanged since the last read (same sizes and content "
         f"hashes): {', '.join(unchanged)}"
     ]
+
+
+def view_change_line(dataset: str, c: ViewChange) -> str:
+    """What a complete read changed in a dataset since the last one, said before sending."""
+    rows = ", ".join(
+        f"{n} {what}"
+        for n, what in ((c.added, "added"), (c.removed, "removed"), (c.changed, "changed"))
+        if n
+    )
+    parts = [
+        f"dataset {dataset}: its source changed since the last read: rows {rows}"
+        if rows
+        else f"dataset {dataset}: the turns its settings select changed since the last read"
+    ]
+    what = "rows" if c.removed or c.changed else "turns"
+    if c.left_answers:
+        parts.append(
+            f"{c.left_answers} answers to {what} no longer in it stay in state.db and are left "
+            "out of exports (`regen export --keep-orphans` writes them)"
+        )
+    if c.left_pending:
+        parts.append(f"{c.left_pending} items of those {what} not answered yet are not sent")
+    if c.back_answers:
+        parts.append(f"{c.back_answers} answers kept from before are back in its exports")
+    return "; ".join(parts)
 
 
 def lane_rules(job: Job) -> list[LaneRule]:

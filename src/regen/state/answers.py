@@ -12,6 +12,7 @@ from typing import Any, overload
 
 from regen.conversation import Message, ToolCall
 from regen.state.owner import Owner, Rows
+from regen.state.schema import has_column
 
 
 @overload
@@ -45,7 +46,8 @@ _EXPORT_COLUMNS = (
     "r.model, r.reasoning_tokens, r.usage_source, r.endpoint, r.settings, r.run_id, "
     "r.generation_id, i.sample"
 )
-"""What an ExportRow is read from (results r, items i, conversations c)."""
+"""What an ExportRow is read from (results r, items i, conversations c), and then whether the
+item is gone from its dataset's view (_gone_column)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +86,9 @@ class ExportRow:
     generation_id: str | None = None
     sample: int = 0
     """Which of its prompt's samples it is."""
+    orphan: bool = False
+    """Its row (or turn) is no longer in its dataset's source as last read in full: exports
+    leave it out unless asked (`--keep-orphans`)."""
 
     def history(self) -> list[dict[str, Any]]:
         """The messages the request sent: the turns before this one, with sequential mode's
@@ -112,6 +117,10 @@ class ResultFact:
 
 class Answers(Owner):
     """The `results` table."""
+
+    def _gone_column(self) -> str:
+        """`i.gone`, or 0 in a state.db from before m013 (every answer in view)."""
+        return "i.gone" if has_column(self._db, "items", "gone") else "0"
 
     @staticmethod
     def insert_in(db: sqlite3.Connection, results: Rows) -> None:
@@ -158,15 +167,19 @@ class Answers(Owner):
     COUNTED = frozenset({"model", "endpoint", "provider", "settings"})
     """What counted_by counts answers by."""
 
-    def counted_by(self, column: str, datasets: Sequence[str]) -> list[tuple[Any, int]]:
+    def counted_by(
+        self, column: str, datasets: Sequence[str], orphans: bool = False
+    ) -> list[tuple[Any, int]]:
         """The answers of these datasets by a column of COUNTED (value, count), commonest
-        first: what made an export (its card)."""
+        first: what made an export (its card). Answers gone from their dataset's view count
+        only with `orphans`, as the export writes them only then."""
         if column not in self.COUNTED:
             raise ValueError(f"answers are not counted by {column!r}")
         marks = ",".join("?" * len(datasets))
+        kept = "" if orphans else f"AND {self._gone_column()} = 0 "
         rows = self._db.execute(
-            f"SELECT {column}, COUNT(*) FROM results WHERE dataset IN ({marks}) "
-            f"GROUP BY {column} ORDER BY COUNT(*) DESC",
+            f"SELECT r.{column}, COUNT(*) FROM results r JOIN items i ON i.id = r.item_id "
+            f"WHERE r.dataset IN ({marks}) {kept}GROUP BY r.{column} ORDER BY COUNT(*) DESC",
             tuple(datasets),
         ).fetchall()
         return [(v, int(n)) for v, n in rows]
@@ -182,9 +195,10 @@ class Answers(Owner):
 
     def export_rows(self, dataset: str, since: float | None = None) -> Iterator[ExportRow]:
         """Done items of a dataset (answered after `since`, if given), in source row order,
-        each exactly once."""
+        each exactly once, those gone from the dataset's view flagged (ExportRow.orphan)."""
         cur = self._db.execute(
-            f"SELECT {_EXPORT_COLUMNS} FROM results r JOIN items i ON i.id = r.item_id "
+            f"SELECT {_EXPORT_COLUMNS}, {self._gone_column()} FROM results r "
+            "JOIN items i ON i.id = r.item_id "
             "JOIN conversations c ON c.id = i.conversation_id "
             "WHERE r.dataset = ? AND r.created_at > ? ORDER BY c.row_index, i.turn_index, i.sample",
             (dataset, -1.0 if since is None else since),
@@ -223,13 +237,14 @@ class Answers(Owner):
             run_id=r[23],
             generation_id=r[24],
             sample=r[25],
+            orphan=bool(r[26]),
         )
 
     def results_after(self, rowid: int, limit: int) -> list[tuple[int, str, ExportRow]]:
         """Up to `limit` answers stored after the answer with this rowid, oldest first, as
         (rowid, dataset, row): a cheap cursor over what a run commits."""
         rows = self._db.execute(
-            f"SELECT r.rowid, r.dataset, {_EXPORT_COLUMNS} FROM results r "
+            f"SELECT r.rowid, r.dataset, {_EXPORT_COLUMNS}, {self._gone_column()} FROM results r "
             "JOIN items i ON i.id = r.item_id JOIN conversations c ON c.id = i.conversation_id "
             "WHERE r.rowid > ? ORDER BY r.rowid LIMIT ?",
             (rowid, limit),

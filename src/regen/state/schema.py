@@ -13,6 +13,12 @@ from regen.errors import StateError
 from regen.state.outstanding import m009_outstanding
 
 
+def has_column(db: sqlite3.Connection, table: str, column: str) -> bool:
+    """Whether a table has a column: readers open a state.db read-only and do not migrate
+    it, so what a later migration added may not be there."""
+    return any(row[1] == column for row in db.execute(f"PRAGMA table_info({table})"))
+
+
 def _script(db: sqlite3.Connection, sql: str) -> None:
     # executescript() would COMMIT the migration's transaction half-way: run statements one by one.
     for statement in sql.split(";"):
@@ -294,6 +300,22 @@ def m012_outages(db: sqlite3.Connection) -> None:
     )
 
 
+def m013_source_view(db: sqlite3.Connection) -> None:
+    """Which items their dataset's latest complete read still yields: `gone` is 1 for an item
+    whose row (or turn) that read no longer found. Such an item is never sent, counts in no
+    dataset's progress, and its answer stays in state.db but out of exports unless asked.
+    Items read before are all in view until their dataset is next read in full. The partial
+    index holds only the items gone, so that every count can leave them out from indexes."""
+    _script(
+        db,
+        """
+        ALTER TABLE items ADD COLUMN gone INTEGER NOT NULL DEFAULT 0;
+        CREATE INDEX items_gone ON items (dataset, status, lane, prompt_tokens_est)
+            WHERE gone = 1
+        """,
+    )
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m001_initial,
     m002_lanes,
@@ -307,6 +329,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m010_provenance,
     m011_samples,
     m012_outages,
+    m013_source_view,
 ]
 
 

@@ -56,6 +56,13 @@ class Sources(Owner):
         row = self._db.execute("SELECT mode FROM datasets WHERE name = ?", (dataset,)).fetchone()
         return None if row is None or row[0] is None else str(row[0])
 
+    def read_before(self, dataset: str) -> bool:
+        """Whether the dataset had a complete read with rows in it (record_read)."""
+        row = self._db.execute(
+            "SELECT rows_read FROM datasets WHERE name = ?", (dataset,)
+        ).fetchone()
+        return row is not None and row[0] > 0
+
     def fingerprint(self, dataset: str) -> str | None:
         """The fingerprint recorded with the dataset's last complete read (record_read)."""
         row = self._db.execute(

@@ -13,6 +13,16 @@ from typing import TYPE_CHECKING, Any
 
 from regen.errors import StateError
 from regen.state.owner import Owner, Rows
+from regen.state.reads import (
+    READ_MARK,
+    READ_TABLES,
+    ViewChange,
+    drop_read_tables,
+    insert_seen_conversations,
+    remember_in,
+    settle_in,
+)
+from regen.state.schema import has_column
 
 if TYPE_CHECKING:
     from regen.state.outcomes import OutcomeRows
@@ -50,6 +60,9 @@ class DatasetProgress:
     prompt_tokens: int
     completion_tokens: int
     cost_usd: float
+    orphans: int = 0
+    """Answers to rows (or turns) the dataset's latest complete read no longer found: kept in
+    state.db, left out of exports unless asked, and of no other count here (items, done)."""
 
     @property
     def pending(self) -> int:
@@ -185,22 +198,31 @@ def _add_rows(batch: Iterable[NewConversation], conv_rows: Rows, item_rows: Rows
         )
 
 
-def _insert_sorted(db: sqlite3.Connection, conv_rows: Rows, item_rows: Rows) -> int:
+def _insert_sorted(
+    db: sqlite3.Connection, conv_rows: Rows, item_rows: Rows, seen: bool = False
+) -> int:
     """_insert_rows with conversations in id order and items in prompt-hash order. The sorts
     are stable: of two rows with the same key, the earlier still goes in first, and wins."""
     conv_rows.sort(key=itemgetter(0))
     item_rows.sort(key=itemgetter(4))
-    return _insert_rows(db, conv_rows, item_rows)
+    return _insert_rows(db, conv_rows, item_rows, seen)
 
 
-def _insert_rows(db: sqlite3.Connection, conv_rows: Rows, item_rows: Rows) -> int:
+def _insert_rows(
+    db: sqlite3.Connection, conv_rows: Rows, item_rows: Rows, seen: bool = False
+) -> int:
     """Insert conversations and items (_add_rows) in the open transaction; return the new
-    items. Where two rows have the same id, or two items the same prompt, the earlier wins."""
-    db.executemany(
-        "INSERT OR IGNORE INTO conversations (id, dataset, row_index, data, source_id) "
-        "VALUES (?, ?, ?, ?, ?)",
-        conv_rows,
-    )
+    items. Where two rows have the same id, or two items the same prompt, the earlier wins.
+    `seen`: also remember them as what the read under way yields (Work.start_read), and move
+    a stored row to the place this read first finds it at (with that place's own id)."""
+    if seen:
+        conv_rows = insert_seen_conversations(db, conv_rows)
+    else:
+        db.executemany(
+            "INSERT OR IGNORE INTO conversations (id, dataset, row_index, data, source_id) "
+            "VALUES (?, ?, ?, ?, ?)",
+            conv_rows,
+        )
     mid = db.total_changes
     db.executemany(
         "INSERT OR IGNORE INTO items (id, dataset, conversation_id, turn_index, "
@@ -208,7 +230,10 @@ def _insert_rows(db: sqlite3.Connection, conv_rows: Rows, item_rows: Rows) -> in
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         item_rows,
     )
-    return db.total_changes - mid
+    added = db.total_changes - mid
+    if seen:
+        remember_in(db, conv_rows, item_rows)
+    return added
 
 
 def _pending(r: tuple[Any, ...]) -> PendingItem:
@@ -217,6 +242,16 @@ def _pending(r: tuple[Any, ...]) -> PendingItem:
 
 class Work(Owner):
     """The `conversations` and `items` tables."""
+
+    _reading: str | None = None
+    """The dataset whose read is under way and remembered (start_read), if any."""
+    _temp_cache: int = -2000
+    """The temporary tables' page cache before a read enlarged it."""
+
+    def _gone(self, sql: str) -> str:
+        """`sql`, which reads the items gone from view, or nothing in a state.db from before
+        m013 (read-only readers do not migrate it: every item is in view there)."""
+        return sql if has_column(self._db, "items", "gone") else ""
 
     @staticmethod
     def finish_in(db: sqlite3.Connection, rows: OutcomeRows, requeued: Iterable[str]) -> None:
@@ -257,7 +292,7 @@ class Work(Owner):
         item_rows: Rows = []
         _add_rows(batch, conv_rows, item_rows)
         with self._tx() as db:
-            return _insert_rows(db, conv_rows, item_rows)
+            return _insert_rows(db, conv_rows, item_rows, self._reading is not None)
 
     def add_conversation_batches(
         self,
@@ -275,9 +310,11 @@ class Work(Owner):
         (given back afterwards). Foreign keys are not checked meanwhile: each item's
         conversation is inserted just before it. Into an empty table, the DEFERRED_INDEXES
         are built once the rows are in. Rows go in `sort_rows` at a time in key order
-        (_insert_sorted), so that each index page takes its keys together.
+        (_insert_sorted), so that each index page takes its keys together. During a read
+        start_read began, what the rows yield is remembered for settle_view.
         """
         db = self._db
+        seen = self._reading is not None
         (cache,) = db.execute("PRAGMA cache_size").fetchone()
         db.execute(f"PRAGMA cache_size = {-INGEST_CACHE_KIB}")
         db.execute("PRAGMA foreign_keys = OFF")
@@ -303,13 +340,13 @@ class Work(Owner):
                     for batch in pending:
                         _add_rows(batch, conv_rows, item_rows)
                         if len(conv_rows) >= sort_rows:
-                            added += _insert_sorted(tx, conv_rows, item_rows)
+                            added += _insert_sorted(tx, conv_rows, item_rows, seen)
                             rows += len(conv_rows)
                             conv_rows, item_rows = [], []
                         if rows >= commit_rows:
                             more = True
                             break
-                    added += _insert_sorted(tx, conv_rows, item_rows)
+                    added += _insert_sorted(tx, conv_rows, item_rows, seen)
             if deferred:
                 self.build_deferred_indexes()
         except BaseException:
@@ -333,6 +370,58 @@ class Work(Owner):
                 tx.execute(sql)
             tx.execute("DELETE FROM meta WHERE key = ?", (DEFERRED_META,))
 
+    def start_read(self, dataset: str) -> None:
+        """Begin a complete read of a dataset: until settle_view, the rows and items that
+        add_conversation_batches stores are remembered, so that its end can tell which of
+        the dataset's items the source no longer yields. A dataset without items yet needs
+        nothing remembered: none can leave."""
+        self._reading = None
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO meta VALUES (?, (SELECT COALESCE(MAX(rowid), 0) "
+                "FROM conversations))",
+                (f"{READ_MARK} {dataset}",),
+            )
+            if db.execute("SELECT 1 FROM items WHERE dataset = ? LIMIT 1", (dataset,)).fetchone():
+                drop_read_tables(db)
+                for sql in READ_TABLES:
+                    db.execute(sql)
+                self._reading = dataset
+        if self._reading is not None:
+            # What a read remembers is keyed by hashes: it is inserted at random places, as
+            # the indexes are (add_conversation_batches), and a small cache would thrash.
+            (self._temp_cache,) = self._db.execute("PRAGMA temp.cache_size").fetchone()
+            self._db.execute(f"PRAGMA temp.cache_size = {-INGEST_CACHE_KIB}")
+
+    def settle_view(self, dataset: str) -> ViewChange:
+        """End a complete read begun by start_read: in one transaction, the dataset's items
+        the read did not yield leave the view (gone: never sent, their answers kept but out
+        of exports) and those it yields again come back. Returns what changed since the last
+        complete read. A read cut short never gets here, and the view of the last complete
+        read stands."""
+        key = f"{READ_MARK} {dataset}"
+        if self._reading != dataset:
+            with self._tx() as db:
+                db.execute("DELETE FROM meta WHERE key = ?", (key,))
+            return ViewChange()
+        try:
+            with self._tx() as db:
+                (mark,) = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+                change = settle_in(db, dataset, int(mark))
+                db.execute("DELETE FROM meta WHERE key = ?", (key,))
+        finally:
+            self.forget_read()
+        return change
+
+    def forget_read(self) -> None:
+        """Stop remembering a read (one that failed is not settled: the view stands)."""
+        if self._reading is None:
+            return
+        self._reading = None
+        with contextlib.suppress(sqlite3.Error):
+            drop_read_tables(self._db)
+            self._db.execute(f"PRAGMA temp.cache_size = {int(self._temp_cache)}")
+
     def requeue_retryable_failures(self, retryable: Iterable[str]) -> int:
         """Give items that failed for a transient reason in an earlier run another chance."""
         classes = sorted(retryable)
@@ -340,7 +429,7 @@ class Work(Owner):
         with self._tx() as db:
             cur = db.execute(
                 "UPDATE items SET status = 'pending', failure_class = NULL, failure_message = NULL"
-                f" WHERE status = 'failed' AND failure_class IN ({marks})",
+                f" WHERE status = 'failed' AND failure_class IN ({marks}) AND gone = 0",
                 classes,
             )
             return cur.rowcount
@@ -383,7 +472,7 @@ class Work(Owner):
             )
             rows = db.execute(
                 "SELECT dataset, COUNT(*) FROM items WHERE lane IS NULL AND status = 'pending' "
-                "GROUP BY dataset"
+                "AND gone = 0 GROUP BY dataset"
             ).fetchall()
         return {ds: n for ds, n in rows}
 
@@ -397,7 +486,7 @@ class Work(Owner):
         # An item of a sequential conversation waits until its previous turn is done.
         rows = self._db.execute(
             f"SELECT {_PENDING_COLUMNS} "
-            "WHERE i.dataset = ? AND i.status = 'pending' AND i.order_key > ? "
+            "WHERE i.dataset = ? AND i.status = 'pending' AND i.order_key > ? AND i.gone = 0 "
             "AND (i.after_item IS NULL OR "
             "(SELECT p.status FROM items p WHERE p.id = i.after_item) = 'done') "
             f"{lane_sql}ORDER BY i.order_key LIMIT ?",
@@ -410,7 +499,7 @@ class Work(Owner):
         rows = self._db.execute(
             "WITH RECURSIVE blocked(id, dataset) AS ("
             " SELECT i.id, i.dataset FROM items i JOIN items p ON p.id = i.after_item"
-            " WHERE i.status = 'pending' AND p.status = 'failed'"
+            " WHERE i.status = 'pending' AND p.status = 'failed' AND i.gone = 0"
             " UNION SELECT i.id, i.dataset FROM items i JOIN blocked b ON i.after_item = b.id"
             " WHERE i.status = 'pending')"
             " SELECT dataset, COUNT(*) FROM blocked GROUP BY dataset"
@@ -425,7 +514,7 @@ class Work(Owner):
         key, item = after if after is not None else (-1, "")
         rows = self._db.execute(
             f"SELECT {_PENDING_COLUMNS} "
-            "WHERE i.lane = ? AND i.escalated = 1 AND i.status = 'pending' "
+            "WHERE i.lane = ? AND i.escalated = 1 AND i.status = 'pending' AND i.gone = 0 "
             "AND (i.order_key, i.id) > (?, ?) ORDER BY i.order_key, i.id LIMIT ?",
             (lane, key, item, limit),
         ).fetchall()
@@ -438,25 +527,35 @@ class Work(Owner):
     def escalated_pending(self, dataset: str) -> int:
         """Items of a dataset escalated to another lane and not finished yet."""
         row = self._db.execute(
-            "SELECT COUNT(*) FROM items WHERE dataset = ? AND escalated = 1 AND status = 'pending'",
+            "SELECT COUNT(*) FROM items WHERE dataset = ? AND escalated = 1 AND status = 'pending' "
+            "AND gone = 0",
             (dataset,),
         ).fetchone()
         return int(row[0])
 
     def dataset_progress(self) -> list[DatasetProgress]:
-        """Per-dataset counts and ledger totals, in the job's dataset order."""
+        """Per-dataset counts and ledger totals, in the job's dataset order. Items out of the
+        view (gone) count only as orphans, if answered; the ledger keeps what they cost."""
+        gone = self._gone(
+            "UNION ALL SELECT dataset, status, -COUNT(*) FROM items INDEXED BY items_gone "
+            "WHERE gone = 1 GROUP BY dataset, status"
+        )
         rows = self._db.execute(
-            """
+            f"""
             SELECT d.name, d.position, d.rows_read, d.bad_rows, d.turns_read,
                    COALESCE(i.items, 0), COALESCE(i.done, 0), COALESCE(i.failed, 0),
-                   COALESCE(l.pt, 0), COALESCE(l.ct, 0), COALESCE(l.cost, 0.0)
+                   COALESCE(l.pt, 0), COALESCE(l.ct, 0), COALESCE(l.cost, 0.0),
+                   COALESCE(i.orphans, 0)
             FROM datasets d
             LEFT JOIN (
                 -- Counted by (dataset, status) first: half the time of summing expressions
-                -- over every item.
+                -- over every item. The items gone, from their own partial index, are taken
+                -- off the counts (`n` negative) and kept apart as orphans.
                 SELECT dataset, SUM(n) AS items, SUM(CASE WHEN status = 'done' THEN n END) AS done,
-                       SUM(CASE WHEN status = 'failed' THEN n END) AS failed
-                FROM (SELECT dataset, status, COUNT(*) AS n FROM items GROUP BY dataset, status)
+                       SUM(CASE WHEN status = 'failed' THEN n END) AS failed,
+                       -SUM(CASE WHEN status = 'done' AND n < 0 THEN n END) AS orphans
+                FROM (SELECT dataset, status, COUNT(*) AS n FROM items GROUP BY dataset, status
+                      {gone})
                 GROUP BY dataset
             ) i ON i.dataset = d.name
             LEFT JOIN (
@@ -472,13 +571,14 @@ class Work(Owner):
     def dataset_samples(self) -> dict[str, DatasetSample]:
         """Per dataset: the estimates and latencies a forecast needs."""
         rows = self._db.execute(
-            """
+            f"""
             SELECT i.dataset,
                    SUM(i.status = 'pending'),
                    SUM(CASE WHEN i.status = 'pending' THEN i.prompt_tokens_est ELSE 0 END),
                    SUM(CASE WHEN i.status = 'done' THEN i.prompt_tokens_est ELSE 0 END),
                    COALESCE(SUM(r.latency_s), 0.0)
             FROM items i LEFT JOIN results r ON r.item_id = i.id
+            {self._gone("WHERE i.gone = 0")}
             GROUP BY i.dataset
             """
         ).fetchall()
@@ -494,9 +594,17 @@ class Work(Owner):
         return {(d, lane, bool(e)): n for d, lane, e, n in rows}
 
     def pending_flows(self) -> dict[tuple[str | None, str], tuple[int, int]]:
-        """Pending items per (lane, dataset): how many, and their estimated prompt tokens."""
+        """Pending items in view per (lane, dataset): how many, and their estimated prompt
+        tokens."""
+        gone = self._gone(
+            " UNION ALL SELECT lane, dataset, -COUNT(*), -COALESCE(SUM(prompt_tokens_est), 0)"
+            " FROM items INDEXED BY items_gone WHERE status = 'pending' AND gone = 1"
+            " GROUP BY lane, dataset"
+        )
         rows = self._db.execute(
-            "SELECT lane, dataset, COUNT(*), COALESCE(SUM(prompt_tokens_est), 0) FROM items "
-            "WHERE status = 'pending' GROUP BY lane, dataset"
+            "SELECT lane, dataset, SUM(n), SUM(est) FROM ("
+            " SELECT lane, dataset, COUNT(*) AS n, COALESCE(SUM(prompt_tokens_est), 0) AS est"
+            f" FROM items WHERE status = 'pending' GROUP BY lane, dataset{gone}"
+            ") GROUP BY lane, dataset HAVING SUM(n) > 0"
         ).fetchall()
-        return {(lane, ds): (n, est) for lane, ds, n, est in rows}
+        return {(lane, ds): (int(n), int(est)) for lane, ds, n, est in rows}

@@ -218,7 +218,9 @@ def snapshot_view(s: Snapshot) -> Group:
         "prompt tok",
         "completion tok",
     )
-    for col in (*cols, "cost $", "$/Mtok", "errors"):
+    # Answers to rows gone from a source: a column only when there are some.
+    orphans = ("orphans",) if any(d.orphans for d in s.datasets) else ()
+    for col in (*cols, *orphans, "cost $", "$/Mtok", "errors"):
         table.add_column(col, justify="left" if col in ("dataset", "errors") else "right")
     for d in s.datasets:
         errs = {c: n for (ds, c), n in s.errors.items() if ds == d.name}
@@ -231,11 +233,20 @@ def snapshot_view(s: Snapshot) -> Group:
             str(d.pending),
             format_tokens(d.prompt_tokens),
             format_tokens(d.completion_tokens),
+            *((str(d.orphans),) if orphans else ()),
             f"{d.cost_usd:.4f}",
             f"{per_mtok(d.cost_usd, d.completion_tokens):.2f}",
             errors_text(errs),
         )
     parts: list[Any] = [Text(head), table, *_endpoint_lines(s)]
+    if orphans:
+        parts.append(
+            Text(
+                "orphans: answers to rows no longer in their dataset's source (as last read in "
+                "full): kept in state.db and in the cost, left out of exports unless `regen "
+                "export --keep-orphans` and of the other counts"
+            )
+        )
     n, usd, until = s.held
     if n:
         when = datetime.fromtimestamp(until).strftime("%H:%M:%S") if until else "-"
