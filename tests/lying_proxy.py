@@ -2,8 +2,9 @@
 simulator (OpenRouter dialect) that forwards every request and response as it is (status,
 headers, bodies, SSE events as they come) but for the numbers it is told to rewrite.
 
-A lie is (channel, field, value, share): on each record of the channel, with probability
-`share` (seeded), the field is given the value, or removed. Channels and their records:
+A lie is (channel, field, value, share): on a share of the channel's records (drawn from the
+seed and each record's name, so a record read twice says the same twice), the field is given
+the value, or removed. Channels and their records:
 
 - `catalogue`: each endpoint's `pricing` in `/models/{id}/endpoints`, each model's in `/models`
   (fields `prompt`, `completion`);
@@ -20,9 +21,10 @@ proxies do; the hostile set has them as strings too. What was rewritten is kept 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import itertools
 import json
 import math
-import random
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -121,11 +123,8 @@ class LyingProxy:
     seed: int = 0
     log: list[Rewrite] = field(default_factory=list)
     port: int = 0
-    _rng: random.Random = field(init=False)
+    _reads: itertools.count[int] = field(init=False, default_factory=itertools.count)
     _session: aiohttp.ClientSession | None = field(init=False, default=None)
-
-    def __post_init__(self) -> None:
-        self._rng = random.Random(self.seed)
 
     @property
     def base_url(self) -> str:
@@ -186,14 +185,22 @@ class LyingProxy:
                 pass  # the client went away; the upstream's generation goes on regardless
             return resp
 
+    def _chosen(self, lie: Lie, record: str) -> bool:
+        """Whether a record is among the lie's share: drawn from the seed, the lie and the
+        record's name, so that a generation read again says the same, whatever the order of
+        requests."""
+        digest = hashlib.blake2b(f"{self.seed}|{lie}|{record}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") < lie.share * 2**64
+
     def _lie(self, doc: Any, lies: list[Lie], request: web.Request) -> bool:
         """Rewrite the lies' fields in every record of `doc`; True when one was rewritten."""
         changed = False
-        for record, who in _records(lies[0].channel, doc):
+        read = next(self._reads)
+        for record, who, name in _records(lies[0].channel, doc):
             for lie in lies:
                 if lie.where is not None and lie.where not in who:
                     continue
-                if self._rng.random() >= lie.share:
+                if not self._chosen(lie, name or f"read {read}"):
                     continue
                 before = record.get(lie.field, REMOVED)
                 if lie.value is REMOVED:
@@ -217,25 +224,29 @@ def _channel(method: str, path: str) -> str | None:
     return _ACCOUNT.get(path)
 
 
-def _records(channel: str, doc: Any) -> Iterator[tuple[dict[str, Any], str]]:
-    """The dicts a channel's fields live in, each with the text `Lie.where` matches."""
+def _records(channel: str, doc: Any) -> Iterator[tuple[dict[str, Any], str, str]]:
+    """The dicts a channel's fields live in, each with the text `Lie.where` matches and the
+    record's name (a generation's id, an endpoint's tag; "" for /key and /credits, whose
+    every read is a record of its own)."""
     if not isinstance(doc, dict):
         return
     data = doc.get("data")
     if channel == "chat":
         if isinstance(doc.get("usage"), dict):
-            yield doc["usage"], str(doc.get("provider", ""))
+            yield doc["usage"], str(doc.get("provider", "")), str(doc.get("id", ""))
     elif channel == "catalogue":
         if isinstance(data, dict) and isinstance(data.get("endpoints"), list):
             for ep in data["endpoints"]:
                 if isinstance(ep, dict) and isinstance(ep.get("pricing"), dict):
-                    yield ep["pricing"], f"{ep.get('tag')} {ep.get('provider_name')}"
+                    who = f"{ep.get('tag')} {ep.get('provider_name')}"
+                    yield ep["pricing"], who, who
         elif isinstance(data, list):
             for model in data:
                 if isinstance(model, dict) and isinstance(model.get("pricing"), dict):
-                    yield model["pricing"], str(model.get("id", ""))
+                    yield model["pricing"], str(model.get("id", "")), str(model.get("id"))
     elif isinstance(data, dict):
-        yield data, str(data.get("provider_name", ""))
+        name = str(data.get("id", "")) if channel == "generation" else ""
+        yield data, str(data.get("provider_name", "")), name
 
 
 async def _copy(request: web.Request, resp: web.StreamResponse, up: aiohttp.ClientResponse) -> None:
