@@ -6,7 +6,9 @@ simulator, checked against what the simulator billed (the truth, not regen's led
 (b) no traceback, and every exit code one that docs/design.md lists;
 (c) no run idles at its holds until their deadlines;
 (d) once the provider stops lying, the job ends done or at its real caps: no bad number
-    blocks it for good.
+    blocks it for good;
+(e) no answer the provider billed and sent whole to a run that was not killed is dropped
+    (and bought again): a lie about its usage flags the answer, it does not lose it.
 
 `bench/lying.py` runs the same trials longer."""
 
@@ -97,6 +99,8 @@ class RunResult:
     output: str
     sent: int = 0
     """Chat requests the simulator received during the run."""
+    answered: set[str] = field(default_factory=set)
+    """Generation ids of the answers the simulator billed and sent whole during the run."""
 
 
 @dataclass
@@ -236,17 +240,26 @@ def play(trial: Trial) -> Outcome:
         tmp = Path(tmp_name)
         job = job_file(tmp, proxy.base_url, trial.managed)
         results = []
+        spans = []
         for run in trial.runs:
             proxy.lies = list(trial.lies) if run.lies else []
             before = len(sim.simulator.chat_log())
             results.append(run_regen(job, run))
-            results[-1].sent = len(sim.simulator.chat_log()) - before
+            spans.append((before, len(sim.simulator.chat_log())))
             if results[-1].code is None:
                 break  # it idled: the rest of the trial would only wait again
         sim.simulator.wait_billed(60)
+        log = sim.simulator.chat_log()
+        for r, (start, end) in zip(results, spans, strict=True):
+            r.sent = end - start
+            r.answered = {
+                e.generation_id
+                for e in log[start:end]
+                if e.billed and e.status == 200 and e.generation_id
+            }
         billed = Counter[str]()
         tokens = Counter[str]()
-        for e in sim.simulator.chat_log():
+        for e in log:
             if e.billed:
                 billed[dataset_of(e)] += e.cost_usd
                 tokens[dataset_of(e)] += e.completion_tokens
@@ -271,7 +284,13 @@ def broken(o: Outcome, out: Path) -> list[str]:
         fails.append(f"(a) chat billed ${o.billed_chat_usd:.4f} on its ${CHAT_CAP} cap")
     if o.more_tokens > MORE_BUDGET + TOKEN_BOUND:
         fails.append(f"(a) more billed {o.more_tokens} tokens on a {MORE_BUDGET} budget")
+    kept = {g for (g,) in query(out, "SELECT generation_id FROM results")} | {
+        g for (g,) in query(out, "SELECT generation_id FROM ledger WHERE kind = 'escalated'")
+    }
     for i, r in enumerate(o.runs):
+        dropped = r.answered - kept if r.code in EXITS else set()
+        if dropped:
+            fails.append(f"(e) run {i + 1} dropped {len(dropped)} answers it was billed for")
         if "Traceback" in r.output:
             fails.append(f"(b) run {i + 1} printed a traceback")
         if r.code is None:
@@ -463,6 +482,16 @@ def test_a_bill_of_nan_or_infinity_is_charged_at_once(value: float) -> None:
     o = play(Trial(lies("generation", value, "total_cost"), KILLED_THEN_LYING))
     assert o.told["generation"] > 0, explain(o)
     assert not o.failures, explain(o)  # (c): no run past RUN_BOUND_S
+
+
+def test_an_answer_whose_usage_says_nan_is_kept() -> None:
+    """Found with this proxy: a bare NaN in an answer's usage (as Python's json writes it)
+    made the whole body unreadable. Every answer became a failed attempt whose bill was
+    charged and whose item stays to be bought again: the job's $0.05 spent, nothing kept. The
+    answer is kept and flagged, and charged at its worst case."""
+    o = play(Trial(lies("chat", math.nan, "cost"), (Run(True), Run(False))))
+    assert o.told["chat"] > 0
+    assert not o.failures, explain(o)
 
 
 def test_the_proxy_changes_nothing_but_the_numbers_it_is_told() -> None:
