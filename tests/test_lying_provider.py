@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -317,14 +317,14 @@ def blocked(out: Path, code: int) -> list[str]:
     pending = {ds for (ds,) in query(out, "SELECT dataset FROM items WHERE status = 'pending'")}
     fails = []
     absurd = [
-        (usd, tokens)
-        for _, usd, tokens in charges
-        if not (usd is None or 0 <= usd <= WORST_USD) or not 0 <= tokens <= 2 * LONG[1]
+        (cost, n)
+        for _, cost, n in charges
+        if not (cost is None or 0 <= cost <= WORST_USD) or not 0 <= n <= 2 * LONG[1]
     ]
     if absurd:
         fails.append(f"(d) {len(absurd)} charges no request can cost, e.g. {absurd[0]}")
-    usd: Counter[str] = Counter()
-    tokens: Counter[str] = Counter()
+    usd: defaultdict[str, float] = defaultdict(float)
+    tokens: defaultdict[str, float] = defaultdict(float)
     for ds, cost, n in charges + held:
         usd[ds] += cost or 0.0
         tokens[ds] += n
