@@ -387,12 +387,12 @@ PROGRESS = re.compile(r"\d{4}-\d\d-\d\dT\S+ progress ")
 # shrinking, which would replay failing ones many times over. The failure message names the
 # lies and each run's end instead.
 @settings(
-    max_examples=fuzz_examples(5),
+    max_examples=fuzz_examples(6),
     deadline=None,
     phases=(Phase.explicit, Phase.generate),
     suppress_health_check=[HealthCheck.too_slow],
 )
-@pytest.mark.timeout((fuzz_examples(5) + 1) * (3 * RUN_BOUND_S + 60))
+@pytest.mark.timeout((fuzz_examples(6) + 1) * (3 * RUN_BOUND_S + 60))
 @given(trial=trials())
 def test_no_lie_about_a_number_takes_a_job_past_its_caps_or_blocks_it(trial: Trial) -> None:
     outcome = play(trial)
