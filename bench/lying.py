@@ -1,14 +1,15 @@
 """A lying provider, longer (issue 46): the trials of tests/test_lying_provider.py drawn many
 times with fresh seeds, and a table of what they did.
 
-Each trial puts one to three lies (a price, a usage field, a /generation record, /key or
-/credits given -5, 1e18, NaN, a numeric string, null, or left out, on a share of the
-records: tests/lying_proxy.py) between `regen run` and the simulator, and meets them with two
-or three runs, some killed with -9 at a commit and rerun at once, the last told the truth. It
-checks, against what the simulator billed: (a) the job's and the dataset's dollar caps and the
-token budget's bound, (b) no traceback and documented exit codes, (c) no run waits for a held
-request's deadline, (d) the last run ends done or at its real caps, (e) no answer billed and
-sent whole to a run that was not killed is dropped.
+Each trial puts one to three lies (a price, a usage field, a /generation record, /key,
+/credits or a key record of the management API given -5, 1e18, NaN, a numeric string, null,
+or left out, on a share of the records: tests/lying_proxy.py) between `regen run` and the
+simulator, and meets them with two or three runs, some killed with -9 at a commit and rerun
+at once, the last told the truth. It checks, against what the simulator billed: (a) the
+job's and the dataset's dollar caps and the token budget's bound, (b) no traceback,
+documented exit codes, a refusal in one line, (c) no run waits for a held request's
+deadline, (d) the last run ends done or at its real caps, (e) no answer billed and sent whole
+to a run that was not killed is dropped.
 
 `--matrix` tries every (channel, field, value) alone instead, on all records, with a run
 killed at its 3rd commit, a lying rerun and a truthful last run: which lie breaks what.
@@ -80,8 +81,9 @@ def matrix(channels: list[str], on_outcome: Any) -> None:
         for name in FIELDS[channel]:
             for value in HOSTILE:
                 lie = Lie(channel, name, value)
-                # /credits is read only with a management key.
-                on_outcome(play(Trial((lie,), KILLED_THEN_LYING, channel == "credits")))
+                # /credits and the key records are read only with a management key.
+                managed = channel in ("credits", "keys")
+                on_outcome(play(Trial((lie,), KILLED_THEN_LYING, managed)))
 
 
 def summary(outcomes: list[Outcome]) -> dict[str, Any]:

@@ -13,7 +13,9 @@ the value, or removed. Channels and their records:
 - `generation`: a `/generation` record (`total_cost`, `tokens_prompt`, `tokens_completion`,
   `native_tokens_prompt`, `native_tokens_completion`, `native_tokens_reasoning`);
 - `key`: `/key` (`usage`, `limit_remaining`); `credits`: `/credits` (`total_credits`,
-  `total_usage`).
+  `total_usage`);
+- `keys`: the key management API's key records (`/keys`, `/keys/{hash}`, made, read, listed
+  or changed: `usage`, `limit`, `limit_remaining`), which a job with a management key reads.
 
 NaN and the infinities are written as Python's json writes them (`NaN`, `Infinity`), as real
 proxies do; the hostile set has them as strings too. What was rewritten is kept in `log`."""
@@ -75,6 +77,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "catalogue": ("completion", "prompt"),
     "key": ("usage", "limit_remaining"),
     "credits": ("total_credits", "total_usage"),
+    "keys": ("usage", "limit", "limit_remaining"),
 }
 CHANNELS = tuple(FIELDS)
 
@@ -217,6 +220,8 @@ _ACCOUNT = {"/api/v1/generation": "generation", "/api/v1/key": "key", "/api/v1/c
 
 def _channel(method: str, path: str) -> str | None:
     """Which channel a request reads: None for those the proxy never rewrites."""
+    if path.startswith("/api/v1/keys"):
+        return "keys"
     if method == "POST":
         return "chat" if path.endswith("/chat/completions") else None
     if path.endswith(("/endpoints", "/models")):
@@ -226,8 +231,8 @@ def _channel(method: str, path: str) -> str | None:
 
 def _records(channel: str, doc: Any) -> Iterator[tuple[dict[str, Any], str, str]]:
     """The dicts a channel's fields live in, each with the text `Lie.where` matches and the
-    record's name (a generation's id, an endpoint's tag; "" for /key and /credits, whose
-    every read is a record of its own)."""
+    record's name (a generation's id, an endpoint's tag, a key's hash; "" for /key and
+    /credits, whose every read is a record of its own)."""
     if not isinstance(doc, dict):
         return
     data = doc.get("data")
@@ -244,6 +249,10 @@ def _records(channel: str, doc: Any) -> Iterator[tuple[dict[str, Any], str, str]
             for model in data:
                 if isinstance(model, dict) and isinstance(model.get("pricing"), dict):
                     yield model["pricing"], str(model.get("id", "")), str(model.get("id"))
+    elif channel == "keys":
+        for key in data if isinstance(data, list) else [data]:
+            if isinstance(key, dict):
+                yield key, str(key.get("name", "")), str(key.get("hash", ""))
     elif isinstance(data, dict):
         name = str(data.get("id", "")) if channel == "generation" else ""
         yield data, str(data.get("provider_name", "")), name

@@ -366,8 +366,8 @@ def trials(draw: st.DrawFn) -> Trial:
     if not draw(st.booleans()):
         runs.append(Run(not draw(st.booleans()), draw(kill)))
     runs.append(Run(False))
-    # /credits is read only with a management key.
-    managed = draw(st.booleans()) or "credits" in channels
+    # /credits and the key records are read only with a management key.
+    managed = draw(st.booleans()) or bool({"credits", "keys"} & set(channels))
     return Trial(lies, tuple(runs), managed, draw(st.integers(0, 3)))
 
 
