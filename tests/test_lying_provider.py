@@ -226,7 +226,7 @@ def play(trial: Trial) -> Outcome:
     """Run the trial's runs against a fresh simulator behind the lying proxy; check them."""
     config = SimConfig(
         seed=trial.seed,
-        time_scale=0.1,
+        time_scale=0.05,
         log_bodies=True,
         generation_delay_s=0.2,
         credits_usd=92.0,
