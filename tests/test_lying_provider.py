@@ -57,9 +57,11 @@ RUN_BOUND_S = 150.0
 pytestmark = pytest.mark.timeout(3 * RUN_BOUND_S + 120)
 TOP_PRICES = (0.6e-6, 2.5e-6)
 """The simulator's highest prompt and completion prices for the model (USD per token)."""
-WORST_USD = LONG[1] * TOP_PRICES[1] + 200 * TOP_PRICES[0]
-"""More than any one request of this job can cost: the long lane's max_tokens and a
-generous prompt, at the highest prices."""
+WORST_USD = LONG[1] * TOP_PRICES[1] + 1_000 * TOP_PRICES[0]
+"""More than any one request of this job can cost, or regen can hold for it: the long lane's
+max_tokens and a prompt of 1,000 tokens (regen's bound on a prompt of some 20 tokens counts
+its bytes and room for the template: "the next request could cost up to $0.0027"), at the
+highest prices."""
 EXITS = {0, 1, 2, 3, 4, 5}
 """docs/design.md, "Ends and damage"; 1 and 2 are a refusal (bad config or input)."""
 
