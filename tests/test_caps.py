@@ -60,9 +60,19 @@ def test_a_dataset_cap_holds_across_kill_9_and_immediate_reruns(tmp_path: Path) 
     kills, final, log = killed_then_finished(tmp_path, f"max_cost_usd = {cap}", 5)
     chat_usd, _ = billed_by_dataset(log, "Question")
     assert kills >= 3, kills
-    # A met dataset cap is the dataset's planned end: exit 0, with its reason.
-    assert final.returncode == 0, final.stdout + final.stderr
-    assert re.search(r"dataset chat: dollar cap 0.25: spent \$0\.\d+; dollar cap met", final.stdout)
+    # A met dataset cap is the dataset's planned end: exit 0, with its reason. Met only with
+    # the killed runs' requests whose bills cannot be seen before their deadline, it is held,
+    # in the job cap's words and with its exit code (issue 46).
+    held = "held for \\d+ requests whose bills cannot be seen yet: run again later"
+    if final.returncode == 4:
+        assert re.search(
+            r"dataset chat: \d+ items not sent: its dollar cap is met .*" + held, final.stdout
+        )
+    else:
+        assert final.returncode == 0, final.stdout + final.stderr
+        assert re.search(
+            r"dataset chat: dollar cap 0.25: spent \$0\.\d+; dollar cap met", final.stdout
+        )
     assert "a reason regen does not know" not in final.stdout
     assert chat_usd <= cap + 1e-9, chat_usd
     assert chat_usd > 0.5 * cap

@@ -93,10 +93,20 @@ def test_holds_of_a_dataset_no_longer_in_the_job_hold_the_job() -> None:
 def test_holds_whose_bills_come_only_at_their_deadline_end_the_run_rather_than_idle() -> None:
     """A held request whose generation id regen never saw is released no sooner than a lane
     timeout (an hour on a long lane). When only such holds stand between a scope and its cap,
-    with nothing in flight, the budget is met for this run, saying so, instead of idling."""
+    with nothing in flight, the budget is met for this run, saying so, instead of idling;
+    and every scope says it in the same words (issue 46: a dataset's token budget said "met",
+    exit 0, where the job's cap said "run again later", exit 4)."""
     book = two_datasets(max_cost_usd=0.003)
     book.add_hold("a", 0.002, 100)  # no generation id
-    assert admit(book) == Denial("dollar cap met")
+    denied = admit(book)
+    assert isinstance(denied, Denial) and not denied.wait and book.datasets["a"].held_out
+    held = "held for 1 requests whose bills cannot be seen yet: run again later"
+    assert denied.reason.startswith("its dollar cap is met") and held in denied.reason
+    tokens = two_datasets(token_budget=150)
+    tokens.add_hold("a", 0.002, 200)
+    denied = admit(tokens)
+    assert isinstance(denied, Denial) and tokens.datasets["a"].held_out
+    assert denied.reason.startswith("its token budget is met (0 of 150") and held in denied.reason
     job = two_datasets(job_cap=0.003)
     job.add_hold("a", 0.002, 100)
     denial = job.admit(
@@ -108,7 +118,7 @@ def test_holds_whose_bills_come_only_at_their_deadline_end_the_run_rather_than_i
         prices=PRICES,
     )
     assert isinstance(denial, Denial) and denial.stops_run
-    assert "up to $0.0020 held for 1 requests whose bills cannot be seen yet" in denial.reason
+    assert "up to $0.0020 and 100 tokens " + held in denial.reason
     # One whose bill is looked up by its generation id comes within seconds: it is waited for.
     waits = two_datasets(max_cost_usd=0.003)
     waits.add_hold("a", 0.002, 100, awaited=True)

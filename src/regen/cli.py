@@ -984,6 +984,9 @@ def _finish(report: object, console: Console) -> int:
         )
         if capped:
             return EXIT_CAP
+    elif capped and not report.outage and not report.stop_reason:
+        # A dataset's limit held by a killed run's requests: the job cap's words and code.
+        return EXIT_CAP
     elif report.outage:
         console.print(
             f"stopped: {printable(str(report.stop_reason))}", markup=False, soft_wrap=True

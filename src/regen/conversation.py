@@ -141,7 +141,11 @@ class Usage:
     cost_usd: float | None = None
     source: str = "server"
     """Where the counts come from: `server` (its usage), `ids` (counted from the token ids it
-    returned, when it sent no usage) or `estimate` (neither: estimated from the text)."""
+    returned, when it sent no usage), `estimate` (neither: estimated from the text) or `worst`
+    (what the provider said was not believed: its worst case, `engine/gate.py`)."""
+    junk: tuple[str, ...] = ()
+    """The fields the provider sent that were no amounts (negative, not finite, text), each
+    as `name = value`: the gate does not believe such usage."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from regen.config import Job
 from regen.engine.budget import Prices, configured_prices
-from regen.engine.client.account import JsonGetter, account_credit, key_info, model_prices
+from regen.engine.client.account import JsonGetter, account_credit, key_info, model_listing
+from regen.engine.gate import Gate
 from regen.state.db import Store
 
 UsageReader = Callable[[], Awaitable[float | None]]
@@ -51,11 +52,11 @@ def billing_accounts(job: Job) -> list[Account]:
     return [Account(url, env, tuple(names), manage) for (url, env, manage), names in groups.items()]
 
 
-def key_usage(client: JsonGetter) -> UsageReader:
+def key_usage(client: JsonGetter, gate: Gate | None = None) -> UsageReader:
     """An account read through its key's `GET /key` (usage of that key, whoever used it)."""
 
     async def read() -> float | None:
-        info = await key_info(client)
+        info = await key_info(client, gate)
         return None if info is None else info.usage_usd
 
     return read
@@ -154,13 +155,13 @@ async def reconcile_accounts(
     return out
 
 
-async def remaining_credit(client: JsonGetter) -> float | None:
+async def remaining_credit(client: JsonGetter, gate: Gate | None = None) -> float | None:
     """What the account may still spend: the key's remaining limit, else the account's credit
     (`/credits`, for management keys), else None."""
-    info = await key_info(client)
+    info = await key_info(client, gate)
     if info is not None and info.limit_remaining_usd is not None:
         return info.limit_remaining_usd
-    return await account_credit(client)
+    return await account_credit(client, gate)
 
 
 async def poll_credit(
@@ -177,14 +178,22 @@ async def poll_credit(
         await sleep(interval_s)
 
 
-async def resolve_prices(job: Job, clients: Mapping[str, JsonGetter]) -> dict[str, Prices | None]:
-    """Each endpoint's prices: from the config, else (OpenRouter) the highest among the
-    model's endpoints, so that a worst case computed from them is one."""
+async def resolve_prices(
+    job: Job, clients: Mapping[str, JsonGetter], gate: Gate | None = None
+) -> dict[str, Prices | None]:
+    """Each endpoint's prices: from the config, else (OpenRouter) the highest valid ones among
+    the model's endpoints, so that a worst case computed from them is one. A price the gate
+    refuses (not a number, negative, absurd, or 0 for a paid model) is left out of that basis,
+    and said once (`gate`)."""
     out: dict[str, Prices | None] = {}
+    model = job.generation.model
     for e in job.endpoint_pool:
         prices = configured_prices(e)
         if prices is None and e.dialect == "openrouter":
-            listed = await model_prices(clients[e.name], job.generation.model)
-            prices = None if listed is None else Prices(*listed)
+            found = await model_listing(clients[e.name], model)
+            if found is not None and gate is not None:
+                gate.prices(model, found, channel=f"{e.base_url}/models/{model}/endpoints")
+            if found is not None and found.high is not None:
+                prices = Prices(*found.high, floor=found.low_completion or 0.0)
         out[e.name] = prices
     return out

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 
 from regen.config import DatasetConfig, EndpointConfig
 from regen.conversation import Usage
+from regen.engine.gate import BILL_CEILING
 from regen.errors import StateError
 from regen.state.db import Store
 from regen.state.work import DatasetProgress
@@ -63,6 +64,9 @@ class Prices:
     up to its busy time at this rate. Such an attempt has no worst case of its own: a dollar
     cap stops sending once the charges reach it, and the requests then in flight add at most
     this rate times the time they take to finish."""
+    floor: float = 0.0
+    """The lowest completion price the model's catalogue lists (0: none read): a bill that
+    claims less than a share of it for its completion tokens is no bill (`engine/gate.py`)."""
 
     def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
         return prompt_tokens * self.prompt + completion_tokens * self.completion
@@ -180,6 +184,9 @@ class DatasetBudgetState:
     scope: _Scope = field(default_factory=_Scope)
     met: str | None = None
     """Why nothing more of this dataset is sent, once a budget is met."""
+    held_out: bool = False
+    """Its limit is met only with requests whose bills are not known yet (a killed run's):
+    a later run may send what they leave (`held_words`)."""
 
 
 class BudgetBook:
@@ -311,7 +318,7 @@ class BudgetBook:
                 return self._meet(state, "token budget met")
             if ds.spent_tokens + ds.reserved_tokens + ds.held_tokens >= state.token_budget:
                 if ds.stuck:
-                    return self._meet(state, "token budget met")
+                    return self._hold_out(state, "token budget")
                 return Denial(self._held_reason(ds, "token budget"), wait=True, dataset=True)
         worst = 0.0
         if state.max_cost_usd is not None or self._job_cap is not None:
@@ -324,7 +331,7 @@ class BudgetBook:
                     return self._meet(state, "dollar cap met")
                 if ds.charged_usd + ds.reserved_usd + ds.held_usd + worst > cap:
                     if ds.stuck:
-                        return self._meet(state, "dollar cap met")
+                        return self._hold_out(state, "dollar cap")
                     return Denial(self._held_reason(ds, "dollar cap"), wait=True, dataset=True)
             job = self.job
             if self._job_cap is not None:
@@ -343,9 +350,7 @@ class BudgetBook:
                         # more) stand between the job and its cap: stop rather than idle.
                         self.stopped = (
                             f"the job's dollar cap [budget].max_cost_usd = {self._job_cap:g} is "
-                            f"met (${job.charged_usd:.4f} spent, and up to ${job.held_usd:.4f} "
-                            f"held for {job.held} requests whose bills cannot be seen yet: run "
-                            "again later to send what they leave)"
+                            f"met (${job.charged_usd:.4f} spent), {held_words(job)}"
                         )
                         self._notify(everyone=True)
                         return Denial(self.stopped, stops_run=True)
@@ -364,6 +369,20 @@ class BudgetBook:
         if scope.held:
             return f"{what} held for requests whose bills are not known yet"
         return f"{what} held until the run's key's credit limit is raised"
+
+    def _hold_out(self, state: DatasetBudgetState, what: str) -> Denial:
+        """Only requests whose bills come no sooner than their deadline (a killed run's,
+        without a generation id) stand between the dataset and its limit: nothing more of
+        it is sent in this run, and the run says so as it does for the job's cap, in the
+        same words, with the same exit code (`held_out`): not met, but held."""
+        sc = state.scope
+        state.held_out = True
+        used = (
+            f"{sc.spent_tokens} of {state.token_budget} tokens used"
+            if what == "token budget"
+            else f"${sc.charged_usd:.4f} of ${state.max_cost_usd:g} spent"
+        )
+        return self._meet(state, f"its {what} is met ({used}), {held_words(sc)}")
 
     def _meet(self, state: DatasetBudgetState, reason: str) -> Denial:
         state.met = reason
@@ -507,6 +526,16 @@ class BudgetBook:
         return lines
 
 
+def held_words(scope: _Scope) -> str:
+    """How every scope (the job's cap, a dataset's cap or token budget) says that its room is
+    held by requests whose bills cannot be seen yet."""
+    return (
+        f"counting up to ${scope.held_usd:.4f} and {scope.held_tokens:.0f} tokens held for "
+        f"{scope.held} requests whose bills cannot be seen yet: run again later to send what "
+        "they leave"
+    )
+
+
 def fill_cost(usage: Usage, prices: Prices | None) -> Usage:
     """The usage with its cost: the provider's when it gave one, else from the prices."""
     if usage.cost_usd is not None or prices is None:
@@ -551,7 +580,8 @@ def remember_prices(store: Store, endpoint: str, listed: Prices, factor: float) 
 
 def repriced_meta(store: Store) -> dict[str, dict[str, float]]:
     """What earlier runs learned of endpoints' prices from their bills (state.db is untrusted:
-    anything but finite numbers, factors above 1, is ignored)."""
+    anything but finite numbers, factors above 1 and at most the gate's BILL_CEILING, is
+    ignored)."""
     try:
         raw = json.loads(store.get_meta(REPRICED_META) or "{}")
     except ValueError:
@@ -568,7 +598,7 @@ def repriced_meta(store: Store) -> dict[str, dict[str, float]]:
                 isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
                 for v in values
             )
-            and 1.0 < entry["factor"] < 1e6
+            and 1.0 < entry["factor"] <= BILL_CEILING
         ):
             out[str(name)] = {k: float(entry[k]) for k in ("prompt", "completion", "factor")}
     return out

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from regen.conversation import Charge, Usage
 from regen.engine.budget import BudgetBook, Prices, fill_cost
 from regen.engine.client.account import JsonGetter, generation_charge
+from regen.engine.gate import Asked, Gate
 from regen.state.outstanding import Sent
 
 LOOKUP_WAITS_S = (1.0, 1.0, 2.0, 4.0, 8.0)
@@ -105,6 +106,10 @@ class HoldKeeper:
     """What requests of earlier runs turned out not to cost of their worst cases: room the
     job may spend again (a key made for this run gets it added to its limit). Negative parts
     are bills above their worst cases (prices gone stale), which the key's limit loses."""
+    gate: Gate | None = None
+    """Judges each bill found (`engine/gate.py`); None: believed as it is (tests)."""
+    max_tokens: Mapping[str, int] = field(default_factory=dict)
+    """Each lane's max_tokens: what a held request of the lane may have written."""
     lagging_usd: float = 0.0
     """The room freed so far that the run's key's limit must get before the job spends it
     (the positive parts of `freed_earlier_usd`)."""
@@ -189,7 +194,9 @@ class HoldKeeper:
         h.next_lookup = self.clock() + wait
         if found is None or s.id not in self.held:
             return
-        usage = fill_cost(found[0], self.prices.get(s.endpoint or ""))
+        prices = self.prices.get(s.endpoint or "")
+        usage = self._believed(s, *found, prices)
+        usage = fill_cost(usage, prices)
         billed = usage if usage.cost_usd else None  # 0: not billed (a provider error, say)
         charge = None
         if billed is not None and s.dataset is not None:
@@ -199,6 +206,23 @@ class HoldKeeper:
             )
         self._release(h, charge, billed)
         self.found += 1
+
+    def _believed(
+        self, s: Sent, usage: Usage, provider: str | None, prices: Prices | None
+    ) -> Usage:
+        """The record's usage if the gate believes it, else the request's worst case, counted
+        now: a junk record never makes the run wait for the request's deadline. A record of
+        nothing (no tokens, no cost) is OpenRouter's "not billed", and believed."""
+        if self.gate is None:
+            return usage
+        max_tokens = self.max_tokens.get(s.lane or "") or max(self.max_tokens.values(), default=0)
+        asked = Asked(
+            max_tokens=max_tokens or round(s.tokens),
+            worst_usd=s.worst_usd if s.worst_usd > 0 else None,
+            floor_usd_per_token=prices.floor if prices is not None else None,
+        )
+        who = provider or s.endpoint or "the provider"
+        return self.gate.usage(usage, asked, channel="/generation", who=who, where="record")
 
     async def _expire(self, expired: list[Held]) -> None:
         """Requests past their deadline with no bill found: count each at what its account's

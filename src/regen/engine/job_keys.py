@@ -81,7 +81,8 @@ class JobKeys:
                 continue
             try:
                 record = await self._api.get(k.hash)
-                k.usage_usd = record.usage_usd
+                if record.usage_usd is not None:  # junk: the last usage read stands
+                    k.usage_usd = record.usage_usd
                 if not record.disabled:
                     await self._api.update(k.hash, disabled=True)
             except KeyApiError as exc:
@@ -115,11 +116,15 @@ class JobKeys:
                 total += k.usage_usd
                 continue
             try:
-                k.usage_usd = (await self._api.get(k.hash)).usage_usd
+                used = (await self._api.get(k.hash)).usage_usd
             except KeyApiError as exc:
                 if exc.status != 404:
                     return None
                 k.deleted = True
+            else:
+                if used is None:  # no amount: the account's usage is not known now
+                    return None
+                k.usage_usd = used
             total += k.usage_usd
         return total
 
@@ -155,7 +160,9 @@ class JobKeys:
                 if k.deleted:
                     continue
                 try:
-                    k.usage_usd = (await self._api.get(k.hash)).usage_usd
+                    used = (await self._api.get(k.hash)).usage_usd
+                    if used is not None:
+                        k.usage_usd = used
                     await self._api.delete(k.hash)
                     k.deleted = True
                 except KeyApiError:

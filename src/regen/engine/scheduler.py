@@ -52,6 +52,7 @@ from regen.engine.failures import JOB_WIDE_AFTER as JOB_WIDE_AFTER
 from regen.engine.failures import JOB_WIDE_WAIT_S as JOB_WIDE_WAIT_S
 from regen.engine.failures import ClientErrorJudge, ErrorRate
 from regen.engine.feeder import Feeder, LaneQueue, until_set
+from regen.engine.gate import BILL_CEILING, Asked, Gate, believed
 from regen.engine.holds import HoldKeeper, HoldSummary
 from regen.engine.limiter import AdaptiveLimit, EndpointHealth
 from regen.engine.sent_log import IDENTIFY_WRITE_EVERY_S as IDENTIFY_WRITE_EVERY_S
@@ -311,6 +312,8 @@ class RunStats:
     endpoints: dict[str, EndpointStats] = field(default_factory=dict)
     """Per endpoint of the pool: answers, failures, outages."""
     repriced: dict[str, float] = field(default_factory=dict)
+    gate: Gate = field(default_factory=Gate)
+    """What providers said that regen did not believe (`engine/gate.py`)."""
     """Per endpoint: how many times its known prices its answers were billed at most, when
     more than once (the prices the worst cases of dollar caps use were raised to it)."""
     recent_failures: deque[int] = field(default_factory=lambda: deque(maxlen=200))
@@ -668,6 +671,30 @@ class Scheduler:
             return min(eps, key=lambda e: (e.health.cool_until, self._rng.random()))
         return min(healthy, key=lambda e: ((e.outstanding + 1) / e.weight, self._rng.random()))
 
+    def _gate(
+        self, ep: EndpointRuntime, result: Result, lane: LaneRuntime, req: Request, att: Try
+    ) -> Usage:
+        """The answer's usage if the gate believes it, else its worst case: at most max_tokens
+        written, a prompt within its bound, a bill within BILL_CEILING x the attempt's worst
+        case and above BILL_FLOOR x its completion at the lowest listed price."""
+        prices = ep.prices
+        bound = prompt_tokens_bound(req)
+        worst: float | None = None
+        if att.lease is not None and att.lease.worst_usd > 0:
+            worst = att.lease.worst_usd
+        elif prices is not None and not prices.usd_per_s:
+            worst = prices.cost(bound, lane.max_tokens)
+        asked = Asked(
+            max_tokens=lane.max_tokens,
+            prompt_bound=bound,
+            worst_usd=worst,
+            floor_usd_per_token=prices.floor if prices is not None else None,
+        )
+        who = (
+            f"{result.provider} (endpoint {ep.name})" if result.provider else f"endpoint {ep.name}"
+        )
+        return self.stats.gate.usage(result.usage, asked, channel="an answer", who=who)
+
     def _learn_price(self, ep: EndpointRuntime, usage: Usage) -> None:
         """Raise the endpoint's prices when an answer was billed more than they say it costs (a
         price list gone stale, or prices in the job file below the provider's): a dollar cap's
@@ -675,8 +702,12 @@ class Scheduler:
         factor = billed_above(ep.prices, usage)
         if ep.prices is None or factor is None:
             return
-        ep.prices = ep.prices.scaled(factor)
-        total = self.stats.repriced[ep.name] = self.stats.repriced.get(ep.name, 1.0) * factor
+        before = self.stats.repriced.get(ep.name, 1.0)
+        total = min(BILL_CEILING, before * factor)  # a bill above it is not believed
+        if total <= before:
+            return
+        ep.prices = ep.prices.scaled(total / before)
+        self.stats.repriced[ep.name] = total
         remember_prices(self._store, ep.name, ep.prices.scaled(1 / total), total)
 
     def _drain(self, lane: LaneRuntime, ep: EndpointRuntime, exc: EndpointError) -> bool:
@@ -868,7 +899,7 @@ class Scheduler:
             )
             # What was sent: the batcher's one request for a prompt's samples, else the body.
             settings = result.settings or sent_settings(body)
-            result = replace(self._price(ep, item, result), settings=settings)
+            result = replace(self._price(ep, item, result, lane, req, att), settings=settings)
             att.billed, att.end = result.usage, "answered"
             return result
         except EndpointError as exc:
@@ -930,16 +961,26 @@ class Scheduler:
         else:
             flow.failed_wire_s += t1 - att.t0
 
-    def _price(self, ep: EndpointRuntime, item: PendingItem, result: Result) -> Result:
-        """An answer with its usage counted and its cost filled in: a server priced by the
-        second charges its busy time; otherwise the bill stands (and raises the endpoint's
-        prices when above them), or the prices give the cost."""
+    def _price(
+        self,
+        ep: EndpointRuntime,
+        item: PendingItem,
+        result: Result,
+        lane: LaneRuntime,
+        req: Request,
+        att: Try,
+    ) -> Result:
+        """An answer with its usage counted and its cost filled in. What the provider said
+        passes the gate first: usage it does not believe is charged at the attempt's worst
+        case (the answer is kept, flagged). Then a server priced by the second charges its
+        busy time; otherwise the bill stands (and raises the endpoint's prices when above
+        them), or the prices give the cost."""
         result = counted_usage(result, item.prompt_tokens_est)
-        usage = result.usage
+        usage = self._gate(ep, result, lane, req, att)
         if ep.prices is not None and ep.prices.usd_per_s:
             busy_s = ep.busy.take(time.monotonic())
             usage = replace(usage, cost_usd=busy_s * ep.prices.usd_per_s)
-        else:
+        elif believed(usage):
             self._learn_price(ep, usage)
         usage = fill_cost(usage, ep.prices)
         if usage is not result.usage:  # a Result's copy costs a few us: only if new

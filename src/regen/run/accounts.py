@@ -14,6 +14,7 @@ from regen.engine.billing import (
     remaining_credit,
 )
 from regen.engine.client import ChatClient
+from regen.engine.gate import BILL_CEILING, Gate
 from regen.engine.holds import HoldKeeper
 from regen.engine.job_keys import JobKeys
 from regen.engine.scheduler import (
@@ -80,7 +81,10 @@ async def check_reachable(job: Job) -> None:
 
 
 def credit_reader(
-    account: Account, clients: Mapping[str, ChatClient], job_keys: Mapping[str, JobKeys]
+    account: Account,
+    clients: Mapping[str, ChatClient],
+    job_keys: Mapping[str, JobKeys],
+    gate: Gate | None = None,
 ) -> Callable[[], Awaitable[float | None]]:
     """How to read what an account may still spend: its key's remaining limit, else the
     account's credit; with a management key, the account's credit (`/credits`: the run's own
@@ -89,7 +93,7 @@ def credit_reader(
     if made is not None:
         return made.credit
     client = clients[account.endpoints[0]]
-    return lambda: remaining_credit(client)
+    return lambda: remaining_credit(client, gate)
 
 
 async def check_credit_floor(
@@ -143,15 +147,30 @@ async def watch_credit(
 
 
 def key_limit(
-    job: Job, progress: list[DatasetProgress], store: Store, keys_used_usd: float
+    job: Job,
+    progress: list[DatasetProgress],
+    store: Store,
+    keys_used_usd: float,
+    gate: Gate | None = None,
 ) -> float | None:
     """The credit limit of a key made for this run: what the job's cap still allows after
     the spend so far (the ledger's, or what the job's earlier keys have used as OpenRouter
     says, whichever is more) and what requests of killed runs may still be billed (None: no
-    cap)."""
+    cap). The earlier keys had limits within the cap: a usage above BILL_CEILING x the cap is
+    no usage of theirs (a lie would block the job for good), and the ledger stands."""
     cap = job.budget.max_cost_usd
     if cap is None:
         return None
+    if keys_used_usd > BILL_CEILING * cap:
+        if gate is not None:
+            gate.refuse(
+                "/keys",
+                "the account",
+                f"usage = {keys_used_usd:g} for the job's earlier keys (their limits were "
+                f"within the cap, ${cap:g})",
+                "the ledger's spend is used",
+            )
+        keys_used_usd = 0.0
     _, held_usd, _ = store.outstanding.held()
     # What the job's earlier requests will have cost: at most the ledger and their holds'
     # worst cases; at least what the earlier keys were billed already (more, if the ledger

@@ -14,6 +14,7 @@ from regen.engine.billing import (
 )
 from regen.engine.budget import LENGTH_WINDOW, BudgetBook, Prices
 from regen.engine.client import ChatClient
+from regen.engine.gate import Gate
 from regen.engine.holds import HoldKeeper
 from regen.run.lanes import SELF_HOSTED
 from regen.state.db import Store
@@ -60,6 +61,7 @@ def hold_keeper(
     accounts: list[Account],
     baselines: Mapping[str, Baseline],
     usage: Mapping[str, UsageReader],
+    gate: Gate | None = None,
 ) -> HoldKeeper:
     """The keeper of this job's held requests: it reads bills from each OpenRouter endpoint's
     `/generation` and the accounts' spend beyond the ledger. Its `settle` and `flush` are the
@@ -82,4 +84,6 @@ def hold_keeper(
         unexplained=unexplained,
         settle=nothing,
         flush=nothing,
+        gate=gate,
+        max_tokens={lane.name: job.lane_max_tokens(lane) for lane in job.lane_list},
     )

@@ -30,6 +30,7 @@ from regen.engine.billing import (
 from regen.engine.budget import BudgetBook, Prices, learned_prices
 from regen.engine.client import ChatClient
 from regen.engine.client.keys import KeyApi
+from regen.engine.gate import Gate
 from regen.engine.holds import HoldKeeper
 from regen.engine.job_keys import JobKeys
 from regen.engine.scheduler import (
@@ -172,8 +173,11 @@ async def dispatch(
     stats = run_stats(job, store, progress)
     await check_reachable(job)
     async with contextlib.AsyncExitStack() as stack:
-        accounts = await open_accounts(job, store, keys, console, progress, stack)
-        await check_credit_floor(job, accounts.billing, accounts.credit)
+        accounts = await open_accounts(job, store, keys, console, progress, stack, stats.gate)
+        try:
+            await check_credit_floor(job, accounts.billing, accounts.credit)
+        finally:
+            say_gate(job, stats, console)
         baselines = await take_baselines(store, accounts.billing, accounts.usage)
         book = budget_book(job, progress, store)
         routes = await check_endpoints(job, store, accounts, console, book, stats)
@@ -263,6 +267,7 @@ async def open_accounts(
     console: Console,
     progress: list[DatasetProgress],
     stack: contextlib.AsyncExitStack,
+    gate: Gate | None = None,
 ) -> Accounts:
     """Make the run's keys (accounts with a management key: earlier runs' keys disabled
     first), open a client per endpoint sized for its lanes, and say how each account's usage
@@ -276,7 +281,7 @@ async def open_accounts(
         api = KeyApi(a.base_url, management_key(a.management_key_env))
         await stack.enter_async_context(api)
         job_keys = JobKeys(store, api, a.key, a.management_key_env)
-        limit = key_limit(job, progress, store, await job_keys.disable_earlier())
+        limit = key_limit(job, progress, store, await job_keys.disable_earlier(), gate)
         secret = await job_keys.start(key_name(job), limit)
         keys = {**keys, **dict.fromkeys(a.endpoints, secret)}
         made[a.key], start_limits[a.key] = job_keys, limit
@@ -306,10 +311,10 @@ async def open_accounts(
     for c in clients.values():
         await stack.enter_async_context(c)
     usage = {
-        a.key: made[a.key].usage if a.key in made else key_usage(clients[a.endpoints[0]])
+        a.key: made[a.key].usage if a.key in made else key_usage(clients[a.endpoints[0]], gate)
         for a in billing
     }
-    credit = {a.key: credit_reader(a, clients, made) for a in billing}
+    credit = {a.key: credit_reader(a, clients, made, gate) for a in billing}
     return Accounts(billing, clients, made, start_limits, usage, credit)
 
 
@@ -324,7 +329,9 @@ async def check_endpoints(
     """Read the endpoints' prices (raised to what earlier answers were billed at) and routes,
     keep what `regen audit` and `regen export` need later, and refuse a dollar cap that has no
     prices to go by."""
-    found, stats.repriced = learned_prices(await resolve_prices(job, accounts.clients), store)
+    listed = await resolve_prices(job, accounts.clients, stats.gate)
+    say_gate(job, stats, console)
+    found, stats.repriced = learned_prices(listed, store)
     unproven: set[str] = set()
     excluded = await check_routes(job, accounts.clients, console, unproven)
     store.set_meta("unproven_providers", json.dumps(sorted(unproven)))
@@ -338,7 +345,9 @@ async def check_endpoints(
         if unpriced:
             raise ConfigError(
                 f"a dollar cap needs prices, and endpoint(s) {', '.join(unpriced)} list "
-                "none: set prompt_usd_per_mtok and completion_usd_per_mtok in [endpoint]"
+                f"none that regen can use for {job.generation.model} (a worst case needs a "
+                "price above 0: see the gate's lines above): set prompt_usd_per_mtok and "
+                "completion_usd_per_mtok in [endpoint]"
             )
     return Routes(found, excluded, excluded_anywhere)
 
@@ -368,6 +377,7 @@ def start_scheduler(
         accounts.billing,
         baselines,
         accounts.usage,
+        stats.gate,
     )
     scheduler = Scheduler(
         store,
@@ -485,6 +495,16 @@ async def supervise(
                 store.runs.end(run_id, stats.stop_reason)
 
 
+def say_gate(job: Job, stats: RunStats, console: Console) -> None:
+    """What the gate refused since it last said (`engine/gate.py`), on the console and in
+    run.log."""
+    lines = stats.gate.take_lines()
+    for line in lines:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    if lines:
+        append_log(job.output_path / "run.log", lines)
+
+
 def end_lines(keeper: HoldKeeper, stats: RunStats) -> list[str]:
     """What the run's end says of money beyond the budgets' own lines: requests that may
     still be billed, bills that never showed, endpoints billed above their prices."""
@@ -502,6 +522,7 @@ def end_lines(keeper: HoldKeeper, stats: RunStats) -> list[str]:
             "never showed (at most their worst case, as the account's spend beyond the "
             "ledger allowed)"
         )
+    lines += stats.gate.end_lines()
     for name, factor in stats.repriced.items():
         lines.append(
             f"endpoint {name}: answers were billed up to {factor:.2f}x the prices regen had "

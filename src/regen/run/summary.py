@@ -111,6 +111,8 @@ def unsent_items(
         state = book.datasets.get(p.name)
         if state is None:
             out.append(Unsent(p.name, n, "the dataset is no longer in the job file", "budget"))
+        elif state.met is not None and state.held_out:
+            out.append(Unsent(p.name, n, state.met, "cap"))
         elif state.met is not None:
             out.append(Unsent(p.name, n, f"its budget is met: {state.met}", "budget"))
         elif budget_stop and stop_reason:

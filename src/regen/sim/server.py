@@ -530,7 +530,11 @@ class Simulator:
                 "provider_name": endpoint.provider_name,
                 "streamed": entry.stream,
                 "cancelled": False,
-                "finish_reason": comp.finish_reason,
+                # Zero-completion insurance: a generation that ended in an error is not
+                # billed, and its record says why.
+                "finish_reason": comp.finish_reason
+                if billed or not comp.completion_tokens
+                else "error",
                 "native_finish_reason": comp.finish_reason,
                 "created_at": created,
                 "latency": endpoint.ttft_s * 1000,

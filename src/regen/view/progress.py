@@ -531,6 +531,12 @@ class ProgressReporter:
             self._close_log()
             self._console.print(f"warning: cannot write progress lines: {exc}", markup=False)
 
+    def _say_gate(self) -> None:
+        """What the gate refused since the last tick: each source and field once."""
+        for line in self._stats.gate.take_lines():
+            self._log(line)
+            self._console.print(line, markup=False, highlight=False, soft_wrap=True)
+
     def _close_log(self) -> None:
         log, self._log_file = self._log_file, None
         if log is not None:
@@ -555,6 +561,7 @@ class ProgressReporter:
             last_line = 0.0
             while True:
                 now = time.monotonic()
+                self._say_gate()
                 if live is not None:
                     live.update(progress_view(self._stats, now))
                 if now - last_line >= self._interval_s:
@@ -565,6 +572,7 @@ class ProgressReporter:
                     last_line = now
                 await asyncio.sleep(0.25 if live is not None else min(self._interval_s, 1.0))
         finally:
+            self._say_gate()
             final = progress_line(self._stats)
             self._log(final)
             if live is not None:

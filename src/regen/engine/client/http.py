@@ -31,7 +31,12 @@ from regen.engine.client.redirects import (
     RedirectPolicy,
     too_many,
 )
-from regen.engine.client.response import parse_chat_body, parse_choices, result_from_body
+from regen.engine.client.response import (
+    loads_answer,
+    parse_chat_body,
+    parse_choices,
+    result_from_body,
+)
 from regen.engine.client.sse import StreamAssembler
 from regen.errors import EndpointError
 
@@ -286,7 +291,8 @@ class ChatClient:
                 if resp.status != 200:
                     return None
                 raw, whole = await read_at_most(resp.content, SIDE_BODY_BYTES)
-                return orjson.loads(raw) if whole else None
+                # NaN-tolerant: a bill of NaN is the gate's to refuse, not a record missing.
+                return loads_answer(raw) if whole else None
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, EndpointError):
             return None
 

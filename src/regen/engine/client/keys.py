@@ -17,6 +17,8 @@ import aiohttp
 import orjson
 
 from regen.engine.client.errors import brief
+from regen.engine.client.response import loads_answer
+from regen.engine.gate import amount
 
 
 class KeyApiError(Exception):
@@ -33,7 +35,8 @@ class KeyRecord:
 
     hash: str
     name: str
-    usage_usd: float
+    usage_usd: float | None
+    """None: the record's usage is no amount (negative, not finite, text): not known."""
     limit_usd: float | None
     disabled: bool
 
@@ -42,12 +45,11 @@ def _record(data: Any) -> KeyRecord:
     if not isinstance(data, dict) or not isinstance(data.get("hash"), str):
         raise KeyApiError(200, "the answer holds no key object")
     usage = data.get("usage")
-    limit = data.get("limit")
     return KeyRecord(
         data["hash"],
         str(data.get("name") or ""),
-        float(usage) if isinstance(usage, int | float) and not isinstance(usage, bool) else 0.0,
-        float(limit) if isinstance(limit, int | float) and not isinstance(limit, bool) else None,
+        0.0 if usage is None else amount(usage),
+        amount(data.get("limit")),
         bool(data.get("disabled")),
     )
 
@@ -102,7 +104,7 @@ class KeyApi:
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise KeyApiError(None, f"{method} {url}: {type(exc).__name__}") from exc
         try:
-            doc = orjson.loads(raw) if raw.strip() else None
+            doc = loads_answer(raw) if raw.strip() else None  # NaN read: the gate's to judge
         except orjson.JSONDecodeError:
             doc = None
         if 300 <= status < 400:
@@ -148,7 +150,7 @@ class KeyApi:
         data = doc.get("data") if isinstance(doc, dict) else None
         if not isinstance(data, dict):
             return None
-        total, used = data.get("total_credits"), data.get("total_usage")
-        if not isinstance(total, int | float) or not isinstance(used, int | float):
+        total, used = amount(data.get("total_credits")), amount(data.get("total_usage"))
+        if total is None or used is None:
             return None
-        return float(total) - float(used)
+        return max(0.0, total - used)

@@ -12,6 +12,7 @@ import orjson
 
 from regen.conversation import Message, Result, ToolCall, Usage
 from regen.engine.client.errors import error_from_body, looks_like_html
+from regen.engine.gate import amount, shown
 from regen.errors import EndpointError
 
 REPLACEMENT = "\ufffd"
@@ -32,18 +33,24 @@ MAX_COUNT = 2**32
 
 
 def loads_answer(raw: bytes) -> Any:
-    """JSON from a server, with what cannot be stored as text replaced by U+FFFD (REPLACEMENT).
+    """JSON from a server, with what cannot be stored as text replaced by U+FFFD (REPLACEMENT),
+    and the bare NaN and Infinity that Python's json (and proxies written with it) put in
+    numbers read as floats: an answer is not lost to one number (the gate judges numbers).
     Raises orjson.JSONDecodeError when it is not JSON either way."""
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         repaired = _repaired(raw)
-        if repaired is None:
-            raise
         try:
-            return orjson.loads(repaired)
+            return orjson.loads(repaired if repaired is not None else raw)
         except orjson.JSONDecodeError:
-            raise exc from None
+            pass
+        if b"NaN" in raw or b"Infinity" in raw:
+            try:
+                return json.loads(repaired if repaired is not None else raw)
+            except (ValueError, RecursionError):
+                pass
+        raise exc from None
 
 
 def _repaired(raw: bytes) -> bytes | None:
@@ -195,6 +202,9 @@ def choice_bodies(body: Any, n: int) -> list[Any]:
             "total_tokens": prompt + completion,
             "reasoning_tokens": reasoning,
         }
+        for name in BILLED_FIELDS:  # a share of a junk bill is junk: the gate judges it
+            if any(j.startswith(f"{name} = ") for j in total.junk):
+                share[name] = usage[name]
         if total.cost_usd is not None:
             share["cost"] = (
                 total.cost_usd
@@ -280,6 +290,12 @@ def _call(c: dict[str, Any], status: int) -> ToolCall:
     return ToolCall(id=call_id if isinstance(call_id, str) else "", name=fn["name"], arguments=args)
 
 
+BILLED_FIELDS = ("prompt_tokens", "completion_tokens", "cost")
+"""The usage fields that move money: one that is sent but is no amount (negative, not finite,
+past MAX_COUNT, text) is junk (`Usage.junk`), for the gate; one left out (or null) is
+counted from ids, estimated or priced from the list, as before."""
+
+
 def _usage(u: Any) -> Usage:
     if not isinstance(u, dict):
         return Usage()
@@ -287,13 +303,27 @@ def _usage(u: Any) -> Usage:
     reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else None
     if reasoning is None:
         reasoning = u.get("reasoning_tokens")  # SGLang puts it at the top level
-    cost = u.get("cost")
     return Usage(
         prompt_tokens=_int(u.get("prompt_tokens")),
         completion_tokens=_int(u.get("completion_tokens")),
         reasoning_tokens=_int(reasoning),
-        cost_usd=_cost(cost),
+        cost_usd=_cost(u.get("cost")),
+        junk=junk_fields(u, BILLED_FIELDS),
     )
+
+
+def junk_fields(record: dict[str, Any], names: tuple[str, ...]) -> tuple[str, ...]:
+    """`name = value` for each of `names` that `record` holds but that is no amount: neither
+    absent nor null, and not a finite number within 0 and MAX_COUNT."""
+    out = []
+    for name in names:
+        value = record.get(name)
+        if value is None:
+            continue
+        number = amount(value)
+        if number is None or number > MAX_COUNT:
+            out.append(f"{name} = {shown(value)}")
+    return tuple(out)
 
 
 def _cost(v: Any) -> float | None:
