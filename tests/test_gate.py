@@ -94,7 +94,8 @@ def test_usage_beyond_what_was_asked_is_not_believed() -> None:
     assert doubts(Usage(900, most + 1, 0, 0.0005), asked, "usage")[0].startswith(
         "usage.completion_tokens = 122 (max_tokens 100"
     )
-    assert "prompt_tokens" in doubts(Usage(1001, 10, 0, 0.0005), asked, "usage")[0]
+    assert asked.most_prompt == 2 * 500 + 4096
+    assert "prompt_tokens" in doubts(Usage(5097, 10, 0, 0.0005), asked, "usage")[0]
     assert "above 16x" in doubts(Usage(10, 10, 0, 0.001 * BILL_CEILING * 1.01), asked, "usage")[0]
     # A bill of 0 (or a fraction of a cent) for tokens written is no bill for them.
     assert "below 0.1x" in doubts(Usage(10, 100, 0, 0.0), asked, "usage")[0]

@@ -9,8 +9,8 @@ what was asked:
 
 - a price at most MAX_USD_PER_TOKEN, and above 0 for a paid model (one not `:free`);
 - completion tokens at most max_tokens x choices, plus COMPLETION_SLACK;
-- prompt tokens at most PROMPT_SLACK x the prompt's tokenizer-free bound (MAX_PROMPT_TOKENS
-  where the prompt is not known: a held request's bill);
+- prompt tokens at most the prompt's tokenizer-free bound, plus PROMPT_SLACK
+  (MAX_PROMPT_TOKENS where the prompt is not known: a held request's bill);
 - a bill at most BILL_CEILING x the request's worst case at the highest price known for the
   model, and at least BILL_FLOOR x what its completion tokens cost at the lowest price listed
   (a bill of 0 for an answer that wrote tokens is no bill).
@@ -18,8 +18,9 @@ what was asked:
 What fails is never counted as given and never frees room: an answer is kept, flagged
 (`usage_source = 'worst'`) and charged its worst case; a held request's bill likewise, at once
 (a junk record never makes a run wait for the request's deadline); a price is left out of the
-worst cases' basis; an account's usage or credit is taken as unknown. Each source and field is
-said once, in one line naming both; the end of the run counts them all.
+worst cases' basis; an account's usage or credit is taken as unknown. Each field is said
+once, the first time, in a line naming the provider that sent it; the end of the run counts
+them per field and provider.
 """
 
 from __future__ import annotations
@@ -27,22 +28,23 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from regen.conversation import Usage
 from regen.safe import printable
 
 MAX_USD_PER_TOKEN = 0.01
-"""$10,000 per million tokens: fifteen times the dearest model listed in 2026. A price above
-it is no price (a proxy that writes 1e18 would otherwise make every request's worst case
-exceed any cap)."""
+"""$10,000 per million tokens: more than ten times the dearest price OpenRouter has listed
+(o1-pro's $600 per million completion tokens). A price above it is no price (a proxy that
+writes 1e18 would otherwise make every request's worst case exceed any cap)."""
 COMPLETION_SLACK = (0.05, 16)
 """Completion tokens a provider may count beyond max_tokens x choices: 5% and 16 tokens (a
 stop token, a tokenizer that counts differently from the one that enforced the limit)."""
-PROMPT_SLACK = 2.0
-"""The bound regen computes for a prompt (its UTF-8 bytes, the tools' JSON, room for the
-template) is one already; twice it leaves room for a provider's own system prompt."""
+PROMPT_SLACK = (2.0, 4096)
+"""Prompt tokens a provider may count beyond the bound regen computes for a prompt (its UTF-8
+bytes, the tools' JSON, room for the template), which is one already: twice it, and 4,096
+tokens for a system prompt of the provider's own (some add tool-use instructions)."""
 MAX_PROMPT_TOKENS = 10_000_000
 """Prompt tokens where the prompt is not known (a held request's bill): no model's context
 holds more."""
@@ -157,7 +159,8 @@ class Asked:
     def most_prompt(self) -> int:
         if self.prompt_bound is None:
             return MAX_PROMPT_TOKENS
-        return math.ceil(self.prompt_bound * PROMPT_SLACK)
+        share, tokens = PROMPT_SLACK
+        return math.ceil(self.prompt_bound * share) + tokens
 
 
 def doubts(usage: Usage, asked: Asked, where: str) -> list[str]:
@@ -294,9 +297,3 @@ class Gate:
 def believed(usage: Usage) -> bool:
     """Whether an answer's usage was believed (not charged at its worst case)."""
     return usage.source != WORST
-
-
-def with_junk(usage: Usage, junk: Iterable[str]) -> Usage:
-    """`usage` marked with the fields that were not amounts."""
-    marks = tuple(junk)
-    return replace(usage, junk=usage.junk + marks) if marks else usage

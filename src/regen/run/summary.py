@@ -148,6 +148,12 @@ def unsent_line(u: Unsent) -> str:
 
 
 def counted_usage_line(dataset: str, source: str, n: int) -> str:
+    if source == "worst":
+        return (
+            f"dataset {dataset}: {n} answers came with usage regen did not believe (the gate's "
+            "lines say which field): kept, flagged (usage_source 'worst' in the exports), and "
+            "charged their worst cases"
+        )
     how = (
         "counted from the token ids it returned"
         if source == "ids"
