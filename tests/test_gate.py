@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from regen.config import load_job
 from regen.conversation import Usage
+from regen.engine.billing import Account, Baseline, reconcile_accounts
 from regen.engine.budget import REPRICED_META, repriced_meta
 from regen.engine.client.account import generation_charge, key_info, model_listing
 from regen.engine.client.keys import _record
@@ -246,3 +247,26 @@ def test_whatever_an_answer_says_its_charge_is_within_the_worst_case(
     assert charged.prompt_tokens <= asked.most_prompt
     cost = charged.cost_usd
     assert cost is None or (math.isfinite(cost) and 0 <= cost <= worst * BILL_CEILING)
+
+
+def test_an_account_usage_below_its_baseline_is_no_usage(tmp_path: Path) -> None:
+    """A /key usage that fell (0 after $5) would have counted held requests at nothing."""
+    store = Store.open(tmp_path / "out")
+    try:
+        account = Account("http://127.0.0.1:1/api/v1", "KEY", ("e",))
+        baselines = {account.key: Baseline(5.0, 0.0)}
+
+        async def reads(value: float) -> list[Any]:
+            async def read() -> float | None:
+                return value
+
+            gate = Gate()
+            found = await reconcile_accounts(store, [account], baselines, {account.key: read}, gate)
+            return [found, gate.take_lines()]
+
+        fell, said = asyncio.run(reads(0.0))
+        assert fell == [] and "usage = 0 (below $5" in said[0]
+        grew, said = asyncio.run(reads(5.5))
+        assert [r.provider_usd for r in grew] == [0.5] and said == []
+    finally:
+        store.close()

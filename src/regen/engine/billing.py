@@ -143,12 +143,26 @@ async def reconcile_accounts(
     accounts: list[Account],
     baselines: Mapping[str, Baseline],
     usage: Mapping[str, UsageReader],
+    gate: Gate | None = None,
 ) -> list[Reconciliation]:
-    """Spend since each account's baseline, by the provider and by the ledger."""
+    """Spend since each account's baseline, by the provider and by the ledger. An account's
+    usage never falls: one read below its baseline is no usage (the gate says so), and the
+    account is left out, as one that cannot be read (held requests are then counted at their
+    worst cases, never at what a low reading would leave them)."""
     out = []
     for account in accounts:
         baseline = baselines.get(account.key)
         used = await usage[account.key]()
+        if baseline is not None and used is not None and used < baseline.provider_usd - 1e-9:
+            if gate is not None:
+                gate.refuse(
+                    "/key",
+                    "the account",
+                    f"usage = {used:g} (below ${baseline.provider_usd:g}, read when the job "
+                    "started: usage never falls)",
+                    "the account's spend is taken as unknown",
+                )
+            continue
         if baseline is not None and used is not None:
             ledger = store.spend.ledger_usd(account.endpoints)
             out.append(reconcile(account, baseline, used, ledger))

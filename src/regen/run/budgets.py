@@ -70,7 +70,7 @@ def hold_keeper(
     async def unexplained() -> dict[str, float]:
         return {
             r.account.key: r.difference_usd
-            for r in await reconcile_accounts(store, accounts, baselines, usage)
+            for r in await reconcile_accounts(store, accounts, baselines, usage, gate)
         }
 
     def nothing(*_: object) -> None:

@@ -198,7 +198,7 @@ async def dispatch(
         )
         await supervise(job, store, console, scheduler, keeper, accounts, routes, run_id)
         reconciliations = await reconcile_accounts(
-            store, accounts.billing, baselines, accounts.usage
+            store, accounts.billing, baselines, accounts.usage, stats.gate
         )
         done_all = store.outstanding.held()[0] == 0 and not any(
             p.pending for p in store.work.dataset_progress()
