@@ -312,10 +312,10 @@ class RunStats:
     endpoints: dict[str, EndpointStats] = field(default_factory=dict)
     """Per endpoint of the pool: answers, failures, outages."""
     repriced: dict[str, float] = field(default_factory=dict)
-    gate: Gate = field(default_factory=Gate)
-    """What providers said that regen did not believe (`engine/gate.py`)."""
     """Per endpoint: how many times its known prices its answers were billed at most, when
     more than once (the prices the worst cases of dollar caps use were raised to it)."""
+    gate: Gate = field(default_factory=Gate)
+    """What providers said that regen did not believe (`engine/gate.py`)."""
     recent_failures: deque[int] = field(default_factory=lambda: deque(maxlen=200))
     budget_left: Callable[[str], tuple[float | None, float | None]] | None = None
     """What a dataset's token budget and dollar cap still allow (set when budgets apply)."""

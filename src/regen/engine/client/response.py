@@ -41,10 +41,11 @@ def loads_answer(raw: bytes) -> Any:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         repaired = _repaired(raw)
-        try:
-            return orjson.loads(repaired if repaired is not None else raw)
-        except orjson.JSONDecodeError:
-            pass
+        if repaired is not None:
+            try:
+                return orjson.loads(repaired)
+            except orjson.JSONDecodeError:
+                pass
         if b"NaN" in raw or b"Infinity" in raw:
             try:
                 return json.loads(repaired if repaired is not None else raw)
