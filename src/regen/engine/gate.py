@@ -144,7 +144,8 @@ class Asked:
     max_tokens: int
     choices: int = 1
     prompt_bound: int | None = None
-    """Its prompt's tokenizer-free bound (None: not known, as for a held request)."""
+    """Its prompt's tokenizer-free bound (None: not known, as for a held request, or not
+    needed: a prompt count within PROMPT_SLACK's tokens passes whatever the bound)."""
     worst_usd: float | None = None
     """Its worst case at the highest price known for the model (None: no price known)."""
     floor_usd_per_token: float | None = None

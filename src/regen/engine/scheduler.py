@@ -52,7 +52,7 @@ from regen.engine.failures import JOB_WIDE_AFTER as JOB_WIDE_AFTER
 from regen.engine.failures import JOB_WIDE_WAIT_S as JOB_WIDE_WAIT_S
 from regen.engine.failures import ClientErrorJudge, ErrorRate
 from regen.engine.feeder import Feeder, LaneQueue, until_set
-from regen.engine.gate import BILL_CEILING, Asked, Gate, believed
+from regen.engine.gate import BILL_CEILING, PROMPT_SLACK, Asked, Gate, believed
 from regen.engine.holds import HoldKeeper, HoldSummary
 from regen.engine.limiter import AdaptiveLimit, EndpointHealth
 from regen.engine.sent_log import IDENTIFY_WRITE_EVERY_S as IDENTIFY_WRITE_EVERY_S
@@ -677,13 +677,17 @@ class Scheduler:
         """The answer's usage if the gate believes it, else its worst case: at most max_tokens
         written, a prompt within its bound, a bill within BILL_CEILING x the attempt's worst
         case and above BILL_FLOOR x its completion at the lowest listed price."""
-        prices = ep.prices
-        bound = prompt_tokens_bound(req)
+        prices, usage = ep.prices, result.usage
+        # The prompt's bound costs a pass over the prompt: taken only when a count needs it
+        # (a prompt within the slack's tokens passes whatever the bound; a junk count is
+        # charged the bound), or for the worst case of a bill on a lease-free attempt.
+        needs_bound = bool(usage.junk) or usage.prompt_tokens > PROMPT_SLACK[1]
+        bound = prompt_tokens_bound(req) if needs_bound else None
         worst: float | None = None
         if att.lease is not None and att.lease.worst_usd > 0:
             worst = att.lease.worst_usd
-        elif prices is not None and not prices.usd_per_s:
-            worst = prices.cost(bound, lane.max_tokens)
+        elif prices is not None and not prices.usd_per_s and usage.cost_usd is not None:
+            worst = prices.cost(bound or prompt_tokens_bound(req), lane.max_tokens)
         asked = Asked(
             max_tokens=lane.max_tokens,
             prompt_bound=bound,
@@ -693,7 +697,7 @@ class Scheduler:
         who = (
             f"{result.provider} (endpoint {ep.name})" if result.provider else f"endpoint {ep.name}"
         )
-        return self.stats.gate.usage(result.usage, asked, channel="an answer", who=who)
+        return self.stats.gate.usage(usage, asked, channel="an answer", who=who)
 
     def _learn_price(self, ep: EndpointRuntime, usage: Usage) -> None:
         """Raise the endpoint's prices when an answer was billed more than they say it costs (a

@@ -319,7 +319,8 @@ def junk_fields(record: dict[str, Any], names: tuple[str, ...]) -> tuple[str, ..
     out = []
     for name in names:
         value = record.get(name)
-        if value is None:
+        # The common case first, without a call: a plain number in range (NaN fails the test).
+        if value is None or (type(value) in (int, float) and 0 <= value <= MAX_COUNT):
             continue
         number = amount(value)
         if number is None or number > MAX_COUNT:
