@@ -285,7 +285,8 @@ def _dsml(text: str) -> tuple[str, tuple[tuple[str, Any], ...]]:
         )
         for name, body in _DSML_INVOKE.findall(text[block.start() :])
     )
-    return text[: block.start()], calls
+    # The encoder writes `\n\n` before the block: its separator, not the content's.
+    return text[: block.start()].removesuffix("\n\n"), calls
 
 
 _K3_CALL = re.compile(

@@ -9,6 +9,7 @@ the prompt, or has no end token) is an error naming what to set, never a guess.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -20,11 +21,62 @@ class ReconstructError(Exception):
     show its answer)."""
 
 
-def without_separators(field: str) -> str:
-    """A stored reasoning or content as the template gets it: a server's parsers hand fields
-    back with the newlines around them that the template writes itself (vLLM: `R\\n`,
-    `\\n\\nC\\n` before a call), so those go; any other whitespace is the model's."""
-    return field.strip("\n")
+def trimmed(field: str) -> list[str]:
+    """The forms of a stored reasoning or content the template may have been given, the most
+    whitespace taken off first. A server's parser hands a field back with the separators the
+    template writes around it (vLLM: `\\n\\nC` after `</think>`, `C\\n` before a call), and
+    the model's own whitespace (a code block's closing newline) looks the same: which is which
+    only the render can tell (`fitted`). A blank field is none."""
+    core = field.strip()
+    if not core:
+        return [""]
+    lead = field[: len(field) - len(field.lstrip())]
+    trail = field[len(field.rstrip()) :]
+    kept = [(i, j) for i in _counts(len(lead)) for j in _counts(len(trail))]
+    kept.sort(key=lambda ij: ij[0] + ij[1])
+    return [lead[len(lead) - i :] + core + trail[:j] for i, j in kept]
+
+
+def _counts(n: int) -> list[int]:
+    """How much of a run of n whitespace characters to keep: all, or up to 8 (a longer run is
+    the model's, not a template's separator)."""
+    return sorted({*range(min(n, 8) + 1), n})
+
+
+def fitted(field: str, shows: Callable[[str], bool]) -> str:
+    """The form of a stored field to give the template: the one with the most whitespace
+    taken off whose render still shows the stored field whole (`shows`), so that separators
+    are what the template writes around the text and never come off the model's text. None
+    shows it (a template that trims what the model wrote, a provider that stripped it): the
+    bare text, and the self-check says what is lost."""
+    forms = trimmed(field)
+    return next((f for f in forms if shows(f)), forms[0])
+
+
+def fitted_fields(
+    a: Answer, prefill: str, completion: Callable[[str, str], str]
+) -> tuple[str, str]:
+    """(reasoning, content) to give the template, each `fitted` so that the completion
+    (`completion(reasoning, content)`) holds the stored field whole. A server's parser reads
+    the generated text only; a field that begins in what the prompt pre-filled (a provider
+    that adds it back) is looked for with that pre-fill."""
+
+    def shows(stored: str, lead: str, fields: tuple[str, str]) -> bool:
+        try:
+            return stored in lead + completion(*fields)
+        except ReconstructError:  # this form does not render: the last one says why
+            return False
+
+    def fit(stored: str, form: Callable[[str], tuple[str, str]]) -> str:
+        for lead in ("", prefill):
+            found = fitted(stored, lambda f: shows(stored, lead, form(f)))  # noqa: B023 - used in this turn only
+            if shows(stored, lead, form(found)):
+                return found
+        return trimmed(stored)[0]
+
+    bare = trimmed(a.content)[0]
+    reasoning = fit(a.reasoning, lambda r: (r, bare))
+    return reasoning, fit(a.content, lambda c: (reasoning, c))
 
 
 def first_difference_at(a: str, b: str) -> int:
@@ -75,7 +127,7 @@ def _reasoning_put_back(family: Family, prompt: str, full: str, a: Answer) -> tu
     close = family.think[1]
     if full.startswith(prompt):
         return prompt, ""
-    reasoning = without_separators(a.reasoning)
+    reasoning = a.reasoning  # as stored: what the model wrote between the tags
     for p in family.prefills:
         head = prompt.removesuffix(p)
         if head != prompt and close not in p and full.startswith(head + close):
@@ -87,12 +139,17 @@ def _reasoning_put_back(family: Family, prompt: str, full: str, a: Answer) -> tu
 
 def _cut(body: str, a: Answer, close: str) -> str:
     """An answer cut at max_tokens: the render up to the end of the last text the model
-    wrote (its reasoning if it was cut there, else its content); calls a cut answer still
-    has were complete."""
+    wrote (its reasoning if it was cut there, else its content), as stored; calls a cut
+    answer still has were complete."""
     if a.calls:
         return body
-    last = (a.reasoning if a.cut_in_reasoning else a.content).strip()
-    if not last:  # cut before it wrote anything of its reasoning: up to the closing tag
+    last = a.reasoning if a.cut_in_reasoning else a.content
+    if not last.strip():  # cut before it wrote anything of its reasoning: up to the closing tag
         return body.partition(close)[0] if a.cut_in_reasoning else body
-    at = body.rfind(last)
-    return body[: at + len(last)] if at >= 0 else body
+    text = a.prefill + body  # a verbatim field may start in what the prompt pre-filled
+    at = text.rfind(last)
+    if at < 0:
+        last = last.strip()
+        at = text.rfind(last)
+    end = at + len(last) - len(a.prefill)
+    return body[:end] if at >= 0 and end >= 0 else body

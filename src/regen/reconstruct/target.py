@@ -42,8 +42,8 @@ from regen.reconstruct.kimi_ts import sorted_keys, tools_typescript
 from regen.reconstruct.rendered import (
     ReconstructError,
     first_difference_at,
+    fitted_fields,
     rendered_completion,
-    without_separators,
 )
 from regen.state.answers import ExportRow, unpack_ids
 
@@ -440,9 +440,19 @@ class Target:
         history = row.history()
         when = row.created_at or None
         tools = row.conversation.get("tools")
-        message = _answer_message(a, as_stored=False)
-        full = self._rendered([*history, message], tools, when, generation=False)[0]
-        return rendered_completion(self.family, prompt, full, a, self.stops)
+        renders: dict[tuple[str, str], str] = {}
+
+        def completion(reasoning: str, content: str) -> str:
+            if (reasoning, content) not in renders:
+                message = _answer_message(a, reasoning, content)
+                full = self._rendered([*history, message], tools, when, generation=False)[0]
+                renders[reasoning, content] = rendered_completion(
+                    self.family, prompt, full, a, self.stops
+                )
+            return renders[reasoning, content]
+
+        reasoning, content = fitted_fields(a, prefill, completion)
+        return completion(reasoning, content)
 
     def _ids_sample(self, row: ExportRow) -> tuple[list[int], list[int]]:
         """(prompt ids, completion ids) from an encoder that writes ids: the finished
@@ -452,7 +462,7 @@ class Target:
         a = self.answer(row)
         history = row.history()
         tools = row.conversation.get("tools")
-        message = _answer_message(a, as_stored=True)
+        message = _answer_message(a, a.reasoning, a.content)
         cut = ("reasoning" if a.cut_in_reasoning else "content") if a.truncated else ""
         try:
             prompt = self._ids.prompt(history, tools)
@@ -570,15 +580,10 @@ class _Plan:
     lost: str | None
 
 
-def _answer_message(a: Answer, as_stored: bool) -> dict[str, Any]:
-    """The stored answer as the history message a template or encoder renders: its fields
-    without the separators a template writes itself (a blank reasoning is none), or, for an
-    encoder that writes none, as stored."""
-    if as_stored:
-        content, reasoning = a.content, a.reasoning
-    else:
-        content = without_separators(a.content)
-        reasoning = without_separators(a.reasoning) if a.reasoning.strip() else ""
+def _answer_message(a: Answer, reasoning: str, content: str) -> dict[str, Any]:
+    """The stored answer as the history message a template or encoder renders, with its
+    reasoning and content in the form given (`fitted`; as stored for an encoder that writes
+    no separators of its own)."""
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if reasoning:
         message["reasoning"] = reasoning
