@@ -75,10 +75,8 @@ def _leaves(value: Any) -> Iterator[list[str]]:
 def lost(a: Answer, completion: str) -> str | None:
     """The first part of the stored answer that the completion, after what the prompt
     pre-filled of it (`a.prefill`), does not hold where it should, byte for byte (None when
-    every part is there, in order). Answers cut at max_tokens are not checked: the cut drops
-    what came after it."""
-    if a.truncated:
-        return None
+    every part is there, in order). An answer cut at max_tokens is checked the same way: what
+    it wrote before the cut is stored, and its calls were complete."""
     completion = a.prefill + completion
     at = 0
     for what, all_forms in _pieces(a):

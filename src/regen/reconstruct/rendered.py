@@ -79,6 +79,11 @@ def fitted_fields(
     return reasoning, fit(a.content, lambda c: (reasoning, c))
 
 
+def template_of(family: Family) -> str:
+    """How a message names the template: the generic family's is just the chat template."""
+    return "the chat template" if family.name == "template" else f"the {family.name} template"
+
+
 def first_difference_at(a: str, b: str) -> int:
     same = (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
     return next(same, min(len(a), len(b)))
@@ -94,7 +99,7 @@ def rendered_completion(
     if not full.startswith(prompt):
         at = first_difference_at(prompt, full)
         raise ReconstructError(
-            f"the {family.name} template's render of the finished answer does not extend its "
+            f"{template_of(family)}'s render of the finished answer does not extend its "
             f"prompt (at character {at}: prompt {prompt[at : at + 24]!r}, finished "
             f"{full[at : at + 24]!r}): it rewrites the history or drops part of the answer; "
             "a family with a rule for it is needed (`regen families`)"
@@ -107,14 +112,14 @@ def rendered_completion(
         found = [(tail.find(s), s) for s in stops if s and s in tail]
         if not found:
             raise ReconstructError(
-                f"the {family.name} template writes none of the end tokens {list(stops)} after "
+                f"{template_of(family)} writes none of the end tokens {list(stops)} after "
                 "the answer: set [reconstruct] stop to the token the model ends its turn with"
             )
         at, stop = min(found)
         body = tail[:at]
     if not a.truncated:
         return body + stop
-    return _cut(body, a, family.think[1])
+    return _cut(family, body, a)
 
 
 def _reasoning_put_back(family: Family, prompt: str, full: str, a: Answer) -> tuple[str, str]:
@@ -137,19 +142,27 @@ def _reasoning_put_back(family: Family, prompt: str, full: str, a: Answer) -> tu
     return prompt, ""
 
 
-def _cut(body: str, a: Answer, close: str) -> str:
+def _cut(family: Family, body: str, a: Answer) -> str:
     """An answer cut at max_tokens: the render up to the end of the last text the model
     wrote (its reasoning if it was cut there, else its content), as stored; calls a cut
-    answer still has were complete."""
+    answer still has were complete. A render that does not hold that text (a template that
+    shows no reasoning for a turn without calls) cannot show the answer: refused."""
     if a.calls:
         return body
+    what = "reasoning" if a.cut_in_reasoning else "content"
     last = a.reasoning if a.cut_in_reasoning else a.content
     if not last.strip():  # cut before it wrote anything of its reasoning: up to the closing tag
-        return body.partition(close)[0] if a.cut_in_reasoning else body
+        return body.partition(family.think[1])[0] if a.cut_in_reasoning else body
     text = a.prefill + body  # a verbatim field may start in what the prompt pre-filled
     at = text.rfind(last)
     if at < 0:
         last = last.strip()
         at = text.rfind(last)
     end = at + len(last) - len(a.prefill)
-    return body[:end] if at >= 0 and end >= 0 else body
+    if at < 0 or end < 0:
+        raise ReconstructError(
+            f"{template_of(family)} does not show the {what} of an answer cut at "
+            f"max_tokens (its render of the answer is {body[:48]!r}): the cut answer cannot "
+            "be rebuilt from it; drop it (exports do by default)"
+        )
+    return body[:end]
