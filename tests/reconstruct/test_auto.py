@@ -34,7 +34,6 @@ PUBLISHED = {
     "gpt-oss": "gpt-oss",
     "llama4": "llama4",
     "llama4-pythonic": "llama4",
-    "phi-3.5": "template",
 }
 
 

@@ -33,7 +33,7 @@ def _row(content: str = "2 + 2 = 4.") -> ExportRow:
 def _phi(tmp_path: Path, generation_eos: list[str] | None) -> Target:
     folder = model_folder(
         tmp_path / "phi-3.5",
-        (TEMPLATES / "phi-3.5.jinja").read_text("utf-8"),
+        (TEMPLATES / "corpus" / "microsoft-Phi-3.5-mini-instruct.jinja").read_text("utf-8"),
         PHI_SPECIALS,
         eos="<|endoftext|>",
         generation_eos=generation_eos,

@@ -83,6 +83,10 @@ def parse(family: str, text: str, a: Answer, stops: tuple[str, ...] = ()) -> Par
     target's, which a job's `[reconstruct] stop` or the tokenizer decides for a family that
     names none)."""
     f = FAMILIES.get(family)
+    if f is not None and f.syntax == "none":
+        # The generic family knows no tags to split by: its self-check, which compares the
+        # stored fields as they are, is its parse-back.
+        raise ValueError(f"no parser for family {family!r}")
     if f is not None and family not in LEGACY:
         return parse_syntax(f, text, stops or f.stop)
     for end in ("<|im_end|>", DS_EOS, "<|return|>", "<|call|>", "<|user|>", "<|observation|>"):

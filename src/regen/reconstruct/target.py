@@ -279,37 +279,41 @@ class Target:
 
     def _stops_disagree(self, eos: str | None, config: list[str] | None) -> str | None:
         """Why the folder does not say which token ends the model's turn (None: it does).
-        The template's own end of turn (the special token it writes right after an answer)
-        must be one the model stops at: generation_config.json's, else the eos_token."""
+        One of the special tokens the template writes right after an answer must be one the
+        model stops at: generation_config.json's, else the eos_token."""
         end = self._template_end()
-        if end is None:  # it writes none: each answer's render says so (rendered.py)
+        if not end:  # it writes none: each answer's render says so (rendered.py)
             return None
-        if config is not None and end not in config:
+        shown = "".join(end)
+        if config is not None and not set(end) & set(config):
             return (
-                f"the chat template ends a turn with {end!r}, which generation_config.json's "
+                f"the chat template ends a turn with {shown!r}, which generation_config.json's "
                 f"eos_token_id {config} does not hold: set [reconstruct] stop to the token the "
                 "model ends its turn with"
             )
-        if config is None and end != eos:
+        if config is None and eos not in end:
             return (
-                f"the chat template ends a turn with {end!r}, the tokenizer's eos_token is "
+                f"the chat template ends a turn with {shown!r}, the tokenizer's eos_token is "
                 f"{eos!r} and no generation_config.json says which the model stops at: put the "
                 "model's generation_config.json beside its tokenizer, or set [reconstruct] stop"
             )
         return None
 
-    def _template_end(self) -> str | None:
-        """The special token the template writes right after an answer's text (Phi-3.5's
-        `<|end|>`, Gemma's `<end_of_turn>`), or None."""
+    def _template_end(self) -> list[str]:
+        """The special tokens the template writes right after an answer's text, in a run
+        (Phi-3.5's `<|end|>`, Command R7B's `<|END_RESPONSE|><|END_OF_TURN_TOKEN|>`)."""
         probe = "Regen probe answer."
         turns = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": probe}]
         try:
-            text = self._rendered(turns, None, None, generation=False)[0]
+            after = self._rendered(turns, None, None, generation=False)[0].rpartition(probe)[2]
         except ReconstructError:
-            return None
-        after = text.rpartition(probe)[2]
-        added = [t for t in self.tok.get_added_vocab() if t and after.startswith(t)]
-        return max(added, key=len) if added else None
+            return []
+        added = sorted((t for t in self.tok.get_added_vocab() if t), key=len, reverse=True)
+        run: list[str] = []
+        while token := next((t for t in added if after.startswith(t)), None):
+            run.append(token)
+            after = after[len(token) :]
+        return run
 
     def _unset_variables(self) -> list[str]:
         """What the chat template reads that nothing here sets: a variable the model's own
