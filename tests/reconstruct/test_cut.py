@@ -4,6 +4,7 @@ answer, where the template cannot show them."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from regen.reconstruct import Target, TargetSpec
@@ -77,3 +78,16 @@ def test_a_cut_answer_the_template_shows_is_its_prefix(tmp_path: Path) -> None:
         assert not isinstance(sample, Exception), sample
         assert t.decode(sample.completion_ids) == text
         assert sample.lost is None, sample.lost
+
+
+def test_a_cut_answer_needs_no_stop_token(tmp_path: Path) -> None:
+    """A template that writes none of the end tokens refuses finished answers (set
+    [reconstruct] stop), but a cut answer ends without one: it is rebuilt (Seed-OSS answers
+    cut in reasoning were refused with "set [reconstruct] stop")."""
+    t = _target(tmp_path, SHOWS.replace("<|END_OF_TURN_TOKEN|>{% endfor %}", "{% endfor %}"))
+    [cut] = t.samples([_cut("The user wants a story; I", "")])
+    assert not isinstance(cut, Exception), cut
+    assert t.decode(cut.completion_ids) == "<|START_THINKING|>The user wants a story; I"
+    finished = replace(_cut("A short one.", "Once."), finish_reason="stop")
+    [refused] = t.samples([finished])
+    assert isinstance(refused, Exception) and "[reconstruct] stop" in str(refused)
