@@ -28,7 +28,7 @@ PUBLISHED = {
     "glm-5.2": "glm-4.7",
     "minimax-m2": "minimax-m2",
     "kimi-k2": "kimi-k2",
-    "kimi-k2-thinking": "kimi-k2",
+    "kimi-k2-thinking": "template",  # not the template kimi-k2's rules were checked on
     "kimi-k2.5": "kimi-k2.5",
     "kimi-k3": "kimi-k3",
     "gpt-oss": "gpt-oss",

@@ -33,10 +33,13 @@ def _forms(v: Any) -> list[str]:
 
 def _pieces(a: Answer) -> Iterator[tuple[str, list[str]]]:
     """(what, the forms it may take) of each part of the answer, in the order written."""
+    # The fields as stored: a server's parser keeps the model's whitespace (and the
+    # template's separators, which the render holds too); a provider's stripped field is
+    # the text alone.
     if a.reasoning.strip():
-        yield "reasoning", [a.reasoning.strip()]
+        yield "reasoning", [a.reasoning]
     if a.content.strip():
-        yield "content", [a.content.strip()]
+        yield "content", [a.content]
     for i, call in enumerate(a.calls):
         name, text = call_parts(call)
         yield f"tool call {i} name", [name]
@@ -70,11 +73,11 @@ def _leaves(value: Any) -> Iterator[list[str]]:
 
 
 def lost(a: Answer, completion: str) -> str | None:
-    """The first part of the stored answer that the completion does not hold where it should
-    (None when every part is there, in order). Answers cut at max_tokens are not checked:
-    the cut drops what came after it."""
-    if a.truncated:
-        return None
+    """The first part of the stored answer that the completion, after what the prompt
+    pre-filled of it (`a.prefill`), does not hold where it should, byte for byte (None when
+    every part is there, in order). An answer cut at max_tokens is checked the same way: what
+    it wrote before the cut is stored, and its calls were complete."""
+    completion = a.prefill + completion
     at = 0
     for what, all_forms in _pieces(a):
         forms = [f for f in all_forms if f]

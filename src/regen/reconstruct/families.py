@@ -15,6 +15,7 @@ pre-filled empty think block is left out of the completion.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import tomllib
@@ -214,6 +215,7 @@ class Family:
     encoder: str = ""
     encoder_package: str = ""
     effort_kwarg: str = ""
+    checked_templates: tuple[str, ...] = ()
 
     @property
     def from_template(self) -> bool:
@@ -228,7 +230,7 @@ _FIELDS = {
     "grammar", "why_grammar", "thinking_kwarg", "markers", "reasoning_key", "prefills", "stop",
     "append_stop", "append_stop_after_calls", "arguments", "syntax", "think", "detect",
     "verified", "assumed", "auto_without_thinking", "reads", "encoder", "encoder_package",
-    "effort_kwarg",
+    "effort_kwarg", "checked_templates",
 }  # fmt: skip
 
 
@@ -282,10 +284,33 @@ def auto_without_template(name: str, tokenizer: str, chat_template: str | None) 
 def detect(template: str, thinking: bool = True) -> Family:
     """The family a chat template is (the first whose `detect` text it all holds), or the
     generic `template` family. Two families that share a template (DeepSeek-V3's is R1's)
-    are told apart by whether the job asked for reasoning (`auto_without_thinking`)."""
+    are told apart by whether the job asked for reasoning (`auto_without_thinking`). A
+    family with hand-written rules gets only the templates they were checked on
+    (`checked_templates`): another revision (Kimi-K2-Thinking's, read as Kimi-K2's) may
+    write what the rules do not, so it gets the template-driven family."""
+    f = matched(template, thinking)
+    if f is None or unchecked(f, template):
+        return FAMILIES["template"]
+    return f
+
+
+def matched(template: str, thinking: bool = True) -> Family | None:
+    """The first family whose `detect` texts the template all holds, if any."""
     for f in FAMILIES.values():
         if f.detect and all(d in template for d in f.detect):
-            if f.auto_without_thinking and not thinking:
-                return FAMILIES[f.auto_without_thinking]
-            return f
-    return FAMILIES["template"]
+            return (
+                FAMILIES[f.auto_without_thinking] if f.auto_without_thinking and not thinking else f
+            )
+    return None
+
+
+def unchecked(f: Family, template: str) -> bool:
+    """Whether `f` has hand-written rules that were not checked on this template."""
+    return bool(f.checked_templates) and template_digest(template) not in f.checked_templates
+
+
+def template_digest(template: str) -> str:
+    """A chat template's sha256, its Jinja comments (which render nothing) taken out and its
+    line endings LF: a copy that differs only there is the same template."""
+    text = re.sub(r"\{#.*?#\}", "", template.replace("\r\n", "\n"), flags=re.S)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()

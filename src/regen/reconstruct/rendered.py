@@ -9,6 +9,7 @@ the prompt, or has no end token) is an error naming what to set, never a guess.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -20,11 +21,67 @@ class ReconstructError(Exception):
     show its answer)."""
 
 
-def without_separators(field: str) -> str:
-    """A stored reasoning or content as the template gets it: a server's parsers hand fields
-    back with the newlines around them that the template writes itself (vLLM: `R\\n`,
-    `\\n\\nC\\n` before a call), so those go; any other whitespace is the model's."""
-    return field.strip("\n")
+def trimmed(field: str) -> list[str]:
+    """The forms of a stored reasoning or content the template may have been given, the most
+    whitespace taken off first. A server's parser hands a field back with the separators the
+    template writes around it (vLLM: `\\n\\nC` after `</think>`, `C\\n` before a call), and
+    the model's own whitespace (a code block's closing newline) looks the same: which is which
+    only the render can tell (`fitted`). A blank field is none."""
+    core = field.strip()
+    if not core:
+        return [""]
+    lead = field[: len(field) - len(field.lstrip())]
+    trail = field[len(field.rstrip()) :]
+    kept = [(i, j) for i in _counts(len(lead)) for j in _counts(len(trail))]
+    kept.sort(key=lambda ij: ij[0] + ij[1])
+    return [lead[len(lead) - i :] + core + trail[:j] for i, j in kept]
+
+
+def _counts(n: int) -> list[int]:
+    """How much of a run of n whitespace characters to keep: all, or up to 8 (a longer run is
+    the model's, not a template's separator)."""
+    return sorted({*range(min(n, 8) + 1), n})
+
+
+def fitted(field: str, shows: Callable[[str], bool]) -> str:
+    """The form of a stored field to give the template: the one with the most whitespace
+    taken off whose render still shows the stored field whole (`shows`), so that separators
+    are what the template writes around the text and never come off the model's text. None
+    shows it (a template that trims what the model wrote, a provider that stripped it): the
+    bare text, and the self-check says what is lost."""
+    forms = trimmed(field)
+    return next((f for f in forms if shows(f)), forms[0])
+
+
+def fitted_fields(
+    a: Answer, prefill: str, completion: Callable[[str, str], str]
+) -> tuple[str, str]:
+    """(reasoning, content) to give the template, each `fitted` so that the completion
+    (`completion(reasoning, content)`) holds the stored field whole. A server's parser reads
+    the generated text only; a field that begins in what the prompt pre-filled (a provider
+    that adds it back) is looked for with that pre-fill."""
+
+    def shows(stored: str, lead: str, fields: tuple[str, str]) -> bool:
+        try:
+            return stored in lead + completion(*fields)
+        except ReconstructError:  # this form does not render: the last one says why
+            return False
+
+    def fit(stored: str, form: Callable[[str], tuple[str, str]]) -> str:
+        for lead in ("", prefill):
+            found = fitted(stored, lambda f: shows(stored, lead, form(f)))  # noqa: B023 - used in this turn only
+            if shows(stored, lead, form(found)):
+                return found
+        return trimmed(stored)[0]
+
+    bare = trimmed(a.content)[0]
+    reasoning = fit(a.reasoning, lambda r: (r, bare))
+    return reasoning, fit(a.content, lambda c: (reasoning, c))
+
+
+def template_of(family: Family) -> str:
+    """How a message names the template: the generic family's is just the chat template."""
+    return "the chat template" if family.name == "template" else f"the {family.name} template"
 
 
 def first_difference_at(a: str, b: str) -> int:
@@ -42,7 +99,7 @@ def rendered_completion(
     if not full.startswith(prompt):
         at = first_difference_at(prompt, full)
         raise ReconstructError(
-            f"the {family.name} template's render of the finished answer does not extend its "
+            f"{template_of(family)}'s render of the finished answer does not extend its "
             f"prompt (at character {at}: prompt {prompt[at : at + 24]!r}, finished "
             f"{full[at : at + 24]!r}): it rewrites the history or drops part of the answer; "
             "a family with a rule for it is needed (`regen families`)"
@@ -53,16 +110,18 @@ def rendered_completion(
         body, stop = tail, appended
     else:
         found = [(tail.find(s), s) for s in stops if s and s in tail]
+        if not found and a.truncated:  # a cut answer has no stop token to find
+            found = [(len(tail), "")]
         if not found:
             raise ReconstructError(
-                f"the {family.name} template writes none of the end tokens {list(stops)} after "
+                f"{template_of(family)} writes none of the end tokens {list(stops)} after "
                 "the answer: set [reconstruct] stop to the token the model ends its turn with"
             )
         at, stop = min(found)
         body = tail[:at]
     if not a.truncated:
         return body + stop
-    return _cut(body, a, family.think[1])
+    return _cut(family, body, a)
 
 
 def _reasoning_put_back(family: Family, prompt: str, full: str, a: Answer) -> tuple[str, str]:
@@ -75,7 +134,7 @@ def _reasoning_put_back(family: Family, prompt: str, full: str, a: Answer) -> tu
     close = family.think[1]
     if full.startswith(prompt):
         return prompt, ""
-    reasoning = without_separators(a.reasoning)
+    reasoning = a.reasoning  # as stored: what the model wrote between the tags
     for p in family.prefills:
         head = prompt.removesuffix(p)
         if head != prompt and close not in p and full.startswith(head + close):
@@ -85,14 +144,27 @@ def _reasoning_put_back(family: Family, prompt: str, full: str, a: Answer) -> tu
     return prompt, ""
 
 
-def _cut(body: str, a: Answer, close: str) -> str:
+def _cut(family: Family, body: str, a: Answer) -> str:
     """An answer cut at max_tokens: the render up to the end of the last text the model
-    wrote (its reasoning if it was cut there, else its content); calls a cut answer still
-    has were complete."""
+    wrote (its reasoning if it was cut there, else its content), as stored; calls a cut
+    answer still has were complete. A render that does not hold that text (a template that
+    shows no reasoning for a turn without calls) cannot show the answer: refused."""
     if a.calls:
         return body
-    last = (a.reasoning if a.cut_in_reasoning else a.content).strip()
-    if not last:  # cut before it wrote anything of its reasoning: up to the closing tag
-        return body.partition(close)[0] if a.cut_in_reasoning else body
-    at = body.rfind(last)
-    return body[: at + len(last)] if at >= 0 else body
+    what = "reasoning" if a.cut_in_reasoning else "content"
+    last = a.reasoning if a.cut_in_reasoning else a.content
+    if not last.strip():  # cut before it wrote anything of its reasoning: up to the closing tag
+        return body.partition(family.think[1])[0] if a.cut_in_reasoning else body
+    text = a.prefill + body  # a verbatim field may start in what the prompt pre-filled
+    at = text.rfind(last)
+    if at < 0:
+        last = last.strip()
+        at = text.rfind(last)
+    end = at + len(last) - len(a.prefill)
+    if at < 0 or end < 0:
+        raise ReconstructError(
+            f"{template_of(family)} does not show the {what} of an answer cut at "
+            f"max_tokens (its render of the answer is {body[:48]!r}): the cut answer cannot "
+            "be rebuilt from it; drop it (exports do by default)"
+        )
+    return body[:end]

@@ -37,13 +37,15 @@ from regen.reconstruct.families import (
     auto_without_template,
     detect,
     family,
+    matched,
+    unchecked,
 )
 from regen.reconstruct.kimi_ts import sorted_keys, tools_typescript
 from regen.reconstruct.rendered import (
     ReconstructError,
     first_difference_at,
+    fitted_fields,
     rendered_completion,
-    without_separators,
 )
 from regen.state.answers import ExportRow, unpack_ids
 
@@ -185,6 +187,13 @@ class Target:
         if from_template:
             self.family = detect(template, spec.thinking)
             self.notes.append(f"family auto: {self.family.name}, from its chat template")
+            near = matched(template, spec.thinking)
+            if near is not None and unchecked(near, template):
+                self.notes.append(
+                    f"the chat template holds {near.name}'s marks but is not a template its "
+                    f"hand-written rules were checked on: the template writes the answers (set "
+                    f'family = "{near.name}" to use the rules)'
+                )
         if self.family.name == "template":
             self.notes.append(
                 "family template: checked on every answer by the self-check (the finished "
@@ -193,6 +202,7 @@ class Target:
             )
         self.kwargs = self._template_kwargs()
         self.warnings: list[str] = [] if self._encoder else self._unset_variables()
+        self._stop_refusal: str | None = None
         self.stops: tuple[str, ...] = self._stops()
         backend = getattr(self.tok, "backend_tokenizer", None) if self.tok.is_fast else None
         self._backend = backend
@@ -209,6 +219,7 @@ class Target:
         self.template = f"(the {f.encoder} encoder of {f.encoder_package}, {version})"
         self.kwargs = {}
         self.stops = self.family.stop
+        self._stop_refusal = None
         self.warnings = []
         if self.spec.chat_template:
             self.warnings.append(
@@ -232,29 +243,77 @@ class Target:
     def _stops(self) -> tuple[str, ...]:
         """The end tokens the model may emit, for a family the template writes: the job's
         `stop`, else the family's, else the tokenizer's eos_token and those of the model's
-        generation_config.json beside it."""
+        generation_config.json beside it. For the generic family these must agree with the
+        template's own end of turn, or every answer is refused (`_stop_refusal`)."""
         if self.spec.stop:
             return (self.spec.stop,)
         if self.family.stop:
             return self.family.stop
-        found: list[str] = []
         eos = getattr(self.tok, "eos_token", None)
-        if isinstance(eos, str) and eos:
-            found.append(eos)
+        eos = eos if isinstance(eos, str) and eos else None
+        config = self._generation_eos()
+        if self.family.name == "template":
+            self._stop_refusal = self._stops_disagree(eos, config)
+            if self._stop_refusal:
+                self.notes.append(f"every answer refused: {self._stop_refusal}")
+        return tuple(dict.fromkeys([*([eos] if eos else []), *(config or [])]))
+
+    def _generation_eos(self) -> list[str] | None:
+        """The tokens of `eos_token_id` in the generation_config.json beside the tokenizer
+        (None: there is none)."""
         folder = Path(self.spec.tokenizer).expanduser()
         config = (folder if folder.is_dir() else folder.parent) / "generation_config.json"
         local = folder.is_dir() or folder.is_file()  # a hub id has no folder beside it
-        if self.spec.tokenizer != "sim" and local and config.is_file():
-            try:
-                ids = json.loads(config.read_text("utf-8")).get("eos_token_id")
-            except (OSError, ValueError):
-                ids = None
-            for i in ids if isinstance(ids, list) else [ids]:
-                if isinstance(i, int):
-                    token = self.tok.convert_ids_to_tokens(i)
-                    if isinstance(token, str) and token not in found:
-                        found.append(token)
-        return tuple(found)
+        if self.spec.tokenizer == "sim" or not local or not config.is_file():
+            return None
+        try:
+            ids = json.loads(config.read_text("utf-8")).get("eos_token_id")
+        except (OSError, ValueError, AttributeError):
+            ids = None
+        found: list[str] = []
+        for i in ids if isinstance(ids, list) else [ids]:
+            token = self.tok.convert_ids_to_tokens(i) if isinstance(i, int) else None
+            if isinstance(token, str) and token not in found:
+                found.append(token)
+        return found
+
+    def _stops_disagree(self, eos: str | None, config: list[str] | None) -> str | None:
+        """Why the folder does not say which token ends the model's turn (None: it does).
+        One of the special tokens the template writes right after an answer must be one the
+        model stops at: generation_config.json's, else the eos_token."""
+        end = self._template_end()
+        if not end:  # it writes none: each answer's render says so (rendered.py)
+            return None
+        shown = "".join(end)
+        if config is not None and not set(end) & set(config):
+            return (
+                f"the chat template ends a turn with {shown!r}, which generation_config.json's "
+                f"eos_token_id {config} does not hold: set [reconstruct] stop to the token the "
+                "model ends its turn with"
+            )
+        if config is None and eos not in end:
+            return (
+                f"the chat template ends a turn with {shown!r}, the tokenizer's eos_token is "
+                f"{eos!r} and no generation_config.json says which the model stops at: put the "
+                "model's generation_config.json beside its tokenizer, or set [reconstruct] stop"
+            )
+        return None
+
+    def _template_end(self) -> list[str]:
+        """The special tokens the template writes right after an answer's text, in a run
+        (Phi-3.5's `<|end|>`, Command R7B's `<|END_RESPONSE|><|END_OF_TURN_TOKEN|>`)."""
+        probe = "Regen probe answer."
+        turns = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": probe}]
+        try:
+            after = self._rendered(turns, None, None, generation=False)[0].rpartition(probe)[2]
+        except ReconstructError:
+            return []
+        added = sorted((t for t in self.tok.get_added_vocab() if t), key=len, reverse=True)
+        run: list[str] = []
+        while token := next((t for t in added if after.startswith(t)), None):
+            run.append(token)
+            after = after[len(token) :]
+        return run
 
     def _unset_variables(self) -> list[str]:
         """What the chat template reads that nothing here sets: a variable the model's own
@@ -437,12 +496,24 @@ class Target:
         a = self.answer(row, prefill)
         if self.family.layout is not None:
             return self.family.layout(a)
+        if self._stop_refusal:
+            raise ReconstructError(self._stop_refusal)
         history = row.history()
         when = row.created_at or None
         tools = row.conversation.get("tools")
-        message = _answer_message(a, as_stored=False)
-        full = self._rendered([*history, message], tools, when, generation=False)[0]
-        return rendered_completion(self.family, prompt, full, a, self.stops)
+        renders: dict[tuple[str, str], str] = {}
+
+        def completion(reasoning: str, content: str) -> str:
+            if (reasoning, content) not in renders:
+                message = _answer_message(a, reasoning, content)
+                full = self._rendered([*history, message], tools, when, generation=False)[0]
+                renders[reasoning, content] = rendered_completion(
+                    self.family, prompt, full, a, self.stops
+                )
+            return renders[reasoning, content]
+
+        reasoning, content = fitted_fields(a, prefill, completion)
+        return completion(reasoning, content)
 
     def _ids_sample(self, row: ExportRow) -> tuple[list[int], list[int]]:
         """(prompt ids, completion ids) from an encoder that writes ids: the finished
@@ -452,7 +523,7 @@ class Target:
         a = self.answer(row)
         history = row.history()
         tools = row.conversation.get("tools")
-        message = _answer_message(a, as_stored=True)
+        message = _answer_message(a, a.reasoning, a.content)
         cut = ("reasoning" if a.cut_in_reasoning else "content") if a.truncated else ""
         try:
             prompt = self._ids.prompt(history, tools)
@@ -570,15 +641,10 @@ class _Plan:
     lost: str | None
 
 
-def _answer_message(a: Answer, as_stored: bool) -> dict[str, Any]:
-    """The stored answer as the history message a template or encoder renders: its fields
-    without the separators a template writes itself (a blank reasoning is none), or, for an
-    encoder that writes none, as stored."""
-    if as_stored:
-        content, reasoning = a.content, a.reasoning
-    else:
-        content = without_separators(a.content)
-        reasoning = without_separators(a.reasoning) if a.reasoning.strip() else ""
+def _answer_message(a: Answer, reasoning: str, content: str) -> dict[str, Any]:
+    """The stored answer as the history message a template or encoder renders, with its
+    reasoning and content in the form given (`fitted`; as stored for an encoder that writes
+    no separators of its own)."""
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if reasoning:
         message["reasoning"] = reasoning
