@@ -691,6 +691,10 @@ def _audit(args: argparse.Namespace, console: Console) -> int:
                     ),
                     markup=False,
                 )
+            for f in d["failing"]:  # every failing sample, so none is failed unnamed
+                why = f" ({'; '.join(f['details'])})" if f["details"] else ""
+                line = f"failing {d['name']}: {f['item_id']}: {', '.join(f['problems'])}{why}"
+                console.print(printable(line), markup=False, soft_wrap=True)
             if d["server_ids_checked"]:
                 console.print(
                     f"server ids {d['name']}: the rebuild equals the server's ids in "
