@@ -43,6 +43,8 @@ from regen.errors import EndpointError
 REFUSABLE = {"return_token_ids": "token_ids", "return_prompt_token_ids": "token_ids"}
 """Fields regen adds that an answer can do without, by the [endpoint] setting that asks for
 them: a server that refuses one (400 or 422 naming it) is sent it no more."""
+UNKNOWN_FIELD = ("extra", "unknown", "unrecognized", "unexpected", "not permitted")
+"""Words of a 400 that refuses a field the server does not know (a 422 says so by itself)."""
 NO_HEALTH = (404, 405)
 """A `/health` answering these is not there (a proxy that routes only `/v1`)."""
 
@@ -199,7 +201,10 @@ class ChatClient:
         error names it); if so, it is learned and said once."""
         text = head.decode("utf-8", "replace")
         named = [f for f in REFUSABLE if f in body and f in text]
-        if status not in (400, 422) or not named:
+        # Only a server that does not know the field: a refusal on a condition (SGLang's ids
+        # on streams, which the job's check refuses first) is the request's, not the server's.
+        unknown = status == 422 or any(w in text.lower() for w in UNKNOWN_FIELD)
+        if status not in (400, 422) or not named or not unknown:
             return False
         for field_name in sorted(set(named) - self.refused):  # requests in flight learn it too
             self.refused.add(field_name)
