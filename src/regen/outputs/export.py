@@ -30,8 +30,10 @@ from regen.outputs.hub import (
     CARD,
     LLAMA_FACTORY_INFO,
     NOT_DATA,
+    data_files,
     dataset_card,
     llama_factory_info,
+    public_path,
     public_source,
 )
 from regen.reconstruct import ReconstructError, Sample, Target
@@ -461,11 +463,16 @@ class _JsonlShards:
     def __init__(self, tmp: Path, suffix: str) -> None:
         self._tmp, self._suffix = tmp, suffix
         self._files: dict[tuple[str, str], Any] = {}
+        self.written: dict[str, dict[str, list[str]]] = {}
+        """The files written, by dataset and split (relative paths): what the card lists."""
 
     def write(self, split: str, dataset: str, rec: dict[str, Any]) -> None:
         key = (split, dataset)
         if key not in self._files:
             path = self._tmp / split / f"{dataset}{self._suffix}.jsonl"
+            self.written.setdefault(dataset, {}).setdefault(split, []).append(
+                f"{split}/{path.name}"
+            )
             make_dirs(self._tmp, path.parent)
             self._files[key] = create(self._tmp, path)
         f = self._files[key]
@@ -486,6 +493,8 @@ class _ParquetShards:
         self._tmp, self._suffix, self._shard_rows = tmp, suffix, shard_rows
         self._rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self._shards: Counter[tuple[str, str]] = Counter()
+        self.written: dict[str, dict[str, list[str]]] = {}
+        """The files written, by dataset and split (relative paths): what the card lists."""
 
     def write(self, split: str, dataset: str, rec: dict[str, Any]) -> None:
         rows = self._rows.setdefault((split, dataset), [])
@@ -503,6 +512,7 @@ class _ParquetShards:
         n = self._shards[(split, dataset)]
         self._shards[(split, dataset)] += 1
         path = self._tmp / split / f"{dataset}{self._suffix}-{n:05d}.parquet"
+        self.written.setdefault(dataset, {}).setdefault(split, []).append(f"{split}/{path.name}")
         make_dirs(self._tmp, path.parent)
         remove(self._tmp, path)  # pyarrow opens the path as it is: nothing may be there
         # The ids arrive as the stored little-endian uint32 bytes: the columns are built from
@@ -727,12 +737,15 @@ def export_job(
             )
         writer.close()
         files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
+        written = _carried(previous if opts.since_last else None, files, writer.written)
         manifest = _manifest(store, opts, counts, files, until, since, part, previous, target)
+        manifest["data_files"] = written
         # The folder is a Hub dataset: its card names each dataset's files per split.
         card = dataset_card(store, manifest, datasets, source_turns(opts))
         write_text_atomic(tmp, tmp / CARD, card)
         if opts.format == "sharegpt":
-            write_json_atomic(tmp, tmp / LLAMA_FACTORY_INFO, llama_factory_info(datasets, files))
+            info = llama_factory_info(datasets, files, written)
+            write_json_atomic(tmp, tmp / LLAMA_FACTORY_INFO, info)
         write_json_atomic(tmp, tmp / "manifest.json", manifest)
         if to.is_symlink() or to.exists():
             os.rename(to, old)
@@ -907,7 +920,12 @@ def _manifest(
         "part": part,
         "parts": parts,
         "filters": options,
-        "reconstruct": asdict(target.spec) if target is not None else None,
+        # Uploaded with the data: a local tokenizer or template by its name, not its path.
+        "reconstruct": (
+            {k: public_path(v) for k, v in asdict(target.spec).items()}
+            if target is not None
+            else None
+        ),
         "datasets": {
             name: {
                 "samples": c.samples,
@@ -921,6 +939,27 @@ def _manifest(
         },
         "files": files,
     }
+
+
+def _carried(
+    previous: dict[str, Any] | None, files: list[str], written: dict[str, dict[str, list[str]]]
+) -> dict[str, dict[str, list[str]]]:
+    """The data files of the export by dataset and split: this part's as written, with the
+    earlier parts' as their manifest recorded them (read back from their names when it did
+    not), each listed only while it is in the folder."""
+    present = set(files)
+    earlier = previous.get("data_files") if previous else None
+    if previous and not isinstance(earlier, dict):
+        earlier = data_files(
+            sorted(present - {f for s in written.values() for v in s.values() for f in v})
+        )
+    out: dict[str, dict[str, list[str]]] = {}
+    for source in (earlier or {}, written):
+        for dataset, splits in source.items():
+            for split, paths in splits.items():
+                kept = out.setdefault(dataset, {}).setdefault(split, [])
+                kept += [p for p in paths if p in present and p not in kept]
+    return out
 
 
 def write_json_atomic(root: Path, path: Path, data: Any) -> None:

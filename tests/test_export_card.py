@@ -1,0 +1,102 @@
+"""The export's card and manifest are built from what the exporter wrote (issue 48): each
+file filed under its own dataset and split, whatever the dataset's name (a dash, a dot), over
+incremental parts; and no absolute local path in any file meant for upload."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from regen.config import load_job
+from regen.conversation import Attempt, Message, Outcome, Result, Usage
+from regen.outputs.export import ExportOptions, export_job
+from regen.reconstruct import Target, TargetSpec, sim_template
+from regen.sources.ingest import ingest
+from regen.state.db import Store
+from tests.conftest import chat_rows, query, write_job, write_rows
+
+NAMES = ("code-python", "v1.5", "my.particle")
+SIM_TOKENIZER = Path(__file__).parent.parent / "src/regen/sim/tokenizer/tokenizer.json"
+
+
+def add_answer(store: Store, dataset: str, item_id: str, n: int) -> None:
+    """An answer with the server's ids (exported as they are)."""
+    r = Result(
+        item_id,
+        Message("assistant", f"answer {n}"),
+        "stop",
+        Usage(3, 2, 0, 0.001),
+        prompt_token_ids=(1, 2, 3),
+        completion_token_ids=(7, 8),
+    )
+    attempt = Attempt(1, time.time(), 0.1, 200)
+    store.commit_outcomes([Outcome(item_id, dataset, (attempt,), result=r)])
+
+
+def answered_store(tmp_path: Path) -> tuple[Store, dict[str, list[str]]]:
+    """Three datasets of 10 prompts with awkward names; items not yet answered, by dataset."""
+    for name in NAMES:
+        write_rows(tmp_path / f"{name}.jsonl", chat_rows(10))
+    job = write_job(
+        tmp_path,
+        "http://127.0.0.1:9/v1",
+        datasets=[(name, f"{name}.jsonl", "openai") for name in NAMES],
+    )
+    store = Store.open(load_job(job).output_path)
+    ingest(store, load_job(job))
+    items: dict[str, list[str]] = {}
+    for item, ds in query(tmp_path / "out", "SELECT id, dataset FROM items ORDER BY order_key"):
+        items.setdefault(ds, []).append(item)
+    return store, items
+
+
+def local_target(tmp_path: Path) -> Target:
+    """A target whose tokenizer and template are local files, given by absolute paths."""
+    tokenizer = tmp_path / "models" / "tok.json"
+    tokenizer.parent.mkdir()
+    shutil.copy(SIM_TOKENIZER, tokenizer)
+    template = tmp_path / "models" / "chatml.jinja"
+    template.write_text(sim_template("chatml"))
+    spec = TargetSpec(
+        family="chatml",
+        tokenizer=str(tokenizer.resolve()),
+        chat_template=str(template.resolve()),
+        thinking=False,
+    )
+    return Target(spec)
+
+
+def test_the_card_files_each_part_under_its_dataset(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    store, items = answered_store(tmp_path)
+    for ds in NAMES:
+        for n, item in enumerate(items[ds][:6]):
+            add_answer(store, ds, item, n)
+    target = local_target(tmp_path)
+    to = tmp_path / "export"
+    export_job(store, list(NAMES), to, ExportOptions(format="tokenized", shard_rows=4), target)
+    time.sleep(0.01)
+    for ds in NAMES:
+        for n, item in enumerate(items[ds][6:], start=6):
+            add_answer(store, ds, item, n)
+    opts = ExportOptions(format="tokenized", shard_rows=4, since_last=True)
+    export_job(store, list(NAMES), to, opts, target)
+    for ds in NAMES:  # both parts of each dataset, and nothing of another
+        loaded = datasets.load_dataset(str(to), ds, split="train")
+        assert loaded.num_rows == 10 and set(loaded["dataset"]) == {ds}
+
+
+def test_no_uploaded_file_names_a_local_path(tmp_path: Path) -> None:
+    store, items = answered_store(tmp_path)
+    for n, item in enumerate(items["v1.5"]):
+        add_answer(store, "v1.5", item, n)
+    to = tmp_path / "export"
+    export_job(store, ["v1.5"], to, ExportOptions(format="tokenized"), local_target(tmp_path))
+    for f in to.rglob("*"):
+        if f.is_file() and f.suffix in (".md", ".json"):
+            text = f.read_text()
+            assert str(tmp_path) not in text and str(tmp_path.resolve()) not in text, f.name
+    assert "`tok.json`" in (to / "README.md").read_text()
