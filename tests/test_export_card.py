@@ -16,7 +16,7 @@ from regen.outputs.export import ExportOptions, export_job
 from regen.reconstruct import Target, TargetSpec, sim_template
 from regen.sources.ingest import ingest
 from regen.state.db import Store
-from tests.conftest import chat_rows, query, write_job, write_rows
+from tests.conftest import chat_rows, query, run_cli, write_job, write_rows
 
 NAMES = ("code-python", "v1.5", "my.particle")
 SIM_TOKENIZER = Path(__file__).parent.parent / "src/regen/sim/tokenizer/tokenizer.json"
@@ -100,3 +100,23 @@ def test_no_uploaded_file_names_a_local_path(tmp_path: Path) -> None:
             text = f.read_text()
             assert str(tmp_path) not in text and str(tmp_path.resolve()) not in text, f.name
     assert "`tok.json`" in (to / "README.md").read_text()
+
+
+def test_specforge_without_ids_says_which_template_keeps_the_reasoning(tmp_path: Path) -> None:
+    store, items = answered_store(tmp_path)
+    for n, item in enumerate(items["v1.5"]):
+        r = Result(
+            item,
+            Message("assistant", f"answer {n}", reasoning=f"thinking {n}"),
+            "stop",
+            Usage(3, 9, 7, 0.001),
+        )
+        store.commit_outcomes([Outcome(item, "v1.5", (Attempt(1, time.time(), 0.1, 200),), r)])
+    store.close()
+    res = run_cli("export", str(tmp_path / "out"), "--format", "specforge")
+    assert res.returncode == 0, res.stdout + res.stderr
+    said = [line for line in res.stdout.splitlines() if line.startswith("note: specforge:")]
+    assert len(said) == 1 and "10 samples" in said[0] and "70 reasoning tokens" in said[0]
+    assert "qwen3-thinking" in said[0]
+    card = (tmp_path / "out/export/specforge/README.md").read_text()
+    assert "SpecForge's general parser" in card and "qwen3-thinking" in card

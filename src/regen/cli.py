@@ -808,6 +808,8 @@ def _export(args: argparse.Namespace, console: Console) -> int:
             dropped,
         )
     console.print(table)
+    for note in manifest.get("notes", []):  # also on the card
+        console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     console.print(f"manifest: {to / 'manifest.json'}", markup=False)
     console.print(
         f"load it with datasets.load_dataset({str(to)!r}) (card: {to / 'README.md'})",

@@ -455,6 +455,10 @@ class _Counts:
     dropped: Counter[str] = field(default_factory=Counter)
     sources: Counter[str] = field(default_factory=Counter)
     """Tokenized samples written, by where their ids came from: exact or reconstructed."""
+    reasoning_in_field: int = 0
+    """SpecForge records without ids whose reasoning is only in `reasoning_content`."""
+    reasoning_tokens: int = 0
+    """... and the reasoning tokens billed for their answers."""
 
 
 class _JsonlShards:
@@ -850,6 +854,9 @@ def _export_dataset(
             writer.write(split, name, rec)
             if opts.format == "tokenized":
                 c.sources[rec["source"]] += 1
+            if opts.format == "specforge" and reasoning_in_field(rec):
+                c.reasoning_in_field += 1
+                c.reasoning_tokens += row.reasoning_tokens
             written += 1
             c.samples[split] += 1
             c.prompt_tokens += row.prompt_tokens
@@ -938,7 +945,35 @@ def _manifest(
             for name, c in counts.items()
         },
         "files": files,
+        "notes": trainer_notes(opts.format, counts),
     }
+
+
+SPECFORGE_THINKING = "`qwen3-thinking`, `kimi-k2-thinking`, `deepseek-r1-distill`"
+"""SpecForge chat templates whose parser (`parser_type` thinking) reads `reasoning_content`."""
+
+
+def reasoning_in_field(rec: dict[str, Any]) -> bool:
+    """Whether a SpecForge record without ids holds reasoning in `reasoning_content`, which
+    only SpecForge's thinking parser reads."""
+    if "input_ids" in rec:
+        return False
+    return any(m.get("reasoning_content") for m in rec.get("conversations", ()))
+
+
+def trainer_notes(fmt: str, counts: dict[str, _Counts]) -> list[str]:
+    """What a trainer reading the export with its defaults would lose, and the setting that
+    keeps it: said at export and written on the card."""
+    samples = sum(c.reasoning_in_field for c in counts.values())
+    if fmt != "specforge" or not samples:
+        return []
+    tokens = sum(c.reasoning_tokens for c in counts.values())
+    return [
+        f"specforge: {samples} samples keep their reasoning in `reasoning_content` only "
+        f"({tokens:,} reasoning tokens billed); SpecForge's general parser (chat templates such "
+        f"as `qwen` or `llama3`) drops it: train with a thinking template ({SPECFORGE_THINKING}) "
+        "to keep it, or export with --family to write the exact ids and loss mask"
+    ]
 
 
 def _carried(

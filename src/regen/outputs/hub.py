@@ -179,6 +179,8 @@ def dataset_card(store: Store, manifest: dict[str, Any], datasets: list[str], po
         "",
         "## Which text carries loss",
         "",
+        *(f"{note}." for note in manifest.get("notes", [])),
+        *([""] if manifest.get("notes") else []),
         "Only text the target wrote. A sample whose history holds the dataset's own assistant "
         f"turns is {policy}.",
         "",
