@@ -4,6 +4,7 @@ incremental parts; and no absolute local path in any file meant for upload."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ from regen.config import load_job
 from regen.conversation import Attempt, Message, Outcome, Result, Usage
 from regen.outputs.export import ExportOptions, export_job
 from regen.reconstruct import Target, TargetSpec, sim_template
+from regen.sim import SimConfig, sim_in_thread
 from regen.sources.ingest import ingest
 from regen.state.db import Store
 from tests.conftest import chat_rows, query, run_cli, write_job, write_rows
@@ -120,3 +122,46 @@ def test_specforge_without_ids_says_which_template_keeps_the_reasoning(tmp_path:
     assert "qwen3-thinking" in said[0]
     card = (tmp_path / "out/export/specforge/README.md").read_text()
     assert "SpecForge's general parser" in card and "qwen3-thinking" in card
+
+
+@pytest.mark.parametrize(("model", "family", "history_shows"), [
+    ("qwen/qwen3-8b", "qwen3", False),  # Qwen3's template drops earlier turns' reasoning
+    ("moonshotai/kimi-k3", "kimi-k3", True),  # Kimi K3 keeps it
+])  # fmt: skip
+def test_sequential_sharegpt_history_keeps_the_reasoning_the_template_shows(
+    tmp_path: Path, model: str, family: str, history_shows: bool
+) -> None:
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": f"c{c} first question"},
+                {"role": "assistant", "content": "original 1"},
+                {"role": "user", "content": f"c{c} second question"},
+                {"role": "assistant", "content": "original 2"},
+            ]
+        }
+        for c in range(8)
+    ]
+    write_rows(tmp_path / "d.jsonl", rows)
+    with sim_in_thread(SimConfig(seed=4, time_scale=0.0)) as sim:
+        job = write_job(
+            tmp_path,
+            sim.base_url,
+            datasets=[],
+            extra='\n[[datasets]]\nname = "d"\npath = "d.jsonl"\nmode = "sequential"\n',
+        )
+        text = job.read_text().replace("moonshotai/kimi-k2.5", model)
+        job.write_text(text.replace("max_tokens = 512", "max_tokens = 8000"))
+        res = run_cli("run", str(job))
+        assert res.returncode == 0, res.stdout + res.stderr
+    res = run_cli("export", str(tmp_path / "out"), "--format", "sharegpt", "--family", family)
+    assert res.returncode == 0, res.stdout + res.stderr
+    text = (tmp_path / "out/export/sharegpt/train/d.jsonl").read_text()
+    recs = [json.loads(x) for x in text.splitlines()]
+    # Second turns (a cut answer is left out of the export, and so may a few be).
+    seconds = [r for r in recs if r["provenance"]["turn_index"] == 3]
+    assert len(seconds) >= 6
+    for rec in seconds:
+        earlier, last = rec["conversations"][1]["value"], rec["conversations"][3]["value"]
+        assert last.startswith("<think>\n")  # the answer's own reasoning stays
+        assert earlier.startswith("<think>\n") == history_shows, earlier

@@ -778,6 +778,8 @@ def _export(args: argparse.Namespace, console: Console) -> int:
         overrides = _target_overrides(args)
         recorded = store.get_meta("reconstruct") is not None
         ids = args.format in ("tokenized", "specforge") and not args.train_source_turns
+        # ShareGPT: the model's template decides which reasoning of the history is kept.
+        ids = ids or args.format == "sharegpt"
         if args.drop_failed_audit or (ids and (recorded or args.family)):
             target = target_for(store, **overrides)
             for note in target.notes:

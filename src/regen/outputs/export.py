@@ -18,7 +18,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -332,6 +332,28 @@ def _sharegpt_call_turn(m: dict[str, Any]) -> str:
     if m.get("reasoning_content"):
         value = f"<think>\n{m['reasoning_content']}\n</think>\n\n{value}"
     return value
+
+
+def as_template_shows(row: ExportRow, target: Target) -> ExportRow:
+    """The row with the reasoning of earlier assistant turns that the model's own template does
+    not show (Qwen3's drops it before the last question) taken out of its history: a trainer
+    that renders the history as text would otherwise learn it as the target's. The row as it
+    is when its history holds no reasoning, or the template cannot render it."""
+    history = row.history()
+    if not any(m.get("role") == "assistant" and m.get("reasoning") for m in history):
+        return row
+    try:
+        rendered = target.prompt_text(history, row.conversation.get("tools"))
+    except Exception:  # noqa: BLE001 - a template that cannot render it: nothing is taken out
+        return row
+    shown = {
+        i: {**m, "reasoning": None}
+        for i, m in enumerate(history)
+        if m.get("role") == "assistant" and m.get("reasoning") and m["reasoning"] not in rendered
+    }
+    if not shown:
+        return row
+    return replace(row, regenerated={**(row.regenerated or {}), **shown})
 
 
 def sharegpt_record(row: ExportRow) -> dict[str, Any]:
@@ -732,11 +754,15 @@ def export_job(
             else _JsonlShards(tmp, suffix)
         )
         origins = Origins.of(store, datasets)
+        # ShareGPT holds no ids: the target is rebuilt only to drop failed samples; it also
+        # decides which of the history's reasoning the model's template shows.
+        rebuild = target if opts.format != "sharegpt" or opts.drop_failed_audit else None
+        shown = target if opts.format == "sharegpt" else None
         for name in datasets:
             until = max(
                 until,
                 _export_dataset(
-                    store, name, since, opts, writer, counts, seen, origins, target, checks
+                    store, name, since, opts, writer, counts, seen, origins, rebuild, checks, shown
                 ),
             )
         writer.close()
@@ -786,8 +812,10 @@ def _export_dataset(
     origins: Origins,
     target: Target | None = None,
     checks: Checks | None = None,
+    shown: Target | None = None,
 ) -> float:
-    """Write one dataset's samples; return the latest answer time seen."""
+    """Write one dataset's samples; return the latest answer time seen. `shown`: the model
+    whose template decides which earlier turns' reasoning a sharegpt history keeps."""
     c = counts.setdefault(name, _Counts())
     weight = opts.weights.get(name, 1.0)
     cap = opts.caps.get(name)
@@ -818,6 +846,8 @@ def _export_dataset(
             reason = "failed_audit"
         rec: dict[str, Any] | None = None
         if reason is None:
+            if shown is not None:
+                row = as_template_shows(row, shown)
             rec, reason = _record(row, name, sample, opts, origins)
         if reason is None and rec is not None and opts.dedup:
             # The same conversation and answer (or the same ids), whatever the item id.
