@@ -165,3 +165,18 @@ def test_sequential_sharegpt_history_keeps_the_reasoning_the_template_shows(
         earlier, last = rec["conversations"][1]["value"], rec["conversations"][3]["value"]
         assert last.startswith("<think>\n")  # the answer's own reasoning stays
         assert earlier.startswith("<think>\n") == history_shows, earlier
+
+
+def test_a_sharegpt_export_goes_on_without_a_target_it_cannot_load(tmp_path: Path) -> None:
+    store, items = answered_store(tmp_path)
+    for n, item in enumerate(items["v1.5"]):
+        add_answer(store, "v1.5", item, n)
+    store.close()
+    out = str(tmp_path / "out")
+    nope = str(tmp_path / "nope.json")
+    res = run_cli("export", out, "--format", "sharegpt", "--family", "qwen3", "--tokenizer", nope)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "history's reasoning is written as it was stored" in res.stderr
+    # Where the ids need it, it is still an error.
+    res = run_cli("export", out, "--format", "tokenized", "--family", "qwen3", "--tokenizer", nope)
+    assert res.returncode != 0 and "nope.json" in res.stderr

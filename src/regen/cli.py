@@ -15,7 +15,7 @@ import sys
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -25,6 +25,10 @@ from regen import __version__
 from regen.engine.billing import Reconciliation
 from regen.errors import ConfigError, Interrupted, RegenError
 from regen.safe import REDACTED, printable, redact, redacted
+
+if TYPE_CHECKING:
+    from regen.reconstruct import Target
+    from regen.state.db import Store
 
 EXIT_OK, EXIT_USER, EXIT_USAGE, EXIT_FAILED_ITEMS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 EXIT_CAP, EXIT_ITEMS_LEFT = 4, 5
@@ -729,10 +733,27 @@ def _pairs(values: list[str], flag: str, kind: type) -> dict[str, object]:
     return out
 
 
+def _export_target(store: Store, overrides: dict[str, Any], *, optional: bool) -> Target | None:
+    """The target that rebuilds ids; for sharegpt, where it only decides which history
+    reasoning the template shows, one that cannot be loaded is said and gone without."""
+    from regen.outputs.audit import target_for
+
+    try:
+        return target_for(store, **overrides)
+    except ConfigError as exc:
+        if not optional:
+            raise
+        print(
+            f"warning: {exc}; the history's reasoning is written as it was stored",
+            file=sys.stderr,
+        )
+        return None
+
+
 def _export(args: argparse.Namespace, console: Console) -> int:
     from rich.table import Table
 
-    from regen.outputs.audit import checks_for, target_for
+    from regen.outputs.audit import checks_for
     from regen.outputs.export import ExportOptions, export_job
     from regen.state.db import Store
 
@@ -781,7 +802,9 @@ def _export(args: argparse.Namespace, console: Console) -> int:
         # ShareGPT: the model's template decides which reasoning of the history is kept.
         ids = ids or args.format == "sharegpt"
         if args.drop_failed_audit or (ids and (recorded or args.family)):
-            target = target_for(store, **overrides)
+            optional = args.format == "sharegpt" and not args.drop_failed_audit
+            target = _export_target(store, overrides, optional=optional)
+        if target is not None:
             for note in target.notes:
                 print(f"note: {note}", file=sys.stderr)
             for warning in target.warnings:
