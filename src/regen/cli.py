@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import re
 import sqlite3
 import sys
@@ -374,14 +375,22 @@ def key_free_output() -> Iterator[None]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; its exit code."""
-    with key_free_output():
-        try:
-            return _main(argv)
-        except Exception:
-            # A bug (or --debug): the traceback goes through the redacting stderr, not
-            # Python's own hook after this function has put the plain streams back.
-            traceback.print_exc()
-            return EXIT_USER
+    try:
+        with key_free_output():
+            try:
+                return _main(argv)
+            except BrokenPipeError:
+                raise
+            except Exception:
+                # A bug (or --debug): the traceback goes through the redacting stderr, not
+                # Python's own hook after this function has put the plain streams back.
+                traceback.print_exc()
+                return EXIT_USER
+    except BrokenPipeError:
+        # The reader went away (`regen families --json | head`): what it read is all it
+        # wanted. Output goes nowhere from here, so the interpreter's last flush is quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
 
 
 def _main(argv: list[str] | None) -> int:
@@ -459,13 +468,23 @@ def _families(args: argparse.Namespace, console: Console) -> int:
             "parse_back": f.syntax,
             "verified": " ".join(f.verified.split()),
             "assumed": " ".join(f.assumed.split()),
+            "auto_detects": list(f.detect),
         }
         for f in FAMILIES.values()
     ]
     if args.json:
         print(json.dumps(rows, indent=2, ensure_ascii=False))
         return EXIT_OK
-    table = Table(title='model families (\\[reconstruct] family; "auto" reads the template)')
+    auto = (
+        'family = "auto" reads the model\'s chat template and takes the first family below '
+        "whose `auto looks for` texts it all holds; a template that holds none of them gets "
+        "the generic `template` family"
+    )
+    if not console.is_terminal:  # piped: one family a paragraph, wrapped at 80 columns
+        _families_text(rows, auto)
+        return EXIT_OK
+    console.print(auto, markup=False, highlight=False)
+    table = Table(title="model families ([reconstruct] family)")
     for column in ("family", "completion", "verified against", "still assumed"):
         table.add_column(column, overflow="fold")
     for r in rows:
@@ -474,6 +493,25 @@ def _families(args: argparse.Namespace, console: Console) -> int:
         table.add_row(r["family"], *(escape(c) for c in cells))
     console.print(table)
     return EXIT_OK
+
+
+def _families_text(rows: list[dict[str, Any]], auto: str) -> None:
+    """`regen families` piped: plain paragraphs of at most 80 columns."""
+    import textwrap
+
+    print(textwrap.fill(auto, 80))
+    for r in rows:
+        how = str(r["completion"]) + (f" ({r['why_grammar']})" if r["why_grammar"] else "")
+        print(f"\n{r['family']}")
+        for label, text in (
+            ("completion", how),
+            ("auto looks for", ", ".join(repr(d) for d in r["auto_detects"]) or "-"),
+            ("verified against", r["verified"] or "-"),
+            ("still assumed", r["assumed"] or "-"),
+        ):
+            print(
+                textwrap.fill(f"{label}: {text}", 80, initial_indent="  ", subsequent_indent="    ")
+            )
 
 
 def _report(args: argparse.Namespace, console: Console) -> int:
