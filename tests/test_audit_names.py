@@ -9,7 +9,7 @@ from typing import Any
 
 from regen.outputs.audit import Checks, DatasetAudit, audit_json, sample_problems, structure
 from regen.reconstruct import Sample, Target, TargetSpec, family
-from regen.state.answers import ExportRow
+from regen.state.answers import ExportRow, pack_ids
 
 SCHEMA = {
     "type": "object",
@@ -82,3 +82,38 @@ def test_every_failing_sample_is_named_and_the_worst_are_sorted_on_either_side()
     assert "schema rule type" in failing["schema"]["details"][0]
     # The prompt rebuilt 40 tokens off is the worst, though its completion matches.
     assert [w["item_id"] for w in data["worst"]] == ["prompt-off", "completion-off"]
+
+
+def test_text_the_server_inserted_is_said_and_its_ids_win() -> None:
+    """A server that answers `\\n\\n` before the content with thinking off: its ids (which the
+    rebuild equals) hold none of it. The sample passes, and the audit says which text."""
+    target = Target(TargetSpec(family="qwen3", thinking=False))
+    messages = [{"role": "user", "content": "q"}]
+    prompt_ids, completion_ids = target.encode_batch(
+        [target.prompt_text(messages, None), "The answer.<|im_end|>"]
+    )
+    r = ExportRow(
+        item_id="inserted",
+        turn_index=1,
+        conversation={"messages": messages},
+        content="\n\nThe answer.",
+        reasoning=None,
+        tool_calls=[],
+        finish_reason="stop",
+        prompt_tokens=len(prompt_ids),
+        completion_tokens=len(completion_ids),
+        prompt_token_ids=pack_ids(prompt_ids),
+        completion_token_ids=pack_ids(completion_ids),
+    )
+    [sample] = target.samples([r])
+    assert isinstance(sample, Sample) and sample.source == "exact"
+    v = sample_problems(r, sample, target, Checks())
+    assert v.problems == ["server_inserted_text"] and v.problems_of_the_answer == []
+    assert v.details == [
+        "the server inserted '\\n\\n' before the content it returned, which its token ids do "
+        "not hold: the ids (which the rebuild equals) are kept as the answer"
+    ]
+    audit = DatasetAudit("chat")
+    audit.add(sample, v.problems, 5, v.reparse, v.oracle, v.problems_of_the_answer, v.details)
+    data = audit_json([audit])["datasets"][0]
+    assert data["failed"] == 0 and data["notes"][0]["item_id"] == "inserted"

@@ -733,6 +733,9 @@ def _audit(args: argparse.Namespace, console: Console) -> int:
                     ),
                     markup=False,
                 )
+            for n in d["notes"]:
+                line = f"note {d['name']}: {n['item_id']}: {n['note']}"
+                console.print(printable(line), markup=False, soft_wrap=True)
             for f in d["failing"]:  # every failing sample, so none is failed unnamed
                 why = f" ({'; '.join(f['details'])})" if f["details"] else ""
                 line = f"failing {d['name']}: {f['item_id']}: {', '.join(f['problems'])}{why}"

@@ -86,6 +86,9 @@ class DatasetAudit:
     completion, prompt diff), largest first."""
     failing: list[tuple[str, list[str], list[str]]] = field(default_factory=list)
     """(item id, problems, what each says of itself) of every sample that fails."""
+    notes: list[tuple[str, str]] = field(default_factory=list)
+    """(item id, what) of the first samples that pass with something said (text a server
+    inserted that its ids do not hold)."""
     problems: Counter[str] = field(default_factory=Counter)
     finish_reasons: Counter[str] = field(default_factory=Counter)
     reparse: list[tuple[str, str]] = field(default_factory=list)
@@ -120,6 +123,8 @@ class DatasetAudit:
         item = sample.item_id if isinstance(sample, Sample) else str(sample).partition(": ")[0]
         if failing:
             self.failing.append((item, failing, details or []))
+        elif details and len(self.notes) < keep_worst:
+            self.notes.append((item, "; ".join(details)))
         if isinstance(sample, Sample) and sample.rebuilt_completion_ids is not None:
             self.oracle_checked += 1
             self.oracle_matches += oracle is None
@@ -155,6 +160,7 @@ class DatasetAudit:
         self.problems.update(other.problems)
         self.finish_reasons.update(other.finish_reasons)
         self.failing = [*self.failing, *other.failing]
+        self.notes = [*self.notes, *other.notes][:5]
         self.worst = sorted([*self.worst, *other.worst], reverse=True)[:5]
         self.reparse = [*self.reparse, *other.reparse][:5]
         self.oracle_checked += other.oracle_checked
@@ -265,6 +271,38 @@ def reparse(row: ExportRow, sample: Sample, target: Target) -> str | None:
     return first_difference(got, server_form(name, answer), strip=target.family.name not in LEGACY)
 
 
+def inserted_by_server(row: ExportRow, sample: Sample, target: Target) -> str | None:
+    """Whether the stored answer differs from its parsed ids only by whitespace the server
+    put before or after a field (text its ids do not hold: a server that answers `\n\n`
+    before the content with thinking off), said as which text and where; None otherwise."""
+    name = target.family.name
+    answer = target.answer(row, sample.prefill)
+    try:
+        got = parse(name, target.decode(sample.completion_ids), answer, target.stops)
+    except ValueError:
+        return None
+    want = server_form(name, answer)
+    if got.calls != want.calls:
+        return None
+    said = []
+    for field_name in ("reasoning", "content"):
+        g, w = getattr(got, field_name), getattr(want, field_name)
+        if g == w:
+            continue
+        if g and w.endswith(g) and not w[: len(w) - len(g)].strip():
+            said.append(f"{w[: len(w) - len(g)]!r} before the {field_name}")
+        elif w.startswith(g) and not w[len(g) :].strip():
+            said.append(f"{w[len(g) :]!r} after the {field_name}")
+        else:
+            return None
+    if not said:
+        return None
+    return (
+        f"the server inserted {' and '.join(said)} it returned, which its token ids do not "
+        "hold: the ids (which the rebuild equals) are kept as the answer"
+    )
+
+
 def divergence(server: list[int], rebuilt: list[int], decode: Callable[[list[int]], str]) -> str:
     """Where two id sequences first differ, with the tokens' text on each side."""
     i = next((k for k, (a, b) in enumerate(zip(server, rebuilt, strict=False)) if a != b), None)
@@ -314,7 +352,7 @@ class Verdict:
         """The problems that make the sample unfit for training. Where its ids are the
         server's, a rebuild that differs from them or loses text says the grammar is wrong,
         not the answer."""
-        of_the_rebuild = {"rebuild_differs_from_server"}
+        of_the_rebuild = {"rebuild_differs_from_server", "server_inserted_text"}
         if self.exact:
             of_the_rebuild |= {"rebuild_loses_text", "reparse_mismatch"}
         return [p for p in self.problems if p not in of_the_rebuild]
@@ -341,9 +379,16 @@ def sample_problems(
     if sample.lost is not None:
         problems.append("rebuild_loses_text")
     diff = reparse(row, sample, target)
-    if diff is not None:
-        problems.append("reparse_mismatch")
     oracle = oracle_difference(sample, target) if row.finish_reason != "length" else None
+    inserted = None
+    if diff is not None and sample.source == "exact" and oracle is None:
+        inserted = inserted_by_server(row, sample, target)
+    if inserted is not None:  # the server's ids, which the rebuild equals, win: said
+        problems.append("server_inserted_text")
+        details.append(inserted)
+        diff = None
+    elif diff is not None:
+        problems.append("reparse_mismatch")
     if oracle is not None:
         problems.append("rebuild_differs_from_server")
     return Verdict(problems, diff or sample.lost, oracle, sample.source == "exact", details)
@@ -481,6 +526,7 @@ def _one(a: DatasetAudit) -> dict[str, Any]:
         "finish_reasons": dict(sorted(a.finish_reasons.items())),
         "reparse": [{"item_id": i, "first_difference": d} for i, d in a.reparse],
         "failing": [{"item_id": i, "problems": p, "details": d} for i, p, d in a.failing],
+        "notes": [{"item_id": i, "note": n} for i, n in a.notes],
         "server_ids_checked": a.oracle_checked,
         "server_ids_match_share": round(a.oracle_matches / a.oracle_checked, 4)
         if a.oracle_checked
