@@ -6,6 +6,7 @@ nothing stops, nothing is paid twice, no attempt fails over it after the first a
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 from rich.console import Console
@@ -14,7 +15,7 @@ from regen.config import load_job
 from regen.run.runner import run_job
 from regen.sim import SimConfig, sim_in_thread
 from regen.sim.config import SimFaults
-from tests.conftest import query
+from tests.conftest import query, run_cli
 from tests.test_selfhosted import MODEL, job_file
 
 
@@ -103,3 +104,39 @@ def test_a_server_without_health_is_probed_with_a_real_request(tmp_path: Path) -
     assert query(tmp_path / "out", "SELECT COUNT(*) FROM results") == [(24,)]
     probes = [e for e in log if e.body and e.body.get("max_tokens") == 1]
     assert probes, "the server was probed with a real request"
+
+
+def test_text_a_server_inserts_before_the_content_is_said_not_failed(tmp_path: Path) -> None:
+    """With thinking off, the server answers `\\n\\n` before the content; its ids hold none of
+    it, and the rebuild equals them: the audit fails no answer and says which text."""
+    config = SimConfig(
+        dialect="vllm",
+        served_model=MODEL,
+        seed=3,
+        time_scale=0.0,
+        insert_without_thinking="\n\n",
+    )
+    with sim_in_thread(config) as sim:
+        job = job_file(
+            tmp_path,
+            sim.base_url,
+            "vllm",
+            stream=False,
+            token_ids=True,
+            extra="",
+        )
+        text = job.read_text().replace(
+            "token_ids = true",
+            "token_ids = true\nextra_body = { chat_template_kwargs = { enable_thinking = false } }",
+        )
+        job.write_text(text)
+        run_all(job)
+    # Answers cut at max_tokens are left out of the audit.
+    sql = "SELECT content FROM results WHERE content != '' AND finish_reason != 'length'"
+    contents = query(tmp_path / "out", sql)
+    assert contents and all(c.startswith("\n\n") for (c,) in contents)
+    res = run_cli("audit", str(tmp_path / "out"), "--family", "qwen3", "--json")
+    data = json.loads(res.stdout)["overall"]
+    assert data["failed"] == 0 and "reparse_mismatch" not in data["problems"], res.stdout
+    assert data["problems"]["server_inserted_text"] == len(contents)
+    assert "the server inserted '\\n\\n' before the content" in data["notes"][0]["note"]

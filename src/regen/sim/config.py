@@ -281,6 +281,9 @@ class SimConfig(_Model):
     behind such a proxy)."""
     ignore_n: bool = False
     """Self-hosted: answer one choice whatever `n` asks (a server that does not take `n`)."""
+    insert_without_thinking: str = ""
+    """Self-hosted: text put before the content the server returns when thinking is off
+    (`"\n\n"`), which its token ids do not hold: a server whose parser adds it."""
     health_route: bool = True
     """Self-hosted: serve `/health` (false: 404 there, as behind a proxy that routes only
     `/v1`)."""

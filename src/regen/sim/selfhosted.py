@@ -445,7 +445,7 @@ class SelfHostedSim(Simulator):
         if self.dialect == "vllm":
             message: dict[str, Any] = {
                 "role": "assistant",
-                "content": comp.content or None,
+                "content": self._content(ask, comp) or None,
                 "refusal": None,
                 "annotations": None,
                 "audio": None,
@@ -473,7 +473,7 @@ class SelfHostedSim(Simulator):
             }
         message = {
             "role": "assistant",
-            "content": comp.content,
+            "content": self._content(ask, comp),
             "reasoning_content": reasoning,
             "tool_calls": calls or None,
         }
@@ -588,7 +588,7 @@ class SelfHostedSim(Simulator):
         if ask.include_reasoning:
             out += [{key: p} for p in pieces(comp.reasoning, 4)]
         out += [{"content": p} if vllm else {"reasoning_content": None, "content": p}
-                for p in pieces(comp.content, 4)]  # fmt: skip
+                for p in pieces(self._content(ask, comp), 4)]  # fmt: skip
         for call in calls:
             fn, idx = call["function"], call["index"]
             args = fn["arguments"]
@@ -616,6 +616,12 @@ class SelfHostedSim(Simulator):
                         }  # fmt: skip
                     )
         return out
+
+    def _content(self, ask: _Ask, comp: Completion) -> str:
+        """The content as the server returns it: with `insert_without_thinking` before it when
+        thinking is off (text the server adds that the ids do not hold)."""
+        extra = self.config.insert_without_thinking if not ask.thinking and comp.content else ""
+        return extra + comp.content
 
     async def _fault(self, ask: _Ask, request: web.Request, writer: _Writer) -> bool:
         """A fault part-way through a stream: a stall (then go on), a cut connection or an
