@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import re
 import sqlite3
 import sys
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -25,6 +26,10 @@ from regen import __version__
 from regen.engine.billing import Reconciliation
 from regen.errors import ConfigError, Interrupted, RegenError
 from regen.safe import REDACTED, printable, redact, redacted
+
+if TYPE_CHECKING:
+    from regen.reconstruct import Target
+    from regen.state.db import Store
 
 EXIT_OK, EXIT_USER, EXIT_USAGE, EXIT_FAILED_ITEMS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 EXIT_CAP, EXIT_ITEMS_LEFT = 4, 5
@@ -370,14 +375,22 @@ def key_free_output() -> Iterator[None]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; its exit code."""
-    with key_free_output():
-        try:
-            return _main(argv)
-        except Exception:
-            # A bug (or --debug): the traceback goes through the redacting stderr, not
-            # Python's own hook after this function has put the plain streams back.
-            traceback.print_exc()
-            return EXIT_USER
+    try:
+        with key_free_output():
+            try:
+                return _main(argv)
+            except BrokenPipeError:
+                raise
+            except Exception:
+                # A bug (or --debug): the traceback goes through the redacting stderr, not
+                # Python's own hook after this function has put the plain streams back.
+                traceback.print_exc()
+                return EXIT_USER
+    except BrokenPipeError:
+        # The reader went away (`regen families --json | head`): what it read is all it
+        # wanted. Output goes nowhere from here, so the interpreter's last flush is quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
 
 
 def _main(argv: list[str] | None) -> int:
@@ -455,13 +468,23 @@ def _families(args: argparse.Namespace, console: Console) -> int:
             "parse_back": f.syntax,
             "verified": " ".join(f.verified.split()),
             "assumed": " ".join(f.assumed.split()),
+            "auto_detects": list(f.detect),
         }
         for f in FAMILIES.values()
     ]
     if args.json:
         print(json.dumps(rows, indent=2, ensure_ascii=False))
         return EXIT_OK
-    table = Table(title='model families (\\[reconstruct] family; "auto" reads the template)')
+    auto = (
+        'family = "auto" reads the model\'s chat template and takes the first family below '
+        "whose `auto looks for` texts it all holds; a template that holds none of them gets "
+        "the generic `template` family"
+    )
+    if not console.is_terminal:  # piped: one family a paragraph, wrapped at 80 columns
+        _families_text(rows, auto)
+        return EXIT_OK
+    console.print(auto, markup=False, highlight=False)
+    table = Table(title="model families ([reconstruct] family)")
     for column in ("family", "completion", "verified against", "still assumed"):
         table.add_column(column, overflow="fold")
     for r in rows:
@@ -470,6 +493,25 @@ def _families(args: argparse.Namespace, console: Console) -> int:
         table.add_row(r["family"], *(escape(c) for c in cells))
     console.print(table)
     return EXIT_OK
+
+
+def _families_text(rows: list[dict[str, Any]], auto: str) -> None:
+    """`regen families` piped: plain paragraphs of at most 80 columns."""
+    import textwrap
+
+    print(textwrap.fill(auto, 80))
+    for r in rows:
+        how = str(r["completion"]) + (f" ({r['why_grammar']})" if r["why_grammar"] else "")
+        print(f"\n{r['family']}")
+        for label, text in (
+            ("completion", how),
+            ("auto looks for", ", ".join(repr(d) for d in r["auto_detects"]) or "-"),
+            ("verified against", r["verified"] or "-"),
+            ("still assumed", r["assumed"] or "-"),
+        ):
+            print(
+                textwrap.fill(f"{label}: {text}", 80, initial_indent="  ", subsequent_indent="    ")
+            )
 
 
 def _report(args: argparse.Namespace, console: Console) -> int:
@@ -691,6 +733,13 @@ def _audit(args: argparse.Namespace, console: Console) -> int:
                     ),
                     markup=False,
                 )
+            for n in d["notes"]:
+                line = f"note {d['name']}: {n['item_id']}: {n['note']}"
+                console.print(printable(line), markup=False, soft_wrap=True)
+            for f in d["failing"]:  # every failing sample, so none is failed unnamed
+                why = f" ({'; '.join(f['details'])})" if f["details"] else ""
+                line = f"failing {d['name']}: {f['item_id']}: {', '.join(f['problems'])}{why}"
+                console.print(printable(line), markup=False, soft_wrap=True)
             if d["server_ids_checked"]:
                 console.print(
                     f"server ids {d['name']}: the rebuild equals the server's ids in "
@@ -725,10 +774,27 @@ def _pairs(values: list[str], flag: str, kind: type) -> dict[str, object]:
     return out
 
 
+def _export_target(store: Store, overrides: dict[str, Any], *, optional: bool) -> Target | None:
+    """The target that rebuilds ids; for sharegpt, where it only decides which history
+    reasoning the template shows, one that cannot be loaded is said and gone without."""
+    from regen.outputs.audit import target_for
+
+    try:
+        return target_for(store, **overrides)
+    except ConfigError as exc:
+        if not optional:
+            raise
+        print(
+            f"warning: {exc}; the history's reasoning is written as it was stored",
+            file=sys.stderr,
+        )
+        return None
+
+
 def _export(args: argparse.Namespace, console: Console) -> int:
     from rich.table import Table
 
-    from regen.outputs.audit import checks_for, target_for
+    from regen.outputs.audit import checks_for
     from regen.outputs.export import ExportOptions, export_job
     from regen.state.db import Store
 
@@ -774,8 +840,12 @@ def _export(args: argparse.Namespace, console: Console) -> int:
         overrides = _target_overrides(args)
         recorded = store.get_meta("reconstruct") is not None
         ids = args.format in ("tokenized", "specforge") and not args.train_source_turns
+        # ShareGPT: the model's template decides which reasoning of the history is kept.
+        ids = ids or args.format == "sharegpt"
         if args.drop_failed_audit or (ids and (recorded or args.family)):
-            target = target_for(store, **overrides)
+            optional = args.format == "sharegpt" and not args.drop_failed_audit
+            target = _export_target(store, overrides, optional=optional)
+        if target is not None:
             for note in target.notes:
                 print(f"note: {note}", file=sys.stderr)
             for warning in target.warnings:
@@ -804,6 +874,8 @@ def _export(args: argparse.Namespace, console: Console) -> int:
             dropped,
         )
     console.print(table)
+    for note in manifest.get("notes", []):  # also on the card
+        console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     console.print(f"manifest: {to / 'manifest.json'}", markup=False)
     console.print(
         f"load it with datasets.load_dataset({str(to)!r}) (card: {to / 'README.md'})",

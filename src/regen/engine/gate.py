@@ -239,6 +239,10 @@ class Gate:
             )
         seen[who] += 1
 
+    def say(self, line: str) -> None:
+        """A line for the same once-said channel (what the client learned of a server)."""
+        self._new.append(printable(line))
+
     def take_lines(self) -> list[str]:
         """The lines not yet shown."""
         lines, self._new = self._new, []

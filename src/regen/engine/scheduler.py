@@ -916,6 +916,10 @@ class Scheduler:
         finally:
             self._off_wire(lane, item, att, flow)
             self._settle(att)
+            # What the client learned of its server (a refused field, `n` ignored): said once.
+            learned = getattr(ep.sender, "learned", None)
+            while learned:
+                self.stats.gate.say(learned.pop(0))
 
     def _on_wire(self, lane: LaneRuntime, item: PendingItem, att: Try) -> Flow:
         """The attempt's request goes on the wire now: it counts as in flight, in the lane's

@@ -82,7 +82,13 @@ class DatasetAudit:
     failed: int = 0
     """Samples with a structural problem or a completion difference over the limit."""
     worst: list[tuple[int, str, int, int, int]] = field(default_factory=list)
-    """(abs diff, item id, rebuilt, billed, prompt diff), largest first."""
+    """(largest abs diff of completion or prompt, item id, rebuilt completion, billed
+    completion, prompt diff), largest first."""
+    failing: list[tuple[str, list[str], list[str]]] = field(default_factory=list)
+    """(item id, problems, what each says of itself) of every sample that fails."""
+    notes: list[tuple[str, str]] = field(default_factory=list)
+    """(item id, what) of the first samples that pass with something said (text a server
+    inserted that its ids do not hold)."""
     problems: Counter[str] = field(default_factory=Counter)
     finish_reasons: Counter[str] = field(default_factory=Counter)
     reparse: list[tuple[str, str]] = field(default_factory=list)
@@ -106,16 +112,25 @@ class DatasetAudit:
         keep_worst: int,
         reparse: str | None = None,
         oracle: str | None = None,
+        failing: list[str] | None = None,
+        details: list[str] | None = None,
     ) -> None:
         """Count one answer: its differences (none when it could not be rebuilt), problems,
-        and how its rebuild compares with the server's ids where it has them."""
+        and how its rebuild compares with the server's ids where it has them. `failing`: the
+        problems that fail it (all of `problems` unless given), named with `details`."""
         self.samples += 1
+        failing = problems if failing is None else failing
+        item = sample.item_id if isinstance(sample, Sample) else str(sample).partition(": ")[0]
+        if failing:
+            self.failing.append((item, failing, details or []))
+        elif details and len(self.notes) < keep_worst:
+            self.notes.append((item, "; ".join(details)))
         if isinstance(sample, Sample) and sample.rebuilt_completion_ids is not None:
             self.oracle_checked += 1
             self.oracle_matches += oracle is None
             if oracle is not None and len(self.oracle_divergences) < keep_worst:
                 self.oracle_divergences.append((sample.item_id, oracle))
-        self.failed += bool(problems)
+        self.failed += bool(failing)
         self.problems.update(problems)
         if reparse is not None and len(self.reparse) < keep_worst:
             if isinstance(sample, Sample):
@@ -128,7 +143,8 @@ class DatasetAudit:
         self.exact_ids += sample.source == "exact"
         self.completion.add(sample.completion_diff)
         self.prompt.add(sample.prompt_diff)
-        diff = abs(sample.completion_diff)
+        # The worst are the furthest off on either side: a prompt rebuilt wrong is as wrong.
+        diff = max(abs(sample.completion_diff), abs(sample.prompt_diff))
         if diff and (len(self.worst) < keep_worst or diff > self.worst[-1][0]):
             billed = len(sample.completion_ids) - sample.completion_diff
             entry = (diff, sample.item_id, len(sample.completion_ids), billed, sample.prompt_diff)
@@ -143,6 +159,8 @@ class DatasetAudit:
         self.prompt.merge(other.prompt)
         self.problems.update(other.problems)
         self.finish_reasons.update(other.finish_reasons)
+        self.failing = [*self.failing, *other.failing]
+        self.notes = [*self.notes, *other.notes][:5]
         self.worst = sorted([*self.worst, *other.worst], reverse=True)[:5]
         self.reparse = [*self.reparse, *other.reparse][:5]
         self.oracle_checked += other.oracle_checked
@@ -165,8 +183,20 @@ def _validator(schema_json: str) -> Any:
         return None
 
 
-def structure(row: ExportRow, markers: tuple[str, ...], checks: Checks) -> list[str]:
-    """The answer's structural problems, by name."""
+def off_schema(tool: Any, validator: Any, args: Any) -> str:
+    """Which argument of a call breaks its tool's schema, and the schema's rule it breaks."""
+    import jsonschema
+
+    err = jsonschema.exceptions.best_match(validator.iter_errors(args))
+    where = err.json_path if err.path else "(the arguments object)"
+    return f"tool {tool}: argument {where}: {err.message} (schema rule {err.validator})"
+
+
+def structure(
+    row: ExportRow, markers: tuple[str, ...], checks: Checks, details: list[str] | None = None
+) -> list[str]:
+    """The answer's structural problems, by name; `details` gets what a problem says of
+    itself (the argument and the schema rule of `arguments_off_schema`)."""
     problems = []
     finish = row.finish_reason
     if checks.expect_reasoning and not row.reasoning and finish != "length":
@@ -197,6 +227,8 @@ def structure(row: ExportRow, markers: tuple[str, ...], checks: Checks) -> list[
             validator = _validator(json.dumps(schema, sort_keys=True))
             if validator is not None and not validator.is_valid(args):
                 problems.append("arguments_off_schema")
+                if details is not None:
+                    details.append(off_schema(name, validator, args))
     if finish not in ("stop", "length", "tool_calls"):
         problems.append(f"finish_{finish or 'none'}")
     elif finish == "tool_calls" and not row.tool_calls:
@@ -239,6 +271,38 @@ def reparse(row: ExportRow, sample: Sample, target: Target) -> str | None:
     return first_difference(got, server_form(name, answer), strip=target.family.name not in LEGACY)
 
 
+def inserted_by_server(row: ExportRow, sample: Sample, target: Target) -> str | None:
+    """Whether the stored answer differs from its parsed ids only by whitespace the server
+    put before or after a field (text its ids do not hold: a server that answers `\n\n`
+    before the content with thinking off), said as which text and where; None otherwise."""
+    name = target.family.name
+    answer = target.answer(row, sample.prefill)
+    try:
+        got = parse(name, target.decode(sample.completion_ids), answer, target.stops)
+    except ValueError:
+        return None
+    want = server_form(name, answer)
+    if got.calls != want.calls:
+        return None
+    said = []
+    for field_name in ("reasoning", "content"):
+        g, w = getattr(got, field_name), getattr(want, field_name)
+        if g == w:
+            continue
+        if g and w.endswith(g) and not w[: len(w) - len(g)].strip():
+            said.append(f"{w[: len(w) - len(g)]!r} before the {field_name}")
+        elif w.startswith(g) and not w[len(g) :].strip():
+            said.append(f"{w[len(g) :]!r} after the {field_name}")
+        else:
+            return None
+    if not said:
+        return None
+    return (
+        f"the server inserted {' and '.join(said)} it returned, which its token ids do not "
+        "hold: the ids (which the rebuild equals) are kept as the answer"
+    )
+
+
 def divergence(server: list[int], rebuilt: list[int], decode: Callable[[list[int]], str]) -> str:
     """Where two id sequences first differ, with the tokens' text on each side."""
     i = next((k for k, (a, b) in enumerate(zip(server, rebuilt, strict=False)) if a != b), None)
@@ -279,13 +343,16 @@ class Verdict:
     oracle: str | None = None
     exact: bool = False
     """The sample's ids are the server's (a wrong rebuild does not make them wrong)."""
+    details: list[str] = field(default_factory=list)
+    """What the problems say of themselves: counts off their bills, the argument off its
+    schema."""
 
     @property
     def problems_of_the_answer(self) -> list[str]:
         """The problems that make the sample unfit for training. Where its ids are the
         server's, a rebuild that differs from them or loses text says the grammar is wrong,
         not the answer."""
-        of_the_rebuild = {"rebuild_differs_from_server"}
+        of_the_rebuild = {"rebuild_differs_from_server", "server_inserted_text"}
         if self.exact:
             of_the_rebuild |= {"rebuild_loses_text", "reparse_mismatch"}
         return [p for p in self.problems if p not in of_the_rebuild]
@@ -299,22 +366,37 @@ def sample_problems(
     back, and whether it equals the server's ids where it has them."""
     if isinstance(sample, ReconstructError):
         return Verdict(["reconstruct_error", *text_problems(row)], str(sample))
-    problems = structure(row, target.family.markers, checks) + text_problems(row)
+    details: list[str] = []
+    problems = structure(row, target.family.markers, checks, details) + text_problems(row)
     # Usage the gate did not believe holds worst cases, not counts: no bill to compare with.
     billed = row.usage_source != "worst"
     if billed and abs(sample.completion_diff) > checks.max_sample_diff:
         problems.append("length_off_billed")
+        details.append(off_bill("completion", len(sample.completion_ids), sample.completion_diff))
     if billed and row.prompt_tokens and abs(sample.prompt_diff) > checks.max_sample_diff:
         problems.append("prompt_off_billed")
+        details.append(off_bill("prompt", len(sample.prompt_ids), sample.prompt_diff))
     if sample.lost is not None:
         problems.append("rebuild_loses_text")
     diff = reparse(row, sample, target)
-    if diff is not None:
-        problems.append("reparse_mismatch")
     oracle = oracle_difference(sample, target) if row.finish_reason != "length" else None
+    inserted = None
+    if diff is not None and sample.source == "exact" and oracle is None:
+        inserted = inserted_by_server(row, sample, target)
+    if inserted is not None:  # the server's ids, which the rebuild equals, win: said
+        problems.append("server_inserted_text")
+        details.append(inserted)
+        diff = None
+    elif diff is not None:
+        problems.append("reparse_mismatch")
     if oracle is not None:
         problems.append("rebuild_differs_from_server")
-    return Verdict(problems, diff or sample.lost, oracle, sample.source == "exact")
+    return Verdict(problems, diff or sample.lost, oracle, sample.source == "exact", details)
+
+
+def off_bill(side: str, rebuilt: int, diff: int) -> str:
+    """A count off its bill, in words."""
+    return f"{side} rebuilt {rebuilt} tokens, billed {rebuilt - diff}"
 
 
 def rebuilt(
@@ -400,7 +482,17 @@ def audit(
                     a.truncated += 1
                 else:
                     v = sample_problems(row, sample, tgt, chk)
-                    a.add(sample, v.problems, worst, v.reparse, v.oracle)
+                    # A sample fails what would drop it from an export (--drop-failed-audit):
+                    # the server's own ids are not failed by a rebuild that disagrees.
+                    a.add(
+                        sample,
+                        v.problems,
+                        worst,
+                        v.reparse,
+                        v.oracle,
+                        v.problems_of_the_answer,
+                        v.details,
+                    )
     finally:
         store.close()
     return audits, tgt
@@ -433,6 +525,8 @@ def _one(a: DatasetAudit) -> dict[str, Any]:
         "problems": dict(sorted(a.problems.items())),
         "finish_reasons": dict(sorted(a.finish_reasons.items())),
         "reparse": [{"item_id": i, "first_difference": d} for i, d in a.reparse],
+        "failing": [{"item_id": i, "problems": p, "details": d} for i, p, d in a.failing],
+        "notes": [{"item_id": i, "note": n} for i, n in a.notes],
         "server_ids_checked": a.oracle_checked,
         "server_ids_match_share": round(a.oracle_matches / a.oracle_checked, 4)
         if a.oracle_checked

@@ -18,7 +18,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +30,10 @@ from regen.outputs.hub import (
     CARD,
     LLAMA_FACTORY_INFO,
     NOT_DATA,
+    data_files,
     dataset_card,
     llama_factory_info,
+    public_path,
     public_source,
 )
 from regen.reconstruct import ReconstructError, Sample, Target
@@ -332,6 +334,28 @@ def _sharegpt_call_turn(m: dict[str, Any]) -> str:
     return value
 
 
+def as_template_shows(row: ExportRow, target: Target) -> ExportRow:
+    """The row with the reasoning of earlier assistant turns that the model's own template does
+    not show (Qwen3's drops it before the last question) taken out of its history: a trainer
+    that renders the history as text would otherwise learn it as the target's. The row as it
+    is when its history holds no reasoning, or the template cannot render it."""
+    history = row.history()
+    if not any(m.get("role") == "assistant" and m.get("reasoning") for m in history):
+        return row
+    try:
+        rendered = target.prompt_text(history, row.conversation.get("tools"))
+    except Exception:  # noqa: BLE001 - a template that cannot render it: nothing is taken out
+        return row
+    shown = {
+        i: {**m, "reasoning": None}
+        for i, m in enumerate(history)
+        if m.get("role") == "assistant" and m.get("reasoning") and m["reasoning"] not in rendered
+    }
+    if not shown:
+        return row
+    return replace(row, regenerated={**(row.regenerated or {}), **shown})
+
+
 def sharegpt_record(row: ExportRow) -> dict[str, Any]:
     """`{"id", "conversations": [{"from", "value"}], "system", "tools"}` as LLaMA-Factory's
     sharegpt converter reads it: turns alternate (human or observation, then gpt or
@@ -453,6 +477,10 @@ class _Counts:
     dropped: Counter[str] = field(default_factory=Counter)
     sources: Counter[str] = field(default_factory=Counter)
     """Tokenized samples written, by where their ids came from: exact or reconstructed."""
+    reasoning_in_field: int = 0
+    """SpecForge records without ids whose reasoning is only in `reasoning_content`."""
+    reasoning_tokens: int = 0
+    """... and the reasoning tokens billed for their answers."""
 
 
 class _JsonlShards:
@@ -461,11 +489,16 @@ class _JsonlShards:
     def __init__(self, tmp: Path, suffix: str) -> None:
         self._tmp, self._suffix = tmp, suffix
         self._files: dict[tuple[str, str], Any] = {}
+        self.written: dict[str, dict[str, list[str]]] = {}
+        """The files written, by dataset and split (relative paths): what the card lists."""
 
     def write(self, split: str, dataset: str, rec: dict[str, Any]) -> None:
         key = (split, dataset)
         if key not in self._files:
             path = self._tmp / split / f"{dataset}{self._suffix}.jsonl"
+            self.written.setdefault(dataset, {}).setdefault(split, []).append(
+                f"{split}/{path.name}"
+            )
             make_dirs(self._tmp, path.parent)
             self._files[key] = create(self._tmp, path)
         f = self._files[key]
@@ -486,6 +519,8 @@ class _ParquetShards:
         self._tmp, self._suffix, self._shard_rows = tmp, suffix, shard_rows
         self._rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self._shards: Counter[tuple[str, str]] = Counter()
+        self.written: dict[str, dict[str, list[str]]] = {}
+        """The files written, by dataset and split (relative paths): what the card lists."""
 
     def write(self, split: str, dataset: str, rec: dict[str, Any]) -> None:
         rows = self._rows.setdefault((split, dataset), [])
@@ -503,6 +538,7 @@ class _ParquetShards:
         n = self._shards[(split, dataset)]
         self._shards[(split, dataset)] += 1
         path = self._tmp / split / f"{dataset}{self._suffix}-{n:05d}.parquet"
+        self.written.setdefault(dataset, {}).setdefault(split, []).append(f"{split}/{path.name}")
         make_dirs(self._tmp, path.parent)
         remove(self._tmp, path)  # pyarrow opens the path as it is: nothing may be there
         # The ids arrive as the stored little-endian uint32 bytes: the columns are built from
@@ -718,21 +754,28 @@ def export_job(
             else _JsonlShards(tmp, suffix)
         )
         origins = Origins.of(store, datasets)
+        # ShareGPT holds no ids: the target is rebuilt only to drop failed samples; it also
+        # decides which of the history's reasoning the model's template shows.
+        rebuild = target if opts.format != "sharegpt" or opts.drop_failed_audit else None
+        shown = target if opts.format == "sharegpt" else None
         for name in datasets:
             until = max(
                 until,
                 _export_dataset(
-                    store, name, since, opts, writer, counts, seen, origins, target, checks
+                    store, name, since, opts, writer, counts, seen, origins, rebuild, checks, shown
                 ),
             )
         writer.close()
         files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
+        written = _carried(previous if opts.since_last else None, files, writer.written)
         manifest = _manifest(store, opts, counts, files, until, since, part, previous, target)
+        manifest["data_files"] = written
         # The folder is a Hub dataset: its card names each dataset's files per split.
         card = dataset_card(store, manifest, datasets, source_turns(opts))
         write_text_atomic(tmp, tmp / CARD, card)
         if opts.format == "sharegpt":
-            write_json_atomic(tmp, tmp / LLAMA_FACTORY_INFO, llama_factory_info(datasets, files))
+            info = llama_factory_info(datasets, files, written)
+            write_json_atomic(tmp, tmp / LLAMA_FACTORY_INFO, info)
         write_json_atomic(tmp, tmp / "manifest.json", manifest)
         if to.is_symlink() or to.exists():
             os.rename(to, old)
@@ -769,8 +812,10 @@ def _export_dataset(
     origins: Origins,
     target: Target | None = None,
     checks: Checks | None = None,
+    shown: Target | None = None,
 ) -> float:
-    """Write one dataset's samples; return the latest answer time seen."""
+    """Write one dataset's samples; return the latest answer time seen. `shown`: the model
+    whose template decides which earlier turns' reasoning a sharegpt history keeps."""
     c = counts.setdefault(name, _Counts())
     weight = opts.weights.get(name, 1.0)
     cap = opts.caps.get(name)
@@ -801,6 +846,8 @@ def _export_dataset(
             reason = "failed_audit"
         rec: dict[str, Any] | None = None
         if reason is None:
+            if shown is not None:
+                row = as_template_shows(row, shown)
             rec, reason = _record(row, name, sample, opts, origins)
         if reason is None and rec is not None and opts.dedup:
             # The same conversation and answer (or the same ids), whatever the item id.
@@ -837,6 +884,9 @@ def _export_dataset(
             writer.write(split, name, rec)
             if opts.format == "tokenized":
                 c.sources[rec["source"]] += 1
+            if opts.format == "specforge" and reasoning_in_field(rec):
+                c.reasoning_in_field += 1
+                c.reasoning_tokens += row.reasoning_tokens
             written += 1
             c.samples[split] += 1
             c.prompt_tokens += row.prompt_tokens
@@ -907,7 +957,12 @@ def _manifest(
         "part": part,
         "parts": parts,
         "filters": options,
-        "reconstruct": asdict(target.spec) if target is not None else None,
+        # Uploaded with the data: a local tokenizer or template by its name, not its path.
+        "reconstruct": (
+            {k: public_path(v) for k, v in asdict(target.spec).items()}
+            if target is not None
+            else None
+        ),
         "datasets": {
             name: {
                 "samples": c.samples,
@@ -920,7 +975,56 @@ def _manifest(
             for name, c in counts.items()
         },
         "files": files,
+        "notes": trainer_notes(opts.format, counts),
     }
+
+
+SPECFORGE_THINKING = "`qwen3-thinking`, `kimi-k2-thinking`, `deepseek-r1-distill`"
+"""SpecForge chat templates whose parser (`parser_type` thinking) reads `reasoning_content`."""
+
+
+def reasoning_in_field(rec: dict[str, Any]) -> bool:
+    """Whether a SpecForge record without ids holds reasoning in `reasoning_content`, which
+    only SpecForge's thinking parser reads."""
+    if "input_ids" in rec:
+        return False
+    return any(m.get("reasoning_content") for m in rec.get("conversations", ()))
+
+
+def trainer_notes(fmt: str, counts: dict[str, _Counts]) -> list[str]:
+    """What a trainer reading the export with its defaults would lose, and the setting that
+    keeps it: said at export and written on the card."""
+    samples = sum(c.reasoning_in_field for c in counts.values())
+    if fmt != "specforge" or not samples:
+        return []
+    tokens = sum(c.reasoning_tokens for c in counts.values())
+    return [
+        f"specforge: {samples} samples keep their reasoning in `reasoning_content` only "
+        f"({tokens:,} reasoning tokens billed); SpecForge's general parser (chat templates such "
+        f"as `qwen` or `llama3`) drops it: train with a thinking template ({SPECFORGE_THINKING}) "
+        "to keep it, or export with --family to write the exact ids and loss mask"
+    ]
+
+
+def _carried(
+    previous: dict[str, Any] | None, files: list[str], written: dict[str, dict[str, list[str]]]
+) -> dict[str, dict[str, list[str]]]:
+    """The data files of the export by dataset and split: this part's as written, with the
+    earlier parts' as their manifest recorded them (read back from their names when it did
+    not), each listed only while it is in the folder."""
+    present = set(files)
+    earlier = previous.get("data_files") if previous else None
+    if previous and not isinstance(earlier, dict):
+        earlier = data_files(
+            sorted(present - {f for s in written.values() for v in s.values() for f in v})
+        )
+    out: dict[str, dict[str, list[str]]] = {}
+    for source in (earlier or {}, written):
+        for dataset, splits in source.items():
+            for split, paths in splits.items():
+                kept = out.setdefault(dataset, {}).setdefault(split, [])
+                kept += [p for p in paths if p in present and p not in kept]
+    return out
 
 
 def write_json_atomic(root: Path, path: Path, data: Any) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -25,26 +26,40 @@ def _q(value: object) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+_WRITTEN = re.compile(r"^(?P<dataset>.+?)(?:\.part\d{4})?(?:-\d{5})?\.(?:jsonl|parquet)$")
+"""How the writer names a data file: `<dataset>[.partNNNN][-NNNNN].<ext>` (the shard number
+on Parquet files only)."""
+
+
 def data_files(files: list[str]) -> dict[str, dict[str, list[str]]]:
-    """The export's data files by dataset and split (`train/chat.part0001.jsonl` is chat's):
-    the writer names each `<split>/<dataset>[.partNNNN][-NNNNN].<ext>`."""
+    """The data files by dataset and split (`train/chat.part0001.jsonl` is chat's), read back
+    from the names the writer gives them, for an export whose manifest does not record them:
+    only the writer's own suffixes are taken off, so `code-python-00000.parquet` is
+    `code-python`'s and `v1.5.jsonl` is `v1.5`'s."""
     out: dict[str, dict[str, list[str]]] = defaultdict(dict)
     for f in files:
         split, _, name = f.partition("/")
-        if not name or "/" in name:
-            continue
-        stem = name.rsplit(".", 1)[0]
-        dataset = stem.split(".part")[0]
-        if name.endswith(".parquet"):
-            dataset = dataset.rsplit("-", 1)[0]
-        out[dataset].setdefault(split, []).append(f)
+        found = _WRITTEN.match(name) if name and "/" not in name else None
+        if found is not None:
+            out[found["dataset"]].setdefault(split, []).append(f)
     return out
 
 
-def card_yaml(datasets: list[str], files: list[str]) -> str:
+def public_path(value: Any) -> Any:
+    """A setting as an uploaded file may carry it: a local path by its name only (the rest is
+    the user's machine), a hub id or a word as it is."""
+    if not isinstance(value, str) or not value:
+        return value
+    looks_local = value.startswith(("/", "~", "./", "../")) or "\\" in value
+    return Path(value).name if looks_local or Path(value).exists() else value
+
+
+def card_yaml(
+    datasets: list[str], files: list[str], written: dict[str, dict[str, list[str]]] | None = None
+) -> str:
     """The card's YAML header: one config per dataset (the first the default), each split with
-    its files."""
-    by_dataset = data_files(files)
+    its files: as the writer recorded them (`written`), else read back from their names."""
+    by_dataset = written if written is not None else data_files(files)
     lines = ["---", "configs:"]
     first = True
     for name in datasets:
@@ -76,7 +91,7 @@ def dataset_card(store: Store, manifest: dict[str, Any], datasets: list[str], po
     providers, quantization filters, the settings sent), how its token ids were made, the
     audit, counts and cost, which text carries loss, and the provenance fields."""
     fmt = manifest["format"]
-    lines = [card_yaml(datasets, manifest["files"])]
+    lines = [card_yaml(datasets, manifest["files"], manifest.get("data_files"))]
     orphans = bool(manifest["filters"].get("keep_orphans"))  # counted as the export wrote them
     models = store.answers.counted_by("model", datasets, orphans)
     title = models[0][0] if models and models[0][0] else "a target model"
@@ -164,6 +179,8 @@ def dataset_card(store: Store, manifest: dict[str, Any], datasets: list[str], po
         "",
         "## Which text carries loss",
         "",
+        *(f"{note}." for note in manifest.get("notes", [])),
+        *([""] if manifest.get("notes") else []),
         "Only text the target wrote. A sample whose history holds the dataset's own assistant "
         f"turns is {policy}.",
         "",
@@ -206,11 +223,13 @@ def _audit_line(recorded: str | None) -> str | None:
         return None
 
 
-def llama_factory_info(datasets: list[str], files: list[str]) -> dict[str, Any]:
+def llama_factory_info(
+    datasets: list[str], files: list[str], written: dict[str, dict[str, list[str]]] | None = None
+) -> dict[str, Any]:
     """dataset_info.json entries for a sharegpt export: one per dataset and split file, as
     LLaMA-Factory registers a local sharegpt file."""
     info: dict[str, Any] = {}
-    for name, splits in data_files(files).items():
+    for name, splits in (written if written is not None else data_files(files)).items():
         if name not in datasets:
             continue
         for split, paths in splits.items():

@@ -511,10 +511,10 @@ def end_lines(keeper: HoldKeeper, stats: RunStats) -> list[str]:
     lines = []
     summary = keeper.summary()
     if summary.requests:
+        bound = f"up to ${summary.usd:.4f}" if summary.usd > 0 else "unpriced"
         lines.append(
-            f"budget: {summary.requests} requests may still be billed (up to "
-            f"${summary.usd:.4f}): their bills were not found yet; the next run holds them "
-            "against the budgets until they are"
+            f"budget: {summary.requests} requests may still be billed ({bound}): their bills "
+            "were not found yet; the next run holds them against the budgets until they are"
         )
     if keeper.released_unverified > 0:
         lines.append(

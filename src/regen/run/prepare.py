@@ -89,7 +89,7 @@ def check_samples(store: Store, job: Job) -> list[str]:
                 f"holds {before} samples per prompt, and runs would keep sending them; set "
                 f"samples = {before} again (`regen export --samples first` writes one per prompt)"
             )
-        if k > before:
+        if k > before and name in stored:  # a dataset's first run grows nothing
             notes.append(f"dataset {name}: samples {before} -> {k}: adds {k - before} per prompt")
     store.set_meta("samples", json.dumps({**stored, **now}, sort_keys=True))
     return notes

@@ -275,6 +275,18 @@ class SimConfig(_Model):
     loading_s: float = Field(default=0.0, ge=0)
     """Self-hosted: for this long after start (real seconds) the server is still loading its
     weights: vLLM does not listen yet; SGLang answers 503 on `/health` and chat requests."""
+    refuse_fields: list[str] = Field(default_factory=list)
+    """Self-hosted: request fields this server refuses with 422, as a server (or a proxy in
+    front of it) that validates bodies strictly does (`["return_token_ids"]`: an older vLLM
+    behind such a proxy)."""
+    ignore_n: bool = False
+    """Self-hosted: answer one choice whatever `n` asks (a server that does not take `n`)."""
+    insert_without_thinking: str = ""
+    """Self-hosted: text put before the content the server returns when thinking is off
+    (`"\n\n"`), which its token ids do not hold: a server whose parser adds it."""
+    health_route: bool = True
+    """Self-hosted: serve `/health` (false: 404 there, as behind a proxy that routes only
+    `/v1`)."""
     seed: int = 0
     time_scale: float = Field(default=1.0, ge=0)
     """Multiplies every simulated delay: 0 answers at once, 0.1 is ten times faster."""

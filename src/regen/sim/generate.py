@@ -96,25 +96,72 @@ def _arguments(rng: random.Random, tool: dict[str, Any], text_only: bool = False
     """Arguments that fit the tool's schema. `text_only`: only its text properties, and the
     required others (TEXT_ARGUMENTS)."""
     params = (tool.get("function") or {}).get("parameters") or {}
-    props = params.get("properties") if isinstance(params, dict) else None
-    required = params.get("required") if isinstance(params, dict) else None
+    return json.dumps(_object(rng, params if isinstance(params, dict) else {}, text_only))
+
+
+def _object(rng: random.Random, schema: dict[str, Any], text_only: bool = False) -> dict[str, Any]:
+    props = schema.get("properties")
+    required = schema.get("required")
     needed = {r for r in required if isinstance(r, str)} if isinstance(required, list) else set()
     args: dict[str, Any] = {}
     for name, spec in (props if isinstance(props, dict) else {}).items():
         if text_only and not _is_text(spec) and name not in needed:
             continue
-        kind = spec.get("type") if isinstance(spec, dict) else None
-        if isinstance(spec, dict) and isinstance(spec.get("enum"), list) and spec["enum"]:
-            args[name] = rng.choice(spec["enum"])
-        elif kind == "integer":
-            args[name] = rng.randint(1, 100)
-        elif kind == "number":
-            args[name] = round(rng.uniform(0, 100), 2)
-        elif kind == "boolean":
-            args[name] = rng.random() < 0.5
-        else:
-            args[name] = rng.choice(WORDS)
-    return json.dumps(args)
+        args[name] = _value(rng, spec)
+    return args
+
+
+def _value(rng: random.Random, spec: Any, depth: int = 0) -> Any:
+    """A value that fits a property's schema: its enum, its type (the first that is not null,
+    of a list), within its bounds; arrays and objects by their own items and properties."""
+    if not isinstance(spec, dict):
+        return rng.choice(WORDS)
+    if isinstance(spec.get("enum"), list) and spec["enum"]:
+        return rng.choice(spec["enum"])
+    if "const" in spec:
+        return spec["const"]
+    kind = spec.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), None)
+    if kind == "integer":
+        return rng.randint(*_bounds(spec, 1, 100, integer=True))
+    if kind == "number":
+        lo, hi = _bounds(spec, 0, 100, integer=False)
+        return round(rng.uniform(lo, hi), 2) if (lo, hi) == (0, 100) else (lo + hi) / 2
+    if kind == "boolean":
+        return rng.random() < 0.5
+    if kind == "array" and depth < 4:
+        low = int(_number(spec.get("minItems")) or 1)
+        high = int(_number(spec.get("maxItems")) or max(low, 3))
+        return [_value(rng, spec.get("items"), depth + 1) for _ in range(rng.randint(low, high))]
+    if kind == "object" and depth < 4:
+        return _object(rng, spec)
+    return rng.choice(WORDS)
+
+
+def _number(value: Any) -> float | None:
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _bounds(spec: dict[str, Any], lo: float, hi: float, *, integer: bool) -> tuple[Any, Any]:
+    """A number's range: the schema's minimum and maximum (exclusive ones one step in), else
+    the default; an integer's as integers."""
+    step = 1 if integer else 0.01
+    low, high = _number(spec.get("minimum")), _number(spec.get("maximum"))
+    # Draft 4's exclusive bounds are booleans on minimum and maximum; later drafts', numbers.
+    if (ex := _number(spec.get("exclusiveMinimum"))) is not None or (
+        spec.get("exclusiveMinimum") is True and (ex := low) is not None
+    ):
+        low = ex + step
+    if (ex := _number(spec.get("exclusiveMaximum"))) is not None or (
+        spec.get("exclusiveMaximum") is True and (ex := high) is not None
+    ):
+        high = ex - step
+    low = low if low is not None else (lo if high is None or high >= lo else high)
+    high = high if high is not None else max(hi, low)
+    if integer:
+        return math.ceil(low), max(math.ceil(low), math.floor(high))
+    return low, max(low, high)
 
 
 def generate(

@@ -61,6 +61,14 @@ class ApiError(Exception):
         self.status, self.message, self.param = status, message, param
 
 
+class Refused(Exception):
+    """Fields of a request that the server's strict validation refuses (422)."""
+
+    def __init__(self, fields: list[str]) -> None:
+        super().__init__(", ".join(fields))
+        self.fields = fields
+
+
 @dataclass(frozen=True)
 class _Ask:
     """A validated request."""
@@ -103,7 +111,8 @@ class SelfHostedSim(Simulator):
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/health", self.health)
+        if self.config.health_route:
+            app.router.add_get("/health", self.health)
         if self.dialect == "sglang":
             app.router.add_get("/health_generate", self.health)
             app.router.add_get("/model_info", self.model_info)
@@ -179,6 +188,17 @@ class SelfHostedSim(Simulator):
             ask = self._validate(request, await request.read(), entry)
         except ApiError as err:
             return self._error(err)
+        except Refused as err:  # FastAPI's own validation error: `detail`, one per field
+            detail = [
+                {
+                    "type": "extra_forbidden",
+                    "loc": ["body", name],
+                    "msg": "Extra inputs are not permitted",
+                    "input": True,
+                }
+                for name in err.fields
+            ]
+            return web.json_response({"detail": detail}, status=422)
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.config.max_num_seqs)
         self.queued += 1
@@ -209,6 +229,9 @@ class SelfHostedSim(Simulator):
             entry.body = body
         stream = bool(body.get("stream"))
         entry.stream = stream
+        refused = [f for f in self.config.refuse_fields if f in body]
+        if refused:
+            raise Refused(refused)
         name = body.get("model")
         if self.dialect == "vllm" and name not in (None, "", self.served.id):
             raise ApiError(404, f"The model `{name}` does not exist.", "model")
@@ -275,6 +298,8 @@ class SelfHostedSim(Simulator):
         n = body.get("n", 1)
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ApiError(400, "n must be at least 1", "n")
+        if self.config.ignore_n:
+            n = 1
         if n > 1 and stream:
             raise ApiError(400, "the simulator does not stream n > 1 (vLLM would)", "n")
         options = body.get("stream_options")
@@ -420,7 +445,7 @@ class SelfHostedSim(Simulator):
         if self.dialect == "vllm":
             message: dict[str, Any] = {
                 "role": "assistant",
-                "content": comp.content or None,
+                "content": self._content(ask, comp) or None,
                 "refusal": None,
                 "annotations": None,
                 "audio": None,
@@ -448,7 +473,7 @@ class SelfHostedSim(Simulator):
             }
         message = {
             "role": "assistant",
-            "content": comp.content,
+            "content": self._content(ask, comp),
             "reasoning_content": reasoning,
             "tool_calls": calls or None,
         }
@@ -563,7 +588,7 @@ class SelfHostedSim(Simulator):
         if ask.include_reasoning:
             out += [{key: p} for p in pieces(comp.reasoning, 4)]
         out += [{"content": p} if vllm else {"reasoning_content": None, "content": p}
-                for p in pieces(comp.content, 4)]  # fmt: skip
+                for p in pieces(self._content(ask, comp), 4)]  # fmt: skip
         for call in calls:
             fn, idx = call["function"], call["index"]
             args = fn["arguments"]
@@ -591,6 +616,12 @@ class SelfHostedSim(Simulator):
                         }  # fmt: skip
                     )
         return out
+
+    def _content(self, ask: _Ask, comp: Completion) -> str:
+        """The content as the server returns it: with `insert_without_thinking` before it when
+        thinking is off (text the server adds that the ids do not hold)."""
+        extra = self.config.insert_without_thinking if not ask.thinking and comp.content else ""
+        return extra + comp.content
 
     async def _fault(self, ask: _Ask, request: web.Request, writer: _Writer) -> bool:
         """A fault part-way through a stream: a stall (then go on), a cut connection or an

@@ -687,7 +687,9 @@ def outages_line(
     )
     if n > 1:
         line += f", longest {format_duration(max(spans))}"
-    line += f"; {resent} request{'s' if resent != 1 else ''} re-sent to the other servers"
+    # With one server they waited for it: "to the other servers" would be untrue.
+    line += f"; {resent} request{'s' if resent != 1 else ''} re-sent (to another server, or "
+    line += "to it once back)"
     if outages[-1].ended_at is None:
         line += f"; {still_out} {time.strftime('%H:%M:%S', time.localtime(outages[-1].started_at))}"
     return line

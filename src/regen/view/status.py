@@ -253,7 +253,8 @@ def snapshot_view(s: Snapshot) -> Group:
         who = "earlier runs" if s.running_pid is not None else "runs that ended"
         parts.append(
             Text(
-                f"held: {n} requests of {who} may still be billed (up to ${usd:.4f}); "
+                f"held: {n} requests of {who} may still be billed "
+                f"({f'up to ${usd:.4f}' if usd > 0 else 'unpriced'}); "
                 f"{'this' if s.running_pid is not None else 'the next'} run holds them against "
                 f"the budgets until their bills are known (until {when} at the latest)"
             )

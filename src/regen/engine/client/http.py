@@ -40,6 +40,14 @@ from regen.engine.client.response import (
 from regen.engine.client.sse import StreamAssembler
 from regen.errors import EndpointError
 
+REFUSABLE = {"return_token_ids": "token_ids", "return_prompt_token_ids": "token_ids"}
+"""Fields regen adds that an answer can do without, by the [endpoint] setting that asks for
+them: a server that refuses one (400 or 422 naming it) is sent it no more."""
+UNKNOWN_FIELD = ("extra", "unknown", "unrecognized", "unexpected", "not permitted")
+"""Words of a 400 that refuses a field the server does not know (a 422 says so by itself)."""
+NO_HEALTH = (404, 405)
+"""A `/health` answering these is not there (a proxy that routes only `/v1`)."""
+
 SIDE_BODY_BYTES = 16 * 1024 * 1024
 """The most of an account or catalogue read's body that is read (a model's endpoint list is a
 few kilobytes; OpenRouter's whole model list a few megabytes)."""
@@ -96,6 +104,13 @@ class ChatClient:
         self.chunks_received = 0
         self.stream_reads = 0
         """Reads of streamed bodies: with a read interval, far fewer than chunks."""
+        self.refused: set[str] = set()
+        """Fields of REFUSABLE the server refused: left out of every request from then on."""
+        self.learned: list[str] = []
+        """What was learned of the server and not yet said (the scheduler takes the lines)."""
+        self._model: Any = None
+        """The model of the last request: a probe without `/health` asks it for one token."""
+        self._no_health = False
 
     async def __aenter__(self) -> ChatClient:
         # aiohttp's default pool caps at 100 connections: size it to the concurrency instead.
@@ -171,6 +186,44 @@ class ChatClient:
         on_generation: Callable[[str], None] | None,
         items: list[str] | None,
     ) -> Result | list[Result | EndpointError]:
+        # A refused field is learned and the request sent again without it at once: the
+        # refusal generated nothing, so nothing is paid twice.
+        while True:
+            sent = {k: v for k, v in body.items() if k not in self.refused}
+            self._model = sent.get("model")
+            try:
+                return await self._chat_once(item_id, sent, stream, timeouts, on_generation, items)
+            except _Refused:
+                continue
+
+    def _learn_refusal(self, status: int, head: bytes, body: dict[str, Any]) -> bool:
+        """Whether an error status refuses a field of REFUSABLE that the body carries (its
+        error names it); if so, it is learned and said once."""
+        text = head.decode("utf-8", "replace")
+        named = [f for f in REFUSABLE if f in body and f in text]
+        # Only a server that does not know the field: a refusal on a condition (SGLang's ids
+        # on streams, which the job's check refuses first) is the request's, not the server's.
+        unknown = status == 422 or any(w in text.lower() for w in UNKNOWN_FIELD)
+        if status not in (400, 422) or not named or not unknown:
+            return False
+        for field_name in sorted(set(named) - self.refused):  # requests in flight learn it too
+            self.refused.add(field_name)
+            self.learned.append(
+                f"the server at {self.base_url} refused {field_name} (HTTP {status}): regen "
+                "sends it no more and goes on; its answers carry no exact token ids (set "
+                f"[endpoint] {REFUSABLE[field_name]} = false to say so in the job)"
+            )
+        return True
+
+    async def _chat_once(
+        self,
+        item_id: str,
+        body: dict[str, Any],
+        stream: bool,
+        timeouts: Timeouts | None,
+        on_generation: Callable[[str], None] | None,
+        items: list[str] | None,
+    ) -> Result | list[Result | EndpointError]:
         assert self._session is not None, "use ChatClient as an async context manager"
         t = timeouts or self.default_timeouts
         if stream:
@@ -200,6 +253,8 @@ class ChatClient:
                 if status != 200:
                     retry_after = parse_retry_after(resp.headers.get("Retry-After"))
                     head, _ = await read_at_most(resp.content, ERROR_BODY_BYTES)
+                    if self._learn_refusal(status, head, body):
+                        raise _Refused
                     raise _http_error(status, head, retry_after)
                 # From here on a generation exists and may be billed, even if its body is cut.
                 generation_id = resp.headers.get("X-Generation-Id")
@@ -322,11 +377,24 @@ class ChatClient:
             return f"{type(exc).__name__}{_detail(exc)}"
 
     async def probe(self, url: str) -> bool:
-        """Whether a GET of `url` (a server's /health) answers 200 within 5 s."""
+        """Whether a GET of `url` (a server's /health) answers 200 within 5 s. A server with
+        no `/health` there (404, 405) is asked for one token of its model instead: waiting
+        for a route that does not exist would keep a serving server out."""
         side = self._side_session()
         try:
             timeout = aiohttp.ClientTimeout(total=5)
-            async with await self._send(side, "GET", url, timeout=timeout) as resp:
+            if not self._no_health:
+                async with await self._send(side, "GET", url, timeout=timeout) as resp:
+                    if resp.status not in NO_HEALTH or self._model is None:
+                        return resp.status == 200
+                self._no_health = True
+            ask = {
+                "model": self._model,
+                "messages": [{"role": "user", "content": "ping"}],
+                "max_tokens": 1,
+            }
+            data = orjson.dumps(ask)
+            async with await self._send(side, "POST", self.url, data=data, timeout=timeout) as resp:
                 return resp.status == 200
         except (aiohttp.ClientError, TimeoutError, EndpointError):
             return False
@@ -439,6 +507,10 @@ def _begun(
 def _detail(exc: BaseException) -> str:
     text = str(exc)
     return f": {text[:200]}" if text else ""
+
+
+class _Refused(Exception):
+    """A request refused for a field of REFUSABLE, now learned: it is sent again without."""
 
 
 def _http_error(status: int, raw: bytes, retry_after: float | None) -> EndpointError:

@@ -133,6 +133,10 @@ def result_from_body(item_id: str, body: Any, *, status: int, latency_s: float) 
     )
 
 
+N_IGNORED = "asked for several choices (n), the server answered another number: does it take n?"
+"""The error of each choice missing from an answer for n choices."""
+
+
 def parse_choices(
     item_ids: list[str], raw: bytes, *, latency_s: float
 ) -> list[Result | EndpointError]:
@@ -148,14 +152,7 @@ def parse_choices(
     out: list[Result | EndpointError] = []
     for item, one in zip(item_ids, choice_bodies(body, len(item_ids)), strict=True):
         if one is None:
-            out.append(
-                EndpointError(
-                    "invalid_response",
-                    f"asked for {len(item_ids)} choices (n), the server answered with "
-                    "another number: does it take n?",
-                    status=200,
-                )
-            )
+            out.append(EndpointError("invalid_response", N_IGNORED, status=200))
             continue
         try:
             out.append(result_from_body(item, one, status=200, latency_s=latency_s))
