@@ -491,3 +491,28 @@ def test_push_to_hub_uploads_the_export_folder(
             assert (to / "README.md").exists()
     finally:
         close_session()
+
+
+def test_an_export_that_keeps_cut_answers_says_how_many_and_how_checked(
+    job_out: Path, tmp_path: Path
+) -> None:
+    """Issue 48: `--keep-truncated` exported cut answers with no word of them; the export now
+    counts them, and how many the self-check rebuilt whole (none without a target)."""
+    ((cut,),) = query(job_out, "SELECT COUNT(*) FROM results WHERE finish_reason = 'length'")
+    assert cut > 0  # the fixture's job has answers cut at max_tokens
+    res = run_cli("export", str(job_out), "--to", str(tmp_path / "k"), "--keep-truncated")
+    assert res.returncode == 0, res.stderr
+    manifest = json.loads((tmp_path / "k" / "manifest.json").read_text())
+    kept = [d["truncated"] for d in manifest["datasets"].values()]
+    assert sum(t["kept"] for t in kept) == cut and sum(t["checked_whole"] for t in kept) == 0
+    said = [n for n in manifest["notes"] if "cut at max_tokens kept" in n]
+    assert said == [
+        f"export: {cut} answer(s) cut at max_tokens kept (--keep-truncated); 0 of them rebuilt "
+        f"and checked whole against the target's template, {cut} not (no target to check "
+        "them: give --family or the job's [reconstruct]; or text the template does not show: "
+        "`regen audit` names them)"
+    ]
+    assert said[0][:40] in res.stdout
+    dropped = export(job_out, tmp_path / "d")
+    assert all(d["truncated"]["kept"] == 0 for d in dropped["datasets"].values())
+    assert not any("cut at max_tokens" in n for n in dropped["notes"])

@@ -481,6 +481,10 @@ class _Counts:
     """SpecForge records without ids whose reasoning is only in `reasoning_content`."""
     reasoning_tokens: int = 0
     """... and the reasoning tokens billed for their answers."""
+    truncated: int = 0
+    """Answers cut at max_tokens written (`--keep-truncated`)..."""
+    truncated_checked: int = 0
+    """... of them rebuilt and found whole by the self-check (a target was given)."""
 
 
 class _JsonlShards:
@@ -884,6 +888,9 @@ def _export_dataset(
             writer.write(split, name, rec)
             if opts.format == "tokenized":
                 c.sources[rec["source"]] += 1
+            if row.finish_reason == "length":
+                c.truncated += 1
+                c.truncated_checked += isinstance(sample, Sample) and sample.lost is None
             if opts.format == "specforge" and reasoning_in_field(rec):
                 c.reasoning_in_field += 1
                 c.reasoning_tokens += row.reasoning_tokens
@@ -971,6 +978,7 @@ def _manifest(
                 "cost_usd": round(c.cost_usd, 8),
                 "dropped": dict(sorted(c.dropped.items())),
                 "ids": dict(sorted(c.sources.items())),
+                "truncated": {"kept": c.truncated, "checked_whole": c.truncated_checked},
             }
             for name, c in counts.items()
         },
@@ -994,15 +1002,31 @@ def reasoning_in_field(rec: dict[str, Any]) -> bool:
 def trainer_notes(fmt: str, counts: dict[str, _Counts]) -> list[str]:
     """What a trainer reading the export with its defaults would lose, and the setting that
     keeps it: said at export and written on the card."""
+    notes = truncated_notes(counts)
     samples = sum(c.reasoning_in_field for c in counts.values())
     if fmt != "specforge" or not samples:
-        return []
+        return notes
     tokens = sum(c.reasoning_tokens for c in counts.values())
-    return [
+    return notes + [
         f"specforge: {samples} samples keep their reasoning in `reasoning_content` only "
         f"({tokens:,} reasoning tokens billed); SpecForge's general parser (chat templates such "
         f"as `qwen` or `llama3`) drops it: train with a thinking template ({SPECFORGE_THINKING}) "
         "to keep it, or export with --family to write the exact ids and loss mask"
+    ]
+
+
+def truncated_notes(counts: dict[str, _Counts]) -> list[str]:
+    """How many answers cut at max_tokens an export kept, and how many of them the self-check
+    rebuilt whole: the others are written as the server sent them, unchecked."""
+    kept = sum(c.truncated for c in counts.values())
+    if not kept:
+        return []
+    whole = sum(c.truncated_checked for c in counts.values())
+    return [
+        f"export: {kept} answer(s) cut at max_tokens kept (--keep-truncated); {whole} of them "
+        f"rebuilt and checked whole against the target's template, {kept - whole} not (no "
+        "target to check them: give --family or the job's [reconstruct]; or text the "
+        "template does not show: `regen audit` names them)"
     ]
 
 
