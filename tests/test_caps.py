@@ -94,7 +94,13 @@ def test_a_token_budget_holds_across_kill_9_and_immediate_reruns(tmp_path: Path)
     kills, final, log = killed_then_finished(tmp_path, f"token_budget = {budget}", 4, "commit:10")
     _, tokens = billed_by_dataset(log, "Question")
     assert kills >= 3, kills
-    assert final.returncode == 0, final.stdout + final.stderr
+    # Met, exit 0; or met only with killed runs' requests whose bills cannot be seen yet:
+    # held, in the job cap's words, exit 4 (issue 46).
+    if final.returncode == 4:
+        held = r"its token budget is met \(\d+ of 40000 tokens used\), counting up to \d+ tokens"
+        assert re.search(r"dataset chat: \d+ items not sent: " + held, final.stdout)
+    else:
+        assert final.returncode == 0, final.stdout + final.stderr
     # The overshoot stays within what one run keeps in flight (96 requests of 512 tokens).
     assert tokens <= budget + 96 * 512, tokens
     assert tokens <= budget * 1.5, tokens

@@ -529,10 +529,10 @@ class BudgetBook:
 def held_words(scope: _Scope) -> str:
     """How every scope (the job's cap, a dataset's cap or token budget) says that its room is
     held by requests whose bills cannot be seen yet."""
+    usd = f"${scope.held_usd:.4f} and " if scope.held_usd > 0 else ""
     return (
-        f"counting up to ${scope.held_usd:.4f} and {scope.held_tokens:.0f} tokens held for "
-        f"{scope.held} requests whose bills cannot be seen yet: run again later to send what "
-        "they leave"
+        f"counting up to {usd}{scope.held_tokens:.0f} tokens held for {scope.held} requests "
+        "whose bills cannot be seen yet: run again later to send what they leave"
     )
 
 
