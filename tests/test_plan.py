@@ -7,6 +7,7 @@ import math
 import random
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -135,7 +136,7 @@ def test_pilot_measures_escalations_and_the_job_cap_says_when_it_stops(tmp_path:
             datasets=[("a", "a.jsonl", "openai"), ("b", "b.jsonl", "openai")],
             extra="[budget]\nmax_cost_usd = 0.12\n" + LANES,
         )
-        plan = run_cli("plan", str(job), "--pilot", "30", "--json")
+        plan = run_cli("plan", str(job), "--pilot", "30", "--pilot-share", "1", "--json")
         assert plan.returncode == 0, plan.stderr
         pilot = query(tmp_path / "out", "SELECT COUNT(*) FROM ledger WHERE kind = 'escalated'")
         run = run_cli("run", str(job))
@@ -310,7 +311,19 @@ def test_a_pilot_with_a_precision_sends_each_dataset_what_its_spread_needs(
             datasets=[("steady", "steady.jsonl", "openai"), ("mixed", "mixed.jsonl", "openai")],
             concurrency=32,
         )
-        plan = run_cli("plan", str(job), "--pilot", "300", "--precision", "0.1", "--json")
+        # A pilot's default money bound (5% of the expected cost) would end it after a round:
+        # this test is about how it shares its items, so it may spend half.
+        plan = run_cli(
+            "plan",
+            str(job),
+            "--pilot",
+            "300",
+            "--precision",
+            "0.1",
+            "--pilot-share",
+            "0.5",
+            "--json",
+        )
         assert plan.returncode == 0, plan.stderr
         pilot = {ds: (n, usd, left) for ds, n, usd, left in query(tmp_path / "out", per_item)}
         spent_before = sum(c for _, c in spent(tmp_path / "out").values())
@@ -365,43 +378,67 @@ def test_a_pilot_shares_its_items_as_the_datasets_spreads_say() -> None:
     assert next_sizes([Quantity("cost", 0.05, {})], {"a": 30}, {"a": 10}, 400) == {}
 
 
+def fake_store(finished: dict[str, int], values: dict[str, list[Any]], usd: float = 0.0) -> Any:
+    """A store as the pilot reads it: `finished` items of 2,000 per dataset, their (time per
+    lane, dollars) in `values`, `usd` spent per finished item."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        work=SimpleNamespace(
+            dataset_progress=lambda: [
+                SimpleNamespace(
+                    name=ds,
+                    pending=2000 - n,
+                    done=n,
+                    failed=0,
+                    cost_usd=n * usd,
+                    prompt_tokens=0,
+                    completion_tokens=n * 100,
+                )
+                for ds, n in finished.items()
+            ]
+        ),
+        spend=SimpleNamespace(item_totals=lambda: values),
+    )
+
+
+def fake_job(cap: float | None = None, budget: int | None = None) -> Any:
+    """A job of datasets a and b (`budget`: each one's token budget) on one lane."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        datasets=[SimpleNamespace(name=ds, token_budget=budget) for ds in ("a", "b")],
+        lane_list=[SimpleNamespace(name="default")],
+        budget=SimpleNamespace(max_cost_usd=cap, budget_tokens="completion"),
+    )
+
+
 def test_a_sized_pilot_stops_asking_a_dataset_that_finishes_nothing_more() -> None:
     """A dataset whose budget is met during the pilot finishes nothing more however many
     items it is asked for: it is not asked again (each round is a whole dispatch), and the
     last round says why the pilot stops short."""
     import io
-    from types import SimpleNamespace
 
     from rich.console import Console
 
-    from regen.run.pilot import run_pilot
+    from regen.run.pilot import Limits, Sent, run_pilot
 
     rng = random.Random(2)
     finished = {"a": 0, "b": 0}
     values: dict[str, list[tuple[dict[str, float], float]]] = {"a": [], "b": []}
     rounds: list[dict[str, int]] = []
 
-    def send(want: dict[str, int]) -> None:
+    def send(want: dict[str, int], limits: Limits) -> Sent:
         rounds.append(want)
         for ds, n in want.items():
             cap = n if ds == "a" else 30  # b's budget is met at 30 items
             while finished[ds] < min(cap, 2000):
                 finished[ds] += 1
                 values[ds].append(({"default": rng.lognormvariate(0, 1)}, rng.uniform(0, 2)))
+        return Sent(None)
 
-    store = SimpleNamespace(
-        work=SimpleNamespace(
-            dataset_progress=lambda: [
-                SimpleNamespace(name=ds, pending=2000 - n, done=n, failed=0)
-                for ds, n in finished.items()
-            ]
-        ),
-        spend=SimpleNamespace(item_totals=lambda: values),
-    )
-    job = SimpleNamespace(
-        datasets=[SimpleNamespace(name="a"), SimpleNamespace(name="b")],
-        lane_list=[SimpleNamespace(name="default")],
-    )
+    store = fake_store(finished, values)
+    job = fake_job()
     out = io.StringIO()
     run_pilot(job, store, Console(file=out, width=300), 1000, 0.05, send)  # type: ignore[arg-type]
     asked_b = [r["b"] for r in rounds]
@@ -442,3 +479,116 @@ def test_a_fixed_pilot_says_how_well_it_measured_and_how_to_size_it(tmp_path: Pa
     wide = [Quantity("time in lane long", 0.21, {}), Quantity("cost", None, {})]
     assert len(pilot_lines(wide, None)) == 2 and len(pilot_lines(wide, 0.1)) == 1
     assert pilot_lines([Quantity("cost", None, {})], None) == []
+
+
+def two_datasets(tmp: Path, rows: int = 300) -> list[tuple[str, str, str]]:
+    """Datasets a and b of `rows` chat rows each."""
+    for name in ("a", "b"):
+        write_rows(tmp / f"{name}.jsonl", chat_rows(rows))
+    return [("a", "a.jsonl", "openai"), ("b", "b.jsonl", "openai")]
+
+
+def test_a_precision_pilot_ends_within_its_time_bound(tmp_path: Path) -> None:
+    """Answers that never come (held by the simulator) would keep a pilot waiting for its
+    round for ever: `--pilot-time 4` stops sending at 3.6 s and gives those in flight 0.4 s,
+    so the pilot's runs take 4 s at most, and its last line says what it could not measure."""
+    with sim_in_thread(SimConfig(seed=5, time_scale=0)) as sim:
+        job = write_job(tmp_path, sim.base_url, datasets=two_datasets(tmp_path), concurrency=8)
+        sim.simulator.hold(after=40)  # round 1 asks 60: 20 of them hang
+        try:
+            out = run_cli(
+                "plan",
+                str(job),
+                "--pilot",
+                "300",
+                "--precision",
+                "0.05",
+                "--pilot-time",
+                "4",
+                process=True,
+                timeout=60,
+            )
+        finally:
+            sim.simulator.release()
+    assert out.returncode == 0, out.stderr
+    runs = query(tmp_path / "out", "SELECT kind, ended_at - started_at FROM runs")
+    assert runs and all(kind == "pilot" for kind, _ in runs), runs
+    assert sum(took for _, took in runs) <= 4.0, runs
+    assert "pilot bounds: 4.0s" in out.stdout or "pilot bounds: 4s" in out.stdout, out.stdout
+    assert "pilot: not pinned down to +/-5%:" in out.stdout, out.stdout
+    assert "it stopped at its time bound (" in out.stdout, out.stdout
+
+
+def test_a_precision_pilot_ends_within_its_money_and_token_bounds(tmp_path: Path) -> None:
+    """`--pilot-usd 0.002` is enforced as a dollar cap is (worst cases reserved): the pilot
+    spends no more, and says that bound ended it; a dataset's token budget is used up to
+    --pilot-share of it and no further, and the plan names the dataset."""
+    write_rows(tmp_path / "c.jsonl", chat_rows(300))
+    with sim_in_thread(SimConfig(seed=6, time_scale=0)) as sim:
+        job = write_job(
+            tmp_path,
+            sim.base_url,
+            datasets=two_datasets(tmp_path),
+            extra='[[datasets]]\nname = "c"\npath = "c.jsonl"\nformat = "openai"\n'
+            "token_budget = 200000\n",
+            concurrency=4,
+        )
+        out = run_cli(
+            "plan",
+            str(job),
+            "--pilot",
+            "300",
+            "--precision",
+            "0.01",
+            "--pilot-usd",
+            "0.002",
+            "--pilot-share",
+            "0.05",
+            "--json",
+        )
+    assert out.returncode == 0, out.stderr
+    per_ds = spent(tmp_path / "out")
+    assert sum(usd for _, usd in per_ds.values()) <= 0.002, per_ds
+    assert per_ds.get("c", (0, 0.0))[0] <= 0.05 * 200_000, per_ds
+    notes = json.loads(out.stdout)["pilot_notes"]
+    assert any("its money bound ($0.0020" in n for n in notes), notes
+    assert any(n.startswith("pilot: c stopped at its share of its token budget") for n in notes)
+
+
+def test_an_uncapped_pilot_spends_a_share_of_the_expected_cost() -> None:
+    """Without a dollar cap the pilot's money is 5% of the job's expected cost, known once the
+    first round has measured it: a first round of 30 items per dataset of 2,000 already spends
+    1.5% of it, so the second round may spend the rest of the 5% and no more (its limit), and
+    the pilot then ends saying so, not after more rounds."""
+    import io
+
+    from rich.console import Console
+
+    from regen.run.pilot import Limits, Sent, run_pilot
+
+    rng = random.Random(3)
+    finished = {"a": 0, "b": 0}
+    values: dict[str, list[Any]] = {"a": [], "b": []}
+    limits_seen: list[Limits] = []
+
+    def send(want: dict[str, int], limits: Limits) -> Sent:
+        limits_seen.append(limits)
+        for ds, n in want.items():
+            while finished[ds] < n:
+                if limits.total_usd is not None and sum(finished.values()) + 1 > limits.total_usd:
+                    return Sent("dollar cap met", cap=True)
+                finished[ds] += 1
+                values[ds].append(({"default": rng.lognormvariate(0, 1)}, 1.0))
+        return Sent(None)
+
+    out = io.StringIO()
+    result = run_pilot(
+        fake_job(), fake_store(finished, values, usd=1.0), Console(file=out), 1000, 0.01, send
+    )  # type: ignore[arg-type]
+    assert limits_seen[0].total_usd is None  # nothing measured yet
+    # Expected cost: $1 per item, 4,000 items: the pilot may spend $200.
+    assert limits_seen[1].total_usd == pytest.approx(200.0)
+    assert sum(finished.values()) <= 200
+    assert len(limits_seen) == 2, limits_seen
+    assert "pilot bounds: 10m, 5% of the expected cost (after the first round)" in out.getvalue()
+    assert any("it stopped at its money bound ($200.0000" in n for n in result.notes), result.notes

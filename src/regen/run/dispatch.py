@@ -162,12 +162,15 @@ async def dispatch(
     *,
     pilot: Mapping[str, int] | None = None,
     progress: list[DatasetProgress] | None = None,
+    stop_at: tuple[float, str] | None = None,
 ) -> Dispatched:
     """Send every pending item under the job's budgets, showing progress; then reconcile.
     `pilot`: only until each dataset has as many answers as it names (items in dispatch
     order; a dataset it does not name sends none).
     `progress`: the datasets' counts as `prepare` just read them (each read counts every
-    item: 0.1-0.2 s at a million)."""
+    item: 0.1-0.2 s at a million).
+    `stop_at`: (time.monotonic(), reason): sending stops then, as on any stop (a pilot's
+    time bound)."""
     if progress is None:
         progress = store.work.dataset_progress()
     stats = run_stats(job, store, progress)
@@ -196,7 +199,11 @@ async def dispatch(
             pilot=pilot,
             run_id=run_id,
         )
-        await supervise(job, store, console, scheduler, keeper, accounts, routes, run_id)
+        timer = asyncio.create_task(_stop_at(scheduler, stop_at))
+        try:
+            await supervise(job, store, console, scheduler, keeper, accounts, routes, run_id)
+        finally:
+            timer.cancel()
         reconciliations = await reconcile_accounts(
             store, accounts.billing, baselines, accounts.usage, stats.gate
         )
@@ -206,6 +213,15 @@ async def dispatch(
         for made in accounts.made.values():
             await made.end(job_done=done_all)
     return Dispatched(stats, book.report() + end_lines(keeper, stats), reconciliations, book)
+
+
+async def _stop_at(scheduler: Scheduler, stop_at: tuple[float, str] | None) -> None:
+    """Stop the scheduler at a set time (nothing without one)."""
+    if stop_at is None:
+        return
+    at, reason = stop_at
+    await asyncio.sleep(max(0.0, at - time.monotonic()))
+    scheduler.stop(reason)
 
 
 @dataclass
