@@ -592,3 +592,53 @@ def test_an_uncapped_pilot_spends_a_share_of_the_expected_cost() -> None:
     assert len(limits_seen) == 2, limits_seen
     assert "pilot bounds: 10m, 5% of the expected cost (after the first round)" in out.getvalue()
     assert any("it stopped at its money bound ($200.0000" in n for n in result.notes), result.notes
+
+
+def test_the_verdict_allows_for_a_kill_and_names_what_the_cap_leaves_unsent(
+    tmp_path: Path,
+) -> None:
+    """The plan promises every item within the cap only when the cap also covers the kill
+    margin (each lane full of requests at their worst case, billed after a kill -9); it states
+    the margin and the re-pay of truncated first tries; and where the cap binds it names the
+    datasets it stops and the items left unsent."""
+    entries = [
+        passage("short", ds, "escalated" if i < 9 else "done", 1.0, 0.001)
+        for ds in ("a", "b")
+        for i in range(30)
+    ] + [passage("long", ds, "done", 4.0, 0.01) for ds in ("a", "b") for _ in range(9)]
+    pending = {("short", "a"): (1000, 100_000), ("short", "b"): (1000, 100_000)}
+    ps = [progress("a", 1000), progress("b", 1000)]
+
+    def verdict(cap: float | None) -> Any:
+        budget = "" if cap is None else f"\n[budget]\nmax_cost_usd = {cap}\n"
+        sub = tmp_path / str(cap)
+        sub.mkdir()
+        return plan(offline_job(sub, LANES + budget), ps, entries, {}, pending, PRICES, {})
+
+    free = verdict(None)
+    assert free.cost_usd is not None and free.kill_margin_usd is not None
+    expected, margin = free.cost_usd.mean, free.kill_margin_usd
+    # Each lane full (its concurrency) at max_tokens and a prompt bound of 4 x 100 + 256.
+    job = offline_job(tmp_path, LANES)
+    assert margin == pytest.approx(
+        sum(
+            lane.concurrency * PRICES.cost(656, job.lane_max_tokens(lane)) for lane in job.lane_list
+        )
+    )
+    # 600 truncated first tries at $0.001 each are paid before the long lane answers them.
+    assert free.repay_usd == pytest.approx(0.6, rel=0.01)
+
+    roomy = verdict(round(expected + margin + 1, 2))
+    assert roomy.stop.startswith("every item is expected to finish within the job's dollar cap")
+    assert roomy.unsent == 0
+    tight = verdict(round(expected + margin / 2, 2))
+    assert "only if no run is killed" in tight.stop, tight.stop
+    assert f"${margin:.2f}" in tight.stop and tight.unsent == 0
+    short = verdict(round(expected / 2, 2))
+    assert short.stop.startswith("the job's dollar cap: stops the job"), short.stop
+    assert 0 < short.unsent < 2000 and f"; {short.unsent} items stay unsent: " in short.stop
+    unsent = {d.name: d.pending - d.sent for d in short.datasets}
+    assert sum(unsent.values()) == short.unsent
+    for name, n in unsent.items():
+        if n:
+            assert f"{name} ({n})" in short.stop, short.stop

@@ -526,7 +526,7 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
 
     from regen.config import load_job
     from regen.run.pilot import Bounds, pilot_lines
-    from regen.run.planner import plan_job, plan_tables
+    from regen.run.planner import plan_job, plan_tables, verdict_lines
     from regen.view.progress import bad_rows_table
 
     if args.pilot < 0:
@@ -559,6 +559,9 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
                         "cost_usd": plan.job.cost_usd and dataclasses.asdict(plan.job.cost_usd),
                         "time_s": plan.job.time_s and dataclasses.asdict(plan.job.time_s),
                         "stop": plan.job.stop,
+                        "kill_margin_usd": plan.job.kill_margin_usd,
+                        "repay_usd": plan.job.repay_usd,
+                        "unsent": plan.job.unsent,
                         "assumptions": plan.job.assumptions,
                     },
                     "bad_row_reasons": [dataclasses.asdict(g) for g in plan.bad_reasons],
@@ -579,6 +582,8 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
     if plan.credit_usd is not None:
         console.print(f"credit remaining: ${plan.credit_usd:.2f}", markup=False)
     console.print(f"stop: {plan.job.stop}", markup=False, soft_wrap=True)
+    for line in verdict_lines(plan.job):
+        console.print(line, markup=False, soft_wrap=True)
     if plan.coverage:
         console.print(plan.coverage, markup=False, soft_wrap=True)
     for line in plan.job.assumptions:

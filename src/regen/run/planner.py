@@ -150,6 +150,24 @@ def plan_job(
     )
 
 
+def verdict_lines(p: JobPlan) -> list[str]:
+    """What the plan's verdict rests on beyond the expected cost: the kill margin and the
+    escalation re-pay."""
+    out = []
+    if p.kill_margin_usd is not None:
+        out.append(
+            f"kill margin: ${p.kill_margin_usd:.2f}, what a run killed with every lane full may "
+            "leave in flight to be billed (each lane's concurrency at max_tokens and its prompts' "
+            "bound, at the highest prices)"
+        )
+    if p.repay_usd:
+        out.append(
+            f"escalation re-pay: ${p.repay_usd:.2f} of the expected cost pays first tries cut at "
+            "max_tokens, whose items are paid again on a longer lane"
+        )
+    return out
+
+
 def _usd(iv: Interval | None) -> str:
     if iv is None:
         return "?"
