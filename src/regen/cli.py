@@ -517,7 +517,27 @@ def _run(args: argparse.Namespace, console: Console) -> int:
             overrides["run.metrics_port"] = args.metrics_port
         job = load_job(args.job, **overrides)
         report = run_job(job, console=console, force=args.force)
-        return _finish(report, console)
+        code = _finish(report, console)
+        _record_exit(job.output_path, code)
+        return code
+
+
+def _record_exit(out_dir: Path, code: int) -> None:
+    """Keep the run's exit code in state.db for `regen status` and the report; a state.db
+    that cannot take it (gone, read-only) loses only this."""
+    from regen.errors import StateError
+    from regen.state.db import Store
+
+    try:
+        store = Store.open(out_dir)
+    except (StateError, OSError, sqlite3.Error):
+        return
+    try:
+        store.runs.set_exit_code(code)
+    except (StateError, OSError, sqlite3.Error):
+        pass
+    finally:
+        store.close()
 
 
 def _plan(args: argparse.Namespace, console: Console) -> int:

@@ -110,6 +110,7 @@ def plan_job(
                             console,
                             pilot=want,
                             stop_at=(limits.stop_at, TIME_UP),
+                            as_filed=job,
                         )
                     ).stats
                     return Sent(stats.stop_reason, stats.budget_stop)
