@@ -517,6 +517,7 @@ def test_a_precision_pilot_ends_within_its_time_bound(tmp_path: Path) -> None:
     assert "pilot bounds: 4.0s" in out.stdout or "pilot bounds: 4s" in out.stdout, out.stdout
     assert "pilot: not pinned down to +/-5%:" in out.stdout, out.stdout
     assert "it stopped at its time bound (" in out.stdout, out.stdout
+    assert "note: the pilot's time ran out with answers still running" in out.stdout
 
 
 def test_a_precision_pilot_ends_within_its_money_and_token_bounds(tmp_path: Path) -> None:

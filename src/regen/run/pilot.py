@@ -360,17 +360,29 @@ def _bound_reached(
 def _closing(
     quantities: Sequence[Quantity], precision: float | None, ended: str | None
 ) -> list[str]:
-    """The pilot's last line: which bound ended it and what it left wider than asked."""
+    """The pilot's last lines: which bound ended it, what it left wider than asked, and, when
+    its time ran out, that the answers it cut off (the longest) are missing from its figures."""
     if precision is None:
-        return [f"pilot: stopped at {ended}"] if ended else []
-    wide = [q for q in quantities if q.error is None or q.error > precision]
-    if not wide:
-        return [
-            f"pilot: every total within {_pm(precision)}" + (f"; ended at {ended}" if ended else "")
-        ]
-    rest = ", ".join(f"{q.name} {_pm(q.error)}" for q in wide)
-    why = f"it stopped at {ended}" if ended else "it ran out of rounds, items or --pilot N"
-    return [f"pilot: not pinned down to {_pm(precision)}: {rest}; {why}"]
+        out = [f"pilot: stopped at {ended}"] if ended else []
+    else:
+        wide = [q for q in quantities if q.error is None or q.error > precision]
+        if not wide:
+            out = [
+                f"pilot: every total within {_pm(precision)}"
+                + (f"; ended at {ended}" if ended else "")
+            ]
+        else:
+            rest = ", ".join(f"{q.name} {_pm(q.error)}" for q in wide)
+            why = f"it stopped at {ended}" if ended else "it ran out of rounds, items or --pilot N"
+            out = [f"pilot: not pinned down to {_pm(precision)}: {rest}; {why}"]
+    if ended is not None and ended.startswith("its time bound"):
+        # Cut off at a time, the answers still running are the long ones: what finished leans
+        # short, by more than the spreads above say (bench/plan.py: cost -30% on `skewed`).
+        out.append(
+            "note: the pilot's time ran out with answers still running, the longest ones: its "
+            "figures lean short (costs and times low); a larger --pilot-time measures them"
+        )
+    return out
 
 
 def pilot_lines(quantities: Sequence[Quantity], precision: float | None) -> list[str]:
