@@ -520,39 +520,42 @@ def test_a_precision_pilot_ends_within_its_time_bound(tmp_path: Path) -> None:
     assert "note: the pilot's time ran out with answers still running" in out.stdout
 
 
-def test_a_precision_pilot_ends_within_its_money_and_token_bounds(tmp_path: Path) -> None:
-    """`--pilot-usd 0.002` is enforced as a dollar cap is (worst cases reserved): the pilot
-    spends no more, and says that bound ended it; a dataset's token budget is used up to
-    --pilot-share of it and no further, and the plan names the dataset."""
-    write_rows(tmp_path / "c.jsonl", chat_rows(300))
+def bounded_pilot(tmp: Path, *flags: str) -> tuple[dict[str, tuple[int, float]], list[str]]:
+    """`regen plan --pilot 300 --precision 0.01 FLAGS` on datasets a, b and c (c with a token
+    budget of 200,000): what each dataset used, and the pilot's closing lines."""
+    write_rows(tmp / "c.jsonl", chat_rows(300))
     with sim_in_thread(SimConfig(seed=6, time_scale=0)) as sim:
         job = write_job(
-            tmp_path,
+            tmp,
             sim.base_url,
-            datasets=two_datasets(tmp_path),
+            datasets=two_datasets(tmp),
             extra='[[datasets]]\nname = "c"\npath = "c.jsonl"\nformat = "openai"\n'
             "token_budget = 200000\n",
             concurrency=4,
         )
-        out = run_cli(
-            "plan",
-            str(job),
-            "--pilot",
-            "300",
-            "--precision",
-            "0.01",
-            "--pilot-usd",
-            "0.002",
-            "--pilot-share",
-            "0.05",
-            "--json",
-        )
+        out = run_cli("plan", str(job), "--pilot", "300", "--precision", "0.01", *flags, "--json")
     assert out.returncode == 0, out.stderr
-    per_ds = spent(tmp_path / "out")
+    return spent(tmp / "out"), json.loads(out.stdout)["pilot_notes"]
+
+
+def test_a_precision_pilot_ends_within_its_money_bound(tmp_path: Path) -> None:
+    """`--pilot-usd 0.002` is enforced as a dollar cap is (worst cases reserved): the pilot
+    spends no more, and says that bound ended it; no dataset is said to have met its token
+    share when the money stopped it first."""
+    per_ds, notes = bounded_pilot(tmp_path, "--pilot-usd", "0.002")
     assert sum(usd for _, usd in per_ds.values()) <= 0.002, per_ds
-    assert per_ds.get("c", (0, 0.0))[0] <= 0.05 * 200_000, per_ds
-    notes = json.loads(out.stdout)["pilot_notes"]
     assert any("its money bound ($0.0020" in n for n in notes), notes
+    assert not any("share of its token budget" in n for n in notes), notes
+
+
+def test_a_precision_pilot_uses_a_share_of_a_token_budget(tmp_path: Path) -> None:
+    """A dataset's token budget is used up to --pilot-share of it, and beyond by no more than
+    the requests in flight may write (4 of max_tokens 512: a token budget's own bound), and
+    the plan names the dataset; the others go on."""
+    per_ds, notes = bounded_pilot(tmp_path, "--pilot-usd", "5", "--pilot-share", "0.05")
+    share = 0.05 * 200_000
+    assert share - 512 <= per_ds["c"][0] <= share + 4 * 512, per_ds
+    assert per_ds["a"][0] > per_ds["c"][0], per_ds
     assert any(n.startswith("pilot: c stopped at its share of its token budget") for n in notes)
 
 

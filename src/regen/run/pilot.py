@@ -320,13 +320,18 @@ def _budgets_met(
     tokens: Mapping[str, int],
     notes: list[str],
 ) -> set[str]:
-    """Datasets the pilot stopped short of what it asked at their share of a token budget; each
-    said once in `notes`."""
+    """Datasets the pilot stopped short of what it asked at their share of a token budget (one
+    more answer of max_tokens could pass it); each said once in `notes`."""
     budgets = {d.name: d.token_budget for d in job.datasets}
     met: set[str] = set()
     for ds, limit in tokens.items():
         p = progress.get(ds)
         if p is None or p.pending <= 0 or p.done + p.failed >= want.get(ds, 0):
+            continue
+        # Stopped by its share only if one more answer could pass it (not cut short by the
+        # pilot's time or money with room left).
+        most = max(job.lane_max_tokens(lane) for lane in job.lane_list)
+        if _used(job, p) + most < limit:
             continue
         met.add(ds)
         line = (
