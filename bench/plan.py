@@ -30,7 +30,8 @@ Targets (issues 21, 37): cost within 15% and wall time within 25% on every workl
 p10-p90 coverage between 70% and 90%.
 
 Run: .venv/bin/python bench/plan.py [--items 3000] [--time-scale 0.2] [--seeds 1]
-     [--first-seed 1] [--only NAME[,NAME]] [--pilot 30 [--precision P]] [--cpu-load 0[,N]]
+     [--first-seed 1] [--only NAME[,NAME]] [--pilot 30 [--precision P] [--pilot-time S]]
+     [--cpu-load 0[,N]]
      [--keep DIR] [--load-core 1] [--results FILE] [--lock /tmp/bench.lock]
      .venv/bin/python bench/plan.py --summarize FILE   # the tables again, from --results
 """
@@ -228,9 +229,16 @@ def cpu_load(n: int, core: int | None) -> Iterator[None]:
 
 
 def regen_plan(
-    regen: list[str], job: Path, env: dict[str, str], pilot: int, precision: float | None = None
+    regen: list[str],
+    job: Path,
+    env: dict[str, str],
+    pilot: int,
+    precision: float | None = None,
+    pilot_time: float | None = None,
 ) -> dict[str, Any]:
     more = [] if precision is None else ["--precision", str(precision)]
+    if pilot_time is not None and pilot:
+        more += ["--pilot-time", str(pilot_time)]
     out = subprocess.run(
         [*regen, "plan", str(job), "--pilot", str(pilot), *more, "--json"],
         env=env,
@@ -336,6 +344,7 @@ def one(
     pilot: int,
     load: tuple[int, int | None],
     precision: float | None = None,
+    pilot_time: float | None = None,
 ) -> dict[str, Any]:
     sim, base_url = simproc.start_sim(
         SIM_TOML.format(seed=seed, time_scale=time_scale, faults=w.faults, capacity=w.capacity),
@@ -373,7 +382,7 @@ def one(
         regen = ["taskset", "-c", "1", sys.executable, "-m", "regen"]
         with cpu_load(*load):
             prior = regen_plan(regen, prior_dir / "job.toml", env, 0)
-            plan = regen_plan(regen, job, env, pilot, precision)
+            plan = regen_plan(regen, job, env, pilot, precision, pilot_time)
             shutil.copy(work / "out" / "state.db", work / "pilot.db")
             subprocess.run(
                 [*regen, "run", str(job)], env=env, check=True, stdout=subprocess.DEVNULL
@@ -390,6 +399,9 @@ def one(
     ).fetchone()
     (cost,) = db.execute(
         "SELECT SUM(COALESCE(cost_usd, 0)) FROM ledger WHERE created_at > ?", (pilot_end,)
+    ).fetchone()
+    (pilot_usd,) = db.execute(
+        "SELECT COALESCE(SUM(cost_usd), 0) FROM ledger WHERE created_at <= ?", (pilot_end,)
     ).fetchone()
     (done0,) = db.execute(
         "SELECT COUNT(*) FROM items WHERE status != 'pending' AND updated_at <= ?", (pilot_end,)
@@ -417,6 +429,10 @@ def one(
         "plan_wall": interval(plan["job"]["time_s"]),
         "pilot_items": done0,
         "pilot_s": pilot_s,
+        "pilot_usd": pilot_usd,
+        "pilot_notes": plan.get("pilot_notes", []),
+        "verdict": plan["job"].get("stop"),
+        "kill_margin_usd": plan["job"].get("kill_margin_usd"),
         "wall": wall,
         # "At 10% of the run", two ways: when 10% of its items are finished (a fast short
         # lane gets there early), and when 10% of its time has passed.
@@ -511,6 +527,11 @@ def main() -> None:
         help="size the pilot by `regen plan --precision P` (--pilot is then its most per dataset)",
     )
     ap.add_argument(
+        "--pilot-time",
+        type=float,
+        help="the pilot's time bound (`regen plan --pilot-time S`; default: regen's, 600 s)",
+    )
+    ap.add_argument(
         "--cpu-load", default="0", help="busy processes beside each run, comma separated"
     )
     ap.add_argument("--load-core", type=int, help="pin the busy processes to this core")
@@ -549,6 +570,7 @@ def main() -> None:
                             args.pilot,
                             (load, args.load_core),
                             args.precision,
+                            args.pilot_time,
                         )
                     results.append(r)
                     if args.results:
@@ -557,7 +579,7 @@ def main() -> None:
                     e = r["eta"]
                     print(
                         f"{w.name} seed {seed} load {load}: pilot {r['pilot_items']} items "
-                        f"in {r['pilot_s']:.1f} s, "
+                        f"in {r['pilot_s']:.1f} s for ${r['pilot_usd']:.4f}, "
                         f"cost {r['cost']:.4f}, wall "
                         f"{r['wall']:.1f} s, ETA at 10% "
                         + (f"{e['eta'] / e['left'] - 1:+.1%}" if e else "-"),

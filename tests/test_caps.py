@@ -179,7 +179,9 @@ def test_a_killed_runs_requests_show_as_held_until_their_bills_come(tmp_path: Pa
         status.stdout.replace("\n", " ")
     )
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-    assert re.search(r"budget: waiting for the bills of \d+ requests of a killed run", rerun.stdout)
+    assert re.search(
+        r"budget: waiting for the bills of \d+ requests of an earlier run", rerun.stdout
+    )
     assert re.search(r"progress .* held=\d+ held_usd=", (tmp_path / "out" / "run.log").read_text())
     # Every bill was found by its generation id; a request killed before its response named
     # one (sent in the last moments) stays held for the next run, and the run says so.

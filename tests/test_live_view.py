@@ -250,7 +250,7 @@ def test_held_bills_show_as_what_they_are_and_stand_in_for_the_eta_when_they_blo
     held = HoldSummary(36, 0.0712, 36, 0.0712, 1_800_000_000.0)
     stats.holds = lambda: held
     text = render(progress_view(stats, NOW), 200)
-    assert "waiting for the bills of 36 requests of a killed run: up to $0.0712" in text
+    assert "waiting for the bills of 36 requests of an earlier run: up to $0.0712" in text
     fields = dict(kv.split("=", 1) for kv in progress_line(stats, NOW).split()[2:])
     assert (fields["held"], fields["held_usd"]) == ("36", "0.0712")
     for d in stats.datasets.values():

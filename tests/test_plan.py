@@ -7,6 +7,7 @@ import math
 import random
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -135,7 +136,7 @@ def test_pilot_measures_escalations_and_the_job_cap_says_when_it_stops(tmp_path:
             datasets=[("a", "a.jsonl", "openai"), ("b", "b.jsonl", "openai")],
             extra="[budget]\nmax_cost_usd = 0.12\n" + LANES,
         )
-        plan = run_cli("plan", str(job), "--pilot", "30", "--json")
+        plan = run_cli("plan", str(job), "--pilot", "30", "--pilot-share", "1", "--json")
         assert plan.returncode == 0, plan.stderr
         pilot = query(tmp_path / "out", "SELECT COUNT(*) FROM ledger WHERE kind = 'escalated'")
         run = run_cli("run", str(job))
@@ -310,7 +311,19 @@ def test_a_pilot_with_a_precision_sends_each_dataset_what_its_spread_needs(
             datasets=[("steady", "steady.jsonl", "openai"), ("mixed", "mixed.jsonl", "openai")],
             concurrency=32,
         )
-        plan = run_cli("plan", str(job), "--pilot", "300", "--precision", "0.1", "--json")
+        # A pilot's default money bound (5% of the expected cost) would end it after a round:
+        # this test is about how it shares its items, so it may spend half.
+        plan = run_cli(
+            "plan",
+            str(job),
+            "--pilot",
+            "300",
+            "--precision",
+            "0.1",
+            "--pilot-share",
+            "0.5",
+            "--json",
+        )
         assert plan.returncode == 0, plan.stderr
         pilot = {ds: (n, usd, left) for ds, n, usd, left in query(tmp_path / "out", per_item)}
         spent_before = sum(c for _, c in spent(tmp_path / "out").values())
@@ -365,43 +378,67 @@ def test_a_pilot_shares_its_items_as_the_datasets_spreads_say() -> None:
     assert next_sizes([Quantity("cost", 0.05, {})], {"a": 30}, {"a": 10}, 400) == {}
 
 
+def fake_store(finished: dict[str, int], values: dict[str, list[Any]], usd: float = 0.0) -> Any:
+    """A store as the pilot reads it: `finished` items of 2,000 per dataset, their (time per
+    lane, dollars) in `values`, `usd` spent per finished item."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        work=SimpleNamespace(
+            dataset_progress=lambda: [
+                SimpleNamespace(
+                    name=ds,
+                    pending=2000 - n,
+                    done=n,
+                    failed=0,
+                    cost_usd=n * usd,
+                    prompt_tokens=0,
+                    completion_tokens=n * 100,
+                )
+                for ds, n in finished.items()
+            ]
+        ),
+        spend=SimpleNamespace(item_totals=lambda: values),
+    )
+
+
+def fake_job(cap: float | None = None, budget: int | None = None) -> Any:
+    """A job of datasets a and b (`budget`: each one's token budget) on one lane."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        datasets=[SimpleNamespace(name=ds, token_budget=budget) for ds in ("a", "b")],
+        lane_list=[SimpleNamespace(name="default")],
+        budget=SimpleNamespace(max_cost_usd=cap, budget_tokens="completion"),
+    )
+
+
 def test_a_sized_pilot_stops_asking_a_dataset_that_finishes_nothing_more() -> None:
     """A dataset whose budget is met during the pilot finishes nothing more however many
     items it is asked for: it is not asked again (each round is a whole dispatch), and the
     last round says why the pilot stops short."""
     import io
-    from types import SimpleNamespace
 
     from rich.console import Console
 
-    from regen.run.pilot import run_pilot
+    from regen.run.pilot import Limits, Sent, run_pilot
 
     rng = random.Random(2)
     finished = {"a": 0, "b": 0}
     values: dict[str, list[tuple[dict[str, float], float]]] = {"a": [], "b": []}
     rounds: list[dict[str, int]] = []
 
-    def send(want: dict[str, int]) -> None:
+    def send(want: dict[str, int], limits: Limits) -> Sent:
         rounds.append(want)
         for ds, n in want.items():
             cap = n if ds == "a" else 30  # b's budget is met at 30 items
             while finished[ds] < min(cap, 2000):
                 finished[ds] += 1
                 values[ds].append(({"default": rng.lognormvariate(0, 1)}, rng.uniform(0, 2)))
+        return Sent(None)
 
-    store = SimpleNamespace(
-        work=SimpleNamespace(
-            dataset_progress=lambda: [
-                SimpleNamespace(name=ds, pending=2000 - n, done=n, failed=0)
-                for ds, n in finished.items()
-            ]
-        ),
-        spend=SimpleNamespace(item_totals=lambda: values),
-    )
-    job = SimpleNamespace(
-        datasets=[SimpleNamespace(name="a"), SimpleNamespace(name="b")],
-        lane_list=[SimpleNamespace(name="default")],
-    )
+    store = fake_store(finished, values)
+    job = fake_job()
     out = io.StringIO()
     run_pilot(job, store, Console(file=out, width=300), 1000, 0.05, send)  # type: ignore[arg-type]
     asked_b = [r["b"] for r in rounds]
@@ -442,3 +479,170 @@ def test_a_fixed_pilot_says_how_well_it_measured_and_how_to_size_it(tmp_path: Pa
     wide = [Quantity("time in lane long", 0.21, {}), Quantity("cost", None, {})]
     assert len(pilot_lines(wide, None)) == 2 and len(pilot_lines(wide, 0.1)) == 1
     assert pilot_lines([Quantity("cost", None, {})], None) == []
+
+
+def two_datasets(tmp: Path, rows: int = 300) -> list[tuple[str, str, str]]:
+    """Datasets a and b of `rows` chat rows each."""
+    for name in ("a", "b"):
+        write_rows(tmp / f"{name}.jsonl", chat_rows(rows))
+    return [("a", "a.jsonl", "openai"), ("b", "b.jsonl", "openai")]
+
+
+def test_a_precision_pilot_ends_within_its_time_bound(tmp_path: Path) -> None:
+    """Answers that never come (held by the simulator) would keep a pilot waiting for its
+    round for ever: `--pilot-time 4` stops sending at 3.6 s and gives those in flight 0.4 s,
+    so the pilot's runs take 4 s at most, and its last line says what it could not measure."""
+    with sim_in_thread(SimConfig(seed=5, time_scale=0)) as sim:
+        job = write_job(tmp_path, sim.base_url, datasets=two_datasets(tmp_path), concurrency=8)
+        sim.simulator.hold(after=40)  # round 1 asks 60: 20 of them hang
+        try:
+            out = run_cli(
+                "plan",
+                str(job),
+                "--pilot",
+                "300",
+                "--precision",
+                "0.05",
+                "--pilot-time",
+                "4",
+                process=True,
+                timeout=60,
+            )
+        finally:
+            sim.simulator.release()
+    assert out.returncode == 0, out.stderr
+    runs = query(tmp_path / "out", "SELECT kind, ended_at - started_at FROM runs")
+    assert runs and all(kind == "pilot" for kind, _ in runs), runs
+    assert sum(took for _, took in runs) <= 4.0, runs
+    assert "pilot bounds: 4.0s" in out.stdout or "pilot bounds: 4s" in out.stdout, out.stdout
+    assert "pilot: not pinned down to +/-5%:" in out.stdout, out.stdout
+    assert "it stopped at its time bound (" in out.stdout, out.stdout
+    assert "note: the pilot's time ran out with answers still running" in out.stdout
+
+
+def bounded_pilot(tmp: Path, *flags: str) -> tuple[dict[str, tuple[int, float]], list[str]]:
+    """`regen plan --pilot 300 --precision 0.01 FLAGS` on datasets a, b and c (c with a token
+    budget of 200,000): what each dataset used, and the pilot's closing lines."""
+    write_rows(tmp / "c.jsonl", chat_rows(300))
+    with sim_in_thread(SimConfig(seed=6, time_scale=0)) as sim:
+        job = write_job(
+            tmp,
+            sim.base_url,
+            datasets=two_datasets(tmp),
+            extra='[[datasets]]\nname = "c"\npath = "c.jsonl"\nformat = "openai"\n'
+            "token_budget = 200000\n",
+            concurrency=4,
+        )
+        out = run_cli("plan", str(job), "--pilot", "300", "--precision", "0.01", *flags, "--json")
+    assert out.returncode == 0, out.stderr
+    return spent(tmp / "out"), json.loads(out.stdout)["pilot_notes"]
+
+
+def test_a_precision_pilot_ends_within_its_money_bound(tmp_path: Path) -> None:
+    """`--pilot-usd 0.002` is enforced as a dollar cap is (worst cases reserved): the pilot
+    spends no more, and says that bound ended it; no dataset is said to have met its token
+    share when the money stopped it first."""
+    per_ds, notes = bounded_pilot(tmp_path, "--pilot-usd", "0.002")
+    assert sum(usd for _, usd in per_ds.values()) <= 0.002, per_ds
+    assert any("its money bound ($0.0020" in n for n in notes), notes
+    assert not any("share of its token budget" in n for n in notes), notes
+
+
+def test_a_precision_pilot_uses_a_share_of_a_token_budget(tmp_path: Path) -> None:
+    """A dataset's token budget is used up to --pilot-share of it, and beyond by no more than
+    the requests in flight may write (4 of max_tokens 512: a token budget's own bound), and
+    the plan names the dataset; the others go on."""
+    per_ds, notes = bounded_pilot(tmp_path, "--pilot-usd", "5", "--pilot-share", "0.05")
+    share = 0.05 * 200_000
+    assert share - 512 <= per_ds["c"][0] <= share + 4 * 512, per_ds
+    assert per_ds["a"][0] > per_ds["c"][0], per_ds
+    assert any(n.startswith("pilot: c stopped at its share of its token budget") for n in notes)
+
+
+def test_an_uncapped_pilot_spends_a_share_of_the_expected_cost() -> None:
+    """Without a dollar cap the pilot's money is 5% of the job's expected cost, known once the
+    first round has measured it: a first round of 30 items per dataset of 2,000 already spends
+    1.5% of it, so the second round may spend the rest of the 5% and no more (its limit), and
+    the pilot then ends saying so, not after more rounds."""
+    import io
+
+    from rich.console import Console
+
+    from regen.run.pilot import Limits, Sent, run_pilot
+
+    rng = random.Random(3)
+    finished = {"a": 0, "b": 0}
+    values: dict[str, list[Any]] = {"a": [], "b": []}
+    limits_seen: list[Limits] = []
+
+    def send(want: dict[str, int], limits: Limits) -> Sent:
+        limits_seen.append(limits)
+        for ds, n in want.items():
+            while finished[ds] < n:
+                if limits.total_usd is not None and sum(finished.values()) + 1 > limits.total_usd:
+                    return Sent("dollar cap met", cap=True)
+                finished[ds] += 1
+                values[ds].append(({"default": rng.lognormvariate(0, 1)}, 1.0))
+        return Sent(None)
+
+    out = io.StringIO()
+    result = run_pilot(
+        fake_job(), fake_store(finished, values, usd=1.0), Console(file=out), 1000, 0.01, send
+    )  # type: ignore[arg-type]
+    assert limits_seen[0].total_usd is None  # nothing measured yet
+    # Expected cost: $1 per item, 4,000 items: the pilot may spend $200.
+    assert limits_seen[1].total_usd == pytest.approx(200.0)
+    assert sum(finished.values()) <= 200
+    assert len(limits_seen) == 2, limits_seen
+    assert "pilot bounds: 10m, 5% of the expected cost (after the first round)" in out.getvalue()
+    assert any("it stopped at its money bound ($200.0000" in n for n in result.notes), result.notes
+
+
+def test_the_verdict_allows_for_a_kill_and_names_what_the_cap_leaves_unsent(
+    tmp_path: Path,
+) -> None:
+    """The plan promises every item within the cap only when the cap also covers the kill
+    margin (each lane full of requests at their worst case, billed after a kill -9); it states
+    the margin and the re-pay of truncated first tries; and where the cap binds it names the
+    datasets it stops and the items left unsent."""
+    entries = [
+        passage("short", ds, "escalated" if i < 9 else "done", 1.0, 0.001)
+        for ds in ("a", "b")
+        for i in range(30)
+    ] + [passage("long", ds, "done", 4.0, 0.01) for ds in ("a", "b") for _ in range(9)]
+    pending = {("short", "a"): (1000, 100_000), ("short", "b"): (1000, 100_000)}
+    ps = [progress("a", 1000), progress("b", 1000)]
+
+    def verdict(cap: float | None) -> Any:
+        budget = "" if cap is None else f"\n[budget]\nmax_cost_usd = {cap}\n"
+        sub = tmp_path / str(cap)
+        sub.mkdir()
+        return plan(offline_job(sub, LANES + budget), ps, entries, {}, pending, PRICES, {})
+
+    free = verdict(None)
+    assert free.cost_usd is not None and free.kill_margin_usd is not None
+    expected, margin = free.cost_usd.mean, free.kill_margin_usd
+    # Each lane full (its concurrency) at max_tokens and a prompt bound of 4 x 100 + 256.
+    job = offline_job(tmp_path, LANES)
+    assert margin == pytest.approx(
+        sum(
+            lane.concurrency * PRICES.cost(656, job.lane_max_tokens(lane)) for lane in job.lane_list
+        )
+    )
+    # 600 truncated first tries at $0.001 each are paid before the long lane answers them.
+    assert free.repay_usd == pytest.approx(0.6, rel=0.01)
+
+    roomy = verdict(round(expected + margin + 1, 2))
+    assert roomy.stop.startswith("every item is expected to finish within the job's dollar cap")
+    assert roomy.unsent == 0
+    tight = verdict(round(expected + margin / 2, 2))
+    assert "only if no run is killed" in tight.stop, tight.stop
+    assert f"${margin:.2f}" in tight.stop and tight.unsent == 0
+    short = verdict(round(expected / 2, 2))
+    assert short.stop.startswith("the job's dollar cap: stops the job"), short.stop
+    assert 0 < short.unsent < 2000 and f"; {short.unsent} items stay unsent: " in short.stop
+    unsent = {d.name: d.pending - d.sent for d in short.datasets}
+    assert sum(unsent.values()) == short.unsent
+    for name, n in unsent.items():
+        if n:
+            assert f"{name} ({n})" in short.stop, short.stop

@@ -90,3 +90,91 @@ def test_status_of_a_directory_without_state_is_one_line(tmp_path: Path) -> None
     proc = run_cli("status", str(tmp_path))
     assert proc.returncode == 1
     assert proc.stderr == f"error: {tmp_path}: no state.db here: not a regen output directory\n"
+
+
+def test_status_and_report_say_how_each_run_ended(tmp_path: Path) -> None:
+    """A pilot stopped with Ctrl-C is `interrupted`, not killed; a run killed with SIGKILL
+    (it never records its end) is `killed` in `regen status` and report.html, not "done"; the
+    run that finishes says so with its exit code; `status --json` gives numbers as numbers."""
+    from tests.conftest import kill_at, query
+
+    write_rows(tmp_path / "chat.jsonl", chat_rows(60))
+    env = {**os.environ, "REGEN_TEST_KEY": SECRET_KEY, "REGEN_NO_BROWSER": "1"}
+    with sim_in_thread(SimConfig(seed=4, time_scale=0.0)) as sim:
+        job = write_job(tmp_path, sim.base_url, datasets=[("chat", "chat.jsonl", "openai")])
+        out = tmp_path / "out"
+        sim.simulator.hold(after=5)
+        pilot = subprocess.Popen(
+            [sys.executable, "-m", "regen", "plan", str(job), "--pilot", "30"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        try:
+            assert sim.simulator.wait_until(lambda: sim.simulator.held > 0, 60)
+            pilot.send_signal(signal.SIGINT)
+            deadline = time.monotonic() + 60
+            log = out / "run.log"
+            while not log.exists() or "stopping: no new requests" not in log.read_text():
+                assert time.monotonic() < deadline and pilot.poll() is None
+                time.sleep(0.05)
+            sim.simulator.release()
+            pilot.wait(timeout=60)
+        finally:
+            if pilot.poll() is None:
+                pilot.kill()
+            if pilot.stderr:
+                pilot.stderr.close()
+        assert kill_at(job, "start", 1, env=env) == 1
+        done = run_cli("run", str(job), env={"REGEN_NO_BROWSER": "1"})
+        assert done.returncode == 0, done.stderr
+    runs = status(out)["runs"]
+    assert [(r["kind"], r["end_kind"]) for r in runs] == [  # type: ignore[index]
+        ("pilot", "interrupted"),
+        ("run", "killed"),
+        ("run", "finished"),
+    ], runs
+    assert runs[-1]["exit_code"] == 0 and runs[-1]["ended"] == "finished (exit 0)"  # type: ignore[index]
+    assert query(out, "SELECT exit_code FROM runs WHERE kind = 'pilot'") == [(None,)]
+    progress = status(out)["progress"]
+    assert isinstance(progress["in_flight"], int) and isinstance(progress["req_s"], float)  # type: ignore[index]
+    text = run_cli("status", str(out)).stdout
+    assert "pilot: started " in text and "; interrupted" in text, text
+    assert "run 1: started " in text and "; killed (no end recorded" in text, text
+    assert "run 2: started " in text and "; finished (exit 0)" in text, text
+    html = (out / "report.html").read_text()
+    assert "killed (no end recorded" in html and "<td>done</td>" not in html
+
+
+def test_a_connection_dropped_by_a_server_back_at_once_is_not_an_outage(tmp_path: Path) -> None:
+    """A server leaves the pool on a dropped connection and is probed 0.5 s later: back at that
+    first probe, it was never out of service, and neither `regen status`, the report nor the
+    run's end counts it; out for longer, or not back yet, it is an outage."""
+    from regen.engine.scheduler import EndpointStats, Outage, RunStats
+    from regen.run.summary import run_outages
+    from regen.state.db import Store
+    from regen.state.runs import OutageRecord
+
+    store = Store.open(tmp_path)
+    try:
+        run_id = store.runs.begin("run", None, {})
+        store.runs.save_outages(
+            [
+                OutageRecord(run_id, "gpu0", 100.0, 100.6, 1),  # back at the first probe
+                OutageRecord(run_id, "gpu0", 200.0, 200.7, 2),
+                OutageRecord(run_id, "gpu1", 300.0, 312.0, 9),  # down for 12 s
+                OutageRecord(run_id, "gpu1", 400.0, None, 3),  # not back yet
+            ]
+        )
+        kept = [(o.endpoint, o.started_at) for o in store.runs.outages()]
+    finally:
+        store.close()
+    assert kept == [("gpu1", 300.0), ("gpu1", 400.0)]
+    stats = RunStats(datasets={})
+    stats.endpoints["gpu0"] = blips = EndpointStats()
+    blips.outages += [Outage(100.0, 100.6), Outage(200.0, 200.7)]
+    stats.endpoints["gpu1"] = down = EndpointStats()
+    down.outages.append(Outage(300.0, 312.0))
+    assert list(run_outages(stats)) == ["gpu1"]
+    text = run_cli("status", str(tmp_path)).stdout
+    assert "gpu0" not in text and "endpoint gpu1: " in text and "out of the pool 2 times" in text

@@ -62,6 +62,7 @@ def test_migrations_are_recorded_once(tmp_path: Path) -> None:
         (11, "m011_samples"),
         (12, "m012_outages"),
         (13, "m013_source_view"),
+        (14, "m014_run_ends"),
     ]
     assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 

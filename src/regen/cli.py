@@ -103,6 +103,29 @@ def _plan_parser(sub: Any) -> None:
         "lane's time and the job's cost over the items to come are known within +/-P at "
         "p10-p90 (0.1: 10%%), N items per dataset at most",
     )
+    plan.add_argument(
+        "--pilot-time",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="the pilot ends within this many seconds: sending stops a tenth before, requests "
+        "in flight get that tenth (default 600)",
+    )
+    plan.add_argument(
+        "--pilot-usd",
+        type=float,
+        metavar="USD",
+        help="the pilot spends at most this (default: --pilot-share of the job's dollar cap, or "
+        "without one of its expected cost once the first round has measured it)",
+    )
+    plan.add_argument(
+        "--pilot-share",
+        type=float,
+        default=0.05,
+        metavar="S",
+        help="the share of the job's dollar cap (or expected cost) and of each dataset's token "
+        "budget a pilot may use (default 0.05); a dataset stops at its share and the plan says so",
+    )
     plan.add_argument("--json", action="store_true", help="print the estimates as JSON")
 
 
@@ -536,7 +559,27 @@ def _run(args: argparse.Namespace, console: Console) -> int:
             overrides["run.metrics_port"] = args.metrics_port
         job = load_job(args.job, **overrides)
         report = run_job(job, console=console, force=args.force)
-        return _finish(report, console)
+        code = _finish(report, console)
+        _record_exit(job.output_path, code)
+        return code
+
+
+def _record_exit(out_dir: Path, code: int) -> None:
+    """Keep the run's exit code in state.db for `regen status` and the report; a state.db
+    that cannot take it (gone, read-only) loses only this."""
+    from regen.errors import StateError
+    from regen.state.db import Store
+
+    try:
+        store = Store.open(out_dir)
+    except (StateError, OSError, sqlite3.Error):
+        return
+    try:
+        store.runs.set_exit_code(code)
+    except (StateError, OSError, sqlite3.Error):
+        pass
+    finally:
+        store.close()
 
 
 def _plan(args: argparse.Namespace, console: Console) -> int:
@@ -544,8 +587,8 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
     import json
 
     from regen.config import load_job
-    from regen.run.pilot import pilot_lines
-    from regen.run.planner import plan_job, plan_tables
+    from regen.run.pilot import Bounds, pilot_lines
+    from regen.run.planner import plan_job, plan_tables, verdict_lines
     from regen.view.progress import bad_rows_table
 
     if args.pilot < 0:
@@ -558,10 +601,15 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
+    bad = _pilot_bounds_error(args)
+    if bad:
+        print(f"error: {bad}", file=sys.stderr)
+        return EXIT_USAGE
     overrides = {"job.output_dir": str(args.out.resolve())} if args.out else {}
     job = load_job(args.job, **overrides)
     quiet = KeyFreeConsole(file=sys.stderr, width=160) if args.json else console
-    plan = plan_job(job, console=quiet, pilot=args.pilot, precision=args.precision)
+    bounds = Bounds(args.pilot_time, args.pilot_usd, args.pilot_share)
+    plan = plan_job(job, console=quiet, pilot=args.pilot, precision=args.precision, bounds=bounds)
     if args.json:
         print(
             json.dumps(
@@ -573,6 +621,9 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
                         "cost_usd": plan.job.cost_usd and dataclasses.asdict(plan.job.cost_usd),
                         "time_s": plan.job.time_s and dataclasses.asdict(plan.job.time_s),
                         "stop": plan.job.stop,
+                        "kill_margin_usd": plan.job.kill_margin_usd,
+                        "repay_usd": plan.job.repay_usd,
+                        "unsent": plan.job.unsent,
                         "assumptions": plan.job.assumptions,
                     },
                     "bad_row_reasons": [dataclasses.asdict(g) for g in plan.bad_reasons],
@@ -580,6 +631,7 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
                     "credit_usd": plan.credit_usd,
                     "spent_usd": plan.spent_usd,
                     "pilot": [dataclasses.asdict(q) for q in plan.pilot],
+                    "pilot_notes": plan.pilot_notes,
                 }
             )
         )
@@ -592,13 +644,28 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
     if plan.credit_usd is not None:
         console.print(f"credit remaining: ${plan.credit_usd:.2f}", markup=False)
     console.print(f"stop: {plan.job.stop}", markup=False, soft_wrap=True)
+    for line in verdict_lines(plan.job):
+        console.print(line, markup=False, soft_wrap=True)
     if plan.coverage:
         console.print(plan.coverage, markup=False, soft_wrap=True)
     for line in plan.job.assumptions:
         console.print(f"note: {line}", markup=False, soft_wrap=True)
-    for line in pilot_lines(plan.pilot, args.precision):
+    for line in [*pilot_lines(plan.pilot, args.precision), *plan.pilot_notes]:
         console.print(line, markup=False, soft_wrap=True)
     return EXIT_OK
+
+
+def _pilot_bounds_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with the pilot's bounds as given (None: nothing)."""
+    import math
+
+    if not (math.isfinite(args.pilot_time) and args.pilot_time > 0):
+        return "--pilot-time takes a number of seconds above 0 (600: ten minutes)"
+    if args.pilot_usd is not None and not (math.isfinite(args.pilot_usd) and args.pilot_usd > 0):
+        return "--pilot-usd takes an amount of dollars above 0"
+    if not 0 < args.pilot_share <= 1:
+        return "--pilot-share takes a share above 0 and at most 1 (0.05: 5%)"
+    return None
 
 
 def _status(args: argparse.Namespace, console: Console) -> int:

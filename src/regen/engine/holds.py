@@ -65,9 +65,11 @@ class HoldSummary:
         if not self.requests:
             return ""
         whose = (
-            "of a killed run"
+            # An earlier run may have been killed or stopped (a Ctrl-C'd pilot) before its
+            # bills came: which one is the runs table's to say (`regen status`).
+            "of an earlier run"
             if self.earlier_requests == self.requests
-            else "cut short or of a killed run"
+            else "cut short in this run or an earlier one"
         )
         until = time.strftime("%H:%M:%S", time.localtime(self.until)) if self.until else "-"
         return (

@@ -54,6 +54,7 @@ from regen.run.accounts import (
 )
 from regen.run.budgets import billed_after_gone, budget_book, hold_keeper
 from regen.run.lanes import build_lanes, check_routes, lane_settings
+from regen.run.pilot import TIME_UP
 from regen.run.signals import stop_signals
 from regen.safe import printable
 from regen.state.db import Store
@@ -162,12 +163,18 @@ async def dispatch(
     *,
     pilot: Mapping[str, int] | None = None,
     progress: list[DatasetProgress] | None = None,
+    stop_at: tuple[float, str] | None = None,
+    as_filed: Job | None = None,
 ) -> Dispatched:
     """Send every pending item under the job's budgets, showing progress; then reconcile.
     `pilot`: only until each dataset has as many answers as it names (items in dispatch
     order; a dataset it does not name sends none).
     `progress`: the datasets' counts as `prepare` just read them (each read counts every
-    item: 0.1-0.2 s at a million)."""
+    item: 0.1-0.2 s at a million).
+    `stop_at`: (time.monotonic(), reason): sending stops then, as on any stop (a pilot's
+    time bound).
+    `as_filed`: the job as its file says, when `job` is a pilot round's bounded copy: the run
+    is recorded with the file's dollar cap, not the pilot's."""
     if progress is None:
         progress = store.work.dataset_progress()
     stats = run_stats(job, store, progress)
@@ -181,8 +188,9 @@ async def dispatch(
         baselines = await take_baselines(store, accounts.billing, accounts.usage)
         book = budget_book(job, progress, store)
         routes = await check_endpoints(job, store, accounts, console, book, stats)
+        filed = as_filed or job
         run_id = store.runs.begin(
-            "run" if pilot is None else "pilot", job.budget.max_cost_usd, lane_settings(job)
+            "run" if pilot is None else "pilot", filed.budget.max_cost_usd, lane_settings(filed)
         )
         scheduler, keeper = start_scheduler(
             job,
@@ -196,7 +204,21 @@ async def dispatch(
             pilot=pilot,
             run_id=run_id,
         )
-        await supervise(job, store, console, scheduler, keeper, accounts, routes, run_id)
+        timer = asyncio.create_task(_stop_at(scheduler, stop_at))
+        try:
+            await supervise(
+                job,
+                store,
+                console,
+                scheduler,
+                keeper,
+                accounts,
+                routes,
+                run_id,
+                pilot=pilot is not None,
+            )
+        finally:
+            timer.cancel()
         reconciliations = await reconcile_accounts(
             store, accounts.billing, baselines, accounts.usage, stats.gate
         )
@@ -206,6 +228,15 @@ async def dispatch(
         for made in accounts.made.values():
             await made.end(job_done=done_all)
     return Dispatched(stats, book.report() + end_lines(keeper, stats), reconciliations, book)
+
+
+async def _stop_at(scheduler: Scheduler, stop_at: tuple[float, str] | None) -> None:
+    """Stop the scheduler at a set time (nothing without one)."""
+    if stop_at is None:
+        return
+    at, reason = stop_at
+    await asyncio.sleep(max(0.0, at - time.monotonic()))
+    scheduler.stop(reason)
 
 
 @dataclass
@@ -418,6 +449,8 @@ async def supervise(
     accounts: Accounts,
     routes: Routes,
     run_id: int,
+    *,
+    pilot: bool = False,
 ) -> None:
     """Run the scheduler to its end with its side tasks (credit watch, key limits, timeline,
     progress, live audit, metrics) and the signals (`run/signals.py`: the first stops
@@ -492,7 +525,25 @@ async def supervise(
                 await metrics.cleanup()
             with contextlib.suppress(StateError):
                 save_outages(store, run_id, stats)
-                store.runs.end(run_id, stats.stop_reason)
+                store.runs.end(run_id, stats.stop_reason, end_kind(store, stats, pilot=pilot))
+
+
+def end_kind(store: Store, stats: RunStats, *, pilot: bool) -> str:
+    """How a run ended, in a word or two, for `regen status` and the report: interrupted,
+    pilot bound, cap (the job's dollar cap or the credit floor), outage, stopped (an error),
+    budgets met (it ended with items left that no budget let go), or finished."""
+    reason = stats.stop_reason
+    if reason in ("interrupted", TIME_UP):
+        return "pilot bound" if reason == TIME_UP else "interrupted"
+    if stats.budget_stop:
+        return "cap"
+    if stats.outage:
+        return "outage"
+    if reason:
+        return "stopped"
+    if not pilot and any(p.pending for p in store.work.dataset_progress()):
+        return "budgets met"
+    return "finished"
 
 
 def say_gate(job: Job, stats: RunStats, console: Console) -> None:

@@ -83,6 +83,11 @@ ADAPTIVE_SHARE = 0.72
 """Against a provider that refuses what it cannot take, the adaptive limit saws below its
 capacity and pauses for each Retry-After: measured, the lane keeps about this share of the
 provider's capacity on the wire (bench/plan.py, workload `capacity`: 14.9 of 21)."""
+BOUND_PER_EST = 4
+"""A prompt's tokenizer-free bound (its UTF-8 bytes, the gate's) is about this many times its
+estimate (characters / 4)."""
+BOUND_OVERHEAD = 256
+"""What the bound adds per request for the chat template's markers."""
 MIN_RUN_SAMPLES = 20
 """Timeline points (seconds) a run needs before its mean on the wire stands for the next."""
 
@@ -330,6 +335,14 @@ class JobPlan:
     stop: str
     """Which budget or cap ends the job, and when; or that every item is expected to finish."""
     assumptions: list[str] = field(default_factory=list)
+    kill_margin_usd: float | None = None
+    """What a killed run's requests in flight may cost at most: each lane's concurrency at
+    max_tokens and its prompts' bound, at the highest prices (None: no price known)."""
+    repay_usd: float | None = None
+    """Of the expected cost, what pays truncated first tries whose items go on to a longer
+    lane (paid again there)."""
+    unsent: int = 0
+    """Items the job's cap or the credit is expected to leave unsent."""
 
 
 def _order(job: Job) -> list[LaneConfig]:
@@ -413,12 +426,20 @@ def plan(
     last = max(timeline.lane_end.values(), key=lambda b: b.mean, default=_Band())
     job_end = last.mean
     room = _room(job, progress, credit_room_usd)
-    stop, cut_at = _job_stop(timeline.segments, room, job_end)
+    margin = kill_margin(job, pending, prices)
+    stop, cut_at = _job_stop(timeline.segments, room, job_end, margin)
     datasets = [
         _dataset_plan(ds.name, spent[ds.name], share, stops, timeline, stop, cut_at)
         for ds in job.datasets
         if ds.name in spent
     ]
+    unsent = 0
+    if cut_at is not None:
+        short = [d for d in datasets if d.stop and d.stop.startswith(stop.split(":")[0])]
+        unsent = sum(d.pending - d.sent for d in short)
+        if short:
+            names = ", ".join(f"{d.name} ({d.pending - d.sent})" for d in short)
+            stop += f"; {unsent} items stay unsent: {names}"
     total_cost = _sum_intervals([d.cost_usd for d in datasets])
     time_s = last.interval() if timeline.flows else None
     if cut_at is not None:
@@ -437,7 +458,46 @@ def plan(
         time_s,
         stop,
         _assumptions(job, profiles, timeline.lanes),
+        margin,
+        _repay(timeline.flows, job),
+        unsent,
     )
+
+
+def kill_margin(
+    job: Job, pending: dict[tuple[str | None, str], tuple[int, int]], prices: Prices | None
+) -> float | None:
+    """The most a killed run's requests in flight may cost: per lane, its concurrency times one
+    request's worst case (max_tokens and the bound of its pending prompts at their mean, or of
+    all pending prompts for a lane fed by escalations, at the highest prices). None without
+    prices."""
+    if prices is None:
+        return None
+
+    def mean_est(keys: Iterable[tuple[str | None, str]]) -> float:
+        n = sum(pending[k][0] for k in keys)
+        return sum(pending[k][1] for k in keys) / n if n else 0.0
+
+    overall = mean_est(pending)
+    total = 0.0
+    for lane in job.lane_list:
+        own = [k for k in pending if k[0] == lane.name]
+        prompt = BOUND_PER_EST * (mean_est(own) if own else overall) + BOUND_OVERHEAD
+        total += lane.concurrency * prices.cost(round(prompt), job.lane_max_tokens(lane))
+    return total
+
+
+def _repay(flows: Sequence[FlowPlan], job: Job) -> float | None:
+    """Expected dollars of first tries cut at max_tokens and sent on to a longer lane."""
+    escalating = {lane.name for lane in job.lane_list if lane.escalate_to is not None}
+    total = 0.0
+    for f in flows:
+        if f.lane not in escalating or f.passages <= 0:
+            continue
+        if f.cost_usd is None:
+            return None
+        total += f.escalations.mean * f.cost_usd.mean / f.passages
+    return total
 
 
 @dataclass(frozen=True, slots=True)
@@ -830,16 +890,28 @@ def _job_stop(
     segments: list[tuple[float, float, float, str, str]],
     room: tuple[float, str] | None,
     job_end: float,
+    margin: float | None = None,
 ) -> tuple[str, float | None]:
     """When dollars accrued along the lanes' timelines reach the room left: the time, and a
-    sentence; None when every item is expected to finish first."""
+    sentence; None when every item is expected to finish first. `margin`: the kill margin;
+    finishing is promised only when the room covers it too."""
     total = sum(s[2] for s in segments)
     if room is None or total <= room[0]:
         if room is None:
             return "no dollar cap or credit limit applies: every item is expected to finish", None
+        if margin is not None and total + margin > room[0]:
+            return (
+                f"every item is expected to finish within {room[1]} only if no run is killed: "
+                f"${total:.2f} expected of ${room[0]:.2f} left, and a run killed with its "
+                f"lanes full may leave up to ${margin:.2f} of requests in flight to be billed "
+                f"(the kill margin); ${room[0] - margin:.2f} is what the cap covers for sure",
+                None,
+            )
         return (
             f"every item is expected to finish within {room[1]} "
-            f"(${total:.2f} of ${room[0]:.2f} left)",
+            f"(${total:.2f} of ${room[0]:.2f} left"
+            + ("" if margin is None else f", a kill margin of ${margin:.2f} included")
+            + ")",
             None,
         )
     # Dollars accrue linearly within each segment: find where the running sum crosses room.
@@ -852,7 +924,8 @@ def _job_stop(
             at = prev + (t - prev) * (room[0] - acc) / step
             return (
                 f"{room[1]}: stops the job after ~{format_duration(at)} of "
-                f"{format_duration(job_end)}, with ${room[0]:.2f} spent",
+                f"{format_duration(job_end)}, with ${room[0]:.2f} spent (${total:.2f} "
+                "expected for every item)",
                 at,
             )
         acc += step

@@ -16,19 +16,27 @@ A total's error is the root of the sum over datasets of (items to come x the sta
 the mean per item)^2, the latter from Stat.of (Cox's for skewed quantities, which a small
 sample's own spread understates). The items a pilot sends are kept for the run: a larger pilot
 costs time before the run starts, not money beyond the job's.
+
+Every pilot has bounds (`Bounds`), a small share of the job by default: it stops sending when
+its time is up (requests in flight get a tenth of it to finish), it spends at most SHARE of the
+job's dollar cap (without a cap: of the job's expected cost, once the first round has measured
+it), and it uses at most SHARE of each dataset's token budget; the dataset stops there and the
+pilot says so. Its last line says which bound ended it and what it left wider than asked.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from rich.console import Console
 
-from regen.config import Job
-from regen.engine.eta import Z90, Stat
+from regen.config import DatasetConfig, Job
+from regen.engine.eta import Z90, Stat, format_duration
 from regen.state.db import Store
+from regen.state.work import DatasetProgress
 
 FIRST = 30
 """Items per dataset in the first round."""
@@ -38,6 +46,15 @@ MARGIN = 1.2
 """More than the spread says is needed: the spread itself is measured on a sample."""
 HINT_ABOVE = 0.15
 """A fixed-size pilot that leaves a total wider than this at p10-p90 gets a note on sizing it."""
+SHARE = 0.05
+"""By default a pilot spends at most this share of the job's dollar cap (or expected cost) and
+of each dataset's token budget: enough to measure, little of what the run needs."""
+TIME_S = 600.0
+"""By default a pilot ends within 10 minutes: a wait the user sees, not hours."""
+GRACE_SHARE = 0.1
+"""The share of the pilot's time kept for requests in flight once sending stops."""
+TIME_UP = "pilot time limit"
+"""The stop reason of a round stopped by the pilot's time bound."""
 
 Totals = Sequence[tuple[Mapping[str, float], float]]
 """A dataset's finished items: (time on the wire per lane, dollars charged)."""
@@ -52,6 +69,69 @@ class Quantity:
     name: str
     error: float | None
     needs: dict[str, int]
+    total: float = 0.0
+    """The quantity's expected sum over the items to come."""
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What a whole pilot may use: seconds, dollars (None: SHARE of the job's cap or, without
+    one, of its expected cost), and the share of each dataset's token budget."""
+
+    time_s: float = TIME_S
+    usd: float | None = None
+    share: float = SHARE
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one round may use: sending stops at `stop_at` (time.monotonic) and requests in
+    flight get `grace_s`; the job's spending stops at `total_usd` (None: the job's own cap);
+    `token_budgets`: the budgeted datasets' budgets for the round (tokens counted as the job
+    counts them, earlier runs' included)."""
+
+    stop_at: float
+    grace_s: float
+    total_usd: float | None
+    token_budgets: dict[str, int]
+
+
+@dataclass
+class Sent:
+    """How a round ended: the run's stop reason (None: it sent what it was asked) and whether
+    a dollar cap stopped it."""
+
+    stop_reason: str | None
+    cap: bool = False
+
+
+@dataclass
+class Outcome:
+    """The quantities as last measured and the pilot's closing lines."""
+
+    quantities: list[Quantity]
+    notes: list[str]
+
+
+def bounded(job: Job, limits: Limits) -> Job:
+    """The job as one round of the pilot sends it: its dollar cap, token budgets and stop grace
+    lowered to the round's limits (the general budget mechanism then enforces them)."""
+    grace = min(job.run.stop_grace_s, limits.grace_s)
+    datasets: list[DatasetConfig] = [
+        d.model_copy(update={"token_budget": limits.token_budgets[d.name]})
+        if d.name in limits.token_budgets
+        else d
+        for d in job.datasets
+    ]
+    update: dict[str, object] = {
+        "run": job.run.model_copy(update={"stop_grace_s": grace}),
+        "datasets": datasets,
+    }
+    if limits.total_usd is not None:
+        cap = job.budget.max_cost_usd
+        total = limits.total_usd if cap is None else min(cap, limits.total_usd)
+        update["budget"] = job.budget.model_copy(update={"max_cost_usd": total})
+    return job.model_copy(update=update)
 
 
 def _values(totals: Totals, name: str) -> list[float]:
@@ -79,7 +159,7 @@ def quantity(
         var += (n * s.se) ** 2
         spread += n * s.se * math.sqrt(s.n)
     if total <= 0:
-        return Quantity(name, None, {})
+        return Quantity(name, None, {}, total)
     error = Z90 * math.sqrt(var) / total
     needs: dict[str, int] = {}
     if error > precision:
@@ -87,7 +167,7 @@ def quantity(
         for ds, s in stats.items():
             # n_ds = N_ds sd_ds sum_k(N_k sd_k) / allowed variance, sd the per-item spread.
             needs[ds] = math.ceil(to_come[ds] * s.se * math.sqrt(s.n) * spread / allowed * MARGIN)
-    return Quantity(name, error, needs)
+    return Quantity(name, error, needs, total)
 
 
 def next_sizes(
@@ -111,31 +191,53 @@ def run_pilot(
     console: Console,
     most: int,
     precision: float | None,
-    send: Callable[[dict[str, int]], str | None],
-) -> list[Quantity]:
-    """Send the pilot through `send` (finished items per dataset to reach; it returns why the
-    pilot stopped early, if it did): `most` per dataset at once, or, with `precision`, in
-    rounds as the module says. Says each round; returns the quantities as last measured."""
+    send: Callable[[dict[str, int], Limits], Sent],
+    bounds: Bounds | None = None,
+) -> Outcome:
+    """Send the pilot through `send` (finished items per dataset to reach, and the round's
+    limits; it says how the round ended): `most` per dataset at once, or, with `precision`, in
+    rounds as the module says, within `bounds`. Says its bounds and each round; returns the
+    quantities as last measured and its closing lines."""
+    bounds = bounds or Bounds()
+    start = time.monotonic()
+    grace = bounds.time_s * GRACE_SHARE
     names = [d.name for d in job.datasets]
     lanes = [lane.name for lane in job.lane_list]
     want = {ds: most if precision is None else min(most, FIRST) for ds in names}
+    first = {p.name: p for p in store.work.dataset_progress()}
+    spent0 = sum(p.cost_usd for p in first.values())
+    tokens = _token_limits(job, first, bounds.share)
+    usd, usd_from = _money(job, bounds)
+    _say(console, _bounds_line(bounds, usd, usd_from, tokens))
     quantities: list[Quantity] = []
+    notes: list[str] = []
     before: dict[str, int] = {}
     grow: dict[str, int] = {}
     stuck: set[str] = set()
     for round_no in range(1, ROUNDS + 1):
-        stopped = send(dict(want))
+        limits = Limits(
+            start + bounds.time_s - grace, grace, None if usd is None else spent0 + usd, tokens
+        )
+        sent = send(dict(want), limits)
         progress = {p.name: p for p in store.work.dataset_progress() if p.name in want}
         samples = store.spend.item_totals()
         to_come = {ds: p.pending for ds, p in progress.items()}
         names_q = [f"time in lane {lane}" for lane in lanes] if len(lanes) > 1 else ["time"]
         quantities = [quantity(q, samples, to_come, precision or 1.0) for q in (*names_q, "cost")]
-        if precision is None or stopped:
-            return quantities
+        spent = sum(p.cost_usd for p in progress.values())
+        if usd is None:  # no cap: a share of the expected cost, once a round has measured it
+            usd, usd_from = bounds.share * (spent + quantities[-1].total), "the expected cost"
         done = {ds: p.done + p.failed for ds, p in progress.items()}
+        met = _budgets_met(job, progress, want, tokens, notes)
+        ended = _bound_reached(
+            sent, start if precision else None, bounds, spent - spent0, usd, usd_from
+        )
+        if precision is None or (sent.stop_reason and not ended) or ended:
+            notes += _closing(quantities, precision, ended)
+            return Outcome(quantities, notes)
         # A dataset asked for more that finished nothing more (its budget is met, its items
         # wait on earlier turns) would finish nothing the next round: it is not asked again.
-        stuck |= {ds for ds in grow if done.get(ds, 0) <= before.get(ds, 0)}
+        stuck |= met | {ds for ds in grow if done.get(ds, 0) <= before.get(ds, 0)}
         before = done
         grow = {
             ds: n
@@ -154,11 +256,138 @@ def run_pilot(
             if stuck:
                 why += f"; nothing more finished in {', '.join(sorted(stuck))} (a budget met?)"
             line += f"; stops there ({why})"
-        console.print(line, markup=False, highlight=False)
+        _say(console, line)
         if not grow:
             break
         want.update(grow)
-    return quantities
+    notes += _closing(quantities, precision, None)
+    return Outcome(quantities, notes)
+
+
+def _say(console: Console, line: str) -> None:
+    console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _used(job: Job, p: DatasetProgress) -> int:
+    """A dataset's tokens as its token budget counts them."""
+    total = job.budget.budget_tokens == "total"
+    return p.completion_tokens + (p.prompt_tokens if total else 0)
+
+
+def _token_limits(
+    job: Job, progress: Mapping[str, DatasetProgress], share: float
+) -> dict[str, int]:
+    """Each budgeted dataset's budget for the pilot: what it used before plus `share` of its
+    budget, never beyond the budget."""
+    out: dict[str, int] = {}
+    for d in job.datasets:
+        if d.token_budget is None or d.name not in progress:
+            continue
+        room = max(1, math.floor(share * d.token_budget))
+        out[d.name] = min(d.token_budget, _used(job, progress[d.name]) + room)
+    return out
+
+
+def _money(job: Job, bounds: Bounds) -> tuple[float | None, str]:
+    """The pilot's dollars and where they come from (None: not known before a first round)."""
+    if bounds.usd is not None:
+        return bounds.usd, "--pilot-usd"
+    cap = job.budget.max_cost_usd
+    if cap is not None:
+        return bounds.share * cap, "the job's dollar cap"
+    return None, "the expected cost"
+
+
+def _bounds_line(
+    bounds: Bounds, usd: float | None, usd_from: str, tokens: Mapping[str, int]
+) -> str:
+    money = (
+        f"${usd:.4f}"
+        + ("" if usd_from == "--pilot-usd" else f" ({bounds.share:.0%} of {usd_from})")
+        if usd is not None
+        else f"{bounds.share:.0%} of the expected cost (after the first round)"
+    )
+    line = f"pilot bounds: {format_duration(bounds.time_s)}, {money}"
+    if tokens:
+        line += f", {bounds.share:.0%} of each dataset's token budget"
+    return line + " (--pilot-time, --pilot-usd, --pilot-share)"
+
+
+def _budgets_met(
+    job: Job,
+    progress: Mapping[str, DatasetProgress],
+    want: Mapping[str, int],
+    tokens: Mapping[str, int],
+    notes: list[str],
+) -> set[str]:
+    """Datasets the pilot stopped short of what it asked at their share of a token budget (one
+    more answer of max_tokens could pass it); each said once in `notes`."""
+    budgets = {d.name: d.token_budget for d in job.datasets}
+    met: set[str] = set()
+    for ds, limit in tokens.items():
+        p = progress.get(ds)
+        if p is None or p.pending <= 0 or p.done + p.failed >= want.get(ds, 0):
+            continue
+        # Stopped by its share only if one more answer could pass it (not cut short by the
+        # pilot's time or money with room left).
+        most = max(job.lane_max_tokens(lane) for lane in job.lane_list)
+        if _used(job, p) + most < limit:
+            continue
+        met.add(ds)
+        line = (
+            f"pilot: {ds} stopped at its share of its token budget ({_used(job, p):,} of "
+            f"{budgets[ds]:,} tokens used, the pilot's limit {limit:,}; --pilot-share)"
+        )
+        if line not in notes:
+            notes.append(line)
+    return met
+
+
+def _bound_reached(
+    sent: Sent,
+    start: float | None,
+    bounds: Bounds,
+    spent: float,
+    usd: float | None,
+    usd_from: str,
+) -> str | None:
+    """Which of the pilot's bounds ended it, in words (None: none). `start`: when a pilot in
+    rounds started (a bound reached leaves no room for another round); None: only a round the
+    bounds stopped counts."""
+    late = start is not None and time.monotonic() - start >= bounds.time_s * (1 - GRACE_SHARE)
+    if sent.stop_reason == TIME_UP or late:
+        return f"its time bound ({format_duration(bounds.time_s)}, --pilot-time)"
+    if usd is not None and (sent.cap or (start is not None and spent >= usd)):
+        return f"its money bound (${usd:.4f}, from {usd_from}: ${spent:.4f} spent; --pilot-usd)"
+    return None
+
+
+def _closing(
+    quantities: Sequence[Quantity], precision: float | None, ended: str | None
+) -> list[str]:
+    """The pilot's last lines: which bound ended it, what it left wider than asked, and, when
+    its time ran out, that the answers it cut off (the longest) are missing from its figures."""
+    if precision is None:
+        out = [f"pilot: stopped at {ended}"] if ended else []
+    else:
+        wide = [q for q in quantities if q.error is None or q.error > precision]
+        if not wide:
+            out = [
+                f"pilot: every total within {_pm(precision)}"
+                + (f"; ended at {ended}" if ended else "")
+            ]
+        else:
+            rest = ", ".join(f"{q.name} {_pm(q.error)}" for q in wide)
+            why = f"it stopped at {ended}" if ended else "it ran out of rounds, items or --pilot N"
+            out = [f"pilot: not pinned down to {_pm(precision)}: {rest}; {why}"]
+    if ended is not None and ended.startswith("its time bound"):
+        # Cut off at a time, the answers still running are the long ones: what finished leans
+        # short, by more than the spreads above say (bench/plan.py: cost -30% on `skewed`).
+        out.append(
+            "note: the pilot's time ran out with answers still running, the longest ones: its "
+            "figures lean short (costs and times low); a larger --pilot-time measures them"
+        )
+    return out
 
 
 def pilot_lines(quantities: Sequence[Quantity], precision: float | None) -> list[str]:

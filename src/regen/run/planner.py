@@ -25,7 +25,7 @@ from regen.lock import RunLock
 from regen.run.accounts import check_reachable, endpoint_keys
 from regen.run.dispatch import dispatch
 from regen.run.forecast import Interval, JobPlan, coverage, plan
-from regen.run.pilot import Quantity, run_pilot
+from regen.run.pilot import TIME_UP, Bounds, Limits, Quantity, Sent, bounded, run_pilot
 from regen.run.prepare import prepare
 from regen.state.db import Store
 from regen.state.sources import BadRowGroup
@@ -45,6 +45,8 @@ class Plan:
     """The commonest reasons rows were not used: (dataset, reason, rows)."""
     pilot: list[Quantity] = field(default_factory=list)
     """How well the pilot measured each total the plan sums (empty without a pilot)."""
+    pilot_notes: list[str] = field(default_factory=list)
+    """The pilot's closing lines: which bound ended it, what it left wider than asked."""
 
 
 async def _account_reads(
@@ -84,29 +86,37 @@ def plan_job(
     api_key: str | None = None,
     pilot: int = 0,
     precision: float | None = None,
+    bounds: Bounds | None = None,
 ) -> Plan:
     """Estimate the job; with `pilot`, first send up to that many items per dataset (with
     `precision`, only as many as it takes to know each lane's time and the job's cost over the
-    items to come within +/-precision: regen.run.pilot)."""
+    items to come within +/-precision: regen.run.pilot), within `bounds` (time, money, a share
+    of each token budget; the defaults without)."""
     keys = endpoint_keys(job, api_key)
     with RunLock(job.output_path) as lock:
         store = Store.open(job.output_path)
         try:
             prepare(job, store, console, force=False, stale_pid=lock.stale_pid)
             pilot_errors: list[Quantity] = []
+            pilot_notes: list[str] = []
             if pilot > 0:
-                pilot_errors = run_pilot(
-                    job,
-                    store,
-                    console,
-                    pilot,
-                    precision,
-                    lambda want: (
-                        asyncio.run(
-                            dispatch(job, store, keys, console, pilot=want)
-                        ).stats.stop_reason
-                    ),
-                )
+
+                def send(want: dict[str, int], limits: Limits) -> Sent:
+                    stats = asyncio.run(
+                        dispatch(
+                            bounded(job, limits),
+                            store,
+                            keys,
+                            console,
+                            pilot=want,
+                            stop_at=(limits.stop_at, TIME_UP),
+                            as_filed=job,
+                        )
+                    ).stats
+                    return Sent(stats.stop_reason, stats.budget_stop)
+
+                outcome = run_pilot(job, store, console, pilot, precision, send, bounds)
+                pilot_errors, pilot_notes = outcome.quantities, outcome.notes
             prices, credit = asyncio.run(_account_reads(job, keys))
             progress = store.work.dataset_progress()
             spent = sum(p.cost_usd for p in progress)
@@ -137,7 +147,26 @@ def plan_job(
         prices,
         bad_reasons,
         pilot_errors,
+        pilot_notes,
     )
+
+
+def verdict_lines(p: JobPlan) -> list[str]:
+    """What the plan's verdict rests on beyond the expected cost: the kill margin and the
+    escalation re-pay."""
+    out = []
+    if p.kill_margin_usd is not None:
+        out.append(
+            f"kill margin: ${p.kill_margin_usd:.2f}, what a run killed with every lane full may "
+            "leave in flight to be billed (each lane's concurrency at max_tokens and its prompts' "
+            "bound, at the highest prices)"
+        )
+    if p.repay_usd:
+        out.append(
+            f"escalation re-pay: ${p.repay_usd:.2f} of the expected cost pays first tries cut at "
+            "max_tokens, whose items are paid again on a longer lane"
+        )
+    return out
 
 
 def _usd(iv: Interval | None) -> str:

@@ -185,9 +185,11 @@ def row_note_line(g: BadRowGroup) -> str:
 
 
 def run_outages(stats: RunStats) -> dict[str, list[OutageRecord]]:
-    """This run's outages per endpoint (the run's id is not needed to say them)."""
-    return {
-        name: [OutageRecord(0, name, o.start, o.end, o.resent) for o in ep.outages]
-        for name, ep in stats.endpoints.items()
-        if ep.outages
-    }
+    """This run's outages per endpoint (the run's id is not needed to say them); a dropped
+    connection with the server back at its first probe is none (OutageRecord.is_outage)."""
+    out: dict[str, list[OutageRecord]] = {}
+    for name, ep in stats.endpoints.items():
+        records = [OutageRecord(0, name, o.start, o.end, o.resent) for o in ep.outages]
+        if kept := [o for o in records if o.is_outage]:
+            out[name] = kept
+    return out

@@ -12,6 +12,10 @@ from typing import Any
 
 from regen.state.owner import Owner
 
+BLIP_S = 1.5
+"""An endpoint back in its pool within this long passed its first health probe (0.5 s after it
+left, engine.scheduler.PROBE_EVERY_S): a dropped connection with the server up, not an outage."""
+
 
 @dataclass(frozen=True, slots=True)
 class RunRecord:
@@ -26,6 +30,26 @@ class RunRecord:
     stop_reason: str | None
     max_cost_usd: float | None
     lanes: dict[str, dict[str, Any]]
+    end_kind: str | None = None
+    """How it ended (m014; None: still running, killed, or recorded before m014)."""
+    exit_code: int | None = None
+    """The exit code its command returned (None: not known)."""
+    killed: bool = False
+    """It never recorded its end: killed, or still running."""
+
+    def ending(self, live: bool = False) -> str:
+        """How the run ended, in words: `live` when it is the run holding the directory."""
+        if live:
+            return "running"
+        if self.killed:
+            return "killed (no end recorded: kill -9, a crash or a power cut)"
+        kind = self.end_kind or ("finished" if self.stop_reason is None else "stopped")
+        words = kind
+        if self.stop_reason and kind not in ("finished", "interrupted"):
+            words += f": {self.stop_reason}"
+        if self.exit_code is not None:
+            words += f" (exit {self.exit_code})"
+        return words
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +74,12 @@ class OutageRecord:
     started_at: float
     ended_at: float | None
     resent: int
+
+    @property
+    def is_outage(self) -> bool:
+        """Out for at least BLIP_S, or not back yet: a server out of service, not one dropped
+        connection."""
+        return self.ended_at is None or self.ended_at - self.started_at >= BLIP_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,11 +106,22 @@ class Runs(Owner):
             )
             return int(cur.lastrowid or 0)
 
-    def end(self, run_id: int, stop_reason: str | None) -> None:
+    def end(self, run_id: int, stop_reason: str | None, end_kind: str | None = None) -> None:
+        """Record that a run ends now, why (`stop_reason`) and how (`end_kind`)."""
         with self._tx() as db:
             db.execute(
-                "UPDATE runs SET ended_at = ?, stop_reason = ? WHERE id = ?",
-                (time.time(), stop_reason, run_id),
+                "UPDATE runs SET ended_at = ?, stop_reason = ?, end_kind = ? WHERE id = ?",
+                (time.time(), stop_reason, end_kind, run_id),
+            )
+
+    def set_exit_code(self, code: int) -> None:
+        """Record the exit code of the latest run, once it has ended (a run started since, not
+        ended yet, is left alone)."""
+        with self._tx() as db:
+            db.execute(
+                "UPDATE runs SET exit_code = ? WHERE id = (SELECT MAX(id) FROM runs "
+                "WHERE kind = 'run') AND ended_at IS NOT NULL AND exit_code IS NULL",
+                (code,),
             )
 
     def add_timeline(self, points: Iterable[TimelinePoint]) -> None:
@@ -99,20 +140,27 @@ class Runs(Owner):
             )
 
     def outages(self) -> list[OutageRecord]:
-        """Every run's outages, oldest first."""
+        """Every run's outages, oldest first (a connection dropped by a server that was back
+        at its first probe is none: OutageRecord.is_outage)."""
         rows = self._db.execute(
             "SELECT run_id, endpoint, started_at, ended_at, resent FROM outages ORDER BY started_at"
         ).fetchall()
-        return [OutageRecord(*r) for r in rows]
+        return [o for o in (OutageRecord(*r) for r in rows) if o.is_outage]
 
     def all(self) -> list[RunRecord]:
         """Every run and pilot, oldest first; a killed one ends at its last timeline point."""
+        columns = {r[1] for r in self._db.execute("PRAGMA table_info(runs)")}
+        ends = "r.end_kind, r.exit_code" if "end_kind" in columns else "NULL, NULL"
         rows = self._db.execute(
             "SELECT r.id, r.kind, r.started_at, "
             "COALESCE(r.ended_at, (SELECT MAX(t) FROM timeline WHERE run_id = r.id)), "
-            "r.stop_reason, r.max_cost_usd, r.lanes FROM runs r ORDER BY r.id"
+            f"r.stop_reason, r.max_cost_usd, r.lanes, {ends}, r.ended_at IS NULL "
+            "FROM runs r ORDER BY r.id"
         ).fetchall()
-        return [RunRecord(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6])) for r in rows]
+        return [
+            RunRecord(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]), r[7], r[8], bool(r[9]))
+            for r in rows
+        ]
 
     def timeline(self) -> list[TimelinePoint]:
         rows = self._db.execute(

@@ -316,6 +316,19 @@ def m013_source_view(db: sqlite3.Connection) -> None:
     )
 
 
+def m014_run_ends(db: sqlite3.Connection) -> None:
+    """How each run ended: `end_kind` (finished, budgets met, cap, outage, interrupted, pilot
+    bound, stopped; NULL while it runs or when it was killed) and the exit code its command
+    returned (NULL: not known, as for a pilot or a killed run)."""
+    _script(
+        db,
+        """
+        ALTER TABLE runs ADD COLUMN end_kind TEXT;
+        ALTER TABLE runs ADD COLUMN exit_code INTEGER
+        """,
+    )
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m001_initial,
     m002_lanes,
@@ -330,6 +343,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m011_samples,
     m012_outages,
     m013_source_view,
+    m014_run_ends,
 ]
 
 

@@ -19,10 +19,10 @@ from rich.table import Table
 from rich.text import Text
 
 from regen.engine.budget import per_mtok
-from regen.engine.eta import Eta, eta_text
+from regen.engine.eta import Eta, eta_text, format_duration
 from regen.lock import running_holder
 from regen.state.db import Store
-from regen.state.runs import OutageRecord
+from regen.state.runs import OutageRecord, RunRecord
 from regen.state.sources import BadRowGroup
 from regen.state.spend import EndpointTotals, FailedAttempt
 from regen.state.work import DatasetProgress
@@ -57,15 +57,18 @@ class Snapshot:
     """The id of the run holding the directory now (None: not running)."""
     run_ends: dict[int, float | None] = field(default_factory=dict)
     """When each run ended (a killed one: its last timeline point)."""
+    runs: list[RunRecord] = field(default_factory=list)
+    """Every run and pilot, oldest first: how and why each ended."""
 
 
 def take_snapshot(out_dir: Path) -> Snapshot:
     store = Store.open_readonly(out_dir)
     try:
         pid = running_holder(out_dir)
+        runs = store.runs.all() if store.schema_version() >= 7 else []
         live = None
         if pid is not None:
-            live = max((r.id for r in store.runs.all()), default=None)
+            live = max((r.id for r in runs), default=None)
         return Snapshot(
             str(out_dir),
             pid,
@@ -83,7 +86,8 @@ def take_snapshot(out_dir: Path) -> Snapshot:
             store.spend.by_endpoint() if store.schema_version() >= 12 else [],
             store.runs.outages() if store.schema_version() >= 12 else [],
             live,
-            {r.id: r.ended_at for r in store.runs.all()} if store.schema_version() >= 7 else {},
+            {r.id: r.ended_at for r in runs},
+            runs,
         )
     finally:
         store.close()
@@ -135,12 +139,62 @@ def snapshot_json(s: Snapshot) -> dict[str, Any]:
         ],
         "bad_row_reasons": [asdict(g) for g in s.bad_row_reasons],
         "row_notes": [asdict(g) for g in s.row_notes],
-        "progress": s.progress,
+        "progress": {k: _typed(v) for k, v in s.progress.items()},
+        "runs": [
+            {
+                "id": r.id,
+                "kind": r.kind,
+                "started_at": r.started_at,
+                "ended_at": r.ended_at,
+                "end_kind": "running" if r.id == s.live_run else _end_kind(r),
+                "stop_reason": r.stop_reason,
+                "exit_code": r.exit_code,
+                "ended": r.ending(live=r.id == s.live_run),
+            }
+            for r in s.runs
+        ],
         "live_audit": s.live_audit,
         "held": {"requests": s.held[0], "usd": s.held[1], "until": s.held[2]},
         "endpoints": [asdict(e) for e in s.endpoints],
         "outages": [asdict(o) for o in s.outages],
     }
+
+
+def _typed(value: str) -> int | float | str | None:
+    """A run.log progress value as JSON wants it: a number as a number, "-" as null."""
+    if value == "-":
+        return None
+    for kind in (int, float):
+        try:
+            number = kind(value)
+        except ValueError:
+            continue
+        return number if number == number and abs(number) != float("inf") else value
+    return value
+
+
+def _end_kind(r: RunRecord) -> str:
+    """A run's end kind: `killed` when it never recorded its end."""
+    if r.killed:
+        return "killed"
+    return r.end_kind or ("finished" if r.stop_reason is None else "stopped")
+
+
+def run_lines(s: Snapshot) -> list[Text]:
+    """A line per run and pilot: when it started, how long it lasted, how and why it ended."""
+    lines = []
+    number = 0
+    for r in s.runs:
+        if r.kind == "run":
+            number += 1
+        label = "pilot" if r.kind == "pilot" else f"run {number}"
+        start = datetime.fromtimestamp(r.started_at, UTC).strftime("%Y-%m-%d %H:%M:%S")
+        took = "" if r.ended_at is None else f", {format_duration(r.ended_at - r.started_at)}"
+        live = r.id == s.live_run
+        ending = r.ending(live=live)
+        style = "red" if r.killed and not live else ""
+        lines.append(Text(f"{label}: started {start} UTC{took}; {ending}", style=style))
+    return lines
 
 
 def _endpoint_lines(s: Snapshot) -> list[Text]:
@@ -238,7 +292,7 @@ def snapshot_view(s: Snapshot) -> Group:
             f"{per_mtok(d.cost_usd, d.completion_tokens):.2f}",
             errors_text(errs),
         )
-    parts: list[Any] = [Text(head), table, *_endpoint_lines(s)]
+    parts: list[Any] = [Text(head), table, *run_lines(s), *_endpoint_lines(s)]
     if orphans:
         parts.append(
             Text(

@@ -31,12 +31,12 @@ def _runs_table(job: JobFacts) -> str:
                 f"${usd:,.4f}",
                 "-" if r.max_cost_usd is None else f"${r.max_cost_usd:,.2f}",
                 lanes,
-                r.stop_reason or ("(killed)" if r.ended_at is None else "done"),
+                r.ending(),
             )
         )
     return _table(
         rows,
-        ("run", "started", "lasted", "answers", "spent", "cap", "lanes", "stopped"),
+        ("run", "started", "lasted", "answers", "spent", "cap", "lanes", "ended"),
         cls="runs",
     )
 
