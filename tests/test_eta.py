@@ -15,6 +15,7 @@ from regen.engine.eta import (
     Stat,
     combine,
     eta_text,
+    items_left,
     lane_eta,
 )
 
@@ -154,3 +155,15 @@ def test_work_resting_on_a_pilots_answers_alone_is_less_sure_than_this_runs() ->
     on_pilot, on_run = lane(False), lane(True)
     assert on_pilot.seconds == on_run.seconds
     assert on_pilot.p90 - on_pilot.p10 > 1.3 * (on_run.p90 - on_run.p10)
+
+
+def test_a_dataset_whose_budget_is_met_has_no_items_left_even_before_this_runs_answers() -> None:
+    # A rerun, first second: the dataset's token budget was met by earlier runs, its items are
+    # still pending, and this run has finished none of them. Counting them made the job's ETA
+    # hours for minutes of work (issue 47: 24.6 h shown, 7 min 36 s left).
+    flow = pilot_flow(500)
+    assert items_left(flow, 0.0, None) == (0, "budget")
+    assert items_left(flow, None, 0.0) == (0, "budget")
+    assert items_left(flow, 1000.0, None) == (500, "count")  # no answers of this run to bound by
+    (eta,) = lane_eta([(flow, 0, "budget")], 0.0, 10.0, 0.05)
+    assert eta is not None and eta.seconds == 0.0

@@ -349,9 +349,13 @@ def escalation_order(escalate_to: Mapping[str, str | None]) -> list[str]:
 
 
 def items_left(flow: Flow, tokens_left: float | None, usd_left: float | None) -> tuple[int, str]:
-    """Items this run will still finish: pending ones, or fewer when a budget stops first."""
+    """Items this run will still finish: pending ones, or fewer when a budget stops first.
+    A budget already met (earlier runs' spend counts) leaves none, answers of this run or not:
+    a rerun must not count a met dataset's pending items as work to come."""
     n = flow.remaining
     bound = "count"
+    if n and any(left is not None and left <= 0 for left in (tokens_left, usd_left)):
+        return 0, "budget"
     if flow.finished:
         for left, used in ((tokens_left, flow.tokens), (usd_left, flow.cost_usd)):
             if left is None or used <= 0:
