@@ -403,3 +403,14 @@ def test_regen_status_says_how_many_items_wait_for_budget_room() -> None:
     out = io.StringIO()
     Console(file=out, width=200).print(snapshot_view(ended))
     assert "budget room" not in out.getvalue()  # a line of a run that has ended says nothing now
+
+
+def test_a_dataset_with_nothing_left_shows_no_time_left_not_its_lanes() -> None:
+    # magpie has nothing left in its lane, after glaive's 17,655 items: it was shown the time
+    # glaive still needs (issue 47: a complete dataset got an ETA, and the job took the largest).
+    stats = busy_stats()
+    etas, job = stats.etas(NOW)
+    magpie, glaive = etas["magpie_reasoning_ultra"], etas["function_calling_glaive"]
+    assert magpie is not None and magpie.seconds == 0.0 and eta_text(magpie) == "0s"
+    assert glaive is not None and glaive.seconds > 0
+    assert job is not None and job.seconds >= glaive.seconds

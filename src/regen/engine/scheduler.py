@@ -356,6 +356,7 @@ class RunStats:
         # A lane that escalates goes first: what it will still send on is work for the lane
         # it sends to, which cannot end before it does.
         coming: dict[tuple[str, str], float] = {}
+        left: dict[str, tuple[int, str]] = {}  # work left per dataset over the lanes, and why
         for name in escalation_order({n: lane.escalate_to for n, lane in self.lanes.items()}):
             lane = self.lanes[name]
             c, rsd = lane.wire.mean(now, limit=lane.limit)
@@ -365,6 +366,8 @@ class RunStats:
                 tokens_left, usd_left = self.budget_left(ds) if self.budget_left else (None, None)
                 n, bound = items_left(flow, tokens_left, usd_left)
                 more = coming.get((name, ds), 0.0)
+                work = n + round(more) + len(flow.on_wire)
+                left[ds] = (left.get(ds, (0, bound))[0] + work, bound)
                 rows.append((flow, n + round(more), bound))
                 if lane.escalate_to is not None:
                     key = (lane.escalate_to, ds)
@@ -378,8 +381,12 @@ class RunStats:
                     if eta is not None and feeder is not None and coming.get((name, ds)):
                         etas[ds] = after_feeder(eta, feeder, lane.flow(ds))
             per_lane[name] = etas
+        # A dataset with nothing left (complete, or its budget met) is done: not the time its
+        # lane needs for the datasets before it.
         by_dataset = {
-            ds: combine(etas[ds] for etas in per_lane.values() if ds in etas)
+            ds: Eta(0.0, 0.0, 0.0, left[ds][1])
+            if left.get(ds, (1, ""))[0] == 0
+            else combine(etas[ds] for etas in per_lane.values() if ds in etas)
             for ds in self.datasets
         }
         job = combine(
