@@ -414,3 +414,13 @@ def test_a_dataset_with_nothing_left_shows_no_time_left_not_its_lanes() -> None:
     assert magpie is not None and magpie.seconds == 0.0 and eta_text(magpie) == "0s"
     assert glaive is not None and glaive.seconds > 0
     assert job is not None and job.seconds >= glaive.seconds
+
+
+def test_the_token_column_counts_the_jobs_spend_against_the_budget() -> None:
+    # A rerun after earlier runs spent 29.5M of glaive's 30M budget: its column showed this
+    # run's tokens alone against the whole job's budget (issue 47: `0/500.0k` for a spent one).
+    stats = busy_stats()
+    stats.datasets["function_calling_glaive"].completion_tokens = 0
+    stats.tokens_spent = lambda name: 29_500_000
+    text = render(progress_view(stats, NOW), 200)
+    assert "29.50M/30.00M" in text and " 0/30.00M" not in text

@@ -319,6 +319,9 @@ class RunStats:
     recent_failures: deque[int] = field(default_factory=lambda: deque(maxlen=200))
     budget_left: Callable[[str], tuple[float | None, float | None]] | None = None
     """What a dataset's token budget and dollar cap still allow (set when budgets apply)."""
+    tokens_spent: Callable[[str], int] | None = None
+    """The tokens a dataset used over the whole job, as its token budget counts them (set
+    when budgets apply): the live view's tokens/budget column."""
     holds: Callable[[], HoldSummary] = HoldSummary
     """What is held for bills not known yet (a killed run's requests, or this run's cut
     short): set when holds are kept."""
@@ -576,6 +579,7 @@ class Scheduler:
                 flow.escalated += escalated
         if budget is not None:
             self.stats.budget_left = budget.left
+            self.stats.tokens_spent = budget.tokens_spent
 
     @property
     def stopping(self) -> bool:
