@@ -167,3 +167,13 @@ def test_a_dataset_whose_budget_is_met_has_no_items_left_even_before_this_runs_a
     assert items_left(flow, 1000.0, None) == (500, "count")  # no answers of this run to bound by
     (eta,) = lane_eta([(flow, 0, "budget")], 0.0, 10.0, 0.05)
     assert eta is not None and eta.seconds == 0.0
+
+
+def test_a_prior_lane_that_cannot_be_the_last_leaves_the_jobs_eta_measured() -> None:
+    # The long lane has had too few escalations to measure its pace: its guess ends, even at
+    # its p90, before the short lane's measured end, so the job's ETA is measured (issue 47: a
+    # lane fed only by escalations kept the job's ETA `prior` for the whole run).
+    job = combine([Eta(100.0, 90.0, 110.0), Eta(20.0, 10.0, 40.0, prior=True)])
+    assert job is not None and not job.prior and job.seconds == 100.0
+    overlapping = combine([Eta(100.0, 90.0, 110.0), Eta(60.0, 30.0, 101.0, prior=True)])
+    assert overlapping is not None and overlapping.prior

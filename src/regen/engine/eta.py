@@ -448,12 +448,15 @@ def combine(etas: Iterable[Eta | None]) -> Eta | None:
     if not found or any(e is None for e in found):
         return None
     last = [e for e in found if e is not None]
+    seconds = max(e.seconds for e in last)
     return Eta(
-        max(e.seconds for e in last),
+        seconds,
         max(e.p10 for e in last),
         max(e.p90 for e in last),
         "budget" if any(e.bound == "budget" for e in last) else "count",
-        prior=any(e.prior for e in last),
+        # A guess that even at its p90 ends before the measured end decides nothing: a lane
+        # fed by few escalations must not make the job's figure `prior` for the whole run.
+        prior=any(e.prior and e.p90 >= seconds for e in last),
     )
 
 
