@@ -379,6 +379,13 @@ def report(results: list[dict[str, Any]]) -> None:
             f"{r['plan_wall'][0]:.0f} | {r['wall']:.0f} | {r['exit_codes']} | {r['items']} |"
         )
     print()
+    print("| seed | how the plan said the job ends | how it ended |")
+    print("|---|---|---|")
+    for r in results:
+        ended = "cap (exit 4)" if r["exit_codes"][-1] == 4 else f"exit {r['exit_codes'][-1]}"
+        unsent = r["items"].get("pending", 0)
+        print(f"| {r['seed']} | {r['plan_job'].get('stop', '-')} | {ended}, {unsent} unsent |")
+    print()
     print("| seed | point | ETA s (p10-p90) | basis | actual left s | error | in interval |")
     print("|---|---|---|---|---|---|---|")
     errs = []
