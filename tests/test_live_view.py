@@ -424,3 +424,22 @@ def test_the_token_column_counts_the_jobs_spend_against_the_budget() -> None:
     stats.tokens_spent = lambda name: 29_500_000
     text = render(progress_view(stats, NOW), 200)
     assert "29.50M/30.00M" in text and " 0/30.00M" not in text
+
+
+def test_the_jobs_dollar_cap_is_one_room_for_every_dataset_in_the_eta() -> None:
+    # Answers cost $0.001 each and $26.7 of work is left over two lanes; the cap leaves
+    # $13.35. Each dataset's own bound takes the whole room as if it had it alone, so the job's
+    # ETA was that of all the work (issue 47's realistic bench: +40-55% where the cap binds).
+    def job_eta(room: float | None) -> float:
+        stats = busy_stats()
+        for lane in stats.lanes.values():
+            for flow in lane.flows.values():
+                flow.cost_usd = flow.finished * 0.001
+        stats.budget_left = lambda name: (None, room)
+        stats.job_usd_left = lambda: room
+        _, eta = stats.etas(NOW)
+        assert eta is not None
+        return eta.seconds
+
+    free, capped = job_eta(None), job_eta(13.35)
+    assert 0.35 * free < capped < 0.65 * free

@@ -253,6 +253,12 @@ class BudgetBook:
         """The tokens of an answer that count against token budgets."""
         return self._tokens(usage.prompt_tokens, usage.completion_tokens)
 
+    def job_usd_left(self) -> float | None:
+        """What the job's dollar cap allows beyond what is charged and held (None: no cap)."""
+        if self._job_cap is None:
+            return None
+        return max(0.0, self._job_cap - self.job.charged_usd - self.job.held_usd)
+
     def tokens_spent(self, dataset: str) -> int:
         """The tokens the dataset's answers used, as its token budget counts them, over the
         whole job (earlier runs included)."""
