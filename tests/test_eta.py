@@ -15,6 +15,7 @@ from regen.engine.eta import (
     Stat,
     combine,
     eta_text,
+    items_left,
     lane_eta,
 )
 
@@ -154,3 +155,25 @@ def test_work_resting_on_a_pilots_answers_alone_is_less_sure_than_this_runs() ->
     on_pilot, on_run = lane(False), lane(True)
     assert on_pilot.seconds == on_run.seconds
     assert on_pilot.p90 - on_pilot.p10 > 1.3 * (on_run.p90 - on_run.p10)
+
+
+def test_a_dataset_whose_budget_is_met_has_no_items_left_even_before_this_runs_answers() -> None:
+    # A rerun, first second: the dataset's token budget was met by earlier runs, its items are
+    # still pending, and this run has finished none of them. Counting them made the job's ETA
+    # hours for minutes of work (issue 47: 24.6 h shown, 7 min 36 s left).
+    flow = pilot_flow(500)
+    assert items_left(flow, 0.0, None) == (0, "budget")
+    assert items_left(flow, None, 0.0) == (0, "budget")
+    assert items_left(flow, 1000.0, None) == (500, "count")  # no answers of this run to bound by
+    (eta,) = lane_eta([(flow, 0, "budget")], 0.0, 10.0, 0.05)
+    assert eta is not None and eta.seconds == 0.0
+
+
+def test_a_prior_lane_that_cannot_be_the_last_leaves_the_jobs_eta_measured() -> None:
+    # The long lane has had too few escalations to measure its pace: its guess ends, even at
+    # its p90, before the short lane's measured end, so the job's ETA is measured (issue 47: a
+    # lane fed only by escalations kept the job's ETA `prior` for the whole run).
+    job = combine([Eta(100.0, 90.0, 110.0), Eta(20.0, 10.0, 40.0, prior=True)])
+    assert job is not None and not job.prior and job.seconds == 100.0
+    overlapping = combine([Eta(100.0, 90.0, 110.0), Eta(60.0, 30.0, 101.0, prior=True)])
+    assert overlapping is not None and overlapping.prior

@@ -403,3 +403,43 @@ def test_regen_status_says_how_many_items_wait_for_budget_room() -> None:
     out = io.StringIO()
     Console(file=out, width=200).print(snapshot_view(ended))
     assert "budget room" not in out.getvalue()  # a line of a run that has ended says nothing now
+
+
+def test_a_dataset_with_nothing_left_shows_no_time_left_not_its_lanes() -> None:
+    # magpie has nothing left in its lane, after glaive's 17,655 items: it was shown the time
+    # glaive still needs (issue 47: a complete dataset got an ETA, and the job took the largest).
+    stats = busy_stats()
+    etas, job = stats.etas(NOW)
+    magpie, glaive = etas["magpie_reasoning_ultra"], etas["function_calling_glaive"]
+    assert magpie is not None and magpie.seconds == 0.0 and eta_text(magpie) == "0s"
+    assert glaive is not None and glaive.seconds > 0
+    assert job is not None and job.seconds >= glaive.seconds
+
+
+def test_the_token_column_counts_the_jobs_spend_against_the_budget() -> None:
+    # A rerun after earlier runs spent 29.5M of glaive's 30M budget: its column showed this
+    # run's tokens alone against the whole job's budget (issue 47: `0/500.0k` for a spent one).
+    stats = busy_stats()
+    stats.datasets["function_calling_glaive"].completion_tokens = 0
+    stats.tokens_spent = lambda name: 29_500_000
+    text = render(progress_view(stats, NOW), 200)
+    assert "29.50M/30.00M" in text and " 0/30.00M" not in text
+
+
+def test_the_jobs_dollar_cap_is_one_room_for_every_dataset_in_the_eta() -> None:
+    # Answers cost $0.001 each and $26.7 of work is left over two lanes; the cap leaves
+    # $13.35. Each dataset's own bound takes the whole room as if it had it alone, so the job's
+    # ETA was that of all the work (issue 47's realistic bench: +40-55% where the cap binds).
+    def job_eta(room: float | None) -> float:
+        stats = busy_stats()
+        for lane in stats.lanes.values():
+            for flow in lane.flows.values():
+                flow.cost_usd = flow.finished * 0.001
+        stats.budget_left = lambda name: (None, room)
+        stats.job_usd_left = lambda: room
+        _, eta = stats.etas(NOW)
+        assert eta is not None
+        return eta.seconds
+
+    free, capped = job_eta(None), job_eta(13.35)
+    assert 0.35 * free < capped < 0.65 * free

@@ -253,6 +253,17 @@ class BudgetBook:
         """The tokens of an answer that count against token budgets."""
         return self._tokens(usage.prompt_tokens, usage.completion_tokens)
 
+    def job_usd_left(self) -> float | None:
+        """What the job's dollar cap allows beyond what is charged and held (None: no cap)."""
+        if self._job_cap is None:
+            return None
+        return max(0.0, self._job_cap - self.job.charged_usd - self.job.held_usd)
+
+    def tokens_spent(self, dataset: str) -> int:
+        """The tokens the dataset's answers used, as its token budget counts them, over the
+        whole job (earlier runs included)."""
+        return self.datasets[dataset].scope.spent_tokens
+
     def left(self, dataset: str) -> tuple[float | None, float | None]:
         """What the dataset's token budget and dollar cap still allow (None: no limit),
         net of what the requests in flight are expected to use and what is held."""

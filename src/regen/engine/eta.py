@@ -349,9 +349,13 @@ def escalation_order(escalate_to: Mapping[str, str | None]) -> list[str]:
 
 
 def items_left(flow: Flow, tokens_left: float | None, usd_left: float | None) -> tuple[int, str]:
-    """Items this run will still finish: pending ones, or fewer when a budget stops first."""
+    """Items this run will still finish: pending ones, or fewer when a budget stops first.
+    A budget already met (earlier runs' spend counts) leaves none, answers of this run or not:
+    a rerun must not count a met dataset's pending items as work to come."""
     n = flow.remaining
     bound = "count"
+    if n and any(left is not None and left <= 0 for left in (tokens_left, usd_left)):
+        return 0, "budget"
     if flow.finished:
         for left, used in ((tokens_left, flow.tokens), (usd_left, flow.cost_usd)):
             if left is None or used <= 0:
@@ -444,12 +448,15 @@ def combine(etas: Iterable[Eta | None]) -> Eta | None:
     if not found or any(e is None for e in found):
         return None
     last = [e for e in found if e is not None]
+    seconds = max(e.seconds for e in last)
     return Eta(
-        max(e.seconds for e in last),
+        seconds,
         max(e.p10 for e in last),
         max(e.p90 for e in last),
         "budget" if any(e.bound == "budget" for e in last) else "count",
-        prior=any(e.prior for e in last),
+        # A guess that even at its p90 ends before the measured end decides nothing: a lane
+        # fed by few escalations must not make the job's figure `prior` for the whole run.
+        prior=any(e.prior and e.p90 >= seconds for e in last),
     )
 
 

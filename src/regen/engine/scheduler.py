@@ -319,6 +319,12 @@ class RunStats:
     recent_failures: deque[int] = field(default_factory=lambda: deque(maxlen=200))
     budget_left: Callable[[str], tuple[float | None, float | None]] | None = None
     """What a dataset's token budget and dollar cap still allow (set when budgets apply)."""
+    job_usd_left: Callable[[], float | None] | None = None
+    """What the job's dollar cap still allows beyond what is charged and held (None: no
+    cap); the requests in flight are not taken from it (set when budgets apply)."""
+    tokens_spent: Callable[[str], int] | None = None
+    """The tokens a dataset used over the whole job, as its token budget counts them (set
+    when budgets apply): the live view's tokens/budget column."""
     holds: Callable[[], HoldSummary] = HoldSummary
     """What is held for bills not known yet (a killed run's requests, or this run's cut
     short): set when holds are kept."""
@@ -348,27 +354,75 @@ class RunStats:
     def in_flight(self) -> int:
         return sum(d.in_flight for d in self.datasets.values())
 
+    def _work_left(
+        self, share: float
+    ) -> tuple[
+        dict[str, list[tuple[Flow, int, str]]],
+        dict[str, tuple[int, str]],
+        dict[tuple[str, str], float],
+    ]:
+        """Per lane (each after the lanes that escalate to it), its datasets' (flow, items
+        left, bound), with `share` of each lane's own items (the job's dollar cap cuts them);
+        the work left per dataset over the lanes, and what bounds it; and the escalations
+        expected into each (lane, dataset)."""
+        # A lane that escalates goes first: what it will still send on is work for the lane
+        # it sends to, which cannot end before it does.
+        coming: dict[tuple[str, str], float] = {}
+        left: dict[str, tuple[int, str]] = {}
+        out: dict[str, list[tuple[Flow, int, str]]] = {}
+        for name in escalation_order({n: lane.escalate_to for n, lane in self.lanes.items()}):
+            lane = self.lanes[name]
+            rows = out[name] = []
+            for ds in lane.datasets:
+                flow = lane.flow(ds)
+                tokens_left, usd_left = self.budget_left(ds) if self.budget_left else (None, None)
+                n, bound = items_left(flow, tokens_left, usd_left)
+                if share < 1.0 and n:
+                    n, bound = math.floor(n * share), "budget"
+                more = coming.get((name, ds), 0.0)
+                work = n + round(more) + len(flow.on_wire)
+                left[ds] = (left.get(ds, (0, bound))[0] + work, bound)
+                rows.append((flow, n + round(more), bound))
+                if lane.escalate_to is not None:
+                    key = (lane.escalate_to, ds)
+                    coming[key] = coming.get(key, 0.0) + (n + more) * flow.escalation_share
+        return out, left, coming
+
+    def _cap_share(self, rows_of: dict[str, list[tuple[Flow, int, str]]]) -> float:
+        """The share of the work left that the job's dollar cap lets go out: the cap is one
+        room for every dataset, where each dataset's own bound takes it as if it had it alone.
+        Work on the wire and to come costs what the answers of its lane and dataset cost."""
+        room = self.job_usd_left() if self.job_usd_left else None
+        if room is None:
+            return 1.0
+        cost = 0.0
+        for rows in rows_of.values():
+            paid = sum(f.cost_usd for f, _, _ in rows)
+            answers = sum(f.finished for f, _, _ in rows)
+            for flow, n, _ in rows:
+                each = (
+                    flow.cost_usd / flow.finished
+                    if flow.finished
+                    else paid / answers
+                    if answers
+                    else 0.0
+                )
+                cost += (n + len(flow.on_wire)) * each
+                room -= len(flow.on_wire) * each
+        return 1.0 if cost <= 0 else max(0.0, min(1.0, max(0.0, room) / cost))
+
     def etas(self, now: float | None = None) -> tuple[dict[str, Eta | None], Eta | None]:
         """Time left per dataset (when it will be finished in every lane that sends it) and
         for the job, with p10-p90 intervals; None where no answer has come yet."""
         now = time.monotonic() if now is None else now
         per_lane: dict[str, dict[str, Eta | None]] = {}
-        # A lane that escalates goes first: what it will still send on is work for the lane
-        # it sends to, which cannot end before it does.
-        coming: dict[tuple[str, str], float] = {}
-        for name in escalation_order({n: lane.escalate_to for n, lane in self.lanes.items()}):
+        rows_of, left, coming = self._work_left(1.0)
+        share = self._cap_share(rows_of)
+        if share < 1.0:
+            rows_of, left, coming = self._work_left(share)
+        for name, rows in rows_of.items():
             lane = self.lanes[name]
             c, rsd = lane.wire.mean(now, limit=lane.limit)
-            rows = []
-            for ds in lane.datasets:
-                flow = lane.flow(ds)
-                tokens_left, usd_left = self.budget_left(ds) if self.budget_left else (None, None)
-                n, bound = items_left(flow, tokens_left, usd_left)
-                more = coming.get((name, ds), 0.0)
-                rows.append((flow, n + round(more), bound))
-                if lane.escalate_to is not None:
-                    key = (lane.escalate_to, ds)
-                    coming[key] = coming.get(key, 0.0) + (n + more) * flow.escalation_share
             etas = dict(zip(lane.datasets, lane_eta(rows, now, c, rsd), strict=True))
             for src_name, src in self.lanes.items():
                 if src.escalate_to != name:
@@ -378,8 +432,12 @@ class RunStats:
                     if eta is not None and feeder is not None and coming.get((name, ds)):
                         etas[ds] = after_feeder(eta, feeder, lane.flow(ds))
             per_lane[name] = etas
+        # A dataset with nothing left (complete, or its budget met) is done: not the time its
+        # lane needs for the datasets before it.
         by_dataset = {
-            ds: combine(etas[ds] for etas in per_lane.values() if ds in etas)
+            ds: Eta(0.0, 0.0, 0.0, left[ds][1])
+            if left.get(ds, (1, ""))[0] == 0
+            else combine(etas[ds] for etas in per_lane.values() if ds in etas)
             for ds in self.datasets
         }
         job = combine(
@@ -569,6 +627,8 @@ class Scheduler:
                 flow.escalated += escalated
         if budget is not None:
             self.stats.budget_left = budget.left
+            self.stats.tokens_spent = budget.tokens_spent
+            self.stats.job_usd_left = budget.job_usd_left
 
     @property
     def stopping(self) -> bool:

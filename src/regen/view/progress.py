@@ -269,9 +269,15 @@ def fitting_table(
 
 
 def _dataset_cells(
-    name: str, d: DatasetStats, rate: tuple[float, float], eta: Eta | None
+    name: str,
+    d: DatasetStats,
+    rate: tuple[float, float],
+    eta: Eta | None,
+    spent: int | None = None,
 ) -> dict[str, str]:
-    used = format_tokens(d.completion_tokens)
+    """One dataset's row; `spent`: the tokens its budget counts over the whole job, which is
+    what the budget is compared with (this run's alone would hide an earlier run's spend)."""
+    used = format_tokens(d.completion_tokens if spent is None else spent)
     if d.token_budget is not None:
         used += f"/{format_tokens(d.token_budget)}"
     cells = (
@@ -446,7 +452,14 @@ def progress_view(
         money.append(f"credit left ${stats.credits_usd:,.2f}")
     money.append(f"${per_mtok(t.cost_usd, t.completion_tokens):.2f}/Mtok")
     rows = [
-        _dataset_cells(name, d, rates[name], etas.get(name)) for name, d in stats.datasets.items()
+        _dataset_cells(
+            name,
+            d,
+            rates[name],
+            etas.get(name),
+            stats.tokens_spent(name) if stats.tokens_spent and d.token_budget else None,
+        )
+        for name, d in stats.datasets.items()
     ]
     row_errors = [dict(d.errors) for d in stats.datasets.values()]
     if len(stats.datasets) > 1:
