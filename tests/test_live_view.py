@@ -443,3 +443,24 @@ def test_the_jobs_dollar_cap_is_one_room_for_every_dataset_in_the_eta() -> None:
 
     free, capped = job_eta(None), job_eta(13.35)
     assert 0.35 * free < capped < 0.65 * free
+
+
+def test_the_caps_share_prices_each_flow_at_its_own_earlier_answers() -> None:
+    # A pilot answered every flow; this run has reached only one dataset, whose answers are
+    # cheap. Priced at the lane's mean of this run, the work left looked cheaper than it is
+    # and the ETA counted items the cap will never send (bench/realistic.py: the long
+    # each_turn prompts of datasets not reached yet cost several times the lane's mean).
+    def job_eta(earlier_usd_each: float) -> float:
+        stats = busy_stats()
+        for lane in stats.lanes.values():
+            for flow in lane.flows.values():
+                flow.cost_usd = flow.finished * 0.001
+                flow.answered = flow.finished + 20  # the pilot's 20 answers
+                flow.earlier_cost_usd = 20 * earlier_usd_each
+        stats.budget_left = lambda name: (None, 13.35)
+        stats.job_usd_left = lambda: 13.35
+        _, eta = stats.etas(NOW)
+        assert eta is not None
+        return eta.seconds
+
+    assert job_eta(0.01) < 0.8 * job_eta(0.001)

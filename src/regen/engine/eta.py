@@ -93,10 +93,17 @@ class Flow:
     """Tokens that count against the dataset's budget, over the answers finished this run."""
     cost_usd: float = 0.0
     finished: int = 0
+    earlier_cost_usd: float = 0.0
+    """What earlier runs' answers in this lane and dataset cost (a pilot's among them)."""
     escalated: int = 0
     """Truncated answers sent on to a longer lane (`escalate_to`), this run and before."""
     answered: int = 0
     """Answers in this lane (escalated ones included), this run and before."""
+
+    @property
+    def earlier_answers(self) -> int:
+        """Answers in this lane of earlier runs (their cost: `earlier_cost_usd`)."""
+        return max(0, self.answered - self.finished)
 
     @property
     def escalation_share(self) -> float:

@@ -397,12 +397,15 @@ class RunStats:
             return 1.0
         cost = 0.0
         for rows in rows_of.values():
-            paid = sum(f.cost_usd for f, _, _ in rows)
-            answers = sum(f.finished for f, _, _ in rows)
+            paid = sum(f.cost_usd + f.earlier_cost_usd for f, _, _ in rows)
+            answers = sum(f.finished + f.earlier_answers for f, _, _ in rows)
             for flow, n, _ in rows:
+                # Its own answers, this run's and earlier runs' (a pilot's): a dataset not
+                # reached yet may cost several times the lane's mean (long each_turn prompts).
+                answered = flow.finished + flow.earlier_answers
                 each = (
-                    flow.cost_usd / flow.finished
-                    if flow.finished
+                    (flow.cost_usd + flow.earlier_cost_usd) / answered
+                    if answered
                     else paid / answers
                     if answers
                     else 0.0
@@ -620,11 +623,12 @@ class Scheduler:
             if lane_name in self.stats.lanes:
                 n, est = pending.get((lane_name, ds), (0, 0))
                 self.stats.lanes[lane_name].flow(ds).start_from(answers, n, est)
-        for (lane_name, ds), (answered, escalated) in store.spend.lane_answers().items():
+        for (lane_name, ds), (answered, escalated, usd) in store.spend.lane_answers().items():
             if lane_name in self.stats.lanes:
                 flow = self.stats.lanes[lane_name].flow(ds)
                 flow.answered += answered
                 flow.escalated += escalated
+                flow.earlier_cost_usd += usd
         if budget is not None:
             self.stats.budget_left = budget.left
             self.stats.tokens_spent = budget.tokens_spent

@@ -240,15 +240,16 @@ class Spend(Owner):
             out.setdefault(ds, []).append((lanes, float(usd.get(item, 0.0))))
         return out
 
-    def lane_answers(self) -> dict[tuple[str, str], tuple[int, int]]:
-        """Answers per (lane, dataset) charged so far, and how many of them were truncated
-        and sent on to a longer lane."""
+    def lane_answers(self) -> dict[tuple[str, str], tuple[int, int, float]]:
+        """Answers per (lane, dataset) charged so far, how many of them were truncated and
+        sent on to a longer lane, and what they cost."""
         rows = self._db.execute(
-            "SELECT lane, dataset, COUNT(*), SUM(kind = 'escalated') FROM ledger "
+            "SELECT lane, dataset, COUNT(*), SUM(kind = 'escalated'), "
+            "COALESCE(SUM(cost_usd), 0) FROM ledger "
             "WHERE lane IS NOT NULL AND kind IN ('completion', 'escalated') "
             "GROUP BY lane, dataset"
         ).fetchall()
-        return {(lane, ds): (n, e) for lane, ds, n, e in rows}
+        return {(lane, ds): (n, e, float(usd)) for lane, ds, n, e, usd in rows}
 
     def earlier_latencies(
         self, limit: int = 20_000
