@@ -21,6 +21,7 @@ from rich.text import Text
 from regen.engine.budget import per_mtok
 from regen.engine.eta import Eta, eta_text, format_duration
 from regen.lock import running_holder
+from regen.safe import printable
 from regen.state.db import Store
 from regen.state.runs import OutageRecord, RunRecord
 from regen.state.sources import BadRowGroup
@@ -193,7 +194,9 @@ def run_lines(s: Snapshot) -> list[Text]:
         live = r.id == s.live_run
         ending = r.ending(live=live)
         style = "red" if r.killed and not live else ""
-        lines.append(Text(f"{label}: started {start} UTC{took}; {ending}", style=style))
+        # The stop reason may quote a server's words: escaped, as every line regen prints.
+        line = printable(f"{label}: started {start} UTC{took}; {ending}")
+        lines.append(Text(line, style=style))
     return lines
 
 
