@@ -189,7 +189,9 @@ class ChatClient:
         # A refused field is learned and the request sent again without it at once: the
         # refusal generated nothing, so nothing is paid twice.
         while True:
-            sent = {k: v for k, v in body.items() if k not in self.refused}
+            sent = body
+            if self.refused:  # a copy only once a field was refused: this runs per request
+                sent = {k: v for k, v in body.items() if k not in self.refused}
             self._model = sent.get("model")
             try:
                 return await self._chat_once(item_id, sent, stream, timeouts, on_generation, items)

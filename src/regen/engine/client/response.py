@@ -305,7 +305,9 @@ def _usage(u: Any) -> Usage:
         prompt_tokens=_int(u.get("prompt_tokens")),
         completion_tokens=_int(u.get("completion_tokens")),
         reasoning_tokens=_int(reasoning),
-        cost_usd=_cost(u.get("cost")),
+        # None (priced from the list, and junk for the gate) when it is no amount: a negative
+        # cost would give the budget room it does not have.
+        cost_usd=amount(u.get("cost")),
         junk=junk_fields(u, BILLED_FIELDS),
     )
 
@@ -323,15 +325,6 @@ def junk_fields(record: dict[str, Any], names: tuple[str, ...]) -> tuple[str, ..
         if number is None or number > MAX_COUNT:
             out.append(f"{name} = {shown(value)}")
     return tuple(out)
-
-
-def _cost(v: Any) -> float | None:
-    """A cost in USD, or None (priced from the list) when it is not a number of 0 or more: a
-    negative cost would give the budget room it does not have."""
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        return None
-    cost = float(v)
-    return cost if math.isfinite(cost) and cost >= 0 else None
 
 
 def _ids(v: Any) -> tuple[int, ...] | None:
