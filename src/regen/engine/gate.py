@@ -8,7 +8,8 @@ number counts only when it is an amount (a finite number of 0 or more) and plaus
 what was asked:
 
 - a price at most MAX_USD_PER_TOKEN, and above 0 for a paid model (one not `:free`);
-- completion tokens at most max_tokens x choices, plus COMPLETION_SLACK;
+- completion tokens at most max_tokens, plus COMPLETION_SLACK (each choice of an `n` request
+  is judged as its own answer, with its share of the bill);
 - prompt tokens at most the prompt's tokenizer-free bound, plus PROMPT_SLACK
   (MAX_PROMPT_TOKENS where the prompt is not known: a held request's bill);
 - a bill at most BILL_CEILING x the request's worst case at the highest price known for the
@@ -39,7 +40,7 @@ MAX_USD_PER_TOKEN = 0.01
 (o1-pro's $600 per million completion tokens). A price above it is no price (a proxy that
 writes 1e18 would otherwise make every request's worst case exceed any cap)."""
 COMPLETION_SLACK = (0.05, 16)
-"""Completion tokens a provider may count beyond max_tokens x choices: 5% and 16 tokens (a
+"""Completion tokens a provider may count beyond max_tokens: 5% and 16 tokens (a
 stop token, a tokenizer that counts differently from the one that enforced the limit)."""
 PROMPT_SLACK = (2.0, 4096)
 """Prompt tokens a provider may count beyond the bound regen computes for a prompt (its UTF-8
@@ -142,7 +143,6 @@ class Asked:
     """What a request asked for, which its bill must be plausible against."""
 
     max_tokens: int
-    choices: int = 1
     prompt_bound: int | None = None
     """Its prompt's tokenizer-free bound (None: not known, as for a held request, or not
     needed: a prompt count within PROMPT_SLACK's tokens passes whatever the bound)."""
@@ -154,7 +154,7 @@ class Asked:
     @property
     def most_completion(self) -> int:
         share, tokens = COMPLETION_SLACK
-        return math.ceil(self.max_tokens * self.choices * (1 + share)) + tokens
+        return math.ceil(self.max_tokens * (1 + share)) + tokens
 
     @property
     def most_prompt(self) -> int:
@@ -172,7 +172,7 @@ def doubts(usage: Usage, asked: Asked, where: str) -> list[str]:
     if usage.completion_tokens > asked.most_completion:
         out.append(
             f"{where}.completion_tokens = {usage.completion_tokens} (max_tokens "
-            f"{asked.max_tokens} x {asked.choices} allows {asked.most_completion})"
+            f"{asked.max_tokens} allows {asked.most_completion})"
         )
     if usage.prompt_tokens > asked.most_prompt:
         out.append(
@@ -180,7 +180,7 @@ def doubts(usage: Usage, asked: Asked, where: str) -> list[str]:
         )
     cost = usage.cost_usd
     if cost is not None and asked.worst_usd is not None:
-        most = asked.worst_usd * asked.choices * BILL_CEILING
+        most = asked.worst_usd * BILL_CEILING
         if cost > most:
             out.append(
                 f"{where}.cost = {cost:g} (above {BILL_CEILING:g}x the request's worst case: "
@@ -197,7 +197,7 @@ def doubts(usage: Usage, asked: Asked, where: str) -> list[str]:
 
 
 def worst_usage(asked: Asked, usage: Usage) -> Usage:
-    """The charge of an answer or bill not believed: max_tokens x choices, the prompt's bound
+    """The charge of an answer or bill not believed: max_tokens, the prompt's bound
     (or what was billed, when lower and believable), and the worst case in dollars."""
     if asked.prompt_bound is not None:
         prompt = asked.prompt_bound
@@ -205,9 +205,9 @@ def worst_usage(asked: Asked, usage: Usage) -> Usage:
         prompt = usage.prompt_tokens if usage.prompt_tokens <= asked.most_prompt else 0
     return Usage(
         prompt_tokens=prompt,
-        completion_tokens=asked.max_tokens * asked.choices,
+        completion_tokens=asked.max_tokens,
         reasoning_tokens=0,
-        cost_usd=None if asked.worst_usd is None else asked.worst_usd * asked.choices,
+        cost_usd=asked.worst_usd,
         source=WORST,
     )
 
