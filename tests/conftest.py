@@ -7,10 +7,12 @@ import io
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,29 @@ def query(out: Path, sql: str) -> list[tuple[Any, ...]]:
         return db.execute(sql).fetchall()
     finally:
         db.close()
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now (for a process that binds it later)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(
+    condition: Callable[[], object],
+    what: str = "the condition",
+    limit_s: float = 120.0,
+    process: subprocess.Popen[Any] | None = None,
+) -> None:
+    """Poll `condition()` until it holds: a state another process reaches (a row in its
+    state.db, a line in its log). Fails naming `what` if `process` ends first or the limit
+    (a bound on a hang, not a timing the test relies on) passes."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert process is None or process.poll() is None, f"the process ended before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {limit_s:g} s"
+        time.sleep(0.02)
 
 
 def write_rows(path: Path, rows: list[dict[str, Any]]) -> Path:

@@ -134,6 +134,7 @@ def test_cost_comes_from_the_provider_else_from_prices() -> None:
     assert fill_cost(Usage(10, 20), None).cost_usd is None
 
 
+@pytest.mark.slow
 def test_a_dollar_cap_far_below_the_job_is_never_exceeded_with_500_in_flight(
     tmp_path: Path,
 ) -> None:
@@ -358,6 +359,7 @@ def test_the_first_wave_does_not_overshoot_a_small_token_budget(tmp_path: Path) 
     assert budget <= used <= budget * 1.1, used
 
 
+@pytest.mark.slow
 def test_the_dollar_cap_holds_across_kill_9_and_immediate_reruns(tmp_path: Path) -> None:
     """OpenRouter bills an answer when its generation ends, after a killed client is gone. A
     rerun that reads the account's spend at start cannot see those answers: it held the whole

@@ -53,6 +53,7 @@ def billed_by_dataset(sim_log: list, prefix: str) -> tuple[float, int]:  # type:
     return usd, tokens
 
 
+@pytest.mark.slow
 def test_a_dataset_cap_holds_across_kill_9_and_immediate_reruns(tmp_path: Path) -> None:
     """Only the job's scope held a killed run's requests: a dataset's $1.50 cap ended at
     $3.74. Each request left outstanding holds its own dataset's cap too."""
@@ -85,6 +86,7 @@ def test_a_dataset_cap_holds_across_kill_9_and_immediate_reruns(tmp_path: Path) 
     assert lost > 0
 
 
+@pytest.mark.slow
 def test_a_token_budget_holds_across_kill_9_and_immediate_reruns(tmp_path: Path) -> None:
     """A 200k budget once paid for 585k tokens across kills: the killed runs' requests hold
     their expected tokens, and their bills count when found."""
@@ -160,6 +162,7 @@ async def spend_on_the_key(base_url: str, usd: float) -> None:
             spent += float(data["usage"]["cost"])
 
 
+@pytest.mark.slow
 def test_a_killed_runs_requests_show_as_held_until_their_bills_come(tmp_path: Path) -> None:
     """`regen status` says what the next run will hold: requests of a run that ended (killed)
     whose bills are not known, and up to how much they may cost."""
@@ -191,6 +194,7 @@ def test_a_killed_runs_requests_show_as_held_until_their_bills_come(tmp_path: Pa
         assert f"budget: {len(left)} requests may still be billed" in rerun.stdout
 
 
+@pytest.mark.slow
 def test_answers_billed_above_the_job_files_prices_raise_them_for_the_cap(
     tmp_path: Path,
 ) -> None:

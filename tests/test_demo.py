@@ -6,9 +6,12 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import query, run_cli
 
 
+@pytest.mark.slow
 def test_demo_prints_a_summary_that_matches_its_exports(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     proc = run_cli("demo", "--out", str(out))

@@ -8,7 +8,6 @@ import asyncio
 import io
 import json
 import shutil
-import socket
 import sqlite3
 import threading
 import urllib.request
@@ -18,11 +17,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp import web
 
 from regen.safe import REDACTED, printable, redact, register_secret
 from regen.sim import SimConfig, sim_in_thread
-from tests.conftest import SECRET_KEY, chat_rows, run_cli, start_cli, write_job, write_rows
+from tests.conftest import (
+    SECRET_KEY,
+    chat_rows,
+    free_port,
+    run_cli,
+    start_cli,
+    write_job,
+    write_rows,
+)
 
 ESCAPES = "\x1b[2J\x1b]0;owned\x07\r\x9b31m\u202e"
 
@@ -125,12 +133,7 @@ def holding(out: Path, text: str) -> list[str]:
     return [str(p.relative_to(out)) for p in files if text.encode() in p.read_bytes()]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
+@pytest.mark.slow
 def test_a_key_a_server_echoes_leaves_regen_by_no_sink(tmp_path: Path) -> None:
     """The key a server echoes into every field it has (error messages that fail attempts,
     fail an item and stop the run, provider names, generation ids and headers, reasoning and

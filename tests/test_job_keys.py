@@ -7,6 +7,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from regen.sim import SimConfig, sim_in_thread
 from tests.conftest import chat_rows, kill_at, query, run_cli, write_job, write_rows
 
@@ -25,6 +27,7 @@ def managed_job(tmp: Path, base_url: str, rows: int, cap: float, concurrency: in
     return job
 
 
+@pytest.mark.slow
 def test_each_run_makes_its_own_key_and_the_keys_hold_the_cap_across_kills(
     tmp_path: Path,
 ) -> None:

@@ -400,6 +400,7 @@ PROGRESS = re.compile(r"\d{4}-\d\d-\d\dT\S+ progress ")
     phases=(Phase.explicit, Phase.generate),
     suppress_health_check=[HealthCheck.too_slow],
 )
+@pytest.mark.slow
 @pytest.mark.timeout((fuzz_examples(6) + 1) * (3 * RUN_BOUND_S + 60))
 @given(trial=trials())
 def test_no_lie_about_a_number_takes_a_job_past_its_caps_or_blocks_it(trial: Trial) -> None:

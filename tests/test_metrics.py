@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -35,6 +34,7 @@ from regen.view.metrics import exposition
 from tests.conftest import (
     SECRET_KEY,
     chat_rows,
+    free_port,
     query,
     run_cli,
     start_cli,
@@ -44,12 +44,6 @@ from tests.conftest import (
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "docs" / "grafana-dashboard.json"
 Families = dict[str, Any]  # family name (counters without `_total`) -> Metric
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def families(text: str) -> Families:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -23,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
-from tests.conftest import run_cli, write_rows
+from tests.conftest import free_port, run_cli, wait_for, write_rows
 
 MODEL = "qwen/qwen3-8b"
 ITEMS = 600
@@ -34,12 +34,6 @@ served_model = "{MODEL}"
 seed = 11
 time_scale = 0.2
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_server(tmp: Path, port: int) -> subprocess.Popen[bytes]:
@@ -79,15 +73,6 @@ def answers(out: Path) -> int:
         db.close()
 
 
-def wait_for(condition: Any, run: subprocess.Popen[bytes], what: str, limit_s: float = 120) -> None:
-    """Poll the run's state until `condition()` holds; fail if the run ends first."""
-    deadline = time.monotonic() + limit_s
-    while not condition():
-        assert run.poll() is None, f"the run ended before {what}"
-        assert time.monotonic() < deadline, f"no {what} within {limit_s:g} s"
-        time.sleep(0.05)
-
-
 def start_regen(job: Path) -> subprocess.Popen[bytes]:
     """`regen run JOB` as a process, with no key in its environment (vLLM needs none)."""
     env = {k: v for k, v in os.environ.items() if k != "REGEN_NO_KEY_NEEDED"}
@@ -111,6 +96,7 @@ def servers(tmp: Path, ports: list[int]) -> Iterator[dict[int, subprocess.Popen[
             p.wait(timeout=10)
 
 
+@pytest.mark.slow
 def test_a_pool_survives_a_killed_server_and_takes_it_back(tmp_path: Path) -> None:
     write_rows(
         tmp_path / "chat.jsonl",
@@ -136,11 +122,15 @@ def test_a_pool_survives_a_killed_server_and_takes_it_back(tmp_path: Path) -> No
     with servers(tmp_path, ports) as procs:
         run = start_regen(job)
         try:
-            wait_for(lambda: answers(out) >= ITEMS // 6, run, f"{ITEMS // 6} answers")
+            wait_for(lambda: answers(out) >= ITEMS // 6, f"{ITEMS // 6} answers", process=run)
             procs[victim].send_signal(signal.SIGKILL)
             procs[victim].wait(timeout=10)
             killed_at = answers(out)
-            wait_for(lambda: answers(out) >= killed_at + ITEMS // 6, run, "answers after the kill")
+            wait_for(
+                lambda: answers(out) >= killed_at + ITEMS // 6,
+                "answers after the kill",
+                process=run,
+            )
             procs[victim] = start_server(tmp_path, victim)
             stdout, stderr = run.communicate(timeout=180)
         finally:
@@ -196,6 +186,7 @@ def single_server_job(tmp_path: Path, port: int, extra: str = "") -> Path:
     return job
 
 
+@pytest.mark.slow
 def test_a_single_server_that_restarts_is_waited_for_not_given_up_on(tmp_path: Path) -> None:
     """With one server, a restart ended the run after about 14 s: every request failed on the
     connection until the items ran out of attempts. Its items wait for its /health instead,
@@ -206,7 +197,7 @@ def test_a_single_server_that_restarts_is_waited_for_not_given_up_on(tmp_path: P
     with servers(tmp_path, [port]) as procs:
         run = start_regen(job)
         try:
-            wait_for(lambda: answers(out) >= 40, run, "40 answers")
+            wait_for(lambda: answers(out) >= 40, "40 answers", process=run)
             procs[port].send_signal(signal.SIGKILL)
             procs[port].wait(timeout=10)
             # Down for a while: the run must wait (it once gave up in 14 s), not fail items.

@@ -10,11 +10,12 @@ import signal
 import sqlite3
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from regen.sim import SimConfig, sim_in_thread
-from tests.conftest import chat_rows, query, run_cli, start_cli, write_job, write_rows
+from tests.conftest import chat_rows, query, run_cli, start_cli, wait_for, write_job, write_rows
 
 KILLS = 10
 CHAT = [("chat", "chat.jsonl", "openai")]
@@ -24,13 +25,6 @@ def start_run(job: Path, *args: str, env: dict[str, str] | None = None) -> subpr
     return start_cli("run", str(job), *args, env=env)
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.01)
-
-
 def crash_points(rng: random.Random) -> list[str]:
     """Where each killed run dies (`REGEN_CRASH_AT`): at start-up, after a seeded number of
     committed answers, at the dataset boundary, and inside the run's export."""
@@ -38,6 +32,7 @@ def crash_points(rng: random.Random) -> list[str]:
     return ["start", *commits[:3], "dataset:more", *commits[3:], "export", "start"]
 
 
+@pytest.mark.slow
 def test_sigkill_at_named_and_seeded_points_then_rerun_loses_nothing_and_sends_nothing_twice(
     tmp_path: Path,
 ) -> None:
@@ -198,7 +193,7 @@ def test_a_second_run_on_one_output_directory_is_refused_and_a_dead_holder_is_ta
         job = write_job(tmp_path, sim.base_url, datasets=CHAT, concurrency=4)
         holder = start_run(job)
         try:
-            wait_for(lambda: sim.simulator.chat_log())
+            wait_for(lambda: sim.simulator.chat_log(), "a request at the simulator", 30)
             second = run_cli("run", str(job))
             assert second.returncode == 1
             assert f"another regen run (pid {holder.pid}) is using this output directory" in (

@@ -115,6 +115,7 @@ def test_a_read_only_output_directory_is_one_line_and_changes_nothing(tmp_path: 
     assert len(exported_ids(out)) == 30
 
 
+@pytest.mark.slow
 def test_readers_work_on_a_read_only_output_directory(tmp_path: Path) -> None:
     """`regen status`, `export --to`, `audit` and `report --to` only read state.db: a
     read-only directory (an archive, a shared mount) must not stop them. An export into it

@@ -198,6 +198,7 @@ def _slow(ttft_s: float, time_scale: float, **faults: object) -> SimConfig:
 SLOW = {**body(), "model": "x/y"}
 
 
+@pytest.mark.slow
 async def test_a_json_answer_sends_its_status_and_headers_before_it_is_generated() -> None:
     # A generation of 10,000 real seconds: nothing but the status, headers and padding can
     # arrive while the test looks.
