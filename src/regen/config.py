@@ -22,7 +22,8 @@ from pydantic import (
 )
 
 from regen.conversation import canonical_json, stable_hash
-from regen.errors import ConfigError
+from regen.errors import ConfigError, describe_validation_error, field_path
+from regen.safe import NAME_MAX, NAME_PATTERN
 
 Dialect = Literal["openrouter", "openai", "vllm", "sglang"]
 SourceFormat = Literal[
@@ -58,10 +59,6 @@ class JobInfo(_Model):
     name: str = "regen-job"
     output_dir: str = "out"
     """Relative paths are taken from the job file's folder."""
-
-
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
-NAME_MAX = 100
 
 
 class EndpointConfig(_Model):
@@ -642,7 +639,7 @@ def load_job(path: str | Path, **overrides: Any) -> Job:
     for dotted, value in overrides.items():
         _set_dotted(raw, dotted, value)
     bad = [
-        f"field '{_format_loc(loc)}': {value} is not a finite number (give a number, or leave "
+        f"field '{field_path(loc)}': {value} is not a finite number (give a number, or leave "
         "the field out for its default)"
         for loc, value in _non_finite(raw)
     ]
@@ -677,51 +674,3 @@ def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
     for key in parents:
         node = node.setdefault(key, {})
     node[leaf] = value
-
-
-def describe_validation_error(exc: ValidationError, root: type[BaseModel]) -> str:
-    """One line naming each bad field, with the allowed names for unknown ones."""
-    parts = []
-    for err in exc.errors():
-        loc = _format_loc(err["loc"])
-        if err["type"] == "extra_forbidden":
-            allowed = _allowed_fields(root, err["loc"][:-1])
-            hint = f" (allowed: {', '.join(allowed)})" if allowed else ""
-            parts.append(f"unknown field '{loc}'{hint}")
-        elif err["type"] == "missing":
-            parts.append(f"missing field '{loc}'")
-        else:
-            where = f"field '{loc}': " if loc else ""
-            # A validator's own words, without pydantic's "Value error, " before them.
-            ctx = err.get("ctx") or {}
-            msg = (
-                str(ctx["error"]) if err["type"] == "value_error" and "error" in ctx else err["msg"]
-            )
-            parts.append(f"{where}{msg}")
-    return "; ".join(parts)
-
-
-def _format_loc(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out
-
-
-def _allowed_fields(root: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
-    model: Any = root
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        field = model.model_fields.get(part)
-        if field is None:
-            return []
-        ann = field.annotation
-        args = getattr(ann, "__args__", None)
-        model = args[0] if args else ann
-        if not (isinstance(model, type) and issubclass(model, BaseModel)):
-            return []
-    return [name for name, f in model.model_fields.items() if not f.exclude]
