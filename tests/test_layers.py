@@ -117,3 +117,39 @@ def test_the_script_checks_and_prints_sizes(capsys: pytest.CaptureFixture[str]) 
         sys.argv = old
     out = capsys.readouterr().out
     assert "state/" in out and "largest classes and functions (top 2):" in out
+
+
+def dialect_name_tests(src: Path) -> list[str]:
+    """Comparisons of an endpoint's dialect with a kind's name (`e.dialect == "vllm"`,
+    `dialect in (...)`), outside config.py, which keeps what each kind does (DIALECTS), and
+    sim/, which keeps its own words for the servers it stands in for."""
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        rel = path.relative_to(src)
+        if rel.parts[0] == "sim" or rel == Path("config.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            names = [n for n in ast.walk(node) if isinstance(n, ast.Name | ast.Attribute)]
+            said = any(
+                (n.attr if isinstance(n, ast.Attribute) else n.id) in ("dialect", "SELF_HOSTED")
+                for n in names
+            )
+            kinds = any(
+                isinstance(n, ast.Constant)
+                and n.value in ("openrouter", "openai", "vllm", "sglang")
+                for n in ast.walk(node)
+            )
+            if said and (kinds or "SELF_HOSTED" in ast.unparse(node)):
+                found.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_code_asks_the_dialect_record_not_the_dialects_name() -> None:
+    assert dialect_name_tests(SRC) == []
+
+
+def test_a_dialect_name_test_is_caught(tmp_path: Path) -> None:
+    src = _tree(tmp_path, {"run/x.py": 'def f(e):\n    return e.dialect == "vllm"\n'})
+    assert dialect_name_tests(src) == ["run/x.py:2: e.dialect == 'vllm'"]
