@@ -728,6 +728,15 @@ def _unique(what: str, names: list[str]) -> None:
         raise ValueError(f"{what} names must be unique, repeated: {', '.join(dupes)}")
 
 
+def job_schema() -> dict[str, Any]:
+    """The job file's JSON Schema (draft 2020-12, as pydantic writes it from `Job`): its
+    fields, types, defaults and allowed values, for an editor to check a file as it is typed.
+    The checks across fields (a lane's escalation, a price and its kind) are load_job's."""
+    schema = Job.model_json_schema()
+    schema["properties"].pop("base_dir", None)  # set by load_job, refused in a file
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
+
+
 def load_job(path: str | Path, **overrides: Any) -> Job:
     """Read and validate a job file; every problem becomes a one-line ConfigError."""
     p = Path(path)
