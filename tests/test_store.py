@@ -336,3 +336,24 @@ def test_m013_upgrades_a_database_made_by_m012_with_every_item_in_view(tmp_path:
     assert row.orphan
     assert s2.answers.counted_by("model", ["ds"]) == []
     assert [n for _, n in s2.answers.counted_by("model", ["ds"], orphans=True)] == [1]
+
+
+def test_a_reader_asks_what_an_older_state_db_records(tmp_path: Path) -> None:
+    """`Store.records` answers from the migration that added each thing, so that readers of an
+    older state.db (status, the report) never compare version numbers themselves."""
+    from regen.state.schema import RECORDED_SINCE
+
+    for what, migration in RECORDED_SINCE.items():
+        version = MIGRATIONS.index(migration) + 1
+        for applied, expected in ((version - 1, False), (version, True)):
+            out = tmp_path / f"{what}-{applied}"
+            Store.open(out).close()
+            db = sqlite3.connect(out / "state.db")
+            with db:  # as a regen that knew only the first `applied` migrations left it
+                db.execute("DELETE FROM schema_migrations WHERE version > ?", (applied,))
+            db.close()
+            store = Store.open_readonly(out)
+            try:
+                assert store.records(what) is expected, (what, applied)
+            finally:
+                store.close()

@@ -1,7 +1,7 @@
 """The command line: parse arguments, call the modules, map errors to one line and an exit code.
 
 Exit codes: 0 done, 1 user or config error, 2 usage error, 3 finished with failed items,
-130 interrupted (resumable).
+4 a cap or the credit floor stopped it, 5 items left unsent, 130 aborted by a second signal.
 """
 
 from __future__ import annotations
@@ -38,9 +38,23 @@ the credit floor stopped it (a planned end), 5 for any other reason (the next ru
 them). A dataset whose own budget is met is done: that is 0."""
 
 
+HELP = """\
+Regenerate the answers of prompt datasets with a target model through OpenAI-compatible
+APIs (OpenRouter, vLLM, SGLang), within token and dollar budgets, resuming where a run
+stopped, and export them as training data with the model's exact token ids."""
+HELP_END = """\
+Start with `regen demo` (no key needed), then `regen plan JOB.toml` before `regen run JOB.toml`.
+exit codes: 0 done, 1 an error in the job, its data or its state (one line says which),
+2 wrong usage, 3 finished with failed items, 4 a dollar cap or the credit floor stopped it,
+5 items left unsent (run again to send them), 130 aborted by a second signal (resumable)."""
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="regen", description=__doc__.splitlines()[0] if __doc__ else ""
+        prog="regen",
+        description=HELP,
+        epilog=HELP_END,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"regen {__version__}")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -53,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
         _export_parser,
         _providers_parser,
         _families_parser,
+        _schema_parser,
         _report_parser,
         _inspect_parser,
         _sim_parser,
@@ -317,6 +332,14 @@ def _families_parser(sub: Any) -> None:
     fam.add_argument("--json", action="store_true", help="print the families as JSON")
 
 
+def _schema_parser(sub: Any) -> None:
+    """`regen schema`."""
+    sub.add_parser(
+        "schema",
+        help="print the job file's JSON Schema, for an editor to check a job file as it is typed",
+    )
+
+
 def _report_parser(sub: Any) -> None:
     """`regen report` and its options."""
     rep = sub.add_parser(
@@ -430,6 +453,7 @@ def _main(argv: list[str] | None) -> int:
         "export": _export,
         "providers": _providers,
         "families": _families,
+        "schema": _schema,
         "report": _report,
         "inspect": _inspect,
         "sim": _sim,
@@ -464,6 +488,15 @@ def _main(argv: list[str] | None) -> int:
         return EXIT_INTERRUPTED
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+def _schema(args: argparse.Namespace, console: Console) -> int:
+    import json
+
+    from regen.config import job_schema
+
+    print(json.dumps(job_schema(), indent=2))
+    return EXIT_OK
 
 
 def _families(args: argparse.Namespace, console: Console) -> int:

@@ -8,6 +8,7 @@ import os
 import re
 import tomllib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -22,9 +23,108 @@ from pydantic import (
 )
 
 from regen.conversation import canonical_json, stable_hash
-from regen.errors import ConfigError
+from regen.errors import ConfigError, describe_validation_error, field_path
+from regen.safe import NAME_MAX, NAME_PATTERN
 
-Dialect = Literal["openrouter", "openai", "vllm", "sglang"]
+DialectName = Literal["openrouter", "openai", "vllm", "sglang"]
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What a kind of server does, so that code asks this record rather than the kind's name."""
+
+    name: DialectName
+    self_hosted: bool
+    """Runs on the job's own GPUs: a key may be absent, it may still be loading (its health
+    route says when it is up), and a request whose client is gone is aborted, never billed."""
+    account: bool
+    """Keeps an account per key (OpenRouter): usage and credit (/key, /credits), bills by
+    generation id (/generation), prices (/models), management keys and `provider` routing;
+    it bills by the token, never by the hour."""
+    token_ids: Literal["never", "always", "unstreamed"]
+    """Whether it returns the exact token ids when asked: `unstreamed` only off streams."""
+    prompt_ids_field: str | None
+    """The field that asks for the prompt's ids besides `return_token_ids`, if it has one."""
+    reasoning_field: str
+    """The name under which earlier turns' reasoning is sent back."""
+    effort_only: bool
+    """No `reasoning` object: only its effort is sent, as `reasoning_effort`."""
+    stream_usage_on_request: bool
+    """A stream carries usage only when asked (`stream_options.include_usage`)."""
+    samples_as_n: bool
+    """A prompt's samples can go as one request with `n` (one prefill for all)."""
+    base_path: str
+    """The API's path under the server's root (the health route is beside it, not under it)."""
+    health_path: str | None
+    """The route, at the server's root, that answers once it can serve (None: not asked)."""
+
+    def asks_token_ids(self, stream: bool) -> bool:
+        """Whether a request on a lane that does (or does not) stream asks for ids by default."""
+        return self.token_ids == "always" or (self.token_ids == "unstreamed" and not stream)
+
+    def health_url(self, base_url: str) -> str | None:
+        """The health route of a server whose API is at `base_url` (None: not asked)."""
+        if self.health_path is None:
+            return None
+        return base_url.rstrip("/").removesuffix(self.base_path) + self.health_path
+
+
+def _self_hosted(name: DialectName, **kw: Any) -> Dialect:
+    return Dialect(
+        name,
+        self_hosted=True,
+        account=False,
+        samples_as_n=True,
+        stream_usage_on_request=True,
+        base_path="/v1",
+        health_path="/health",
+        **kw,
+    )
+
+
+DIALECTS: dict[DialectName, Dialect] = {
+    "openrouter": Dialect(
+        "openrouter",
+        self_hosted=False,
+        account=True,
+        token_ids="never",
+        prompt_ids_field=None,
+        reasoning_field="reasoning",
+        effort_only=False,
+        stream_usage_on_request=False,
+        samples_as_n=False,
+        base_path="/api/v1",
+        health_path=None,
+    ),
+    "openai": Dialect(
+        "openai",
+        self_hosted=False,
+        account=False,
+        token_ids="never",
+        prompt_ids_field=None,
+        reasoning_field="reasoning",
+        effort_only=False,
+        stream_usage_on_request=True,
+        samples_as_n=False,
+        base_path="/v1",
+        health_path=None,
+    ),
+    "vllm": _self_hosted(
+        "vllm",
+        token_ids="always",
+        prompt_ids_field=None,
+        reasoning_field="reasoning",
+        effort_only=True,
+    ),
+    "sglang": _self_hosted(
+        "sglang",
+        token_ids="unstreamed",
+        prompt_ids_field="return_prompt_token_ids",
+        reasoning_field="reasoning_content",
+        effort_only=False,
+    ),
+}
+"""Every dialect an endpoint may speak, and what each supports."""
 SourceFormat = Literal[
     "auto",
     "openai",
@@ -60,10 +160,6 @@ class JobInfo(_Model):
     """Relative paths are taken from the job file's folder."""
 
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
-NAME_MAX = 100
-
-
 class EndpointConfig(_Model):
     """`[endpoint]` (or each of `[[endpoints]]`): where requests go. The API key itself is only
     ever read from the environment."""
@@ -72,7 +168,7 @@ class EndpointConfig(_Model):
     weight: float = Field(default=1.0, gt=0)
     """Share of a lane's requests, among the lane's healthy endpoints."""
     base_url: str = "https://openrouter.ai/api/v1"
-    dialect: Dialect = "openrouter"
+    dialect: DialectName = "openrouter"
     api_key_env: str = "OPENROUTER_API_KEY"
     management_key_env: str | None = None
     """OpenRouter only: a variable holding a management key. Each run then makes a key of its
@@ -102,7 +198,12 @@ class EndpointConfig(_Model):
         """Whether a request on a lane that does (or does not) stream asks for the ids."""
         if self.token_ids is not None:
             return self.token_ids
-        return self.dialect == "vllm" or (self.dialect == "sglang" and not stream)
+        return self.kind.asks_token_ids(stream)
+
+    @property
+    def kind(self) -> Dialect:
+        """What this endpoint's server supports (its dialect's record)."""
+        return DIALECTS[self.dialect]
 
     follow_redirects_to: list[str] = Field(default_factory=list)
     """Hosts (`host` or `host:port`) that a redirect may lead this endpoint's requests to,
@@ -137,7 +238,7 @@ class EndpointConfig(_Model):
     @model_validator(mode="after")
     def _one_kind_of_price(self) -> EndpointConfig:
         if self.usd_per_gpu_hour is not None:
-            if self.dialect == "openrouter":
+            if self.kind.account:
                 raise ValueError("usd_per_gpu_hour: OpenRouter bills per token, not by the hour")
             if self.prompt_usd_per_mtok is not None or self.completion_usd_per_mtok is not None:
                 raise ValueError(
@@ -147,7 +248,7 @@ class EndpointConfig(_Model):
 
     @model_validator(mode="after")
     def _management_keys_are_openrouters(self) -> EndpointConfig:
-        if self.management_key_env is not None and self.dialect != "openrouter":
+        if self.management_key_env is not None and not self.kind.account:
             raise ValueError(
                 f"management_key_env: only OpenRouter makes keys with a management key, not "
                 f"{self.dialect}"
@@ -156,9 +257,10 @@ class EndpointConfig(_Model):
 
     @model_validator(mode="after")
     def _token_ids_from_servers_that_give_them(self) -> EndpointConfig:
-        if self.token_ids and self.dialect not in ("vllm", "sglang"):
+        if self.token_ids and self.kind.token_ids == "never":
+            givers = " and ".join(d.name for d in DIALECTS.values() if d.token_ids != "never")
             raise ValueError(
-                f"token_ids: only vllm and sglang servers return token ids, not {self.dialect}"
+                f"token_ids: only {givers} servers return token ids, not {self.dialect}"
             )
         return self
 
@@ -530,7 +632,7 @@ class Job(_Model):
         for i, lane in enumerate(self.lane_list):
             for name in lane.endpoints or list(pool):
                 server = pool[name]
-                if lane.stream and server.token_ids and server.dialect == "sglang":
+                if lane.stream and server.token_ids and server.kind.token_ids == "unstreamed":
                     raise ValueError(
                         f"lanes[{i}] streams, and SGLang refuses token ids on streams: set "
                         f"stream = false or drop token_ids on endpoint '{name}'"
@@ -626,6 +728,15 @@ def _unique(what: str, names: list[str]) -> None:
         raise ValueError(f"{what} names must be unique, repeated: {', '.join(dupes)}")
 
 
+def job_schema() -> dict[str, Any]:
+    """The job file's JSON Schema (draft 2020-12, as pydantic writes it from `Job`): its
+    fields, types, defaults and allowed values, for an editor to check a file as it is typed.
+    The checks across fields (a lane's escalation, a price and its kind) are load_job's."""
+    schema = Job.model_json_schema()
+    schema["properties"].pop("base_dir", None)  # set by load_job, refused in a file
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
+
+
 def load_job(path: str | Path, **overrides: Any) -> Job:
     """Read and validate a job file; every problem becomes a one-line ConfigError."""
     p = Path(path)
@@ -642,7 +753,7 @@ def load_job(path: str | Path, **overrides: Any) -> Job:
     for dotted, value in overrides.items():
         _set_dotted(raw, dotted, value)
     bad = [
-        f"field '{_format_loc(loc)}': {value} is not a finite number (give a number, or leave "
+        f"field '{field_path(loc)}': {value} is not a finite number (give a number, or leave "
         "the field out for its default)"
         for loc, value in _non_finite(raw)
     ]
@@ -677,51 +788,3 @@ def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
     for key in parents:
         node = node.setdefault(key, {})
     node[leaf] = value
-
-
-def describe_validation_error(exc: ValidationError, root: type[BaseModel]) -> str:
-    """One line naming each bad field, with the allowed names for unknown ones."""
-    parts = []
-    for err in exc.errors():
-        loc = _format_loc(err["loc"])
-        if err["type"] == "extra_forbidden":
-            allowed = _allowed_fields(root, err["loc"][:-1])
-            hint = f" (allowed: {', '.join(allowed)})" if allowed else ""
-            parts.append(f"unknown field '{loc}'{hint}")
-        elif err["type"] == "missing":
-            parts.append(f"missing field '{loc}'")
-        else:
-            where = f"field '{loc}': " if loc else ""
-            # A validator's own words, without pydantic's "Value error, " before them.
-            ctx = err.get("ctx") or {}
-            msg = (
-                str(ctx["error"]) if err["type"] == "value_error" and "error" in ctx else err["msg"]
-            )
-            parts.append(f"{where}{msg}")
-    return "; ".join(parts)
-
-
-def _format_loc(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out
-
-
-def _allowed_fields(root: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
-    model: Any = root
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        field = model.model_fields.get(part)
-        if field is None:
-            return []
-        ann = field.annotation
-        args = getattr(ann, "__args__", None)
-        model = args[0] if args else ann
-        if not (isinstance(model, type) and issubclass(model, BaseModel)):
-            return []
-    return [name for name, f in model.model_fields.items() if not f.exclude]

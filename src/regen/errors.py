@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
 
 class RegenError(Exception):
     """Root of every error regen reports to the user (exit code 1)."""
@@ -73,3 +77,52 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signal_name: str) -> None:
         super().__init__(signal_name)
         self.signal_name = signal_name
+
+
+def describe_validation_error(exc: ValidationError, root: type[BaseModel]) -> str:
+    """One line naming each bad field, with the allowed names for unknown ones."""
+    parts = []
+    for err in exc.errors():
+        loc = field_path(err["loc"])
+        if err["type"] == "extra_forbidden":
+            allowed = _allowed_fields(root, err["loc"][:-1])
+            hint = f" (allowed: {', '.join(allowed)})" if allowed else ""
+            parts.append(f"unknown field '{loc}'{hint}")
+        elif err["type"] == "missing":
+            parts.append(f"missing field '{loc}'")
+        else:
+            where = f"field '{loc}': " if loc else ""
+            # A validator's own words, without pydantic's "Value error, " before them.
+            ctx = err.get("ctx") or {}
+            msg = (
+                str(ctx["error"]) if err["type"] == "value_error" and "error" in ctx else err["msg"]
+            )
+            parts.append(f"{where}{msg}")
+    return "; ".join(parts)
+
+
+def field_path(loc: tuple[int | str, ...]) -> str:
+    """Where a field is, as a job file names it: `lanes[0].max_tokens`."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _allowed_fields(root: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    model: Any = root
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            return []
+        ann = field.annotation
+        args = getattr(ann, "__args__", None)
+        model = args[0] if args else ann
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return []
+    return [name for name, f in model.model_fields.items() if not f.exclude]

@@ -34,7 +34,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO, cast
 
-from regen.config import NAME_MAX, NAME_PATTERN
 from regen.errors import StateError
 
 REDACTED = "[redacted key]"
@@ -149,8 +148,12 @@ def printable(text: str, *, newlines: bool = False) -> str:
     return text
 
 
+# The rule for dataset, lane and endpoint names: the job file holds them to it (config.py), and
+# what state.db names is held to it again here, below the job file's module, as names become
+# file names.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+NAME_MAX = 100
 NAME = re.compile(NAME_PATTERN)
-"""The rule job.toml holds dataset, lane and endpoint names to (and at most NAME_MAX long)."""
 
 
 def checked_name(name: str, where: str) -> str:

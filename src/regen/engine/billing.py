@@ -43,10 +43,11 @@ class Account:
 
 
 def billing_accounts(job: Job) -> list[Account]:
-    """The job's OpenRouter accounts (the dialect whose `/key` reports usage)."""
+    """The job's accounts: the endpoints whose dialect keeps one (OpenRouter's `/key` reports
+    its usage)."""
     groups: dict[tuple[str, str, str | None], list[str]] = {}
     for e in job.endpoint_pool:
-        if e.dialect == "openrouter":
+        if e.kind.account:
             key = (e.base_url, e.api_key_env, e.management_key_env)
             groups.setdefault(key, []).append(e.name)
     return [Account(url, env, tuple(names), manage) for (url, env, manage), names in groups.items()]
@@ -203,7 +204,7 @@ async def resolve_prices(
     model = job.generation.model
     for e in job.endpoint_pool:
         prices = configured_prices(e)
-        if prices is None and e.dialect == "openrouter":
+        if prices is None and e.kind.account:
             found = await model_listing(clients[e.name], model)
             if found is not None and gate is not None:
                 gate.prices(model, found, channel=f"{e.base_url}/models/{model}/endpoints")

@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from regen.errors import ConfigError, first_line
 from regen.reconstruct.check import lost
@@ -47,9 +48,45 @@ from regen.reconstruct.rendered import (
     fitted_fields,
     rendered_completion,
 )
-from regen.state.answers import ExportRow, unpack_ids
 
-__all__ = ["ReconstructError", "Sample", "Target", "TargetSpec", "sim_template", "spec_from_store"]
+__all__ = [
+    "ReconstructError",
+    "Sample",
+    "StoredAnswer",
+    "Target",
+    "TargetSpec",
+    "sim_template",
+    "spec_from_store",
+]
+
+
+class StoredAnswer(Protocol):
+    """An answer as it was stored, what a rebuild reads of it (the rows state.db's answers
+    hands out are such): reconstruction knows nothing of state.db or how it keeps ids."""
+
+    @property
+    def item_id(self) -> str: ...
+    @property
+    def conversation(self) -> dict[str, Any]: ...
+    @property
+    def content(self) -> str: ...
+    @property
+    def reasoning(self) -> str | None: ...
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]: ...
+    @property
+    def finish_reason(self) -> str | None: ...
+    @property
+    def created_at(self) -> float: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def completion_tokens(self) -> int: ...
+    @property
+    def exact_prompt_ids(self) -> list[int] | None: ...
+    @property
+    def exact_completion_ids(self) -> list[int] | None: ...
+    def history(self) -> list[dict[str, Any]]: ...
 
 
 @dataclass(frozen=True)
@@ -490,7 +527,7 @@ class Target:
         )
         return str(text)
 
-    def completion_text(self, row: ExportRow, prompt: str, prefill: str = "") -> str:
+    def completion_text(self, row: StoredAnswer, prompt: str, prefill: str = "") -> str:
         """What the model wrote after `prompt` (the rendered prompt): the family's
         hand-written layout, or the template's own render of the finished answer."""
         a = self.answer(row, prefill)
@@ -515,7 +552,7 @@ class Target:
         reasoning, content = fitted_fields(a, prefill, completion)
         return completion(reasoning, content)
 
-    def _ids_sample(self, row: ExportRow) -> tuple[list[int], list[int]]:
+    def _ids_sample(self, row: StoredAnswer) -> tuple[list[int], list[int]]:
         """(prompt ids, completion ids) from an encoder that writes ids: the finished
         conversation's ids after the prompt's. Fields go in as stored: such an encoder writes
         no separators of its own around them."""
@@ -542,7 +579,7 @@ class Target:
         """A publisher's encoder's own error, as one line naming the encoder."""
         return ReconstructError(f"{self.family.encoder} encoder: {first_line(exc)[:240]}")
 
-    def answer(self, row: ExportRow, prefill: str = "") -> Answer:
+    def answer(self, row: StoredAnswer, prefill: str = "") -> Answer:
         return Answer(
             reasoning=row.reasoning or "",
             content=row.content or "",
@@ -559,7 +596,7 @@ class Target:
 
     # samples ------------------------------------------------------------------------------
 
-    def samples(self, rows: list[ExportRow]) -> list[Sample | ReconstructError]:
+    def samples(self, rows: Sequence[StoredAnswer]) -> list[Sample | ReconstructError]:
         """Each row's sample, or why it could not be built (one bad row never stops a batch).
         The texts of a batch are encoded together (a family whose encoder writes ids has
         them already).
@@ -572,8 +609,8 @@ class Target:
         known: dict[int, list[int]] = {}
         plan: list[_Plan | ReconstructError] = []
         for row in rows:
-            exact_p = unpack_ids(row.prompt_token_ids)
-            exact_c = unpack_ids(row.completion_token_ids)
+            exact_p = row.exact_prompt_ids
+            exact_c = row.exact_completion_ids
             try:
                 at = len(texts)
                 if self._ids is not None:
@@ -633,7 +670,7 @@ class Target:
 class _Plan:
     """A row of a batch: its exact ids if any, and where its rebuilt texts are (-1: none)."""
 
-    row: ExportRow
+    row: StoredAnswer
     exact_prompt: list[int] | None
     exact_completion: list[int] | None
     prefill: str

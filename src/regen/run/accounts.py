@@ -22,7 +22,6 @@ from regen.engine.scheduler import (
     Scheduler,
 )
 from regen.errors import ConfigError
-from regen.run.lanes import SELF_HOSTED
 from regen.safe import register_secret
 from regen.state.db import Store
 from regen.state.work import DatasetProgress
@@ -37,7 +36,7 @@ def api_key_from_env(endpoint: EndpointConfig) -> str | None:
     name = endpoint.api_key_env
     key = key_from_env(name, "api_key_env")
     register_secret(key)
-    if not key and endpoint.dialect not in SELF_HOSTED:
+    if not key and not endpoint.kind.self_hosted:
         raise ConfigError(f"set {name} or name another variable in [endpoint].api_key_env")
     return key or None
 
@@ -63,7 +62,7 @@ async def check_reachable(job: Job) -> None:
     cap "needs prices", a floor "cannot be read"). Self-hosted servers may still be loading:
     their requests wait for their /health instead (`[run] pool_down_timeout_s`)."""
     for e in job.endpoint_pool:
-        if e.dialect in SELF_HOSTED:
+        if e.kind.self_hosted:
             continue
         async with ChatClient(
             e.base_url,

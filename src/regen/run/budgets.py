@@ -16,7 +16,6 @@ from regen.engine.budget import LENGTH_WINDOW, BudgetBook, Prices
 from regen.engine.client import ChatClient
 from regen.engine.gate import Gate
 from regen.engine.holds import HoldKeeper
-from regen.run.lanes import SELF_HOSTED
 from regen.state.db import Store
 from regen.state.work import DatasetProgress
 
@@ -25,10 +24,10 @@ def billed_after_gone(job: Job) -> Callable[[str | None], bool]:
     """Whether a request to an endpoint may be billed after its client is gone: hosted APIs
     finish a generation whose connection closed (OpenRouter bills it when it ends); vLLM and
     SGLang abort it. An endpoint no longer in the job is assumed to bill."""
-    dialects = {e.name: e.dialect for e in job.endpoint_pool}
+    aborts = {e.name for e in job.endpoint_pool if e.kind.self_hosted}
 
     def bills(endpoint: str | None) -> bool:
-        return dialects.get(endpoint or "") not in SELF_HOSTED
+        return endpoint not in aborts
 
     return bills
 
@@ -78,7 +77,7 @@ def hold_keeper(
 
     return HoldKeeper(
         book,
-        lookup={e.name: clients[e.name] for e in job.endpoint_pool if e.dialect == "openrouter"},
+        lookup={e.name: clients[e.name] for e in job.endpoint_pool if e.kind.account},
         prices=prices,
         account_of={name: a.key for a in accounts for name in a.endpoints},
         unexplained=unexplained,

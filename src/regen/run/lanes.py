@@ -26,13 +26,6 @@ from regen.engine.scheduler import (
 )
 from regen.errors import ConfigError
 
-SELF_HOSTED = ("vllm", "sglang")
-
-
-def health_url(base_url: str) -> str:
-    """A vLLM or SGLang server's `/health`, at the root beside its `/v1`."""
-    return base_url.rstrip("/").removesuffix("/v1") + "/health"
-
 
 def _make_body(
     job: Job, endpoint: EndpointConfig, batched: bool = False
@@ -72,7 +65,7 @@ def batches_samples(job: Job, endpoint: EndpointConfig) -> bool:
     """Whether a prompt's samples go to this endpoint as one request with `n` (vLLM and
     SGLang: one prefill for all of them)."""
     return (
-        endpoint.dialect in SELF_HOSTED
+        endpoint.kind.samples_as_n
         and endpoint.samples_in_one_request
         and any(job.dataset_samples(d) > 1 for d in job.datasets)
     )
@@ -89,7 +82,7 @@ async def check_routes(
     cannot be proven to come from the allowed one)."""
     out: dict[str, frozenset[str]] = {}
     for e in job.endpoint_pool:
-        if e.dialect != "openrouter":
+        if not e.kind.account:
             continue
         endpoints = await fetch_endpoints(clients[e.name], job.generation.model)
         if not endpoints:
@@ -140,11 +133,11 @@ def build_lanes(
             _make_body(job, e, batched=batches_samples(job, e)),
             e.weight,
             prices=prices.get(e.name),
-            generation_records=e.dialect == "openrouter",
+            generation_records=e.kind.account,
             job_key=e.management_key_env is not None,
-            billed_after_gone=e.dialect not in SELF_HOSTED,
+            billed_after_gone=not e.kind.self_hosted,
             excluded_providers=excluded.get(e.name, frozenset()),
-            health_url=health_url(e.base_url) if e.dialect in SELF_HOSTED else None,
+            health_url=e.kind.health_url(e.base_url),
         )
         for e in job.endpoint_pool
     }

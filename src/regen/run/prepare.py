@@ -142,10 +142,10 @@ def dialect_notes(job: Job) -> list[str]:
     reasoning = job.generation.reasoning or {}
     notes = []
     for e in job.endpoint_pool:
-        if e.dialect == "vllm" and reasoning and set(reasoning) - {"effort"}:
+        if e.kind.effort_only and reasoning and set(reasoning) - {"effort"}:
             notes.append(
-                f"note: endpoint {e.name} (vllm) has no `reasoning` object: only its effort is "
-                "sent (reasoning_effort); switch thinking with extra_body = "
+                f"note: endpoint {e.name} ({e.dialect}) has no `reasoning` object: only its "
+                "effort is sent (reasoning_effort); switch thinking with extra_body = "
                 "{ chat_template_kwargs = { enable_thinking = false } } (Kimi: thinking)"
             )
     return notes

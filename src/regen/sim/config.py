@@ -8,8 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from regen.config import describe_validation_error
-from regen.errors import ConfigError
+from regen.errors import ConfigError, describe_validation_error
 
 
 class _Model(BaseModel):

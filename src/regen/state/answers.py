@@ -90,6 +90,16 @@ class ExportRow:
     """Its row (or turn) is no longer in its dataset's source as last read in full: exports
     leave it out unless asked (`--keep-orphans`)."""
 
+    @property
+    def exact_prompt_ids(self) -> list[int] | None:
+        """The prompt's ids as the server returned them (None: it returned none)."""
+        return unpack_ids(self.prompt_token_ids)
+
+    @property
+    def exact_completion_ids(self) -> list[int] | None:
+        """The completion's ids as the server returned them (None: it returned none)."""
+        return unpack_ids(self.completion_token_ids)
+
     def history(self) -> list[dict[str, Any]]:
         """The messages the request sent: the turns before this one, with sequential mode's
         regenerated answers in place of the original ones."""

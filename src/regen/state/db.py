@@ -23,7 +23,13 @@ from regen.state.answers import Answers
 from regen.state.outcomes import outcome_rows
 from regen.state.outstanding import Outstanding
 from regen.state.runs import Runs
-from regen.state.schema import MIGRATIONS, refuse_unknown_schema, stored_version
+from regen.state.schema import (
+    MIGRATIONS,
+    Recorded,
+    records,
+    refuse_unknown_schema,
+    stored_version,
+)
 from regen.state.sources import Sources
 from regen.state.spend import Spend
 from regen.state.work import Work
@@ -283,6 +289,11 @@ class Store:
 
     def schema_version(self) -> int:
         return stored_version(self._db)
+
+    def records(self, what: Recorded) -> bool:
+        """Whether this state.db is new enough to hold `what` (an older one, opened read-only
+        by `regen status` or a report, simply lacks it)."""
+        return records(self._db, what)
 
     def get_meta(self, key: str) -> str | None:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()

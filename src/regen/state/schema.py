@@ -6,6 +6,7 @@ import json
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 from regen import __version__
 from regen.conversation import estimate_prompt_tokens
@@ -345,6 +346,24 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m013_source_view,
     m014_run_ends,
 ]
+
+
+Recorded = Literal["runs", "held", "row_notes", "answer_endpoints", "outages"]
+"""What a state.db may be too old to hold: readers ask `Store.records(what)` rather than
+compare version numbers, so that the numbers live here only."""
+
+RECORDED_SINCE: dict[Recorded, Callable[[sqlite3.Connection], None]] = {
+    "runs": m007_runs,  # runs, timeline, and the lane of attempts and charges
+    "held": m009_outstanding,  # requests sent and not yet billed, per run
+    "row_notes": m010_provenance,  # what a read noticed in rows it used
+    "answer_endpoints": m010_provenance,  # each answer's endpoint, run and settings
+    "outages": m012_outages,  # outages, and the endpoint of each attempt
+}
+
+
+def records(db: sqlite3.Connection, what: Recorded) -> bool:
+    """Whether this state.db's schema holds `what` (see RECORDED_SINCE)."""
+    return stored_version(db) >= MIGRATIONS.index(RECORDED_SINCE[what]) + 1
 
 
 def stored_version(db: sqlite3.Connection) -> int:

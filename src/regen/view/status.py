@@ -66,7 +66,7 @@ def take_snapshot(out_dir: Path) -> Snapshot:
     store = Store.open_readonly(out_dir)
     try:
         pid = running_holder(out_dir)
-        runs = store.runs.all() if store.schema_version() >= 7 else []
+        runs = store.runs.all() if store.records("runs") else []
         live = None
         if pid is not None:
             live = max((r.id for r in runs), default=None)
@@ -80,12 +80,10 @@ def take_snapshot(out_dir: Path) -> Snapshot:
             store.sources.bad_row_reasons(),
             _last_progress(out_dir / "run.log"),
             _live_audit(store.get_meta("live_audit")),
-            store.outstanding.held(live) if store.schema_version() >= 9 else (0, 0.0, None),
-            store.sources.bad_row_reasons(table="row_notes")
-            if store.schema_version() >= 10
-            else [],
-            store.spend.by_endpoint() if store.schema_version() >= 12 else [],
-            store.runs.outages() if store.schema_version() >= 12 else [],
+            store.outstanding.held(live) if store.records("held") else (0, 0.0, None),
+            store.sources.bad_row_reasons(table="row_notes") if store.records("row_notes") else [],
+            store.spend.by_endpoint() if store.records("outages") else [],
+            store.runs.outages() if store.records("outages") else [],
             live,
             {r.id: r.ended_at for r in runs},
             runs,

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from regen.config import EndpointConfig, GenerationConfig
+from regen.config import DIALECTS, DialectName, EndpointConfig, GenerationConfig
 from regen.conversation import Message, Request, canonical_json, seeded_unit
 
 
-def history_message(m: Message, dialect: str) -> dict[str, Any]:
+def history_message(m: Message, dialect: DialectName) -> dict[str, Any]:
     """A history message as the dialect wants it sent back (reasoning under its own name)."""
     d = m.to_openai()
     if m.role == "assistant" and m.reasoning:
-        d["reasoning_content" if dialect == "sglang" else "reasoning"] = m.reasoning
+        d[DIALECTS[dialect].reasoning_field] = m.reasoning
     return d
 
 
@@ -58,6 +58,7 @@ def chat_body(
     if given, else [generation].max_tokens. A stream asks for its usage where the server sends
     it only when asked (vLLM, SGLang, OpenAI: `stream_options.include_usage`); OpenRouter
     always sends it."""
+    kind = endpoint.kind
     body: dict[str, Any] = {
         "model": gen.model,
         "messages": [history_message(m, endpoint.dialect) for m in req.messages],
@@ -71,22 +72,22 @@ def chat_body(
             body[key] = chosen[key]
     reasoning = chosen.get("reasoning")
     if reasoning is not None:
-        if endpoint.dialect == "vllm":
-            # vLLM has no `reasoning` object (it would ignore it): its field is the effort.
+        if kind.effort_only:
+            # No `reasoning` object (vLLM would ignore it): its field is the effort.
             effort = reasoning.get("effort")
             if isinstance(effort, str):
                 body["reasoning_effort"] = effort
         else:
             body["reasoning"] = reasoning
-    if endpoint.dialect == "openrouter" and endpoint.provider is not None:
+    if kind.account and endpoint.provider is not None:
         body["provider"] = endpoint.provider
     if endpoint.asks_token_ids(stream):
         body["return_token_ids"] = True
-        if endpoint.dialect == "sglang":
-            body["return_prompt_token_ids"] = True
+        if kind.prompt_ids_field is not None:
+            body[kind.prompt_ids_field] = True
     if stream:
         body["stream"] = True
-        if endpoint.dialect != "openrouter":
+        if kind.stream_usage_on_request:
             body["stream_options"] = {"include_usage": True}
     body.update(endpoint.extra_body)
     return body

@@ -21,13 +21,6 @@ from regen.state.db import Store
 from regen.state.runs import OutageRecord, RunRecord, TimelinePoint
 from regen.state.work import DatasetProgress
 
-RUNS_SCHEMA = 7
-"""The schema version (m007_runs) from which state.db records runs, the timeline and lanes."""
-ENDPOINT_SCHEMA = 10
-"""The schema version (m010_provenance) from which each answer names its endpoint."""
-OUTAGE_SCHEMA = 12
-"""The schema version (m012_outages) from which attempts name their endpoint and outages are
-recorded."""
 RATE_LIMITED = "rate_limited"
 
 
@@ -149,7 +142,7 @@ def _sort_by_time(times: array[float], *columns: array[int]) -> list[array[Any]]
 
 def gather(store: Store) -> Report:
     """Read everything the page shows, each table once, in one pass each."""
-    recorded = store.schema_version() >= RUNS_SCHEMA
+    recorded = store.records("runs")
     runs = store.runs.all() if recorded else []
     job = JobFacts(runs=runs, recorded=recorded)
     job.timeline = store.runs.timeline() if recorded else []
@@ -158,7 +151,7 @@ def gather(store: Store) -> Report:
     endpoints: dict[str | None, EndpointReport] = {}
     served: dict[tuple[str, str | None, str | None], int] = {}
     current, r = None, None
-    named = store.schema_version() >= ENDPOINT_SCHEMA
+    named = store.records("answer_endpoints")
     for fact in store.answers.result_facts(endpoint=named):
         job.answers.append(fact.created_at)
         job.answer_prompt.append(fact.prompt_tokens)
@@ -239,7 +232,7 @@ def gather(store: Store) -> Report:
     job.attempts = _sorted(job.attempts)
     for r in reports.values():
         r.finished_at = _sorted(r.finished_at)
-    if store.schema_version() >= OUTAGE_SCHEMA:
+    if store.records("outages"):
         for (name, cls), n in store.spend.endpoint_failures().items():
             endpoints.setdefault(name, EndpointReport(name)).errors[cls] = n
         for o in store.runs.outages():
