@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from regen.config import Job, load_job
+from regen.engine.attempt import backoff_s
 from regen.engine.client import ChatClient
-from regen.engine.scheduler import DatasetStats, RunStats, Scheduler, Sender, backoff_s
+from regen.engine.runtime import Sender
+from regen.engine.scheduler import DatasetStats, RunStats, Scheduler
 from regen.run.lanes import build_lanes
 from regen.sources.ingest import ingest, lane_rules
 from regen.state.db import Store

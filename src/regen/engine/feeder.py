@@ -30,7 +30,8 @@ from regen.state.db import Store
 from regen.state.work import PendingItem
 
 if TYPE_CHECKING:
-    from regen.engine.scheduler import LaneRuntime, RunStats
+    from regen.engine.runtime import LaneRuntime
+    from regen.engine.scheduler import RunStats
 
 ESCALATED_RANK = 0
 """The rank of escalated items in a lane's queue: before the lane's own datasets (1, 2, ...)."""

@@ -19,11 +19,7 @@ from regen.engine.client.account import JsonGetter
 from regen.engine.client.batch import SampleBatcher
 from regen.engine.client.body import SAMPLES_KEY, sample_settings
 from regen.engine.providers import excluded_names, fetch_endpoints, shared_name_warning, verdicts
-from regen.engine.scheduler import (
-    EndpointRuntime,
-    LaneRuntime,
-    Sender,
-)
+from regen.engine.runtime import EndpointRuntime, LaneRuntime, Sender
 from regen.errors import ConfigError
 
 

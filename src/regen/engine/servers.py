@@ -1,0 +1,125 @@
+"""The servers of a run's lanes: which one takes an attempt, which are drained (a self-hosted
+server that refused or dropped a connection, or is loading), and when a lane whose servers are
+all down may go on."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from regen.config import RunConfig
+from regen.engine.feeder import until_set
+from regen.engine.runtime import EndpointRuntime, LaneRuntime, Outage
+from regen.errors import EndpointError
+
+if TYPE_CHECKING:
+    from regen.engine.scheduler import RunStats
+
+PROBE_EVERY_S = (0.5, 2.0)
+"""A drained server's health is probed this often, doubling up to the second figure."""
+
+
+class ServerPool:
+    """Picks a lane's server for each attempt, drains the ones that are down and probes them
+    until they are back; a lane with every server down waits for one, for a bounded time."""
+
+    def __init__(
+        self,
+        stats: RunStats,
+        run: RunConfig,
+        rng: random.Random,
+        *,
+        sleep: Callable[[float], Awaitable[None]],
+        stopping: asyncio.Event,
+        stop: Callable[..., None],
+    ) -> None:
+        self._stats = stats
+        self._run = run
+        self._rng = rng
+        self._sleep = sleep
+        self._stopping = stopping
+        self._stop = stop
+        self.probes: set[asyncio.Task[None]] = set()
+        """Health probes running (cancelled with the run's other tasks)."""
+        self._down_since: dict[str, float] = {}
+        """When every server of a lane was drained (its items wait for one to come back)."""
+        self._revived = asyncio.Event()
+        """Set when a drained server comes back (then replaced for the next wait)."""
+
+    def pick(self, lane: LaneRuntime) -> EndpointRuntime:
+        """The healthy endpoint with the fewest attempts outstanding for its weight (ties:
+        at random); when none is healthy, the one that cools down first."""
+        eps = lane.endpoints
+        if len(eps) == 1:
+            return eps[0]
+        healthy = [e for e in eps if e.health.healthy]
+        if not healthy:
+            return min(eps, key=lambda e: (e.health.cool_until, self._rng.random()))
+        return min(healthy, key=lambda e: ((e.outstanding + 1) / e.weight, self._rng.random()))
+
+    def drain(self, ep: EndpointRuntime, exc: EndpointError) -> bool:
+        """A self-hosted server that refused or dropped a connection, or is loading (503),
+        leaves the pool until its health probe passes. True when the attempt is a failover:
+        the server was drained, and the item goes to another healthy endpoint of the lane at
+        once, or waits for one to come back (`back`), without using up an attempt."""
+        if ep.health_url is None:
+            return False
+        if exc.failure_class != "connection" and exc.status != 503:
+            return False
+        outages = self._stats.endpoints[ep.name].outages
+        if not ep.health.drained:
+            ep.health.drain()
+            outages.append(Outage(time.time()))
+            if ep.probing is None or ep.probing.done():
+                ep.probing = asyncio.create_task(self._probe(ep))
+                self.probes.add(ep.probing)
+                ep.probing.add_done_callback(self.probes.discard)
+        outages[-1].resent += 1
+        return True
+
+    async def back(self, lane: LaneRuntime) -> bool:
+        """When every server of the lane is drained, wait for a health probe to bring one
+        back, for at most [run].pool_down_timeout_s from when the last one went down; then
+        stop the run (its items stay pending). False: the run stops."""
+        if not all(e.health.drained for e in lane.endpoints):
+            return not self._stopping.is_set()
+        since = self._down_since.setdefault(lane.name, time.monotonic())
+        bound = self._run.pool_down_timeout_s
+        while all(e.health.drained for e in lane.endpoints) and not self._stopping.is_set():
+            left = since + bound - time.monotonic()
+            if left <= 0:
+                names = ", ".join(e.name for e in lane.endpoints)
+                self._stop(
+                    f"every server of lane {lane.name} ({names}) has been down for {bound:g} s "
+                    "(connections refused, or loading: /health never answered 200); start them "
+                    "(or raise [run].pool_down_timeout_s) and run again to send what is left",
+                    outage=True,
+                )
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._until_stop(self._revived.wait()), left)
+        return not self._stopping.is_set()
+
+    async def _probe(self, ep: EndpointRuntime) -> None:
+        """Probe a drained server's /health until it answers 200, then put it back."""
+        assert ep.health_url is not None
+        wait, most = PROBE_EVERY_S
+        while not self._stopping.is_set():
+            await self._until_stop(self._sleep(wait))
+            if self._stopping.is_set():
+                return
+            if await ep.sender.probe(ep.health_url):
+                ep.health.revive()
+                self._stats.endpoints[ep.name].outages[-1].end = time.time()
+                self._down_since.clear()
+                revived, self._revived = self._revived, asyncio.Event()
+                revived.set()
+                return
+            wait = min(most, wait * 2)
+
+    async def _until_stop(self, waiting: Awaitable[Any]) -> None:
+        await until_set(waiting, self._stopping)
