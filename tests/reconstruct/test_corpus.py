@@ -101,6 +101,12 @@ FOLDERS = [
         ("<|endoftext|>", "<|assistant|>", "<|end|>", "<|system|>", "<|user|>"),
         "<|endoftext|>", "<|endoftext|>", ("<|end|>", "<|endoftext|>"), "phi4-mini",
     ),
+    # llama.cpp's copy; its special tokens are assumed (SOURCES.md, note 17).
+    Folder(
+        "StepFun3.7-Flash",
+        ("<s>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"),
+        "<|im_end|>", "<s>", ("<|im_end|>",),
+    ),
 ]  # fmt: skip
 
 VERDICTS: dict[tuple[str, bool], list[str]] = {}
