@@ -7,8 +7,8 @@ compared, ids only for consistency)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
-from typing import Any
 
 
 def model_folder(
@@ -27,12 +27,13 @@ def model_folder(
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     out.mkdir(parents=True, exist_ok=True)
-    if tokenizer_json is not None:
-        tok = Tokenizer.from_file(str(tokenizer_json))
-        missing = [s for s in specials if tok.token_to_id(s) is None]
+    if tokenizer_json is not None:  # copied as it is (parsing a real vocabulary is slow)
+        added = json.loads(tokenizer_json.read_text("utf-8"))["added_tokens"]
+        ids = {a["content"]: a["id"] for a in added if a["special"]}
+        missing = [s for s in specials if s not in ids]
         assert not missing, f"{tokenizer_json} lacks the special tokens {missing}"
-        tok.save(str(out / "tokenizer.json"))
-        return _configs(out, tok, template, eos, bos, generation_eos)
+        shutil.copyfile(tokenizer_json, out / "tokenizer.json")
+        return _configs(out, ids, template, eos, bos, generation_eos)
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
@@ -40,22 +41,24 @@ def model_folder(
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(specials)
     tok.save(str(out / "tokenizer.json"))
-    return _configs(out, tok, template, eos, bos, generation_eos)
+    ids = {s: tok.token_to_id(s) for s in specials}
+    return _configs(out, ids, template, eos, bos, generation_eos)
 
 
 def _configs(
     out: Path,
-    tok: Any,
+    ids: dict[str, int],
     template: str,
     eos: str,
     bos: str | None,
     generation_eos: list[str] | None,
 ) -> Path:
-    """tokenizer_config.json, and generation_config.json where `generation_eos` is given."""
+    """tokenizer_config.json, and generation_config.json where `generation_eos` is given
+    (`ids`: the special tokens' ids)."""
     config = {"chat_template": template, "eos_token": eos, "bos_token": bos}
     config["tokenizer_class"] = "PreTrainedTokenizerFast"
     (out / "tokenizer_config.json").write_text(json.dumps(config))
     if generation_eos is not None:
-        ids = [tok.token_to_id(t) for t in generation_eos]
-        (out / "generation_config.json").write_text(json.dumps({"eos_token_id": ids}))
+        eos_ids = [ids[t] for t in generation_eos]
+        (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos_ids}))
     return out
