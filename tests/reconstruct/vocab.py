@@ -250,3 +250,107 @@ def o200k_oracle() -> Encode:
 
     enc = quicktok.get_encoding("o200k_harmony")
     return lambda text: list(enc.encode(text, allowed_special="all"))
+
+
+# The corpus's families (test_corpus.py) --------------------------------------------------
+
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+"""Llama 3's pre-tokenizer pattern (Meta's tokenizer.py, and its tokenizer.json's Split)."""
+
+REAL_VOCABULARIES = {"llama3": (128000, LLAMA3_PATTERN), "o200k_base": (199998, "")}
+"""quicktok's bundled vocabularies the corpus uses: (ranks before the special tokens, the
+pattern; o200k's is read from tiktoken)."""
+
+
+def tiktoken_file(name: str, out: Path) -> Path:
+    """One of quicktok's bundled vocabularies written as a `.tiktoken` file (base64 of each
+    token's bytes, then its rank), for transformers' converter to read."""
+    import quicktok
+
+    path = out / f"{name}.tiktoken"
+    if name == "o200k_base":
+        return o200k_file(out)  # its bytes are checked against the published file
+    if not path.exists():
+        enc = quicktok.get_encoding(name)
+        ranks = REAL_VOCABULARIES[name][0]
+        lines = [base64.b64encode(enc.decode_single_token_bytes(i)) + b" " + str(i).encode()
+                 for i in range(ranks)]  # fmt: skip
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+def real_tokenizer(name: str, specials: dict[str, int], cache: Path, out: Path) -> Path:
+    """`out/tokenizer.json`: quicktok's `name` vocabulary read by transformers' converter,
+    with `specials` at their published ids (ids between them that the corpus does not use
+    are filled with placeholders, as the converter numbers special tokens in a row)."""
+    ranks, pattern = REAL_VOCABULARIES[name]
+    filled = {f"<|unused_{i}|>": i for i in range(ranks, max(specials.values()) + 1)}
+    filled = {s: i for s, i in filled.items() if i not in specials.values()} | specials
+    _converted(str(tiktoken_file(name, cache)), pattern or o200k_pattern(), filled, out)
+    return out / "tokenizer.json"
+
+
+def real_oracle(name: str, specials: dict[str, int]) -> Encode:
+    """quicktok's own encoding of `name` (a C++ BPE apart from the `tokenizers` library regen
+    reads the folder with), with `specials` read as those ids wherever the text has them."""
+    import re
+
+    import quicktok
+
+    enc = quicktok.get_encoding(name)
+    split = re.compile("(" + "|".join(map(re.escape, sorted(specials, key=len)[::-1])) + ")")
+
+    def encode(text: str) -> list[int]:
+        ids: list[int] = []
+        for i, piece in enumerate(split.split(text)):
+            ids += [specials[piece]] if i % 2 else list(enc.encode_ordinary(piece))
+        return ids
+
+    return encode
+
+
+PHI4_MINI_SPECIALS = {
+    "<|endoftext|>": 199999,
+    "<|endofprompt|>": 200018,
+    "<|assistant|>": 200019,
+    "<|end|>": 200020,
+    "<|user|>": 200021,
+    "<|system|>": 200022,
+}
+"""Phi-4-mini's chat tokens at their published ids, over o200k (its vocabulary; SOURCES.md)."""
+
+
+LLAMA31_SPECIALS = {
+    "<|finetune_right_pad_id|>": 128004,
+    "<|eom_id|>": 128008,
+    "<|python_tag|>": 128010,
+}
+"""The tokens Llama 3.1 named among Llama 3's reserved ones (3.3 keeps them; quicktok has 3.0's
+names)."""
+
+
+def corpus_vocabulary(name: str, cache: Path) -> tuple[Path, Encode]:
+    """A corpus family's real vocabulary: (the tokenizer.json regen reads, the oracle).
+    `qwen3` (QwQ's: Qwen2.5's vocabulary with <think> at 151667, as Qwen3 has it),
+    `llama3` (Llama 3.x), `phi4-mini` (o200k with Phi-4-mini's chat tokens)."""
+    import quicktok
+
+    if name == "qwen3":
+        return qwen_folder(cache / "qwen3") / "tokenizer.json", qwen_oracle()
+    if name == "llama3":
+        q = quicktok.get_encoding("llama3")
+        specials = {s: q.encode_single_token(s) for s in q.special_tokens_set}
+        specials = {s: i for s, i in specials.items() if i not in LLAMA31_SPECIALS.values()}
+        specials, base = specials | LLAMA31_SPECIALS, "llama3"
+    else:
+        assert name == "phi4-mini", name
+        specials, base = PHI4_MINI_SPECIALS, "o200k_base"
+    out = real_tokenizer(base, specials, cache, cache / name)
+    oracle = real_oracle(base, specials)
+    if name == "llama3":  # Meta's vocabulary, not another of the same size: its known ids
+        assert oracle("<|begin_of_text|>Hello world") == [128000, 9906, 1917]
+    return out, oracle
