@@ -41,6 +41,12 @@ from regen.reconstruct.families import (
     matched,
     unchecked,
 )
+from regen.reconstruct.folder_rules import (
+    generation_eos,
+    stops_disagree,
+    template_end,
+    unset_variables,
+)
 from regen.reconstruct.kimi_ts import sorted_keys, tools_typescript
 from regen.reconstruct.rendered import (
     ReconstructError,
@@ -142,6 +148,29 @@ def sim_template(family_name: str) -> str:
     return path.read_text(encoding="utf-8")
 
 
+def read_template(spec: TargetSpec, tok: Any) -> str:
+    """The chat template: the job's file, the simulator's for its family, else the
+    tokenizer's own (its default one where it names several)."""
+    template: str | None
+    if spec.chat_template:
+        try:
+            template = Path(spec.chat_template).expanduser().read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"chat_template {spec.chat_template!r}: {exc}") from exc
+    elif spec.tokenizer == "sim":
+        template = sim_template(spec.family)
+    else:
+        template = getattr(tok, "chat_template", None)
+        if isinstance(template, dict):  # several named templates: the default one
+            template = template.get("default") or next(iter(template.values()), None)
+    if not template:
+        raise ConfigError(
+            f"tokenizer {spec.tokenizer!r} has no chat template; give one with "
+            "--chat-template FILE (or chat_template in [reconstruct])"
+        )
+    return str(template)
+
+
 @dataclass
 class Sample:
     """One answer as training ids: `input_ids` = prompt + completion, loss on the completion."""
@@ -196,7 +225,6 @@ class Target:
             self._init_ids()
             return
         self.tok = _hf_tokenizer(spec.tokenizer, spec.trust_remote_code)
-        template: str | None
         self._encoder = (
             encoder(self.family.encoder, spec.tokenizer, spec.trust_remote_code)
             if self.family.encoder
@@ -204,22 +232,8 @@ class Target:
         )
         if self._encoder is not None:
             template = f"(the {self.family.encoder} encoder of {self.family.encoder_package})"
-        elif spec.chat_template:
-            try:
-                template = Path(spec.chat_template).expanduser().read_text(encoding="utf-8")
-            except OSError as exc:
-                raise ConfigError(f"chat_template {spec.chat_template!r}: {exc}") from exc
-        elif spec.tokenizer == "sim":
-            template = sim_template(spec.family)
         else:
-            template = getattr(self.tok, "chat_template", None)
-            if isinstance(template, dict):  # several named templates: the default one
-                template = template.get("default") or next(iter(template.values()), None)
-        if not template:
-            raise ConfigError(
-                f"tokenizer {spec.tokenizer!r} has no chat template; give one with "
-                "--chat-template FILE (or chat_template in [reconstruct])"
-            )
+            template = read_template(spec, self.tok)
         self.template: str = template
         if from_template:
             self.family = detect(template, spec.thinking)
@@ -288,110 +302,23 @@ class Target:
             return self.family.stop
         eos = getattr(self.tok, "eos_token", None)
         eos = eos if isinstance(eos, str) and eos else None
-        config = self._generation_eos()
+        config = generation_eos(self.spec.tokenizer, self.tok)
         if self.family.name == "template":
-            self._stop_refusal = self._stops_disagree(eos, config)
+            end = template_end(
+                lambda turns: self._rendered(turns, None, None, generation=False)[0], self.tok
+            )
+            self._stop_refusal = stops_disagree(end, eos, config)
             if self._stop_refusal:
                 self.notes.append(f"every answer refused: {self._stop_refusal}")
         return tuple(dict.fromkeys([*([eos] if eos else []), *(config or [])]))
 
-    def _generation_eos(self) -> list[str] | None:
-        """The tokens of `eos_token_id` in the generation_config.json beside the tokenizer
-        (None: there is none)."""
-        folder = Path(self.spec.tokenizer).expanduser()
-        config = (folder if folder.is_dir() else folder.parent) / "generation_config.json"
-        local = folder.is_dir() or folder.is_file()  # a hub id has no folder beside it
-        if self.spec.tokenizer == "sim" or not local or not config.is_file():
-            return None
-        try:
-            ids = json.loads(config.read_text("utf-8")).get("eos_token_id")
-        except (OSError, ValueError, AttributeError):
-            ids = None
-        found: list[str] = []
-        for i in ids if isinstance(ids, list) else [ids]:
-            token = self.tok.convert_ids_to_tokens(i) if isinstance(i, int) else None
-            if isinstance(token, str) and token not in found:
-                found.append(token)
-        return found
-
-    def _stops_disagree(self, eos: str | None, config: list[str] | None) -> str | None:
-        """Why the folder does not say which token ends the model's turn (None: it does).
-        One of the special tokens the template writes right after an answer must be one the
-        model stops at: generation_config.json's, else the eos_token."""
-        end = self._template_end()
-        if not end:  # it writes none: each answer's render says so (rendered.py)
-            return None
-        shown = "".join(end)
-        if config is not None and not set(end) & set(config):
-            return (
-                f"the chat template ends a turn with {shown!r}, which generation_config.json's "
-                f"eos_token_id {config} does not hold: set [reconstruct] stop to the token the "
-                "model ends its turn with"
-            )
-        if config is None and eos not in end:
-            return (
-                f"the chat template ends a turn with {shown!r}, the tokenizer's eos_token is "
-                f"{eos!r} and no generation_config.json says which the model stops at: put the "
-                "model's generation_config.json beside its tokenizer, or set [reconstruct] stop"
-            )
-        return None
-
-    def _template_end(self) -> list[str]:
-        """The special tokens the template writes right after an answer's text, in a run
-        (Phi-3.5's `<|end|>`, Command R7B's `<|END_RESPONSE|><|END_OF_TURN_TOKEN|>`)."""
-        probe = "Regen probe answer."
-        turns = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": probe}]
-        try:
-            after = self._rendered(turns, None, None, generation=False)[0].rpartition(probe)[2]
-        except ReconstructError:
-            return []
-        added = sorted((t for t in self.tok.get_added_vocab() if t), key=len, reverse=True)
-        run: list[str] = []
-        while token := next((t for t in added if after.startswith(t)), None):
-            run.append(token)
-            after = after[len(token) :]
-        return run
-
     def _unset_variables(self) -> list[str]:
-        """What the chat template reads that nothing here sets: a variable the model's own
-        tokenizer code would pass (Kimi-K2.5's `tools_ts_str` is one regen does set), or a
-        special token a bare tokenizer.json does not name. Each is one line saying what to
-        set; a `bos_token` the template starts with is an error, not a warning."""
-        import jinja2
-        import jinja2.meta
-        import jinja2.nodes
-
-        try:
-            tags = _generation_tag()
-            env = jinja2.Environment(extensions=["jinja2.ext.loopcontrols", tags])
-            ast = env.parse(self.template)
-            # Names the template sets itself anywhere (jinja2.meta also reports a name that is
-            # set in one branch or loop and read in another) are not inputs.
-            stored = {n.name for n in ast.find_all(jinja2.nodes.Name) if n.ctx != "load"}
-            stored |= {a.name for m in ast.find_all(jinja2.nodes.Macro) for a in m.args}
-            names = jinja2.meta.find_undeclared_variables(ast) - stored
-        except jinja2.TemplateSyntaxError as exc:
-            raise ConfigError(f"chat template of {self.spec.tokenizer!r}: {exc}") from exc
-        special = {k: v for k, v in self.tok.special_tokens_map.items() if v is not None}
-        known = set(_RENDER_VARIABLES) | set(self.kwargs) | set(special)
-        known |= set(self.family.reads)
+        """What the chat template reads that nothing here sets (`folder_rules`)."""
+        known = {*self.kwargs, *self.family.reads}
         if self.family.name == "kimi-k2.5":
-            known.add("tools_ts_str")
-        missing = sorted(names - known)
-        where = self.spec.chat_template or f"the chat template of {self.spec.tokenizer!r}"
-        for token in ("bos_token", "eos_token"):
-            if token in missing:
-                raise ConfigError(
-                    f"{where} reads {token}, which tokenizer {self.spec.tokenizer!r} does not "
-                    "name: put the model's tokenizer_config.json beside its tokenizer.json, or "
-                    f'set {token} in [reconstruct] template_kwargs (e.g. {{"{token}": "..."}})'
-                )
-        return [
-            f"{where} reads `{name}`, which regen does not set: if the model's own tokenizer "
-            f"code sets it (trust_remote_code), set it in [reconstruct] template_kwargs, or "
-            "the rebuilt prompts may differ from the server's"
-            for name in missing
-        ]
+            known.add("tools_ts_str")  # regen writes it (kimi_ts.py)
+        spec = self.spec
+        return unset_variables(self.template, spec.tokenizer, spec.chat_template, self.tok, known)
 
     # ids ----------------------------------------------------------------------------------
 
@@ -607,63 +534,65 @@ class Target:
         that proves the rebuild."""
         texts: list[str] = []
         known: dict[int, list[int]] = {}
-        plan: list[_Plan | ReconstructError] = []
-        for row in rows:
-            exact_p = row.exact_prompt_ids
-            exact_c = row.exact_completion_ids
-            try:
-                at = len(texts)
-                if self._ids is not None:
-                    known[at], known[at + 1] = self._ids_sample(row)
-                    prompt, text = self.decode(known[at]), self.decode(known[at + 1])
-                    prefill = ""
-                else:
-                    tools = row.conversation.get("tools")
-                    prompt = self.prompt_text(row.history(), tools, row.created_at or None)
-                    prefill = self.prefill(prompt)
-                    text = self.completion_text(row, prompt, prefill)
-                missing = lost(self.answer(row, prefill), text)
-                texts += [prompt, text]
-            except ReconstructError as exc:
-                if exact_p is None or exact_c is None:
-                    plan.append(ReconstructError(f"{row.item_id}: {exc}"))
-                    continue
-                at, prefill, missing = -1, "", None  # the server's ids stand; no rebuild
-            if exact_p is not None and self.family.prefills:
-                prefill = self.prefill(self.decode(exact_p[-8:]))
-            plan.append(_Plan(row, exact_p, exact_c, prefill, at, missing))
+        plan = [self._plan(row, texts, known) for row in rows]
         unknown = [i for i in range(len(texts)) if i not in known]
         encoded = dict(known)
         if unknown:
             fresh = self.encode_batch([texts[i] for i in unknown])
             encoded.update(zip(unknown, fresh, strict=True))
-        out: list[Sample | ReconstructError] = []
-        for p in plan:
-            if isinstance(p, ReconstructError):
-                out.append(p)
-                continue
-            row = p.row
-            rebuilt_p = encoded[p.at] if p.at >= 0 else None
-            rebuilt_c = encoded[p.at + 1] if p.at >= 0 else None
-            prompt_ids = p.exact_prompt if p.exact_prompt is not None else rebuilt_p
-            completion = p.exact_completion if p.exact_completion is not None else rebuilt_c
-            assert prompt_ids is not None and completion is not None
-            exact = p.exact_prompt is not None and p.exact_completion is not None
-            out.append(
-                Sample(
-                    item_id=row.item_id,
-                    prompt_ids=prompt_ids,
-                    completion_ids=completion,
-                    source="exact" if exact else "reconstructed",
-                    prompt_diff=len(prompt_ids) - billed_prompt(row, len(prompt_ids)),
-                    completion_diff=len(completion) - row.completion_tokens,
-                    prefill=p.prefill,
-                    rebuilt_prompt_ids=rebuilt_p if p.exact_prompt is not None else None,
-                    rebuilt_completion_ids=rebuilt_c if p.exact_completion is not None else None,
-                    lost=p.lost,
-                )
-            )
-        return out
+        return [p if isinstance(p, ReconstructError) else _sample(p, encoded) for p in plan]
+
+    def _plan(
+        self, row: StoredAnswer, texts: list[str], known: dict[int, list[int]]
+    ) -> _Plan | ReconstructError:
+        """A row's texts to encode, appended to `texts` (or its ids, put in `known` at their
+        places): its prompt and completion as rebuilt, and the server's ids if it has them."""
+        exact_p = row.exact_prompt_ids
+        exact_c = row.exact_completion_ids
+        try:
+            at = len(texts)
+            if self._ids is not None:
+                known[at], known[at + 1] = self._ids_sample(row)
+                prompt, text = self.decode(known[at]), self.decode(known[at + 1])
+                prefill = ""
+            else:
+                tools = row.conversation.get("tools")
+                prompt = self.prompt_text(row.history(), tools, row.created_at or None)
+                prefill = self.prefill(prompt)
+                text = self.completion_text(row, prompt, prefill)
+            missing = lost(self.answer(row, prefill), text)
+            texts += [prompt, text]
+        except ReconstructError as exc:
+            if exact_p is None or exact_c is None:
+                return ReconstructError(f"{row.item_id}: {exc}")
+            at, prefill, missing = -1, "", None  # the server's ids stand; no rebuild
+        if exact_p is not None and self.family.prefills:
+            prefill = self.prefill(self.decode(exact_p[-8:]))
+        return _Plan(row, exact_p, exact_c, prefill, at, missing)
+
+
+def _sample(p: _Plan, encoded: dict[int, list[int]]) -> Sample:
+    """A planned row's sample: the server's ids where it has them (the rebuild kept beside them
+    as its proof), else the rebuilt ones."""
+    row = p.row
+    rebuilt_p = encoded[p.at] if p.at >= 0 else None
+    rebuilt_c = encoded[p.at + 1] if p.at >= 0 else None
+    prompt_ids = p.exact_prompt if p.exact_prompt is not None else rebuilt_p
+    completion = p.exact_completion if p.exact_completion is not None else rebuilt_c
+    assert prompt_ids is not None and completion is not None
+    exact = p.exact_prompt is not None and p.exact_completion is not None
+    return Sample(
+        item_id=row.item_id,
+        prompt_ids=prompt_ids,
+        completion_ids=completion,
+        source="exact" if exact else "reconstructed",
+        prompt_diff=len(prompt_ids) - billed_prompt(row, len(prompt_ids)),
+        completion_diff=len(completion) - row.completion_tokens,
+        prefill=p.prefill,
+        rebuilt_prompt_ids=rebuilt_p if p.exact_prompt is not None else None,
+        rebuilt_completion_ids=rebuilt_c if p.exact_completion is not None else None,
+        lost=p.lost,
+    )
 
 
 @dataclass(frozen=True)
@@ -690,22 +619,6 @@ def _answer_message(a: Answer, reasoning: str, content: str) -> dict[str, Any]:
     return message
 
 
-def _generation_tag() -> type:
-    import jinja2.ext
-
-    class GenerationTag(jinja2.ext.Extension):
-        """transformers' `{% generation %}...{% endgeneration %}` (assistant masks): only
-        its body matters for which variables a template reads."""
-
-        tags = {"generation"}
-
-        def parse(self, parser: Any) -> Any:
-            next(parser.stream)
-            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
-
-    return GenerationTag
-
-
 _STRFTIME = re.compile(r"""strftime_now\(\s*(['"])(.*?)\1\s*\)""")
 
 
@@ -730,15 +643,6 @@ def _call(call: dict[str, Any], parse: bool) -> dict[str, Any]:
         except json.JSONDecodeError:
             args = {}
     return {**call, "function": {**fn, "arguments": args}}
-
-
-_RENDER_VARIABLES = frozenset(
-    {
-        # what apply_chat_template passes and the Jinja environment defines
-        "messages", "tools", "documents", "add_generation_prompt", "raise_exception",
-        "strftime_now", "namespace", "range", "dict", "lipsum", "cycler", "joiner",
-    }
-)  # fmt: skip
 
 
 def spec_from_store(
