@@ -6,7 +6,6 @@ with `provider.order`)."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,8 +16,7 @@ import pytest
 from regen.sim import RunningSim, SimConfig, SimEndpoint, SimModel
 from regen.sim.config import SimCache
 from regen.sim.server import Simulator, start_sim
-from regen.sim.words import WORDS
-from tests.sim.helpers import get, post, stream
+from tests.sim.helpers import get, post, stream, turns
 
 KIMI = "moonshotai/kimi-k2.5"
 
@@ -30,21 +28,6 @@ async def served(config: SimConfig) -> AsyncIterator[RunningSim]:
         yield running
     finally:
         await runner.cleanup()
-
-
-def text(seed: int, n: int = 120) -> str:
-    return " ".join(random.Random(seed).choices(WORDS, k=n))
-
-
-def turns(conv: int, k: int) -> list[dict[str, Any]]:
-    """The first k user turns of conversation `conv` (with answers between them), long enough
-    to fill several cache blocks."""
-    out: list[dict[str, Any]] = [{"role": "system", "content": text(10_000 + conv)}]
-    for t in range(k):
-        if t:
-            out.append({"role": "assistant", "content": text(20_000 + conv * 100 + t, 40)})
-        out.append({"role": "user", "content": text(30_000 + conv * 100 + t, 60)})
-    return out
 
 
 def ask(messages: list[dict[str, Any]], model: str = KIMI, **kw: Any) -> dict[str, Any]:

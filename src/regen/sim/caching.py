@@ -19,8 +19,6 @@ from typing import Any
 from regen.sim.config import SimCache, SimEndpoint
 from regen.sim.prefix_cache import CacheUse, PrefixCache
 
-NO_CACHE = CacheUse(cached=0, written=0)
-
 
 def conversation_key(body: dict[str, Any], session_header: str | None) -> str | None:
     """What keeps a request on its provider: its session, else its conversation's hash. None

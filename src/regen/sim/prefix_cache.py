@@ -9,7 +9,6 @@ self-hosted vLLM or SGLang server (selfhosted.py) each own one.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -43,6 +42,9 @@ class CacheUse:
     """Prompt tokens newly stored (whole blocks that were not there)."""
 
 
+NO_CACHE = CacheUse(cached=0, written=0)
+
+
 class PrefixCache:
     """Block-hashed prompt prefixes with a lifetime and LRU eviction."""
 
@@ -50,20 +52,21 @@ class PrefixCache:
         self.block_tokens = block_tokens
         self.capacity_blocks = max(1, capacity_tokens // block_tokens)
         self.ttl_s = ttl_s
-        self._blocks: OrderedDict[bytes, float] = OrderedDict()
+        self._blocks: OrderedDict[int, float] = OrderedDict()
         """Block hash -> when it was last used (sim seconds); oldest first."""
 
-    def _hashes(self, ids: list[int]) -> list[bytes]:
-        out: list[bytes] = []
-        prev = b""
+    def _hashes(self, ids: list[int]) -> list[int]:
+        # Python's hash of a tuple of ints is not salted per process, and fast enough for
+        # SGLang's one-token pages; a 64-bit collision is not a concern for a simulator.
+        out: list[int] = []
+        prev = 0
         n = self.block_tokens
         for start in range(0, len(ids) - n + 1, n):
-            block = b"".join(i.to_bytes(4, "little") for i in ids[start : start + n])
-            prev = hashlib.blake2b(prev + block, digest_size=12).digest()
+            prev = hash((prev, *ids[start : start + n]))
             out.append(prev)
         return out
 
-    def _alive(self, h: bytes, now: float) -> bool:
+    def _alive(self, h: int, now: float) -> bool:
         used = self._blocks.get(h)
         if used is None:
             return False

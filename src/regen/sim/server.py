@@ -28,7 +28,7 @@ from aiohttp import web
 
 from regen.sim.account import Account, affordable
 from regen.sim.auth import authorize
-from regen.sim.caching import NO_CACHE, ProviderCaches, conversation_key, prompt_bill
+from regen.sim.caching import PromptBill, ProviderCaches, conversation_key, prompt_bill
 from regen.sim.catalogue import Catalogue
 from regen.sim.config import REQUEST_PARAMETERS, SimConfig, SimEndpoint, SimModel
 from regen.sim.faults import draw_faults, forced_faults
@@ -40,7 +40,7 @@ from regen.sim.generate import (
     rng_for,
 )
 from regen.sim.keys import KeysApi, KeyStore
-from regen.sim.prefix_cache import CacheUse, SimClock
+from regen.sim.prefix_cache import NO_CACHE, CacheUse, SimClock
 from regen.sim.respond import error_response, respond_json, respond_stream
 from regen.sim.routing import route
 
@@ -66,6 +66,9 @@ class LoggedRequest:
     """Prompt tokens read from the serving endpoint's (or server's) prefix cache."""
     cache_write_tokens: int = 0
     """Prompt tokens billed as cache writes (OpenRouter providers that bill them)."""
+    ttft_s: float = 0.0
+    """Simulated seconds to the first token: the endpoint's `ttft_s` and the prefill of the
+    prompt tokens not found in a prefix cache."""
     completion_tokens: int = 0
     cost_usd: float = 0.0
     """What the account was charged (0 when not billed)."""
@@ -460,6 +463,22 @@ class Simulator:
             metadata={"provider_name": None},
         )
 
+    def _cache_and_price(self, chat: _Chat, endpoint: SimEndpoint) -> PromptBill:
+        """The prompt reaches the endpoint: read what its cache holds (and store the rest),
+        keep the conversation there, count the prefill and its time, and price it."""
+        entry, model = chat.entry, chat.model
+        now = self.clock.now()
+        cache = self.config.cache_of(endpoint)
+        use = NO_CACHE
+        if cache is not None:
+            use = self.caches.use(model.id, endpoint, cache, chat.prompt_ids, now)
+            self.caches.stick(model.id, chat.conversation, endpoint, cache, now)
+        self.count_prefill(endpoint.tag, entry.prompt_tokens, use)
+        prompt = prompt_bill(entry.prompt_tokens, endpoint, cache, use)
+        entry.cached_tokens, entry.cache_write_tokens = prompt.cached, prompt.written
+        entry.ttft_s = endpoint.ttft_s + prefill_s(endpoint, entry.prompt_tokens - use.cached)
+        return prompt
+
     async def _serve(
         self, request: web.Request, chat: _Chat, endpoint: SimEndpoint
     ) -> web.StreamResponse:
@@ -497,16 +516,8 @@ class Simulator:
             return error_response(400, f"chat template error: {exc}")
         if "cold_start" in faults:
             comp = Completion("", "", [], 0, 0, "stop", [])
-        now = self.clock.now()
-        cache = self.config.cache_of(endpoint)
-        use = NO_CACHE
-        if cache is not None:
-            use = self.caches.use(model.id, endpoint, cache, chat.prompt_ids, now)
-            self.caches.stick(model.id, chat.conversation, endpoint, cache, now)
-        self.count_prefill(endpoint.tag, entry.prompt_tokens, use)
-        prompt = prompt_bill(entry.prompt_tokens, endpoint, cache, use)
-        entry.cached_tokens, entry.cache_write_tokens = prompt.cached, prompt.written
-        ttft_s = endpoint.ttft_s + prefill_s(endpoint, entry.prompt_tokens - use.cached)
+        prompt = self._cache_and_price(chat, endpoint)
+        ttft_s = entry.ttft_s
         created = int(time.time())
         id_rng = rng_for(digest, occurrence, 3)
         gen_id = f"gen-{created}-{''.join(id_rng.choice(_ALNUM) for _ in range(20))}"
