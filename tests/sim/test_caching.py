@@ -15,6 +15,7 @@ import pytest
 
 from regen.sim import RunningSim, SimConfig, SimEndpoint, SimModel
 from regen.sim.config import SimCache
+from regen.sim.prefix_cache import PrefixCache
 from regen.sim.server import Simulator, start_sim
 from tests.sim.helpers import get, post, stream, turns
 
@@ -238,3 +239,26 @@ def test_sim_clock_stands_still_at_time_scale_zero_and_advances_on_request() -> 
     start = sim.clock.now()
     sim.clock.advance(42)
     assert sim.clock.now() == start + 42
+
+
+def test_expired_blocks_are_dropped_not_kept_until_the_capacity_is_full() -> None:
+    cache = PrefixCache(block_tokens=4, capacity_tokens=10_000, ttl_s=300)
+    cache.use(list(range(40)), now=0)
+    cache.use(list(range(100, 140)), now=200)
+    assert len(cache) == 20
+    cache.use(list(range(200, 240)), now=400)  # the first prompt's blocks outlived 300 s
+    assert len(cache) == 20
+
+
+async def test_a_hit_shortens_the_time_to_first_token() -> None:
+    config = two_providers(read_multiplier=0.25)
+    model = config.models[0]
+    fast = [e.model_copy(update={"prefill_tokens_per_s": 1000.0}) for e in model.endpoints]
+    config = config.model_copy(update={"models": [model.model_copy(update={"endpoints": fast})]})
+    async with served(config) as sim:
+        answers = [(await post(sim, ask(turns(9, k))))[1] for k in (1, 2)]
+        gens = [(await get(sim, f"/generation?id={a['id']}"))[1]["data"] for a in answers]
+        cold, warm = sim.simulator.chat_log()
+    assert cold.ttft_s == pytest.approx(0.2 + cold.prompt_tokens / 1000)
+    assert warm.ttft_s == pytest.approx(0.2 + (warm.prompt_tokens - warm.cached_tokens) / 1000)
+    assert [g["latency"] for g in gens] == pytest.approx([cold.ttft_s * 1000, warm.ttft_s * 1000])

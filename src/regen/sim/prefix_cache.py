@@ -75,6 +75,19 @@ class PrefixCache:
             return False
         return True
 
+    def _expired_first(self, now: float) -> bool:
+        """Whether the least recently used block has outlived its lifetime (blocks are kept in
+        the order of their last use, so expired ones are dropped from the front, not left to
+        fill the capacity)."""
+        if self.ttl_s is None or not self._blocks:
+            return False
+        oldest = next(iter(self._blocks.values()))
+        return now - oldest > self.ttl_s
+
+    def __len__(self) -> int:
+        """Blocks held."""
+        return len(self._blocks)
+
     def use(self, ids: list[int], now: float) -> CacheUse:
         """Read the longest cached prefix of `ids` (whole blocks, never the last token: a
         server computes at least one), then store the prompt's blocks, all marked used now."""
@@ -87,6 +100,6 @@ class PrefixCache:
         for h in hashes:
             self._blocks[h] = now
             self._blocks.move_to_end(h)
-        while len(self._blocks) > self.capacity_blocks:
+        while len(self._blocks) > self.capacity_blocks or self._expired_first(now):
             self._blocks.popitem(last=False)
         return CacheUse(cached=max(0, cached), written=(len(hashes) - hit) * self.block_tokens)
