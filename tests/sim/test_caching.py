@@ -262,3 +262,13 @@ async def test_a_hit_shortens_the_time_to_first_token() -> None:
     assert cold.ttft_s == pytest.approx(0.2 + cold.prompt_tokens / 1000)
     assert warm.ttft_s == pytest.approx(0.2 + (warm.prompt_tokens - warm.cached_tokens) / 1000)
     assert [g["latency"] for g in gens] == pytest.approx([cold.ttft_s * 1000, warm.ttft_s * 1000])
+
+
+async def test_idle_sticky_routes_are_dropped() -> None:
+    async with served(two_providers(read_multiplier=0.25)) as sim:
+        await providers_of(sim, [ask(turns(c, 1)) for c in CONVS])
+        held = sim.simulator.caches.sticky_routes()
+        sim.simulator.clock.advance(601)
+        await providers_of(sim, [ask(turns(1000, 1))])
+    assert held == len(CONVS)
+    assert sim.simulator.caches.sticky_routes() == 1

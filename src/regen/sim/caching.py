@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,7 +79,8 @@ class ProviderCaches:
 
     def __init__(self, sticky_s: float) -> None:
         self._caches: dict[tuple[str, str], PrefixCache] = {}
-        self._sticky: dict[tuple[str, str], tuple[str, float]] = {}
+        self._sticky: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()
+        """(model, conversation) -> (endpoint tag, last request), oldest first."""
         self._sticky_s = sticky_s
 
     def use(
@@ -113,3 +115,12 @@ class ProviderCaches:
         reads are cheaper than the prompt price)."""
         if conversation is not None and cache is not None and cache.read_multiplier < 1:
             self._sticky[(model, conversation)] = (endpoint.tag, now)
+            self._sticky.move_to_end((model, conversation))
+        # Routes idle past their time are dropped as they go: a job of a million
+        # conversations does not keep a million routes.
+        while self._sticky and now - next(iter(self._sticky.values()))[1] > self._sticky_s:
+            self._sticky.popitem(last=False)
+
+    def sticky_routes(self) -> int:
+        """Sticky routes held (expired ones are dropped as later requests are served)."""
+        return len(self._sticky)
