@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 import aiohttp
 
 from regen.sim import RunningSim
+from regen.sim.words import WORDS
 
 TOOLS = [
     {
@@ -30,6 +32,22 @@ def body(text: str = "hello", **kw: Any) -> dict[str, Any]:
         "messages": [{"role": "user", "content": text}],
         **kw,
     }
+
+
+def text(seed: int, n: int = 120) -> str:
+    """n sim words drawn with a seed (one token each)."""
+    return " ".join(random.Random(seed).choices(WORDS, k=n))
+
+
+def turns(conv: int, k: int) -> list[dict[str, Any]]:
+    """The first k user turns of conversation `conv` (with answers between them), long enough
+    to fill several cache blocks; each turn's prompt extends the one before."""
+    out: list[dict[str, Any]] = [{"role": "system", "content": text(10_000 + conv)}]
+    for t in range(k):
+        if t:
+            out.append({"role": "assistant", "content": text(20_000 + conv * 100 + t, 40)})
+        out.append({"role": "user", "content": text(30_000 + conv * 100 + t, 60)})
+    return out
 
 
 def headers(key: str | None = "k", fault: str | None = None) -> dict[str, str]:

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from regen.sim.account import Account, mask_key
 from regen.sim.auth import authorize, authorize_manager
-from regen.sim.config import SimConfig, SimEndpoint
+from regen.sim.config import SimCache, SimConfig, SimEndpoint
 from regen.sim.keys import KeyStore
 from regen.sim.respond import error_response
 
@@ -18,13 +18,20 @@ def _price_str(v: float) -> str:
     return f"{v:.12f}".rstrip("0").rstrip(".") or "0"
 
 
-def _pricing(ep: SimEndpoint) -> dict[str, str]:
-    return {
+def _pricing(ep: SimEndpoint, cache: SimCache | None) -> dict[str, str]:
+    """Prices as strings in USD per token; cache reads (and writes, where they are not the
+    prompt price) only for an endpoint that caches."""
+    out = {
         "prompt": _price_str(ep.prompt_price),
         "completion": _price_str(ep.completion_price),
         "request": "0",
         "image": "0",
     }
+    if cache is not None:
+        out["input_cache_read"] = _price_str(ep.prompt_price * cache.read_multiplier)
+        if cache.write_multiplier != 1:
+            out["input_cache_write"] = _price_str(ep.prompt_price * cache.write_multiplier)
+    return out
 
 
 class Catalogue:
@@ -131,7 +138,7 @@ class Catalogue:
                         "input_modalities": ["text"],
                         "output_modalities": ["text"],
                     },
-                    "pricing": _pricing(cheapest),
+                    "pricing": _pricing(cheapest, self.config.cache_of(cheapest)),
                     "top_provider": {
                         "context_length": m.context_length,
                         "max_completion_tokens": max(e.max_completion_tokens for e in m.endpoints),
@@ -161,11 +168,11 @@ class Catalogue:
                 "context_length": e.context_length,
                 "max_completion_tokens": e.max_completion_tokens,
                 "max_prompt_tokens": e.context_length,
-                "pricing": _pricing(e),
+                "pricing": _pricing(e, self.config.cache_of(e)),
                 "supported_parameters": e.supported_parameters,
                 "status": 0,
                 "uptime_last_30m": 100.0,
-                "supports_implicit_caching": False,
+                "supports_implicit_caching": self.config.cache_of(e) is not None,
                 "latency_last_30m": {
                     "p50": e.ttft_s * 1000,
                     "p75": e.ttft_s * 1200,

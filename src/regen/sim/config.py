@@ -91,6 +91,32 @@ class SimFaults(_Model):
     """The shape of the usage chunk that follows the finish chunk."""
 
 
+class SimCache(_Model):
+    """A provider endpoint's prompt cache (prefix_cache.py) and what it bills for it."""
+
+    read_multiplier: float = Field(ge=0)
+    """Cached prompt tokens cost this times the prompt price (`input_cache_read`)."""
+    write_multiplier: float = Field(default=1.0, ge=0)
+    """Prompt tokens written to the cache cost this times the prompt price
+    (`input_cache_write`, listed only when it is not 1)."""
+    block_tokens: int = Field(default=64, ge=1)
+    """The cache's granularity: only whole blocks of a prompt's prefix are kept and found."""
+    ttl_s: float = Field(default=300.0, gt=0)
+    """A block's lifetime after its last use, in simulated seconds."""
+    capacity_tokens: int = Field(default=50_000_000, ge=1)
+    """Tokens the endpoint keeps; the least recently used blocks go first above it."""
+
+
+PROVIDER_CACHES: dict[str, SimCache] = {
+    "moonshotai": SimCache(read_multiplier=0.25),
+    "deepseek": SimCache(read_multiplier=0.1),
+    "alibaba": SimCache(read_multiplier=0.1, write_multiplier=1.25),
+}
+"""With `prompt_caching = true`, the cache of each provider (by base slug) whose endpoints do
+not set their own: Moonshot-like reads at 0.25x, DeepSeek-like at 0.1x, Alibaba-like at 0.1x
+with writes at 1.25x (OpenRouter's prompt-caching guide)."""
+
+
 class SimEndpoint(_Model):
     """One provider endpoint serving a model."""
 
@@ -105,6 +131,12 @@ class SimEndpoint(_Model):
     """USD per completion token."""
     ttft_s: float = Field(default=0.2, ge=0)
     tokens_per_s: float = Field(default=200.0, gt=0)
+    prefill_tokens_per_s: float = Field(default=0.0, ge=0)
+    """Prompt tokens computed per second before the first token, on top of `ttft_s`; tokens
+    read from a prefix cache are not computed. 0: prefill takes no time beyond `ttft_s`."""
+    cache: SimCache | None = None
+    """This endpoint's prompt cache (whatever `prompt_caching` says). None: its provider's
+    from PROVIDER_CACHES when `prompt_caching` is on, else no cache."""
     max_completion_tokens: int = Field(default=65536, gt=0)
     context_length: int = Field(default=262144, gt=0)
     capacity: int = Field(default=0, ge=0)
@@ -286,6 +318,22 @@ class SimConfig(_Model):
     health_route: bool = True
     """Self-hosted: serve `/health` (false: 404 there, as behind a proxy that routes only
     `/v1`)."""
+    prompt_caching: bool = False
+    """OpenRouter: endpoints of the providers in PROVIDER_CACHES cache prompts at their
+    prices, and requests stick to the endpoint that cached them (`sticky_s`). False: only
+    endpoints with their own `cache` table cache."""
+    sticky_s: float = Field(default=600.0, ge=0)
+    """OpenRouter: how long (simulated seconds since its last request) a conversation stays on
+    the endpoint that cached it."""
+    prefix_caching: bool = True
+    """Self-hosted: automatic prefix caching (vLLM's, on by default; SGLang's radix cache)."""
+    prefix_cache_tokens: int = Field(default=1_000_000, ge=1)
+    """Self-hosted: tokens the server's prefix cache holds (its free KV cache); LRU above."""
+    prefix_block_tokens: int | None = Field(default=None, ge=1)
+    """Self-hosted: the cache's block size (None: vLLM's 16, SGLang's page size 1)."""
+    report_cached_tokens: bool = False
+    """Self-hosted: report `usage.prompt_tokens_details.cached_tokens` (vLLM's
+    `--enable-prompt-tokens-details`, SGLang's `--enable-cache-report`)."""
     seed: int = 0
     time_scale: float = Field(default=1.0, ge=0)
     """Multiplies every simulated delay: 0 answers at once, 0.1 is ten times faster."""
@@ -310,6 +358,13 @@ class SimConfig(_Model):
 
     def model(self, model_id: str) -> SimModel | None:
         return next((m for m in self.models if m.id == model_id), None)
+
+    def cache_of(self, endpoint: SimEndpoint) -> SimCache | None:
+        """The prompt cache an OpenRouter endpoint has: its own, else its provider's when
+        `prompt_caching` is on."""
+        if endpoint.cache is not None:
+            return endpoint.cache
+        return PROVIDER_CACHES.get(endpoint.slug) if self.prompt_caching else None
 
 
 def load_sim_config(path: str | Path | None) -> SimConfig:

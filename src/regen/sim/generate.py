@@ -54,11 +54,18 @@ def rng_for(digest: bytes, *salt: int) -> random.Random:
     return random.Random(int.from_bytes(h.digest(), "little"))
 
 
+def prompt_token_ids(
+    family: str, messages: list[Any], tools: list[Any], thinking: bool
+) -> list[int]:
+    """The prompt as the family's published template renders it, in the sim tokenizer's ids."""
+    text = render_prompt(family, messages, tools, thinking)
+    return list(sim_tokenizer().encode(text, add_special_tokens=False).ids)
+
+
 def count_prompt_tokens(family: str, messages: list[Any], tools: list[Any], thinking: bool) -> int:
     """Prompt tokens as the family's published template renders them, counted by the sim
     tokenizer."""
-    text = render_prompt(family, messages, tools, thinking)
-    return len(sim_tokenizer().encode(text, add_special_tokens=False).ids)
+    return len(prompt_token_ids(family, messages, tools, thinking))
 
 
 def _words(rng: random.Random, n: int) -> str:

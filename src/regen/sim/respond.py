@@ -168,9 +168,11 @@ async def respond_stream(
     endpoint: SimEndpoint,
     shown: bool,
     done: Callable[[], None] = lambda: None,
+    ttft_s: float | None = None,
 ) -> web.StreamResponse:
-    """Stream the completion at the endpoint's speed; `done()` is called before the last
-    bytes of a whole stream go out.
+    """Stream the completion at the endpoint's speed, its first token after `ttft_s` (the
+    endpoint's own by default); `done()` is called before the last bytes of a whole stream
+    go out.
 
     Chunks that fall within 10 ms of each other go out in one write: the timing stays
     faithful at that grain and the simulator spends its CPU on requests, not on syscalls.
@@ -213,7 +215,7 @@ async def respond_stream(
     if keepalive:
         buf.append(KEEPALIVE)
     await flush()
-    await pace(endpoint.ttft_s)
+    await pace(endpoint.ttft_s if ttft_s is None else ttft_s)
     k = config.stream_chunk_tokens
     parts = deltas(comp, k, shown)
     cut = len(parts) // 2

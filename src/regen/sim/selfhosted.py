@@ -28,7 +28,7 @@ import asyncio
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aiohttp import web
@@ -38,7 +38,8 @@ from regen.sim.config import SimConfig, SimModel
 from regen.sim.faults import draw_faults, forced_faults
 from regen.sim.generate import Completion, generate, request_digest, rng_for
 from regen.sim.grammar import sim_tokenizer
-from regen.sim.server import LoggedRequest, Simulator
+from regen.sim.prefix_cache import NO_CACHE, PrefixCache
+from regen.sim.server import LoggedRequest, Simulator, prefill_s
 from regen.sim.stream import pieces
 
 # The kinds of fault a self-hosted server can show (no routing, billing or proxy quirks).
@@ -90,6 +91,10 @@ class _Ask:
     occurrence: int
     n: int = 1
     """Choices to generate from the one prompt (vLLM's and SGLang's `n`; one prefill)."""
+    cached: int = 0
+    """Prompt tokens found in the server's prefix cache (set when the request is served)."""
+    ttft_s: float = 0.0
+    """Time to its first token: the server's, and the prefill of its uncached tokens."""
 
 
 class SelfHostedSim(Simulator):
@@ -106,6 +111,12 @@ class SelfHostedSim(Simulator):
         self.queued = 0
         """Requests waiting for a slot (above max_num_seqs)."""
         self._slots: asyncio.Semaphore | None = None
+        block = config.prefix_block_tokens or (16 if self.dialect == "vllm" else 1)
+        self.prefix_cache = (
+            PrefixCache(block, config.prefix_cache_tokens, None) if config.prefix_caching else None
+        )
+        """Automatic prefix caching: vLLM's 16-token blocks, SGLang's radix tree of one-token
+        pages, kept until evicted (LRU) by what the KV cache cannot hold."""
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -352,6 +363,7 @@ class SelfHostedSim(Simulator):
             if code in ask.faults:
                 await self._sleep(speed.ttft_s)
                 return self._error(ApiError(int(code), "The engine failed to generate a response"))
+        ask = self._prefill(ask, entry)
         try:
             # Choice 0 is what a request without n gets; each further choice is its own draw
             # from the same prompt (one prefill: the prompt is counted once).
@@ -389,7 +401,7 @@ class SelfHostedSim(Simulator):
         if ask.stream:
             return await self._stream(request, ask, meta, comp, calls)
         longest = max(c.completion_tokens for c in comps)
-        await self._sleep(speed.ttft_s + longest / speed.tokens_per_s)
+        await self._sleep(ask.ttft_s + longest / speed.tokens_per_s)
         body = self._body(ask, meta, comp, calls)
         if ask.n > 1:
             body["choices"] = [
@@ -420,6 +432,28 @@ class SelfHostedSim(Simulator):
         await resp.write_eof()
         return resp
 
+    def _prefill(self, ask: _Ask, entry: LoggedRequest) -> _Ask:
+        """Look the prompt up in the prefix cache (and store it there): what was found is not
+        computed, so it neither counts as prefill nor takes prefill time."""
+        speed = ask.model.endpoints[0]
+        use = NO_CACHE
+        if self.prefix_cache is not None:
+            use = self.prefix_cache.use(ask.prompt, self.clock.now())
+        self.count_prefill(speed.tag, len(ask.prompt), use)
+        entry.cached_tokens = use.cached
+        ttft_s = entry.ttft_s = speed.ttft_s + prefill_s(speed, len(ask.prompt) - use.cached)
+        return replace(ask, cached=use.cached, ttft_s=ttft_s)
+
+    def _cache_report(self, ask: _Ask) -> dict[str, int] | None:
+        """`prompt_tokens_details` as each server reports it, only with its switch on: current
+        vLLM always (`--enable-prompt-tokens-details`), SGLang only when some were cached
+        (`--enable-cache-report`)."""
+        if not self.config.report_cached_tokens:
+            return None
+        if self.dialect == "sglang" and not ask.cached:
+            return None
+        return {"cached_tokens": ask.cached}
+
     def _usage(
         self, ask: _Ask, comp: Completion | list[Completion], completion_tokens: int
     ) -> dict[str, Any]:
@@ -429,7 +463,7 @@ class SelfHostedSim(Simulator):
             "prompt_tokens": len(ask.prompt),
             "total_tokens": len(ask.prompt) + completion_tokens,
             "completion_tokens": completion_tokens,
-            "prompt_tokens_details": None,
+            "prompt_tokens_details": self._cache_report(ask),
         }
         if self.dialect == "sglang":
             usage["reasoning_tokens"] = reasoning_tokens
@@ -542,7 +576,7 @@ class SelfHostedSim(Simulator):
             first["prompt_token_ids"] = ask.prompt if ask.token_ids else None
         else:
             first["choices"][0]["matched_stop"] = None
-        await writer.pace(speed.ttft_s)
+        await writer.pace(ask.ttft_s)
         writer.send(usage_on(first, 0, False))
         per_chunk_s = 4 / speed.tokens_per_s
         for i, delta in enumerate(deltas or [{"content": ""}]):

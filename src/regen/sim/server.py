@@ -28,17 +28,19 @@ from aiohttp import web
 
 from regen.sim.account import Account, affordable
 from regen.sim.auth import authorize
+from regen.sim.caching import PromptBill, ProviderCaches, conversation_key, prompt_bill
 from regen.sim.catalogue import Catalogue
 from regen.sim.config import REQUEST_PARAMETERS, SimConfig, SimEndpoint, SimModel
 from regen.sim.faults import draw_faults, forced_faults
 from regen.sim.generate import (
     Completion,
-    count_prompt_tokens,
     generate,
+    prompt_token_ids,
     request_digest,
     rng_for,
 )
 from regen.sim.keys import KeysApi, KeyStore
+from regen.sim.prefix_cache import NO_CACHE, CacheUse, SimClock
 from regen.sim.respond import error_response, respond_json, respond_stream
 from regen.sim.routing import route
 
@@ -60,6 +62,13 @@ class LoggedRequest:
     provider: str | None = None
     endpoint_tag: str | None = None
     prompt_tokens: int = 0
+    cached_tokens: int = 0
+    """Prompt tokens read from the serving endpoint's (or server's) prefix cache."""
+    cache_write_tokens: int = 0
+    """Prompt tokens billed as cache writes (OpenRouter providers that bill them)."""
+    ttft_s: float = 0.0
+    """Simulated seconds to the first token: the endpoint's `ttft_s` and the prefill of the
+    prompt tokens not found in a prefix cache."""
     completion_tokens: int = 0
     cost_usd: float = 0.0
     """What the account was charged (0 when not billed)."""
@@ -97,6 +106,9 @@ class _Chat:
     digest: bytes
     occurrence: int
     reasoning_shown: bool
+    prompt_ids: list[int]
+    conversation: str | None
+    """The sticky-routing key (caching.py); None with `provider.order`."""
 
 
 class Simulator:
@@ -121,6 +133,13 @@ class Simulator:
         self._hold: _Hold | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._bucket = (float(config.global_rps or 0), time.monotonic())
+        self.clock = SimClock(config.time_scale)
+        """Simulated time, for cache lifetimes and sticky routes (`clock.advance` in tests)."""
+        self.caches = ProviderCaches(config.sticky_s)
+        self.prefill_tokens: Counter[str] = Counter()
+        """Prompt tokens computed (not read from a prefix cache), by endpoint tag."""
+        self.cached_tokens: Counter[str] = Counter()
+        """Prompt tokens read from a prefix cache, by endpoint tag."""
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -149,8 +168,17 @@ class Simulator:
                 "billed_usd": self.billed_usd(),
                 "unbilled": self.unbilled,
                 "peak_in_flight": self.peak_in_flight,
+                "prefill_tokens": sum(self.prefill_tokens.values()),
+                "cached_tokens": sum(self.cached_tokens.values()),
+                "prefill_tokens_by_endpoint": dict(self.prefill_tokens),
+                "cached_tokens_by_endpoint": dict(self.cached_tokens),
             }
         )
+
+    def count_prefill(self, tag: str, prompt_tokens: int, use: CacheUse) -> None:
+        """Count a prompt that reached the model: what was computed and what was read."""
+        self.prefill_tokens[tag] += prompt_tokens - use.cached
+        self.cached_tokens[tag] += use.cached
 
     def billed_usd(self) -> float:
         """What the whole account was billed so far."""
@@ -317,10 +345,10 @@ class Simulator:
         raw_tools = body.get("tools")
         tools: list[Any] = raw_tools if isinstance(raw_tools, list) else []
         try:
-            prompt_tokens = count_prompt_tokens(model.family, messages, tools, thinking)
+            prompt_ids = prompt_token_ids(model.family, messages, tools, thinking)
         except Exception as exc:  # noqa: BLE001 - any history the template cannot render
             return error_response(400, f"chat template error: {exc}")
-        entry.prompt_tokens = prompt_tokens
+        prompt_tokens = entry.prompt_tokens = len(prompt_ids)
         params = {p for p in REQUEST_PARAMETERS if p in body}
         candidates = route(
             model.endpoints,
@@ -342,6 +370,9 @@ class Simulator:
                 },
             )
 
+        conversation = conversation_key(body, request.headers.get("x-session-id"))
+        sticky = self.caches.sticky(model.id, conversation, self.clock.now())
+        candidates.endpoints.sort(key=lambda e: e.tag != sticky)  # stable: the rest keep order
         first = candidates.endpoints[0]
         affordable = self.account.affordable_tokens(
             prompt_tokens * first.prompt_price, first.completion_price
@@ -400,6 +431,8 @@ class Simulator:
             digest,
             occurrence,
             not reasoning_cfg.get("exclude"),
+            prompt_ids,
+            conversation,
         )
         try:
             await self._pass_hold()
@@ -429,6 +462,22 @@ class Simulator:
             "https://openrouter.ai/settings/keys and create a key with a higher limit",
             metadata={"provider_name": None},
         )
+
+    def _cache_and_price(self, chat: _Chat, endpoint: SimEndpoint) -> PromptBill:
+        """The prompt reaches the endpoint: read what its cache holds (and store the rest),
+        keep the conversation there, count the prefill and its time, and price it."""
+        entry, model = chat.entry, chat.model
+        now = self.clock.now()
+        cache = self.config.cache_of(endpoint)
+        use = NO_CACHE
+        if cache is not None:
+            use = self.caches.use(model.id, endpoint, cache, chat.prompt_ids, now)
+            self.caches.stick(model.id, chat.conversation, endpoint, cache, now)
+        self.count_prefill(endpoint.tag, entry.prompt_tokens, use)
+        prompt = prompt_bill(entry.prompt_tokens, endpoint, cache, use)
+        entry.cached_tokens, entry.cache_write_tokens = prompt.cached, prompt.written
+        entry.ttft_s = endpoint.ttft_s + prefill_s(endpoint, entry.prompt_tokens - use.cached)
+        return prompt
 
     async def _serve(
         self, request: web.Request, chat: _Chat, endpoint: SimEndpoint
@@ -467,11 +516,13 @@ class Simulator:
             return error_response(400, f"chat template error: {exc}")
         if "cold_start" in faults:
             comp = Completion("", "", [], 0, 0, "stop", [])
+        prompt = self._cache_and_price(chat, endpoint)
+        ttft_s = entry.ttft_s
         created = int(time.time())
         id_rng = rng_for(digest, occurrence, 3)
         gen_id = f"gen-{created}-{''.join(id_rng.choice(_ALNUM) for _ in range(20))}"
         entry.generation_id = gen_id
-        prompt_cost = entry.prompt_tokens * endpoint.prompt_price
+        prompt_cost = prompt.cost_usd
         cost = prompt_cost + comp.completion_tokens * endpoint.completion_price
         # Zero-completion insurance: nothing generated, or an error finish, is not billed.
         billed = (
@@ -486,8 +537,8 @@ class Simulator:
             "cost": round(cost, 12) if billed else 0,
             "is_byok": False,
             "prompt_tokens_details": {
-                "cached_tokens": 0,
-                "cache_write_tokens": 0,
+                "cached_tokens": prompt.cached,
+                "cache_write_tokens": prompt.written,
                 "audio_tokens": 0,
                 "video_tokens": 0,
             },
@@ -513,7 +564,7 @@ class Simulator:
         # The answer is billed when its generation finishes, whether or not the client is
         # still there to read it (OpenRouter keeps generating after a disconnect).
         bill = _Bill(self, cost if billed else None, chat.key, entry)
-        generating_s = endpoint.ttft_s + comp.completion_tokens / endpoint.tokens_per_s
+        generating_s = ttft_s + comp.completion_tokens / endpoint.tokens_per_s
         ends_in = generating_s * self.config.time_scale
         if billed:
             entry.billed, entry.cost_usd = True, cost
@@ -537,14 +588,16 @@ class Simulator:
                 else "error",
                 "native_finish_reason": comp.finish_reason,
                 "created_at": created,
-                "latency": endpoint.ttft_s * 1000,
+                "latency": ttft_s * 1000,
                 "generation_time": comp.completion_tokens / endpoint.tokens_per_s * 1000,
                 "tokens_prompt": entry.prompt_tokens,
                 "tokens_completion": comp.completion_tokens,
                 "native_tokens_prompt": entry.prompt_tokens,
                 "native_tokens_completion": comp.completion_tokens,
                 "native_tokens_reasoning": comp.reasoning_tokens,
+                "native_tokens_cached": prompt.cached,
                 "total_cost": cost if billed else 0,
+                "cache_discount": round(prompt.discount_usd, 12) if billed else 0,
                 "usage": cost if billed else 0,
                 "is_byok": False,
                 "provider_responses": [
@@ -559,7 +612,7 @@ class Simulator:
         )
         if entry.stream:
             resp = await respond_stream(
-                self.config, request, meta, comp, usage, faults, endpoint, shown, bill.fire
+                self.config, request, meta, comp, usage, faults, endpoint, shown, bill.fire, ttft_s
             )
         else:
             # Status and headers go out now; padding while the answer is generated.
@@ -569,6 +622,12 @@ class Simulator:
         if "reset" not in faults:
             bill.fire()  # the whole answer went out: its generation is over (a no-op if done)
         return resp
+
+
+def prefill_s(endpoint: SimEndpoint, computed_tokens: int) -> float:
+    """Simulated seconds to compute a prompt's uncached tokens (0 without a prefill speed)."""
+    rate = endpoint.prefill_tokens_per_s
+    return computed_tokens / rate if rate > 0 else 0.0
 
 
 @dataclass
