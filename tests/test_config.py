@@ -136,7 +136,7 @@ def test_an_unreachable_endpoint_is_the_first_error_under_a_cap_and_a_credit_flo
 ) -> None:
     """Under a dollar cap and a credit floor, an endpoint nothing answers at was reported as a
     price or credit problem, and `regen plan` exited 0 with "$0.00 of $4.00 left"."""
-    from tests.test_pool import free_port
+    from tests.conftest import free_port
 
     port = free_port()  # nothing listens there
     job = write_job(tmp_path, f"http://127.0.0.1:{port}/api/v1")
