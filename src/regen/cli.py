@@ -28,7 +28,9 @@ from regen.errors import ConfigError, Interrupted, RegenError
 from regen.safe import REDACTED, printable, redact, redacted
 
 if TYPE_CHECKING:
-    from regen.reconstruct import Target
+    from rich.table import Table
+
+    from regen.reconstruct import Target, TargetSpec
     from regen.state.db import Store
 
 EXIT_OK, EXIT_USER, EXIT_USAGE, EXIT_FAILED_ITEMS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -761,8 +763,6 @@ def _target_overrides(args: argparse.Namespace) -> dict[str, Any]:
 def _audit(args: argparse.Namespace, console: Console) -> int:
     import json
 
-    from rich.table import Table
-
     from regen.outputs.audit import audit, audit_json
 
     audits, target = audit(
@@ -780,7 +780,20 @@ def _audit(args: argparse.Namespace, console: Console) -> int:
     for warning in target.warnings:
         print(f"warning: {printable(warning)}", file=sys.stderr)
     data = audit_json(audits)
-    overall = data["overall"]
+    broken = _audit_broken(data["overall"], args)
+    if args.json:
+        print(json.dumps({**data, "broken": broken}))
+    else:
+        console.print(_audit_table(data, target.spec))
+        for d in data["datasets"]:
+            _print_audit_lines(d, console)
+        for b in broken:
+            console.print(f"audit failed: {b}", markup=False)
+    return EXIT_FAILED_ITEMS if broken else EXIT_OK
+
+
+def _audit_broken(overall: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    """The job-wide limits (--max-mean-diff and friends) the audit's totals break, one line each."""
     broken = []
     if overall["mean_abs_diff"] > args.max_mean_diff:
         broken.append(f"mean abs diff {overall['mean_abs_diff']} > {args.max_mean_diff}")
@@ -790,72 +803,77 @@ def _audit(args: argparse.Namespace, console: Console) -> int:
         )
     if overall["samples"] and overall["failed"] / overall["samples"] > args.max_problem_share:
         broken.append(f"{overall['failed']} of {overall['samples']} samples fail a check")
-    if args.json:
-        print(json.dumps({**data, "broken": broken}))
-    else:
-        spec = target.spec
-        table = Table(title=f"audit ({spec.family}, tokenizer {spec.tokenizer})")
-        cols = (
-            "dataset",
-            "samples",
-            "cut",
-            "exact ids",
-            "mean |diff|",
-            "max |diff|",
-            "matches",
-            "prompt |diff|",
-            "failed",
+    return broken
+
+
+_AUDIT_COLUMNS = (
+    "dataset",
+    "samples",
+    "cut",
+    "exact ids",
+    "mean |diff|",
+    "max |diff|",
+    "matches",
+    "prompt |diff|",
+    "failed",
+)
+
+
+def _audit_table(data: dict[str, Any], spec: TargetSpec) -> Table:
+    """The audit's summary: one row per dataset, then the job's totals."""
+    from rich.table import Table
+
+    table = Table(title=f"audit ({spec.family}, tokenizer {spec.tokenizer})")
+    for col in (*_AUDIT_COLUMNS, "problems"):
+        table.add_column(col, justify="left" if col in ("dataset", "problems") else "right")
+    for d in (*data["datasets"], data["overall"]):
+        table.add_row(
+            d["name"],
+            str(d["samples"]),
+            str(d["truncated_left_out"]),
+            str(d["exact_ids"]),
+            f"{d['mean_abs_diff']:.3f}",
+            str(d["max_abs_diff"]),
+            f"{d['match_share']:.1%}",
+            f"{d['prompt_mean_abs_diff']:.3f}",
+            str(d["failed"]),
+            ", ".join(f"{k} {v}" for k, v in d["problems"].items()) or "-",
         )
-        for col in (*cols, "problems"):
-            table.add_column(col, justify="left" if col in ("dataset", "problems") else "right")
-        for d in (*data["datasets"], overall):
-            table.add_row(
-                d["name"],
-                str(d["samples"]),
-                str(d["truncated_left_out"]),
-                str(d["exact_ids"]),
-                f"{d['mean_abs_diff']:.3f}",
-                str(d["max_abs_diff"]),
-                f"{d['match_share']:.1%}",
-                f"{d['prompt_mean_abs_diff']:.3f}",
-                str(d["failed"]),
-                ", ".join(f"{k} {v}" for k, v in d["problems"].items()) or "-",
-            )
-        console.print(table)
-        # An item id, a rebuild's reason or a divergence may quote a row or a server: one
-        # line each, control characters escaped.
-        for d in data["datasets"]:
-            for w in d["worst"][:3]:
-                console.print(
-                    printable(
-                        f"worst {d['name']}: {w['item_id']} rebuilt {w['rebuilt']} "
-                        f"billed {w['billed']} (prompt {w['prompt_diff']:+d})"
-                    ),
-                    markup=False,
-                )
-            for n in d["notes"]:
-                line = f"note {d['name']}: {n['item_id']}: {n['note']}"
-                console.print(printable(line), markup=False, soft_wrap=True)
-            for f in d["failing"]:  # every failing sample, so none is failed unnamed
-                why = f" ({'; '.join(f['details'])})" if f["details"] else ""
-                line = f"failing {d['name']}: {f['item_id']}: {', '.join(f['problems'])}{why}"
-                console.print(printable(line), markup=False, soft_wrap=True)
-            if d["server_ids_checked"]:
-                console.print(
-                    f"server ids {d['name']}: the rebuild equals the server's ids in "
-                    f"{d['server_ids_match_share']:.1%} of {d['server_ids_checked']} answers",
-                    markup=False,
-                )
-            for what, key, detail in (
-                ("rebuild fails its check", "reparse", "first_difference"),
-                ("rebuild differs from the server", "server_ids_divergences", "first_divergence"),
-            ):
-                for r in d[key][:3]:
-                    line = f"{what} {d['name']}: {r['item_id']}: {r[detail]}"
-                    console.print(printable(line), markup=False)
-        for b in broken:
-            console.print(f"audit failed: {b}", markup=False)
-    return EXIT_FAILED_ITEMS if broken else EXIT_OK
+    return table
+
+
+def _print_audit_lines(d: dict[str, Any], console: Console) -> None:
+    """One dataset's named samples under the table: worst, notes, failing, server-id checks."""
+    # An item id, a rebuild's reason or a divergence may quote a row or a server: one
+    # line each, control characters escaped.
+    for w in d["worst"][:3]:
+        console.print(
+            printable(
+                f"worst {d['name']}: {w['item_id']} rebuilt {w['rebuilt']} "
+                f"billed {w['billed']} (prompt {w['prompt_diff']:+d})"
+            ),
+            markup=False,
+        )
+    for n in d["notes"]:
+        line = f"note {d['name']}: {n['item_id']}: {n['note']}"
+        console.print(printable(line), markup=False, soft_wrap=True)
+    for f in d["failing"]:  # every failing sample, so none is failed unnamed
+        why = f" ({'; '.join(f['details'])})" if f["details"] else ""
+        line = f"failing {d['name']}: {f['item_id']}: {', '.join(f['problems'])}{why}"
+        console.print(printable(line), markup=False, soft_wrap=True)
+    if d["server_ids_checked"]:
+        console.print(
+            f"server ids {d['name']}: the rebuild equals the server's ids in "
+            f"{d['server_ids_match_share']:.1%} of {d['server_ids_checked']} answers",
+            markup=False,
+        )
+    for what, key, detail in (
+        ("rebuild fails its check", "reparse", "first_difference"),
+        ("rebuild differs from the server", "server_ids_divergences", "first_divergence"),
+    ):
+        for r in d[key][:3]:
+            line = f"{what} {d['name']}: {r['item_id']}: {r[detail]}"
+            console.print(printable(line), markup=False)
 
 
 def _pairs(values: list[str], flag: str, kind: type) -> dict[str, object]:
