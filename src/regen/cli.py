@@ -30,6 +30,8 @@ from regen.safe import REDACTED, printable, redact, redacted
 if TYPE_CHECKING:
     from rich.table import Table
 
+    from regen.config import EndpointConfig
+    from regen.engine.providers import EndpointInfo
     from regen.reconstruct import Target, TargetSpec
     from regen.state.db import Store
 
@@ -1012,40 +1014,17 @@ def _providers(args: argparse.Namespace, console: Console) -> int:
     import dataclasses
     import json
 
-    from rich.table import Table
-
-    from regen.config import EndpointConfig, key_from_env, load_job
-    from regen.engine.client import ChatClient
-    from regen.engine.providers import EndpointInfo, fetch_endpoints, verdicts, warnings
+    from regen.config import key_from_env
+    from regen.engine.providers import verdicts, warnings
     from regen.safe import register_secret
 
-    endpoint = EndpointConfig()
-    max_tokens = 1
-    if args.job is not None:
-        job = load_job(args.job)
-        pool = {e.name: e for e in job.endpoint_pool}
-        if args.endpoint is not None and args.endpoint not in pool:
-            raise ConfigError(
-                f"{args.job}: no endpoint '{args.endpoint}' (have: {', '.join(pool)})"
-            )
-        endpoint = pool[args.endpoint] if args.endpoint else job.endpoint_pool[0]
-        max_tokens = min(job.lane_max_tokens(lane) for lane in job.lane_list)
+    endpoint, max_tokens = _providers_endpoint(args)
     base_url = (args.base_url or endpoint.base_url).rstrip("/")
 
     key = key_from_env(endpoint.api_key_env, "api_key_env") or None
     register_secret(key)
 
-    async def fetch() -> list[EndpointInfo]:
-        async with ChatClient(
-            base_url,
-            key,
-            concurrency=1,
-            headers=endpoint.headers,
-            follow_redirects_to=endpoint.follow_redirects_to,
-        ) as client:
-            return await fetch_endpoints(client, args.model)
-
-    eps = asyncio.run(fetch())
+    eps = asyncio.run(_fetch_endpoint_list(base_url, key, endpoint, args.model))
     if not eps:
         raise ConfigError(
             f"{base_url}: no endpoints listed for model '{args.model}' (unknown model, or the "
@@ -1066,35 +1045,79 @@ def _providers(args: argparse.Namespace, console: Console) -> int:
             )
         )
         return EXIT_OK
+    console.print(_providers_table(args, eps, verdict))
+    for note in notes:
+        console.print(f"warning: {note}", markup=False, soft_wrap=True)
+    return EXIT_OK
+
+
+def _providers_endpoint(args: argparse.Namespace) -> tuple[EndpointConfig, int]:
+    """The endpoint to ask (the job's named or first one, else the default) and the
+    smallest max_tokens the job's lanes ask for (1 without a job)."""
+    from regen.config import EndpointConfig, load_job
+
+    if args.job is None:
+        return EndpointConfig(), 1
+    job = load_job(args.job)
+    pool = {e.name: e for e in job.endpoint_pool}
+    if args.endpoint is not None and args.endpoint not in pool:
+        raise ConfigError(f"{args.job}: no endpoint '{args.endpoint}' (have: {', '.join(pool)})")
+    endpoint = pool[args.endpoint] if args.endpoint else job.endpoint_pool[0]
+    return endpoint, min(job.lane_max_tokens(lane) for lane in job.lane_list)
+
+
+async def _fetch_endpoint_list(
+    base_url: str, key: str | None, endpoint: EndpointConfig, model: str
+) -> list[EndpointInfo]:
+    """The catalogue's endpoints for `model`, asked through one connection."""
+    from regen.engine.client import ChatClient
+    from regen.engine.providers import fetch_endpoints
+
+    async with ChatClient(
+        base_url,
+        key,
+        concurrency=1,
+        headers=endpoint.headers,
+        follow_redirects_to=endpoint.follow_redirects_to,
+    ) as client:
+        return await fetch_endpoints(client, model)
+
+
+_PROVIDER_COLUMNS = ("provider", "tag", "quant", "$/Mtok in", "$/Mtok out", "context", "max out")
+
+
+def _dash_or(v: float | int | None, fmt: str) -> str:
+    """A number in `fmt`, or "-" when the catalogue does not say."""
+    return "-" if v is None else format(v, fmt)
+
+
+def _providers_table(
+    args: argparse.Namespace, eps: list[EndpointInfo], verdict: dict[str, str | None]
+) -> Table:
+    """One row per endpoint: its prices and limits, and whether the job uses it."""
+    from rich.table import Table
+
     table = Table(title=f"{args.model}: {len(eps)} endpoints", title_justify="left")
-    cols = ("provider", "tag", "quant", "$/Mtok in", "$/Mtok out", "context", "max out")
-    for col in (*cols, "uptime %", "tok/s p50", "job"):
+    for col in (*_PROVIDER_COLUMNS, "uptime %", "tok/s p50", "job"):
         table.add_column(
             col, justify="left" if col in ("provider", "tag", "quant", "job") else "right"
         )
-
-    def num(v: float | int | None, fmt: str) -> str:
-        return "-" if v is None else format(v, fmt)
-
     for e in eps:
         reason = verdict[e.tag]
         table.add_row(
             e.provider_name,
             e.tag,
             e.quantization or "-",
-            num(e.prompt_usd_per_mtok, ".3f"),
-            num(e.completion_usd_per_mtok, ".3f"),
-            num(e.context_length, ","),
-            num(e.max_completion_tokens, ","),
-            num(e.uptime, ".1f"),
-            num(e.throughput_p50, ".0f"),
+            _dash_or(e.prompt_usd_per_mtok, ".3f"),
+            _dash_or(e.completion_usd_per_mtok, ".3f"),
+            _dash_or(e.context_length, ","),
+            _dash_or(e.max_completion_tokens, ","),
+            _dash_or(e.uptime, ".1f"),
+            _dash_or(e.throughput_p50, ".0f"),
             ("excluded: " + reason) if reason else ("used" if args.job is not None else ""),
             style="dim" if reason else None,
         )
-    console.print(table)
-    for note in notes:
-        console.print(f"warning: {note}", markup=False, soft_wrap=True)
-    return EXIT_OK
+    return table
 
 
 def _inspect(args: argparse.Namespace, console: Console) -> int:
