@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from regen.config import EndpointConfig
     from regen.engine.providers import EndpointInfo
     from regen.reconstruct import Target, TargetSpec
+    from regen.run.summary import RunReport
     from regen.state.db import Store
 
 EXIT_OK, EXIT_USER, EXIT_USAGE, EXIT_FAILED_ITEMS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -1138,10 +1139,31 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
 
 
 def _finish(report: object, console: Console) -> int:
+    from regen.run.summary import RunReport
+    from regen.view.progress import endpoints_table, summary_table
+
+    assert isinstance(report, RunReport)
+    console.print(summary_table(report.datasets, report.errors, report.exports))
+    console.print(f"output: {report.out_dir}  (state.db, run.log, report.html, export/*.jsonl)")
+    _print_lines([*report.budget_lines, *map(_spend_line, report.reconciliations)], console)
+    if report.endpoints:
+        console.print(endpoints_table(report.endpoints))
+    _print_lines(_run_note_lines(report), console)
+    return _finish_code(report, console)
+
+
+def _print_lines(lines: list[str], console: Console) -> None:
+    """Plain lines, as written: no markup, no highlighting, never cut."""
+    for line in lines:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _run_note_lines(report: RunReport) -> list[str]:
+    """What the run wants said under its tables: outages, usage counted by regen, answers
+    without proof, row notes, rows left out of exports, orphans, and what was not sent."""
     import time
 
     from regen.run.summary import (
-        RunReport,
         counted_usage_line,
         left_out_line,
         orphans_line,
@@ -1149,37 +1171,23 @@ def _finish(report: object, console: Console) -> int:
         unproven_line,
         unsent_line,
     )
-    from regen.view.progress import endpoints_table, outages_line, summary_table
+    from regen.view.progress import outages_line
 
-    assert isinstance(report, RunReport)
-    console.print(summary_table(report.datasets, report.errors, report.exports))
-    console.print(f"output: {report.out_dir}  (state.db, run.log, report.html, export/*.jsonl)")
-    for line in report.budget_lines:
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
-    for r in report.reconciliations:
-        console.print(_spend_line(r), markup=False, highlight=False, soft_wrap=True)
-    if report.endpoints:
-        console.print(endpoints_table(report.endpoints))
     now = time.time()
-    for name, outages in report.outages.items():
-        line = outages_line(name, outages, now=now, still_out="still out at the end, since")
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
-    for (ds, source), n in sorted(report.counted_usage.items()):
-        line = counted_usage_line(ds, source, n)
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
-    for provider, answers in sorted(report.unproven.items()):
-        line = unproven_line(provider, answers)
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
-    for g in report.row_notes:
-        console.print(row_note_line(g), markup=False, highlight=False, soft_wrap=True)
-    for ds, n in sorted(report.export_left_out.items()):
-        console.print(left_out_line(ds, n), markup=False, highlight=False, soft_wrap=True)
-    for d in report.datasets:
-        if d.orphans:
-            line = orphans_line(d.name, d.orphans, report.out_dir)
-            console.print(line, markup=False, highlight=False, soft_wrap=True)
-    for u in report.unsent:
-        console.print(unsent_line(u), markup=False, highlight=False, soft_wrap=True)
+    still_out = "still out at the end, since"
+    return [
+        *(outages_line(n, o, now=now, still_out=still_out) for n, o in report.outages.items()),
+        *(counted_usage_line(ds, src, n) for (ds, src), n in sorted(report.counted_usage.items())),
+        *(unproven_line(p, answers) for p, answers in sorted(report.unproven.items())),
+        *map(row_note_line, report.row_notes),
+        *(left_out_line(ds, n) for ds, n in sorted(report.export_left_out.items())),
+        *(orphans_line(d.name, d.orphans, report.out_dir) for d in report.datasets if d.orphans),
+        *map(unsent_line, report.unsent),
+    ]
+
+
+def _finish_code(report: RunReport, console: Console) -> int:
+    """The run's exit code, with the line that says why it stopped, if it did."""
     left = sum(u.items for u in report.unsent if u.kind == "left")
     capped = sum(u.items for u in report.unsent if u.kind == "cap")
     if report.aborted:
