@@ -52,7 +52,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from regen import __version__
-from regen.engine.scheduler import LATENCY_BUCKETS, JobTotals, RunStats
+from regen.engine.scheduler import LATENCY_BUCKETS, DatasetStats, JobTotals, RunStats
 from regen.safe import redact
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -75,74 +75,12 @@ class RunCollector(Collector):
         yield from self._run()
 
     def _datasets(self) -> Iterator[Metric]:
-        items = GaugeMetricFamily(
-            "regen_items",
-            "Items of a dataset by state (done, failed, pending), for the job, as regen status",
-            labels=["dataset", "state"],
-        )
-        items_in_flight = GaugeMetricFamily(
-            "regen_items_in_flight", "Items of a dataset on the wire now", labels=["dataset"]
-        )
-        job_answers = CounterMetricFamily(
-            "regen_answers_total",
-            "Answers (items done), for the job (survives resumes; failed items: regen_items)",
-            labels=["dataset"],
-        )
-        run_answers = CounterMetricFamily(
-            "regen_run_answers_total",
-            "Items finished by outcome (done, failed), in this run",
-            labels=["dataset", "outcome"],
-        )
-        job_tokens = CounterMetricFamily(
-            "regen_tokens_total",
-            "Tokens used by kind (prompt, completion), for the job (survives resumes)",
-            labels=["dataset", "kind"],
-        )
-        run_tokens = CounterMetricFamily(
-            "regen_run_tokens_total",
-            "Tokens used by kind (prompt, completion), in this run",
-            labels=["dataset", "kind"],
-        )
-        job_cost = CounterMetricFamily(
-            "regen_cost_usd_total",
-            "Dollars (USD) spent, for the job (survives resumes)",
-            labels=["dataset"],
-        )
-        run_cost = CounterMetricFamily(
-            "regen_run_cost_usd_total", "Dollars (USD) spent in this run", labels=["dataset"]
-        )
-        job_errors = CounterMetricFamily(
-            "regen_attempt_errors_total",
-            "Failed attempts by failure class, for the job (survives resumes)",
-            labels=["dataset", "class"],
-        )
-        run_errors = CounterMetricFamily(
-            "regen_run_attempt_errors_total",
-            "Failed attempts by failure class, in this run",
-            labels=["dataset", "class"],
-        )
+        """Per dataset: items by state, and answers, tokens, dollars and failed attempts, for
+        the job (regen_*_total) and for this run (regen_run_*_total)."""
+        f = _families(_DATASET_FAMILIES)
         for name, d in self._stats.datasets.items():
-            b = d.before or JobTotals(done=d.done_before)
-            done, failed = b.done + d.done, b.failed + d.failed
-            items.add_metric([name, "done"], done)
-            items.add_metric([name, "failed"], failed)
-            items.add_metric([name, "pending"], max(0, d.items - done - failed))
-            items_in_flight.add_metric([name], d.in_flight)
-            job_answers.add_metric([name], done)
-            run_answers.add_metric([name, "done"], d.done)
-            run_answers.add_metric([name, "failed"], d.failed)
-            job_tokens.add_metric([name, "prompt"], b.prompt_tokens + d.prompt_tokens)
-            job_tokens.add_metric([name, "completion"], b.completion_tokens + d.completion_tokens)
-            run_tokens.add_metric([name, "prompt"], d.prompt_tokens)
-            run_tokens.add_metric([name, "completion"], d.completion_tokens)
-            job_cost.add_metric([name], b.cost_usd + d.cost_usd)
-            run_cost.add_metric([name], d.cost_usd)
-            for cls in sorted(set(b.errors) | set(d.errors)):
-                job_errors.add_metric([name, cls], b.errors.get(cls, 0) + d.errors[cls])
-            for cls, n in sorted(d.errors.items()):
-                run_errors.add_metric([name, cls], n)
-        yield from (items, items_in_flight, job_answers, job_tokens, job_cost, job_errors)
-        yield from (run_answers, run_tokens, run_cost, run_errors)
+            _add_dataset(f, name, d)
+        yield from f.values()
 
     def _lanes(self) -> Iterator[Metric]:
         in_flight = GaugeMetricFamily(
@@ -306,6 +244,113 @@ class RunCollector(Collector):
         )
         info.add_metric([__version__], 1)
         yield info
+
+
+_Family = GaugeMetricFamily | CounterMetricFamily
+_FamilySpec = tuple[str, type[_Family], str, str, tuple[str, ...]]
+"""A metric family as a table row: its key here, its type, name, help and labels."""
+
+
+def _families(specs: tuple[_FamilySpec, ...]) -> dict[str, _Family]:
+    """Empty families, by key, in the table's order (the order they are yielded in)."""
+    return {key: kind(name, doc, labels=list(labels)) for key, kind, name, doc, labels in specs}
+
+
+_DATASET_FAMILIES: tuple[_FamilySpec, ...] = (
+    (
+        "items",
+        GaugeMetricFamily,
+        "regen_items",
+        "Items of a dataset by state (done, failed, pending), for the job, as regen status",
+        ("dataset", "state"),
+    ),
+    (
+        "items_in_flight",
+        GaugeMetricFamily,
+        "regen_items_in_flight",
+        "Items of a dataset on the wire now",
+        ("dataset",),
+    ),
+    (
+        "job_answers",
+        CounterMetricFamily,
+        "regen_answers_total",
+        "Answers (items done), for the job (survives resumes; failed items: regen_items)",
+        ("dataset",),
+    ),
+    (
+        "job_tokens",
+        CounterMetricFamily,
+        "regen_tokens_total",
+        "Tokens used by kind (prompt, completion), for the job (survives resumes)",
+        ("dataset", "kind"),
+    ),
+    (
+        "job_cost",
+        CounterMetricFamily,
+        "regen_cost_usd_total",
+        "Dollars (USD) spent, for the job (survives resumes)",
+        ("dataset",),
+    ),
+    (
+        "job_errors",
+        CounterMetricFamily,
+        "regen_attempt_errors_total",
+        "Failed attempts by failure class, for the job (survives resumes)",
+        ("dataset", "class"),
+    ),
+    (
+        "run_answers",
+        CounterMetricFamily,
+        "regen_run_answers_total",
+        "Items finished by outcome (done, failed), in this run",
+        ("dataset", "outcome"),
+    ),
+    (
+        "run_tokens",
+        CounterMetricFamily,
+        "regen_run_tokens_total",
+        "Tokens used by kind (prompt, completion), in this run",
+        ("dataset", "kind"),
+    ),
+    (
+        "run_cost",
+        CounterMetricFamily,
+        "regen_run_cost_usd_total",
+        "Dollars (USD) spent in this run",
+        ("dataset",),
+    ),
+    (
+        "run_errors",
+        CounterMetricFamily,
+        "regen_run_attempt_errors_total",
+        "Failed attempts by failure class, in this run",
+        ("dataset", "class"),
+    ),
+)
+
+
+def _add_dataset(f: dict[str, _Family], name: str, d: DatasetStats) -> None:
+    """One dataset's series: the job's are what state.db held at the start plus this run's."""
+    b = d.before or JobTotals(done=d.done_before)
+    done, failed = b.done + d.done, b.failed + d.failed
+    f["items"].add_metric([name, "done"], done)
+    f["items"].add_metric([name, "failed"], failed)
+    f["items"].add_metric([name, "pending"], max(0, d.items - done - failed))
+    f["items_in_flight"].add_metric([name], d.in_flight)
+    f["job_answers"].add_metric([name], done)
+    f["run_answers"].add_metric([name, "done"], d.done)
+    f["run_answers"].add_metric([name, "failed"], d.failed)
+    f["job_tokens"].add_metric([name, "prompt"], b.prompt_tokens + d.prompt_tokens)
+    f["job_tokens"].add_metric([name, "completion"], b.completion_tokens + d.completion_tokens)
+    f["run_tokens"].add_metric([name, "prompt"], d.prompt_tokens)
+    f["run_tokens"].add_metric([name, "completion"], d.completion_tokens)
+    f["job_cost"].add_metric([name], b.cost_usd + d.cost_usd)
+    f["run_cost"].add_metric([name], d.cost_usd)
+    for cls in sorted(set(b.errors) | set(d.errors)):
+        f["job_errors"].add_metric([name, cls], b.errors.get(cls, 0) + d.errors[cls])
+    for cls, n in sorted(d.errors.items()):
+        f["run_errors"].add_metric([name, cls], n)
 
 
 def _bound(b: float) -> str:
