@@ -52,7 +52,13 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from regen import __version__
-from regen.engine.scheduler import LATENCY_BUCKETS, DatasetStats, JobTotals, RunStats
+from regen.engine.scheduler import (
+    LATENCY_BUCKETS,
+    DatasetStats,
+    EndpointStats,
+    JobTotals,
+    RunStats,
+)
 from regen.safe import redact
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -123,64 +129,10 @@ class RunCollector(Collector):
     def _endpoints(self) -> Iterator[Metric]:
         """Per endpoint of the pool, in this run: an outage is one series event (however many
         requests it failed), and its failed requests are counted where they went."""
-        up = GaugeMetricFamily(
-            "regen_endpoint_up",
-            "1 while an endpoint is in its pool, 0 while it is out (its server down or loading)",
-            labels=["endpoint"],
-        )
-        in_flight = GaugeMetricFamily(
-            "regen_endpoint_requests_in_flight",
-            "Requests on the wire to an endpoint now",
-            labels=["endpoint"],
-        )
-        limit = GaugeMetricFamily(
-            "regen_endpoint_concurrency_limit",
-            "An endpoint's adaptive concurrency limits now, over the lanes that use it (requests)",
-            labels=["endpoint"],
-        )
-        outages = CounterMetricFamily(
-            "regen_run_endpoint_outages_total",
-            "Times an endpoint was taken out of its pool (down or loading), in this run",
-            labels=["endpoint"],
-        )
-        resent = CounterMetricFamily(
-            "regen_run_endpoint_resent_total",
-            "Requests that failed on an endpoint out of its pool and went to another, in this run",
-            labels=["endpoint"],
-        )
-        answers = CounterMetricFamily(
-            "regen_run_endpoint_answers_total",
-            "Answers an endpoint gave, in this run",
-            labels=["endpoint"],
-        )
-        tokens = CounterMetricFamily(
-            "regen_run_endpoint_tokens_total",
-            "Tokens of an endpoint's answers by kind (prompt, completion), in this run",
-            labels=["endpoint", "kind"],
-        )
-        cost = CounterMetricFamily(
-            "regen_run_endpoint_cost_usd_total",
-            "Dollars (USD) an endpoint's answers cost, in this run",
-            labels=["endpoint"],
-        )
-        errors = CounterMetricFamily(
-            "regen_run_endpoint_attempt_errors_total",
-            "Failed attempts at an endpoint by failure class, in this run",
-            labels=["endpoint", "class"],
-        )
+        f = _families(_ENDPOINT_FAMILIES)
         for name, ep in sorted(self._stats.endpoints.items()):
-            up.add_metric([name], 0 if ep.health.drained else 1)
-            in_flight.add_metric([name], ep.on_wire)
-            limit.add_metric([name], ep.limit)
-            outages.add_metric([name], len(ep.outages))
-            resent.add_metric([name], ep.resent)
-            answers.add_metric([name], ep.answers)
-            tokens.add_metric([name, "prompt"], ep.prompt_tokens)
-            tokens.add_metric([name, "completion"], ep.completion_tokens)
-            cost.add_metric([name], ep.cost_usd)
-            for cls, n in sorted(ep.errors.items()):
-                errors.add_metric([name, cls], n)
-        yield from (up, in_flight, limit, outages, resent, answers, tokens, cost, errors)
+            _add_endpoint(f, name, ep)
+        yield from f.values()
 
     def _run(self) -> Iterator[Metric]:
         s = self._stats
@@ -351,6 +303,88 @@ def _add_dataset(f: dict[str, _Family], name: str, d: DatasetStats) -> None:
         f["job_errors"].add_metric([name, cls], b.errors.get(cls, 0) + d.errors[cls])
     for cls, n in sorted(d.errors.items()):
         f["run_errors"].add_metric([name, cls], n)
+
+
+_ENDPOINT_FAMILIES: tuple[_FamilySpec, ...] = (
+    (
+        "up",
+        GaugeMetricFamily,
+        "regen_endpoint_up",
+        "1 while an endpoint is in its pool, 0 while it is out (its server down or loading)",
+        ("endpoint",),
+    ),
+    (
+        "in_flight",
+        GaugeMetricFamily,
+        "regen_endpoint_requests_in_flight",
+        "Requests on the wire to an endpoint now",
+        ("endpoint",),
+    ),
+    (
+        "limit",
+        GaugeMetricFamily,
+        "regen_endpoint_concurrency_limit",
+        "An endpoint's adaptive concurrency limits now, over the lanes that use it (requests)",
+        ("endpoint",),
+    ),
+    (
+        "outages",
+        CounterMetricFamily,
+        "regen_run_endpoint_outages_total",
+        "Times an endpoint was taken out of its pool (down or loading), in this run",
+        ("endpoint",),
+    ),
+    (
+        "resent",
+        CounterMetricFamily,
+        "regen_run_endpoint_resent_total",
+        "Requests that failed on an endpoint out of its pool and went to another, in this run",
+        ("endpoint",),
+    ),
+    (
+        "answers",
+        CounterMetricFamily,
+        "regen_run_endpoint_answers_total",
+        "Answers an endpoint gave, in this run",
+        ("endpoint",),
+    ),
+    (
+        "tokens",
+        CounterMetricFamily,
+        "regen_run_endpoint_tokens_total",
+        "Tokens of an endpoint's answers by kind (prompt, completion), in this run",
+        ("endpoint", "kind"),
+    ),
+    (
+        "cost",
+        CounterMetricFamily,
+        "regen_run_endpoint_cost_usd_total",
+        "Dollars (USD) an endpoint's answers cost, in this run",
+        ("endpoint",),
+    ),
+    (
+        "errors",
+        CounterMetricFamily,
+        "regen_run_endpoint_attempt_errors_total",
+        "Failed attempts at an endpoint by failure class, in this run",
+        ("endpoint", "class"),
+    ),
+)
+
+
+def _add_endpoint(f: dict[str, _Family], name: str, ep: EndpointStats) -> None:
+    """One endpoint's series, in this run."""
+    f["up"].add_metric([name], 0 if ep.health.drained else 1)
+    f["in_flight"].add_metric([name], ep.on_wire)
+    f["limit"].add_metric([name], ep.limit)
+    f["outages"].add_metric([name], len(ep.outages))
+    f["resent"].add_metric([name], ep.resent)
+    f["answers"].add_metric([name], ep.answers)
+    f["tokens"].add_metric([name, "prompt"], ep.prompt_tokens)
+    f["tokens"].add_metric([name, "completion"], ep.completion_tokens)
+    f["cost"].add_metric([name], ep.cost_usd)
+    for cls, n in sorted(ep.errors.items()):
+        f["errors"].add_metric([name, cls], n)
 
 
 def _bound(b: float) -> str:
