@@ -135,54 +135,12 @@ class RunCollector(Collector):
         yield from f.values()
 
     def _run(self) -> Iterator[Metric]:
+        """The run as a whole: its endpoints, money (credit, held, cap), ETAs, time, build."""
         s = self._stats
         now = time.monotonic()
         yield from self._endpoints()
-        if s.credits_usd is not None:
-            yield GaugeMetricFamily(
-                "regen_credit_remaining_usd",
-                "The account's remaining credit in dollars (USD), as last read",
-                value=s.credits_usd,
-            )
-        held = s.holds()
-        yield GaugeMetricFamily(
-            "regen_held_requests",
-            "Requests held for bills not known yet (a killed run's, or cut short in this run)",
-            value=held.requests,
-        )
-        yield GaugeMetricFamily(
-            "regen_held_usd",
-            "The most the held requests can cost, in USD, held against the dollar caps",
-            value=held.usd,
-        )
-        if s.max_cost_usd is not None:
-            yield GaugeMetricFamily(
-                "regen_cost_cap_usd",
-                "The job's dollar cap in USD, [budget].max_cost_usd (compare regen_cost_usd_total)",
-                value=s.max_cost_usd,
-            )
-        by_dataset, job_eta = s.etas(now)
-        if job_eta is not None:
-            eta = GaugeMetricFamily(
-                "regen_eta_seconds",
-                "Seconds until the job is done, by quantile (p10, p50, p90)",
-                labels=["quantile"],
-            )
-            for q, v in zip(
-                ETA_QUANTILES, (job_eta.p10, job_eta.seconds, job_eta.p90), strict=True
-            ):
-                eta.add_metric([q], v)
-            yield eta
-        dataset_eta = GaugeMetricFamily(
-            "regen_dataset_eta_seconds",
-            "Seconds until a dataset is done, by quantile (p10, p50, p90)",
-            labels=["dataset", "quantile"],
-        )
-        for name, e in by_dataset.items():
-            if e is not None:
-                for q, v in zip(ETA_QUANTILES, (e.p10, e.seconds, e.p90), strict=True):
-                    dataset_eta.add_metric([name, q], v)
-        yield dataset_eta
+        yield from _money(s)
+        yield from _etas(s, now)
         yield GaugeMetricFamily(
             "regen_run_elapsed_seconds", "Seconds since this run started", value=now - s.started_at
         )
@@ -385,6 +343,58 @@ def _add_endpoint(f: dict[str, _Family], name: str, ep: EndpointStats) -> None:
     f["cost"].add_metric([name], ep.cost_usd)
     for cls, n in sorted(ep.errors.items()):
         f["errors"].add_metric([name, cls], n)
+
+
+def _money(s: RunStats) -> Iterator[Metric]:
+    """The account's credit (when known), the requests held for unknown bills and what they
+    may cost, and the job's dollar cap (when set)."""
+    if s.credits_usd is not None:
+        yield GaugeMetricFamily(
+            "regen_credit_remaining_usd",
+            "The account's remaining credit in dollars (USD), as last read",
+            value=s.credits_usd,
+        )
+    held = s.holds()
+    yield GaugeMetricFamily(
+        "regen_held_requests",
+        "Requests held for bills not known yet (a killed run's, or cut short in this run)",
+        value=held.requests,
+    )
+    yield GaugeMetricFamily(
+        "regen_held_usd",
+        "The most the held requests can cost, in USD, held against the dollar caps",
+        value=held.usd,
+    )
+    if s.max_cost_usd is not None:
+        yield GaugeMetricFamily(
+            "regen_cost_cap_usd",
+            "The job's dollar cap in USD, [budget].max_cost_usd (compare regen_cost_usd_total)",
+            value=s.max_cost_usd,
+        )
+
+
+def _etas(s: RunStats, now: float) -> Iterator[Metric]:
+    """Seconds until the job (once it has an estimate) and each dataset are done, by quantile."""
+    by_dataset, job_eta = s.etas(now)
+    if job_eta is not None:
+        eta = GaugeMetricFamily(
+            "regen_eta_seconds",
+            "Seconds until the job is done, by quantile (p10, p50, p90)",
+            labels=["quantile"],
+        )
+        for q, v in zip(ETA_QUANTILES, (job_eta.p10, job_eta.seconds, job_eta.p90), strict=True):
+            eta.add_metric([q], v)
+        yield eta
+    dataset_eta = GaugeMetricFamily(
+        "regen_dataset_eta_seconds",
+        "Seconds until a dataset is done, by quantile (p10, p50, p90)",
+        labels=["dataset", "quantile"],
+    )
+    for name, e in by_dataset.items():
+        if e is not None:
+            for q, v in zip(ETA_QUANTILES, (e.p10, e.seconds, e.p90), strict=True):
+                dataset_eta.add_metric([name, q], v)
+    yield dataset_eta
 
 
 def _bound(b: float) -> str:
