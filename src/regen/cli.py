@@ -28,7 +28,12 @@ from regen.errors import ConfigError, Interrupted, RegenError
 from regen.safe import REDACTED, printable, redact, redacted
 
 if TYPE_CHECKING:
-    from regen.reconstruct import Target
+    from rich.table import Table
+
+    from regen.config import EndpointConfig
+    from regen.engine.providers import EndpointInfo
+    from regen.reconstruct import Target, TargetSpec
+    from regen.run.summary import RunReport
     from regen.state.db import Store
 
 EXIT_OK, EXIT_USER, EXIT_USAGE, EXIT_FAILED_ITEMS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -761,8 +766,6 @@ def _target_overrides(args: argparse.Namespace) -> dict[str, Any]:
 def _audit(args: argparse.Namespace, console: Console) -> int:
     import json
 
-    from rich.table import Table
-
     from regen.outputs.audit import audit, audit_json
 
     audits, target = audit(
@@ -780,7 +783,20 @@ def _audit(args: argparse.Namespace, console: Console) -> int:
     for warning in target.warnings:
         print(f"warning: {printable(warning)}", file=sys.stderr)
     data = audit_json(audits)
-    overall = data["overall"]
+    broken = _audit_broken(data["overall"], args)
+    if args.json:
+        print(json.dumps({**data, "broken": broken}))
+    else:
+        console.print(_audit_table(data, target.spec))
+        for d in data["datasets"]:
+            _print_audit_lines(d, console)
+        for b in broken:
+            console.print(f"audit failed: {b}", markup=False)
+    return EXIT_FAILED_ITEMS if broken else EXIT_OK
+
+
+def _audit_broken(overall: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    """The job-wide limits (--max-mean-diff and friends) the audit's totals break, one line each."""
     broken = []
     if overall["mean_abs_diff"] > args.max_mean_diff:
         broken.append(f"mean abs diff {overall['mean_abs_diff']} > {args.max_mean_diff}")
@@ -790,72 +806,77 @@ def _audit(args: argparse.Namespace, console: Console) -> int:
         )
     if overall["samples"] and overall["failed"] / overall["samples"] > args.max_problem_share:
         broken.append(f"{overall['failed']} of {overall['samples']} samples fail a check")
-    if args.json:
-        print(json.dumps({**data, "broken": broken}))
-    else:
-        spec = target.spec
-        table = Table(title=f"audit ({spec.family}, tokenizer {spec.tokenizer})")
-        cols = (
-            "dataset",
-            "samples",
-            "cut",
-            "exact ids",
-            "mean |diff|",
-            "max |diff|",
-            "matches",
-            "prompt |diff|",
-            "failed",
+    return broken
+
+
+_AUDIT_COLUMNS = (
+    "dataset",
+    "samples",
+    "cut",
+    "exact ids",
+    "mean |diff|",
+    "max |diff|",
+    "matches",
+    "prompt |diff|",
+    "failed",
+)
+
+
+def _audit_table(data: dict[str, Any], spec: TargetSpec) -> Table:
+    """The audit's summary: one row per dataset, then the job's totals."""
+    from rich.table import Table
+
+    table = Table(title=f"audit ({spec.family}, tokenizer {spec.tokenizer})")
+    for col in (*_AUDIT_COLUMNS, "problems"):
+        table.add_column(col, justify="left" if col in ("dataset", "problems") else "right")
+    for d in (*data["datasets"], data["overall"]):
+        table.add_row(
+            d["name"],
+            str(d["samples"]),
+            str(d["truncated_left_out"]),
+            str(d["exact_ids"]),
+            f"{d['mean_abs_diff']:.3f}",
+            str(d["max_abs_diff"]),
+            f"{d['match_share']:.1%}",
+            f"{d['prompt_mean_abs_diff']:.3f}",
+            str(d["failed"]),
+            ", ".join(f"{k} {v}" for k, v in d["problems"].items()) or "-",
         )
-        for col in (*cols, "problems"):
-            table.add_column(col, justify="left" if col in ("dataset", "problems") else "right")
-        for d in (*data["datasets"], overall):
-            table.add_row(
-                d["name"],
-                str(d["samples"]),
-                str(d["truncated_left_out"]),
-                str(d["exact_ids"]),
-                f"{d['mean_abs_diff']:.3f}",
-                str(d["max_abs_diff"]),
-                f"{d['match_share']:.1%}",
-                f"{d['prompt_mean_abs_diff']:.3f}",
-                str(d["failed"]),
-                ", ".join(f"{k} {v}" for k, v in d["problems"].items()) or "-",
-            )
-        console.print(table)
-        # An item id, a rebuild's reason or a divergence may quote a row or a server: one
-        # line each, control characters escaped.
-        for d in data["datasets"]:
-            for w in d["worst"][:3]:
-                console.print(
-                    printable(
-                        f"worst {d['name']}: {w['item_id']} rebuilt {w['rebuilt']} "
-                        f"billed {w['billed']} (prompt {w['prompt_diff']:+d})"
-                    ),
-                    markup=False,
-                )
-            for n in d["notes"]:
-                line = f"note {d['name']}: {n['item_id']}: {n['note']}"
-                console.print(printable(line), markup=False, soft_wrap=True)
-            for f in d["failing"]:  # every failing sample, so none is failed unnamed
-                why = f" ({'; '.join(f['details'])})" if f["details"] else ""
-                line = f"failing {d['name']}: {f['item_id']}: {', '.join(f['problems'])}{why}"
-                console.print(printable(line), markup=False, soft_wrap=True)
-            if d["server_ids_checked"]:
-                console.print(
-                    f"server ids {d['name']}: the rebuild equals the server's ids in "
-                    f"{d['server_ids_match_share']:.1%} of {d['server_ids_checked']} answers",
-                    markup=False,
-                )
-            for what, key, detail in (
-                ("rebuild fails its check", "reparse", "first_difference"),
-                ("rebuild differs from the server", "server_ids_divergences", "first_divergence"),
-            ):
-                for r in d[key][:3]:
-                    line = f"{what} {d['name']}: {r['item_id']}: {r[detail]}"
-                    console.print(printable(line), markup=False)
-        for b in broken:
-            console.print(f"audit failed: {b}", markup=False)
-    return EXIT_FAILED_ITEMS if broken else EXIT_OK
+    return table
+
+
+def _print_audit_lines(d: dict[str, Any], console: Console) -> None:
+    """One dataset's named samples under the table: worst, notes, failing, server-id checks."""
+    # An item id, a rebuild's reason or a divergence may quote a row or a server: one
+    # line each, control characters escaped.
+    for w in d["worst"][:3]:
+        console.print(
+            printable(
+                f"worst {d['name']}: {w['item_id']} rebuilt {w['rebuilt']} "
+                f"billed {w['billed']} (prompt {w['prompt_diff']:+d})"
+            ),
+            markup=False,
+        )
+    for n in d["notes"]:
+        line = f"note {d['name']}: {n['item_id']}: {n['note']}"
+        console.print(printable(line), markup=False, soft_wrap=True)
+    for f in d["failing"]:  # every failing sample, so none is failed unnamed
+        why = f" ({'; '.join(f['details'])})" if f["details"] else ""
+        line = f"failing {d['name']}: {f['item_id']}: {', '.join(f['problems'])}{why}"
+        console.print(printable(line), markup=False, soft_wrap=True)
+    if d["server_ids_checked"]:
+        console.print(
+            f"server ids {d['name']}: the rebuild equals the server's ids in "
+            f"{d['server_ids_match_share']:.1%} of {d['server_ids_checked']} answers",
+            markup=False,
+        )
+    for what, key, detail in (
+        ("rebuild fails its check", "reparse", "first_difference"),
+        ("rebuild differs from the server", "server_ids_divergences", "first_divergence"),
+    ):
+        for r in d[key][:3]:
+            line = f"{what} {d['name']}: {r['item_id']}: {r[detail]}"
+            console.print(printable(line), markup=False)
 
 
 def _pairs(values: list[str], flag: str, kind: type) -> dict[str, object]:
@@ -994,40 +1015,17 @@ def _providers(args: argparse.Namespace, console: Console) -> int:
     import dataclasses
     import json
 
-    from rich.table import Table
-
-    from regen.config import EndpointConfig, key_from_env, load_job
-    from regen.engine.client import ChatClient
-    from regen.engine.providers import EndpointInfo, fetch_endpoints, verdicts, warnings
+    from regen.config import key_from_env
+    from regen.engine.providers import verdicts, warnings
     from regen.safe import register_secret
 
-    endpoint = EndpointConfig()
-    max_tokens = 1
-    if args.job is not None:
-        job = load_job(args.job)
-        pool = {e.name: e for e in job.endpoint_pool}
-        if args.endpoint is not None and args.endpoint not in pool:
-            raise ConfigError(
-                f"{args.job}: no endpoint '{args.endpoint}' (have: {', '.join(pool)})"
-            )
-        endpoint = pool[args.endpoint] if args.endpoint else job.endpoint_pool[0]
-        max_tokens = min(job.lane_max_tokens(lane) for lane in job.lane_list)
+    endpoint, max_tokens = _providers_endpoint(args)
     base_url = (args.base_url or endpoint.base_url).rstrip("/")
 
     key = key_from_env(endpoint.api_key_env, "api_key_env") or None
     register_secret(key)
 
-    async def fetch() -> list[EndpointInfo]:
-        async with ChatClient(
-            base_url,
-            key,
-            concurrency=1,
-            headers=endpoint.headers,
-            follow_redirects_to=endpoint.follow_redirects_to,
-        ) as client:
-            return await fetch_endpoints(client, args.model)
-
-    eps = asyncio.run(fetch())
+    eps = asyncio.run(_fetch_endpoint_list(base_url, key, endpoint, args.model))
     if not eps:
         raise ConfigError(
             f"{base_url}: no endpoints listed for model '{args.model}' (unknown model, or the "
@@ -1048,35 +1046,79 @@ def _providers(args: argparse.Namespace, console: Console) -> int:
             )
         )
         return EXIT_OK
+    console.print(_providers_table(args, eps, verdict))
+    for note in notes:
+        console.print(f"warning: {note}", markup=False, soft_wrap=True)
+    return EXIT_OK
+
+
+def _providers_endpoint(args: argparse.Namespace) -> tuple[EndpointConfig, int]:
+    """The endpoint to ask (the job's named or first one, else the default) and the
+    smallest max_tokens the job's lanes ask for (1 without a job)."""
+    from regen.config import EndpointConfig, load_job
+
+    if args.job is None:
+        return EndpointConfig(), 1
+    job = load_job(args.job)
+    pool = {e.name: e for e in job.endpoint_pool}
+    if args.endpoint is not None and args.endpoint not in pool:
+        raise ConfigError(f"{args.job}: no endpoint '{args.endpoint}' (have: {', '.join(pool)})")
+    endpoint = pool[args.endpoint] if args.endpoint else job.endpoint_pool[0]
+    return endpoint, min(job.lane_max_tokens(lane) for lane in job.lane_list)
+
+
+async def _fetch_endpoint_list(
+    base_url: str, key: str | None, endpoint: EndpointConfig, model: str
+) -> list[EndpointInfo]:
+    """The catalogue's endpoints for `model`, asked through one connection."""
+    from regen.engine.client import ChatClient
+    from regen.engine.providers import fetch_endpoints
+
+    async with ChatClient(
+        base_url,
+        key,
+        concurrency=1,
+        headers=endpoint.headers,
+        follow_redirects_to=endpoint.follow_redirects_to,
+    ) as client:
+        return await fetch_endpoints(client, model)
+
+
+_PROVIDER_COLUMNS = ("provider", "tag", "quant", "$/Mtok in", "$/Mtok out", "context", "max out")
+
+
+def _dash_or(v: float | int | None, fmt: str) -> str:
+    """A number in `fmt`, or "-" when the catalogue does not say."""
+    return "-" if v is None else format(v, fmt)
+
+
+def _providers_table(
+    args: argparse.Namespace, eps: list[EndpointInfo], verdict: dict[str, str | None]
+) -> Table:
+    """One row per endpoint: its prices and limits, and whether the job uses it."""
+    from rich.table import Table
+
     table = Table(title=f"{args.model}: {len(eps)} endpoints", title_justify="left")
-    cols = ("provider", "tag", "quant", "$/Mtok in", "$/Mtok out", "context", "max out")
-    for col in (*cols, "uptime %", "tok/s p50", "job"):
+    for col in (*_PROVIDER_COLUMNS, "uptime %", "tok/s p50", "job"):
         table.add_column(
             col, justify="left" if col in ("provider", "tag", "quant", "job") else "right"
         )
-
-    def num(v: float | int | None, fmt: str) -> str:
-        return "-" if v is None else format(v, fmt)
-
     for e in eps:
         reason = verdict[e.tag]
         table.add_row(
             e.provider_name,
             e.tag,
             e.quantization or "-",
-            num(e.prompt_usd_per_mtok, ".3f"),
-            num(e.completion_usd_per_mtok, ".3f"),
-            num(e.context_length, ","),
-            num(e.max_completion_tokens, ","),
-            num(e.uptime, ".1f"),
-            num(e.throughput_p50, ".0f"),
+            _dash_or(e.prompt_usd_per_mtok, ".3f"),
+            _dash_or(e.completion_usd_per_mtok, ".3f"),
+            _dash_or(e.context_length, ","),
+            _dash_or(e.max_completion_tokens, ","),
+            _dash_or(e.uptime, ".1f"),
+            _dash_or(e.throughput_p50, ".0f"),
             ("excluded: " + reason) if reason else ("used" if args.job is not None else ""),
             style="dim" if reason else None,
         )
-    console.print(table)
-    for note in notes:
-        console.print(f"warning: {note}", markup=False, soft_wrap=True)
-    return EXIT_OK
+    return table
 
 
 def _inspect(args: argparse.Namespace, console: Console) -> int:
@@ -1097,10 +1139,31 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
 
 
 def _finish(report: object, console: Console) -> int:
+    from regen.run.summary import RunReport
+    from regen.view.progress import endpoints_table, summary_table
+
+    assert isinstance(report, RunReport)
+    console.print(summary_table(report.datasets, report.errors, report.exports))
+    console.print(f"output: {report.out_dir}  (state.db, run.log, report.html, export/*.jsonl)")
+    _print_lines([*report.budget_lines, *map(_spend_line, report.reconciliations)], console)
+    if report.endpoints:
+        console.print(endpoints_table(report.endpoints))
+    _print_lines(_run_note_lines(report), console)
+    return _finish_code(report, console)
+
+
+def _print_lines(lines: list[str], console: Console) -> None:
+    """Plain lines, as written: no markup, no highlighting, never cut."""
+    for line in lines:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _run_note_lines(report: RunReport) -> list[str]:
+    """What the run wants said under its tables: outages, usage counted by regen, answers
+    without proof, row notes, rows left out of exports, orphans, and what was not sent."""
     import time
 
     from regen.run.summary import (
-        RunReport,
         counted_usage_line,
         left_out_line,
         orphans_line,
@@ -1108,37 +1171,23 @@ def _finish(report: object, console: Console) -> int:
         unproven_line,
         unsent_line,
     )
-    from regen.view.progress import endpoints_table, outages_line, summary_table
+    from regen.view.progress import outages_line
 
-    assert isinstance(report, RunReport)
-    console.print(summary_table(report.datasets, report.errors, report.exports))
-    console.print(f"output: {report.out_dir}  (state.db, run.log, report.html, export/*.jsonl)")
-    for line in report.budget_lines:
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
-    for r in report.reconciliations:
-        console.print(_spend_line(r), markup=False, highlight=False, soft_wrap=True)
-    if report.endpoints:
-        console.print(endpoints_table(report.endpoints))
     now = time.time()
-    for name, outages in report.outages.items():
-        line = outages_line(name, outages, now=now, still_out="still out at the end, since")
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
-    for (ds, source), n in sorted(report.counted_usage.items()):
-        line = counted_usage_line(ds, source, n)
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
-    for provider, answers in sorted(report.unproven.items()):
-        line = unproven_line(provider, answers)
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
-    for g in report.row_notes:
-        console.print(row_note_line(g), markup=False, highlight=False, soft_wrap=True)
-    for ds, n in sorted(report.export_left_out.items()):
-        console.print(left_out_line(ds, n), markup=False, highlight=False, soft_wrap=True)
-    for d in report.datasets:
-        if d.orphans:
-            line = orphans_line(d.name, d.orphans, report.out_dir)
-            console.print(line, markup=False, highlight=False, soft_wrap=True)
-    for u in report.unsent:
-        console.print(unsent_line(u), markup=False, highlight=False, soft_wrap=True)
+    still_out = "still out at the end, since"
+    return [
+        *(outages_line(n, o, now=now, still_out=still_out) for n, o in report.outages.items()),
+        *(counted_usage_line(ds, src, n) for (ds, src), n in sorted(report.counted_usage.items())),
+        *(unproven_line(p, answers) for p, answers in sorted(report.unproven.items())),
+        *map(row_note_line, report.row_notes),
+        *(left_out_line(ds, n) for ds, n in sorted(report.export_left_out.items())),
+        *(orphans_line(d.name, d.orphans, report.out_dir) for d in report.datasets if d.orphans),
+        *map(unsent_line, report.unsent),
+    ]
+
+
+def _finish_code(report: RunReport, console: Console) -> int:
+    """The run's exit code, with the line that says why it stopped, if it did."""
     left = sum(u.items for u in report.unsent if u.kind == "left")
     capped = sum(u.items for u in report.unsent if u.kind == "cap")
     if report.aborted:

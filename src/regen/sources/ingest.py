@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -153,26 +153,66 @@ def plan_items(
     turns = target_turns(conv, ds.mode)
     if isinstance(turns, str):
         return None, BadRow(ds.name, conv.row_index, turns)
+    written = _write_conversation(conv, ds)
+    if isinstance(written, BadRow):
+        return None, written
+    items, too_long = _turn_items(conv, ds, written, turns, seed, lane, samples)
+    bad = _too_long_row(conv, ds, len(turns), too_long) if too_long else None
+    if not items:
+        return None, bad
+    return NewConversation(
+        written.cid, conv.dataset, conv.row_index, written.text, items, conv.source_id
+    ), bad
+
+
+class _Written(NamedTuple):
+    """A conversation serialized once: its id and text, and each message's canonical JSON
+    and characters, with its tools' JSON, from which every turn's prompt is built."""
+
+    cid: str
+    text: str
+    parts: list[str]
+    chars: list[int]
+    tools: str
+
+
+def _write_conversation(conv: Conversation, ds: DatasetConfig) -> _Written | BadRow:
+    """The conversation serialized, or the bad row it is (past max_row_bytes, or text with a
+    lone surrogate)."""
     parts, chars = _message_parts(conv.messages)
     tools = canonical_json(list(conv.tools)) if conv.tools else "[]"
     text = _history_json(parts, len(parts), tools)
     if len(text) > ds.max_row_bytes:
         size = f"{len(text) / 2**20:.1f} MiB (max_row_bytes is {ds.max_row_bytes / 2**20:.1f})"
-        return None, BadRow(ds.name, conv.row_index, f"conversation is {size}")
+        return BadRow(ds.name, conv.row_index, f"conversation is {size}")
     try:
         cid = conversation_id(conv.dataset, text)
     except UnicodeEncodeError:
         # JSON may escape half a surrogate pair ("\\ud800"), which no UTF-8 text can hold.
-        return None, BadRow(ds.name, conv.row_index, "text with a lone surrogate (not Unicode)")
+        return BadRow(ds.name, conv.row_index, "text with a lone surrogate (not Unicode)")
+    return _Written(cid, text, parts, chars, tools)
+
+
+def _turn_items(
+    conv: Conversation,
+    ds: DatasetConfig,
+    w: _Written,
+    turns: list[int],
+    seed: int,
+    lane: LaneOf,
+    samples: int,
+) -> tuple[list[NewItem], list[tuple[int, int]]]:
+    """Each turn's items (one per sample) in turn order, and the turns left out for a prompt
+    over max_prompt_tokens, each with its estimate."""
     tool_chars = len(json.dumps(list(conv.tools))) if conv.tools else 0
     items: list[NewItem] = []
     too_long: list[tuple[int, int]] = []
     previous: str | None = None
     sequential = ds.mode == "sequential"
     for t in turns:
-        iid = item_id(cid, t)
+        iid = item_id(w.cid, t)
         # estimate_prompt_tokens(conv.to_dict(), t)
-        estimate = (tool_chars + sum(chars[:t])) // 4 + 4 * min(t, len(chars)) + 2
+        estimate = (tool_chars + sum(w.chars[:t])) // 4 + 4 * min(t, len(w.chars)) + 2
         if ds.max_prompt_tokens is not None and estimate > ds.max_prompt_tokens:
             too_long.append((t, estimate))
             if sequential:
@@ -180,14 +220,16 @@ def plan_items(
             continue
         # Sequential prompts hold regenerated turns: no two conversations share one.
         # Otherwise modes.prompt_hash_of, from the serialized messages.
-        key = stable_hash(cid, t) if sequential else stable_hash(_history_json(parts, t, tools))
+        key = (
+            stable_hash(w.cid, t) if sequential else stable_hash(_history_json(w.parts, t, w.tools))
+        )
         where = lane(estimate)
         # Each sample its own item, placed right after the first in the dispatch order (keys
         # stay distinct for the keyset reads), so that a prompt's samples go out together and
         # a server's prefix cache serves the later ones.
         place = order_key(seed, iid)
         for k in range(samples):
-            sid = iid if k == 0 else item_id(cid, t, k)
+            sid = iid if k == 0 else item_id(w.cid, t, k)
             items.append(
                 NewItem(
                     sid,
@@ -201,19 +243,21 @@ def plan_items(
                 )
             )
         previous = iid
-    bad = None
-    if too_long:
-        t, est = too_long[0]
-        what = "prompt" if len(turns) == 1 else f"{len(too_long)} of {len(turns)} turns' prompts"
-        bad = BadRow(
-            ds.name,
-            conv.row_index,
-            f"{what} over max_prompt_tokens ({est} estimated at turn {t}, limit "
-            f"{ds.max_prompt_tokens})",
-        )
-    if not items:
-        return None, bad
-    return NewConversation(cid, conv.dataset, conv.row_index, text, items, conv.source_id), bad
+    return items, too_long
+
+
+def _too_long_row(
+    conv: Conversation, ds: DatasetConfig, turns: int, too_long: list[tuple[int, int]]
+) -> BadRow:
+    """The note for a row's prompts left out over max_prompt_tokens: how many, and the first."""
+    t, est = too_long[0]
+    what = "prompt" if turns == 1 else f"{len(too_long)} of {turns} turns' prompts"
+    return BadRow(
+        ds.name,
+        conv.row_index,
+        f"{what} over max_prompt_tokens ({est} estimated at turn {t}, limit "
+        f"{ds.max_prompt_tokens})",
+    )
 
 
 def source_fingerprint(job: Job, ds: DatasetConfig, source: Source) -> str | None:

@@ -332,82 +332,121 @@ def _read_json_list(p: Path, spec: SourceSpec, offset: int) -> Iterator[Row]:
     i = offset
     try:
         with p.open("rb") as raw:
-            head = raw.read(4096).lstrip()
-            if not head.startswith(b"["):
-                kind = "an object" if head.startswith(b"{") else "not a list"
-                raise SourceError(f"{p}: expected a JSON list of rows, got {kind}")
-            raw.seek(0)
+            _check_json_list(raw, p)
             f = _Counted(raw)
-            # A row's size is known to within one read: the limit allows that much more.
-            limit = spec.max_row_bytes + JSON_CHUNK
             events = ijson.basic_parse(f, use_float=True, buf_size=JSON_CHUNK)
             next(events, None)  # the list's own start_array
-            depth = 0  # levels open in the row being read
-            row: Any = None  # the row being built
-            stack: list[Any] = []  # its open containers (empty: not building), and the key
-            keys: list[str] = []  # each is at
-            reason: str | None = None
-            start = 0
-            for event, value in events:
-                # Ordered by how often each event comes (keys and strings most).
-                if event == "map_key":
-                    if stack:
-                        keys[-1] = value
-                    continue
-                if event in _SCALAR:
-                    if stack:
-                        top = stack[-1]
-                        if type(top) is list:
-                            top.append(value)
-                        else:
-                            top[keys[-1]] = value
-                    elif depth == 0:
-                        yield i, NOT_OBJECT
-                        i += 1
-                elif event in _OPEN:
-                    if depth == 0:
-                        row, start, stack, keys = None, f.read_bytes, [], []
-                        reason = NOT_OBJECT if event == "start_array" else None
-                    if reason is None:
-                        if depth == MAX_DEPTH:
-                            row, stack, reason = None, [], TOO_DEEP
-                        else:
-                            new: Any = {} if event == "start_map" else []
-                            if stack:
-                                top = stack[-1]
-                                if type(top) is list:
-                                    top.append(new)
-                                else:
-                                    top[keys[-1]] = new
-                            else:
-                                row = new
-                            stack.append(new)
-                            keys.append("")
-                    depth += 1
-                elif event in _CLOSE:
-                    if depth == 0:
-                        continue  # the end of the list
-                    depth -= 1
-                    if stack:
-                        stack.pop()
-                        keys.pop()
-                    if depth == 0:
-                        size = f.read_bytes - start
-                        if not reason and size > limit:
-                            reason = _too_big(size, spec, about=True)
-                        yield (i, row) if reason is None else (i, reason)
-                        i += 1
-                        row = None
-                    continue
-                if stack and f.read_bytes - start > limit:
-                    # Given with its size at the row's end ("": building stopped).
-                    row, stack, reason = None, [], ""
+            for row in _json_list_rows(events, f, spec):
+                yield i, row
+                i += 1
     except OSError as exc:
         raise SourceError(f"{p}: cannot read: {exc}") from exc
     except (ijson.JSONError, ValueError) as exc:  # ValueError: UnicodeDecodeError and the like
         # Past a syntax error an array cannot be resynchronized: the rest of the file is one
         # bad row, reported with the reason, and the rows before it are used.
         yield i, f"invalid JSON here, the rest of the file is not read: {_parser_error(exc)}"
+
+
+def _check_json_list(raw: IO[bytes], p: Path) -> None:
+    """Refuse a file that is not a JSON list (an object, a scalar), then rewind it."""
+    head = raw.read(4096).lstrip()
+    if not head.startswith(b"["):
+        kind = "an object" if head.startswith(b"{") else "not a list"
+        raise SourceError(f"{p}: expected a JSON list of rows, got {kind}")
+    raw.seek(0)
+
+
+def _json_list_rows(
+    events: Iterator[tuple[str, Any]], f: _Counted, spec: SourceSpec
+) -> Iterator[dict[str, Any] | str]:
+    """Each row of the list, in order: the row, or the reason it is a bad row."""
+    # A row's size is known to within one read: the limit allows that much more.
+    limit = spec.max_row_bytes + JSON_CHUNK
+    b = _RowBuilder()
+    stack, keys = b.stack, b.keys  # the builder empties these, never replaces them
+    for event, value in events:
+        # Ordered by how often each event comes (keys and strings most).
+        if event == "map_key":
+            if stack:
+                keys[-1] = value
+            continue
+        if event in _SCALAR:
+            if stack:
+                _put(stack[-1], keys, value)
+            elif b.depth == 0:
+                yield NOT_OBJECT
+        elif event in _OPEN:
+            b.open(event, f.read_bytes)
+        elif event in _CLOSE:
+            if b.depth == 0:
+                continue  # the end of the list
+            if b.close():
+                yield b.finish(f.read_bytes - b.start, limit, spec)
+            continue
+        if stack and f.read_bytes - b.start > limit:
+            b.stop("")  # given with its size at the row's end ("": building stopped)
+
+
+def _put(top: Any, keys: list[str], value: Any) -> None:
+    """Add `value` to the open container `top`: appended to a list, or at its key in a map."""
+    if type(top) is list:
+        top.append(value)
+    else:
+        top[keys[-1]] = value
+
+
+class _RowBuilder:
+    """The row being built from the parser's events, and why it stopped being built."""
+
+    __slots__ = ("depth", "keys", "reason", "row", "stack", "start")
+
+    def __init__(self) -> None:
+        self.depth = 0  # levels open in the row being read
+        self.row: Any = None  # the row being built
+        self.stack: list[Any] = []  # its open containers (empty: not building), and the key
+        self.keys: list[str] = []  # each is at
+        self.reason: str | None = None
+        self.start = 0
+
+    def open(self, event: str, read_bytes: int) -> None:
+        """A [ or { opens: a new row at depth 0, else a container in the row being built."""
+        if self.depth == 0:
+            self.row, self.start = None, read_bytes
+            self.stack.clear()
+            self.keys.clear()
+            self.reason = NOT_OBJECT if event == "start_array" else None
+        if self.reason is None:
+            if self.depth == MAX_DEPTH:
+                self.stop(TOO_DEEP)
+            else:
+                new: Any = {} if event == "start_map" else []
+                if self.stack:
+                    _put(self.stack[-1], self.keys, new)
+                else:
+                    self.row = new
+                self.stack.append(new)
+                self.keys.append("")
+        self.depth += 1
+
+    def stop(self, reason: str) -> None:
+        """Stop building the row (too deep, or too big): only its end is waited for."""
+        self.row, self.reason = None, reason
+        self.stack.clear()
+
+    def close(self) -> bool:
+        """A ] or } closes a container; True when it ends the row."""
+        self.depth -= 1
+        if self.stack:
+            self.stack.pop()
+            self.keys.pop()
+        return self.depth == 0
+
+    def finish(self, size: int, limit: int, spec: SourceSpec) -> dict[str, Any] | str:
+        """The row just ended, or the reason it is a bad row."""
+        if not self.reason and size > limit:
+            self.reason = _too_big(size, spec, about=True)
+        row, self.row = self.row, None
+        return row if self.reason is None else self.reason
 
 
 def _parser_error(exc: Exception) -> str:

@@ -52,7 +52,13 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from regen import __version__
-from regen.engine.scheduler import LATENCY_BUCKETS, JobTotals, RunStats
+from regen.engine.scheduler import (
+    LATENCY_BUCKETS,
+    DatasetStats,
+    EndpointStats,
+    JobTotals,
+    RunStats,
+)
 from regen.safe import redact
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -75,74 +81,12 @@ class RunCollector(Collector):
         yield from self._run()
 
     def _datasets(self) -> Iterator[Metric]:
-        items = GaugeMetricFamily(
-            "regen_items",
-            "Items of a dataset by state (done, failed, pending), for the job, as regen status",
-            labels=["dataset", "state"],
-        )
-        items_in_flight = GaugeMetricFamily(
-            "regen_items_in_flight", "Items of a dataset on the wire now", labels=["dataset"]
-        )
-        job_answers = CounterMetricFamily(
-            "regen_answers_total",
-            "Answers (items done), for the job (survives resumes; failed items: regen_items)",
-            labels=["dataset"],
-        )
-        run_answers = CounterMetricFamily(
-            "regen_run_answers_total",
-            "Items finished by outcome (done, failed), in this run",
-            labels=["dataset", "outcome"],
-        )
-        job_tokens = CounterMetricFamily(
-            "regen_tokens_total",
-            "Tokens used by kind (prompt, completion), for the job (survives resumes)",
-            labels=["dataset", "kind"],
-        )
-        run_tokens = CounterMetricFamily(
-            "regen_run_tokens_total",
-            "Tokens used by kind (prompt, completion), in this run",
-            labels=["dataset", "kind"],
-        )
-        job_cost = CounterMetricFamily(
-            "regen_cost_usd_total",
-            "Dollars (USD) spent, for the job (survives resumes)",
-            labels=["dataset"],
-        )
-        run_cost = CounterMetricFamily(
-            "regen_run_cost_usd_total", "Dollars (USD) spent in this run", labels=["dataset"]
-        )
-        job_errors = CounterMetricFamily(
-            "regen_attempt_errors_total",
-            "Failed attempts by failure class, for the job (survives resumes)",
-            labels=["dataset", "class"],
-        )
-        run_errors = CounterMetricFamily(
-            "regen_run_attempt_errors_total",
-            "Failed attempts by failure class, in this run",
-            labels=["dataset", "class"],
-        )
+        """Per dataset: items by state, and answers, tokens, dollars and failed attempts, for
+        the job (regen_*_total) and for this run (regen_run_*_total)."""
+        f = _families(_DATASET_FAMILIES)
         for name, d in self._stats.datasets.items():
-            b = d.before or JobTotals(done=d.done_before)
-            done, failed = b.done + d.done, b.failed + d.failed
-            items.add_metric([name, "done"], done)
-            items.add_metric([name, "failed"], failed)
-            items.add_metric([name, "pending"], max(0, d.items - done - failed))
-            items_in_flight.add_metric([name], d.in_flight)
-            job_answers.add_metric([name], done)
-            run_answers.add_metric([name, "done"], d.done)
-            run_answers.add_metric([name, "failed"], d.failed)
-            job_tokens.add_metric([name, "prompt"], b.prompt_tokens + d.prompt_tokens)
-            job_tokens.add_metric([name, "completion"], b.completion_tokens + d.completion_tokens)
-            run_tokens.add_metric([name, "prompt"], d.prompt_tokens)
-            run_tokens.add_metric([name, "completion"], d.completion_tokens)
-            job_cost.add_metric([name], b.cost_usd + d.cost_usd)
-            run_cost.add_metric([name], d.cost_usd)
-            for cls in sorted(set(b.errors) | set(d.errors)):
-                job_errors.add_metric([name, cls], b.errors.get(cls, 0) + d.errors[cls])
-            for cls, n in sorted(d.errors.items()):
-                run_errors.add_metric([name, cls], n)
-        yield from (items, items_in_flight, job_answers, job_tokens, job_cost, job_errors)
-        yield from (run_answers, run_tokens, run_cost, run_errors)
+            _add_dataset(f, name, d)
+        yield from f.values()
 
     def _lanes(self) -> Iterator[Metric]:
         in_flight = GaugeMetricFamily(
@@ -185,114 +129,18 @@ class RunCollector(Collector):
     def _endpoints(self) -> Iterator[Metric]:
         """Per endpoint of the pool, in this run: an outage is one series event (however many
         requests it failed), and its failed requests are counted where they went."""
-        up = GaugeMetricFamily(
-            "regen_endpoint_up",
-            "1 while an endpoint is in its pool, 0 while it is out (its server down or loading)",
-            labels=["endpoint"],
-        )
-        in_flight = GaugeMetricFamily(
-            "regen_endpoint_requests_in_flight",
-            "Requests on the wire to an endpoint now",
-            labels=["endpoint"],
-        )
-        limit = GaugeMetricFamily(
-            "regen_endpoint_concurrency_limit",
-            "An endpoint's adaptive concurrency limits now, over the lanes that use it (requests)",
-            labels=["endpoint"],
-        )
-        outages = CounterMetricFamily(
-            "regen_run_endpoint_outages_total",
-            "Times an endpoint was taken out of its pool (down or loading), in this run",
-            labels=["endpoint"],
-        )
-        resent = CounterMetricFamily(
-            "regen_run_endpoint_resent_total",
-            "Requests that failed on an endpoint out of its pool and went to another, in this run",
-            labels=["endpoint"],
-        )
-        answers = CounterMetricFamily(
-            "regen_run_endpoint_answers_total",
-            "Answers an endpoint gave, in this run",
-            labels=["endpoint"],
-        )
-        tokens = CounterMetricFamily(
-            "regen_run_endpoint_tokens_total",
-            "Tokens of an endpoint's answers by kind (prompt, completion), in this run",
-            labels=["endpoint", "kind"],
-        )
-        cost = CounterMetricFamily(
-            "regen_run_endpoint_cost_usd_total",
-            "Dollars (USD) an endpoint's answers cost, in this run",
-            labels=["endpoint"],
-        )
-        errors = CounterMetricFamily(
-            "regen_run_endpoint_attempt_errors_total",
-            "Failed attempts at an endpoint by failure class, in this run",
-            labels=["endpoint", "class"],
-        )
+        f = _families(_ENDPOINT_FAMILIES)
         for name, ep in sorted(self._stats.endpoints.items()):
-            up.add_metric([name], 0 if ep.health.drained else 1)
-            in_flight.add_metric([name], ep.on_wire)
-            limit.add_metric([name], ep.limit)
-            outages.add_metric([name], len(ep.outages))
-            resent.add_metric([name], ep.resent)
-            answers.add_metric([name], ep.answers)
-            tokens.add_metric([name, "prompt"], ep.prompt_tokens)
-            tokens.add_metric([name, "completion"], ep.completion_tokens)
-            cost.add_metric([name], ep.cost_usd)
-            for cls, n in sorted(ep.errors.items()):
-                errors.add_metric([name, cls], n)
-        yield from (up, in_flight, limit, outages, resent, answers, tokens, cost, errors)
+            _add_endpoint(f, name, ep)
+        yield from f.values()
 
     def _run(self) -> Iterator[Metric]:
+        """The run as a whole: its endpoints, money (credit, held, cap), ETAs, time, build."""
         s = self._stats
         now = time.monotonic()
         yield from self._endpoints()
-        if s.credits_usd is not None:
-            yield GaugeMetricFamily(
-                "regen_credit_remaining_usd",
-                "The account's remaining credit in dollars (USD), as last read",
-                value=s.credits_usd,
-            )
-        held = s.holds()
-        yield GaugeMetricFamily(
-            "regen_held_requests",
-            "Requests held for bills not known yet (a killed run's, or cut short in this run)",
-            value=held.requests,
-        )
-        yield GaugeMetricFamily(
-            "regen_held_usd",
-            "The most the held requests can cost, in USD, held against the dollar caps",
-            value=held.usd,
-        )
-        if s.max_cost_usd is not None:
-            yield GaugeMetricFamily(
-                "regen_cost_cap_usd",
-                "The job's dollar cap in USD, [budget].max_cost_usd (compare regen_cost_usd_total)",
-                value=s.max_cost_usd,
-            )
-        by_dataset, job_eta = s.etas(now)
-        if job_eta is not None:
-            eta = GaugeMetricFamily(
-                "regen_eta_seconds",
-                "Seconds until the job is done, by quantile (p10, p50, p90)",
-                labels=["quantile"],
-            )
-            for q, v in zip(
-                ETA_QUANTILES, (job_eta.p10, job_eta.seconds, job_eta.p90), strict=True
-            ):
-                eta.add_metric([q], v)
-            yield eta
-        dataset_eta = GaugeMetricFamily(
-            "regen_dataset_eta_seconds",
-            "Seconds until a dataset is done, by quantile (p10, p50, p90)",
-            labels=["dataset", "quantile"],
-        )
-        for name, e in by_dataset.items():
-            if e is not None:
-                for q, v in zip(ETA_QUANTILES, (e.p10, e.seconds, e.p90), strict=True):
-                    dataset_eta.add_metric([name, q], v)
-        yield dataset_eta
+        yield from _money(s)
+        yield from _etas(s, now)
         yield GaugeMetricFamily(
             "regen_run_elapsed_seconds", "Seconds since this run started", value=now - s.started_at
         )
@@ -306,6 +154,247 @@ class RunCollector(Collector):
         )
         info.add_metric([__version__], 1)
         yield info
+
+
+_Family = GaugeMetricFamily | CounterMetricFamily
+_FamilySpec = tuple[str, type[_Family], str, str, tuple[str, ...]]
+"""A metric family as a table row: its key here, its type, name, help and labels."""
+
+
+def _families(specs: tuple[_FamilySpec, ...]) -> dict[str, _Family]:
+    """Empty families, by key, in the table's order (the order they are yielded in)."""
+    return {key: kind(name, doc, labels=list(labels)) for key, kind, name, doc, labels in specs}
+
+
+_DATASET_FAMILIES: tuple[_FamilySpec, ...] = (
+    (
+        "items",
+        GaugeMetricFamily,
+        "regen_items",
+        "Items of a dataset by state (done, failed, pending), for the job, as regen status",
+        ("dataset", "state"),
+    ),
+    (
+        "items_in_flight",
+        GaugeMetricFamily,
+        "regen_items_in_flight",
+        "Items of a dataset on the wire now",
+        ("dataset",),
+    ),
+    (
+        "job_answers",
+        CounterMetricFamily,
+        "regen_answers_total",
+        "Answers (items done), for the job (survives resumes; failed items: regen_items)",
+        ("dataset",),
+    ),
+    (
+        "job_tokens",
+        CounterMetricFamily,
+        "regen_tokens_total",
+        "Tokens used by kind (prompt, completion), for the job (survives resumes)",
+        ("dataset", "kind"),
+    ),
+    (
+        "job_cost",
+        CounterMetricFamily,
+        "regen_cost_usd_total",
+        "Dollars (USD) spent, for the job (survives resumes)",
+        ("dataset",),
+    ),
+    (
+        "job_errors",
+        CounterMetricFamily,
+        "regen_attempt_errors_total",
+        "Failed attempts by failure class, for the job (survives resumes)",
+        ("dataset", "class"),
+    ),
+    (
+        "run_answers",
+        CounterMetricFamily,
+        "regen_run_answers_total",
+        "Items finished by outcome (done, failed), in this run",
+        ("dataset", "outcome"),
+    ),
+    (
+        "run_tokens",
+        CounterMetricFamily,
+        "regen_run_tokens_total",
+        "Tokens used by kind (prompt, completion), in this run",
+        ("dataset", "kind"),
+    ),
+    (
+        "run_cost",
+        CounterMetricFamily,
+        "regen_run_cost_usd_total",
+        "Dollars (USD) spent in this run",
+        ("dataset",),
+    ),
+    (
+        "run_errors",
+        CounterMetricFamily,
+        "regen_run_attempt_errors_total",
+        "Failed attempts by failure class, in this run",
+        ("dataset", "class"),
+    ),
+)
+
+
+def _add_dataset(f: dict[str, _Family], name: str, d: DatasetStats) -> None:
+    """One dataset's series: the job's are what state.db held at the start plus this run's."""
+    b = d.before or JobTotals(done=d.done_before)
+    done, failed = b.done + d.done, b.failed + d.failed
+    f["items"].add_metric([name, "done"], done)
+    f["items"].add_metric([name, "failed"], failed)
+    f["items"].add_metric([name, "pending"], max(0, d.items - done - failed))
+    f["items_in_flight"].add_metric([name], d.in_flight)
+    f["job_answers"].add_metric([name], done)
+    f["run_answers"].add_metric([name, "done"], d.done)
+    f["run_answers"].add_metric([name, "failed"], d.failed)
+    f["job_tokens"].add_metric([name, "prompt"], b.prompt_tokens + d.prompt_tokens)
+    f["job_tokens"].add_metric([name, "completion"], b.completion_tokens + d.completion_tokens)
+    f["run_tokens"].add_metric([name, "prompt"], d.prompt_tokens)
+    f["run_tokens"].add_metric([name, "completion"], d.completion_tokens)
+    f["job_cost"].add_metric([name], b.cost_usd + d.cost_usd)
+    f["run_cost"].add_metric([name], d.cost_usd)
+    for cls in sorted(set(b.errors) | set(d.errors)):
+        f["job_errors"].add_metric([name, cls], b.errors.get(cls, 0) + d.errors[cls])
+    for cls, n in sorted(d.errors.items()):
+        f["run_errors"].add_metric([name, cls], n)
+
+
+_ENDPOINT_FAMILIES: tuple[_FamilySpec, ...] = (
+    (
+        "up",
+        GaugeMetricFamily,
+        "regen_endpoint_up",
+        "1 while an endpoint is in its pool, 0 while it is out (its server down or loading)",
+        ("endpoint",),
+    ),
+    (
+        "in_flight",
+        GaugeMetricFamily,
+        "regen_endpoint_requests_in_flight",
+        "Requests on the wire to an endpoint now",
+        ("endpoint",),
+    ),
+    (
+        "limit",
+        GaugeMetricFamily,
+        "regen_endpoint_concurrency_limit",
+        "An endpoint's adaptive concurrency limits now, over the lanes that use it (requests)",
+        ("endpoint",),
+    ),
+    (
+        "outages",
+        CounterMetricFamily,
+        "regen_run_endpoint_outages_total",
+        "Times an endpoint was taken out of its pool (down or loading), in this run",
+        ("endpoint",),
+    ),
+    (
+        "resent",
+        CounterMetricFamily,
+        "regen_run_endpoint_resent_total",
+        "Requests that failed on an endpoint out of its pool and went to another, in this run",
+        ("endpoint",),
+    ),
+    (
+        "answers",
+        CounterMetricFamily,
+        "regen_run_endpoint_answers_total",
+        "Answers an endpoint gave, in this run",
+        ("endpoint",),
+    ),
+    (
+        "tokens",
+        CounterMetricFamily,
+        "regen_run_endpoint_tokens_total",
+        "Tokens of an endpoint's answers by kind (prompt, completion), in this run",
+        ("endpoint", "kind"),
+    ),
+    (
+        "cost",
+        CounterMetricFamily,
+        "regen_run_endpoint_cost_usd_total",
+        "Dollars (USD) an endpoint's answers cost, in this run",
+        ("endpoint",),
+    ),
+    (
+        "errors",
+        CounterMetricFamily,
+        "regen_run_endpoint_attempt_errors_total",
+        "Failed attempts at an endpoint by failure class, in this run",
+        ("endpoint", "class"),
+    ),
+)
+
+
+def _add_endpoint(f: dict[str, _Family], name: str, ep: EndpointStats) -> None:
+    """One endpoint's series, in this run."""
+    f["up"].add_metric([name], 0 if ep.health.drained else 1)
+    f["in_flight"].add_metric([name], ep.on_wire)
+    f["limit"].add_metric([name], ep.limit)
+    f["outages"].add_metric([name], len(ep.outages))
+    f["resent"].add_metric([name], ep.resent)
+    f["answers"].add_metric([name], ep.answers)
+    f["tokens"].add_metric([name, "prompt"], ep.prompt_tokens)
+    f["tokens"].add_metric([name, "completion"], ep.completion_tokens)
+    f["cost"].add_metric([name], ep.cost_usd)
+    for cls, n in sorted(ep.errors.items()):
+        f["errors"].add_metric([name, cls], n)
+
+
+def _money(s: RunStats) -> Iterator[Metric]:
+    """The account's credit (when known), the requests held for unknown bills and what they
+    may cost, and the job's dollar cap (when set)."""
+    if s.credits_usd is not None:
+        yield GaugeMetricFamily(
+            "regen_credit_remaining_usd",
+            "The account's remaining credit in dollars (USD), as last read",
+            value=s.credits_usd,
+        )
+    held = s.holds()
+    yield GaugeMetricFamily(
+        "regen_held_requests",
+        "Requests held for bills not known yet (a killed run's, or cut short in this run)",
+        value=held.requests,
+    )
+    yield GaugeMetricFamily(
+        "regen_held_usd",
+        "The most the held requests can cost, in USD, held against the dollar caps",
+        value=held.usd,
+    )
+    if s.max_cost_usd is not None:
+        yield GaugeMetricFamily(
+            "regen_cost_cap_usd",
+            "The job's dollar cap in USD, [budget].max_cost_usd (compare regen_cost_usd_total)",
+            value=s.max_cost_usd,
+        )
+
+
+def _etas(s: RunStats, now: float) -> Iterator[Metric]:
+    """Seconds until the job (once it has an estimate) and each dataset are done, by quantile."""
+    by_dataset, job_eta = s.etas(now)
+    if job_eta is not None:
+        eta = GaugeMetricFamily(
+            "regen_eta_seconds",
+            "Seconds until the job is done, by quantile (p10, p50, p90)",
+            labels=["quantile"],
+        )
+        for q, v in zip(ETA_QUANTILES, (job_eta.p10, job_eta.seconds, job_eta.p90), strict=True):
+            eta.add_metric([q], v)
+        yield eta
+    dataset_eta = GaugeMetricFamily(
+        "regen_dataset_eta_seconds",
+        "Seconds until a dataset is done, by quantile (p10, p50, p90)",
+        labels=["dataset", "quantile"],
+    )
+    for name, e in by_dataset.items():
+        if e is not None:
+            for q, v in zip(ETA_QUANTILES, (e.p10, e.seconds, e.p90), strict=True):
+                dataset_eta.add_metric([name, q], v)
+    yield dataset_eta
 
 
 def _bound(b: float) -> str:
