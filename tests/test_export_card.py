@@ -13,6 +13,7 @@ import pytest
 
 from regen.config import load_job
 from regen.conversation import Attempt, Message, Outcome, Result, Usage
+from regen.errors import StateError
 from regen.outputs.export import ExportOptions, export_job
 from regen.reconstruct import Target, TargetSpec, sim_template
 from regen.sim import SimConfig, sim_in_thread
@@ -180,3 +181,56 @@ def test_a_sharegpt_export_goes_on_without_a_target_it_cannot_load(tmp_path: Pat
     # Where the ids need it, it is still an error.
     res = run_cli("export", out, "--format", "tokenized", "--family", "qwen3", "--tokenizer", nope)
     assert res.returncode != 0 and "nope.json" in res.stderr
+
+
+@pytest.mark.parametrize("fmt", ["tokenized", "openai"])
+def test_the_card_reads_back_through_the_hubs_own_classes_and_loads_every_part(
+    tmp_path: Path, fmt: str
+) -> None:
+    datasets = pytest.importorskip("datasets")
+    from huggingface_hub import DatasetCard
+
+    store, items = answered_store(tmp_path)
+    to, target = tmp_path / "export", local_target(tmp_path)
+    for part, since_last in ((slice(0, 6), False), (slice(6, 10), True)):
+        for ds in NAMES:
+            for n, item in enumerate(items[ds][part]):
+                add_answer(store, ds, item, n)
+        opts = ExportOptions(
+            format=fmt, shard_rows=3, validation_fraction=0.3, since_last=since_last
+        )
+        manifest = export_job(store, list(NAMES), to, opts, target)
+        time.sleep(0.01)  # the next part's answers are stored after this export
+    card = DatasetCard.load(to / "README.md").data
+    assert card.license == "unknown" and {"regen", "synthetic"} <= set(card.tags)
+    assert card.pretty_name and card.task_categories == ["text-generation"]
+    assert [c["config_name"] for c in card.configs] == list(NAMES)
+    assert card.configs[0]["default"] is True
+    listed = []
+    for config in card.configs:
+        splits = {f["split"]: f["path"] for f in config["data_files"]}
+        assert splits == manifest["data_files"][config["config_name"]]
+        listed += [p for paths in splits.values() for p in paths]
+    data = sorted(str(p.relative_to(to)) for p in to.rglob("*") if p.parent != to)
+    assert sorted(listed) == data and any(".part0001" in p for p in data)
+    for ds in NAMES:  # every part of every split of every config, nothing of another
+        rows = 0
+        for split in card.configs[NAMES.index(ds)]["data_files"]:
+            loaded = datasets.load_dataset(str(to), ds, split=split["split"])
+            rows += loaded.num_rows
+            names = loaded["dataset"] if fmt == "tokenized" else loaded["provenance"]
+            assert all((n if fmt == "tokenized" else n["dataset"]) == ds for n in names)
+        assert rows == 10
+
+
+def test_the_cards_licence_is_the_one_given(tmp_path: Path) -> None:
+    from huggingface_hub import DatasetCard
+
+    store, items = answered_store(tmp_path)
+    for n, item in enumerate(items["v1.5"]):
+        add_answer(store, "v1.5", item, n)
+    to = tmp_path / "export"
+    export_job(store, ["v1.5"], to, ExportOptions(format="openai", license="cc-by-4.0"))
+    assert DatasetCard.load(to / "README.md").data.license == "cc-by-4.0"
+    with pytest.raises(StateError, match="--license takes a Hub licence id"):
+        export_job(store, ["v1.5"], to, ExportOptions(format="openai", license="MIT\nx: 1"))

@@ -267,6 +267,13 @@ def _export_parser(sub: Any) -> None:
         "--private", action="store_true", help="with --push-to-hub: create the repository private"
     )
     exp.add_argument(
+        "--license",
+        default="unknown",
+        metavar="ID",
+        help="the dataset card's licence, a Hub licence id (default unknown: the sources' "
+        "licences and the target's terms decide it)",
+    )
+    exp.add_argument(
         "--train-source-turns",
         action="store_true",
         help="write the dataset's own assistant turns of an answer's history as plain turns, "
@@ -902,6 +909,7 @@ def _export(args: argparse.Namespace, console: Console) -> int:
             max_sample_diff=args.max_sample_diff,
             train_source_turns=args.train_source_turns,
             samples=args.samples,
+            license=args.license,
         )
         target = checks = None
         overrides = _target_overrides(args)

@@ -28,6 +28,7 @@ from regen.errors import StateError
 from regen.outputs.audit import Checks, rebuilt, sample_problems
 from regen.outputs.hub import (
     CARD,
+    LICENSE,
     LLAMA_FACTORY_INFO,
     NOT_DATA,
     data_files,
@@ -440,6 +441,9 @@ class ExportOptions:
     keep_orphans: bool = False
     """Also write answers to rows (or turns) their dataset's source no longer has, as last
     read in full (ExportRow.orphan): left out by default, counted as dropped `orphan`."""
+    license: str = "unknown"
+    """The card's licence, a Hub licence id: regen cannot know it (the sources' licences and
+    the target's terms decide it), so `unknown` unless given."""
 
 
 RUN_EXPORT = ExportOptions(format="specforge")
@@ -716,6 +720,11 @@ def export_job(
         raise StateError("dropping failed-audit samples needs a template family: give --family")
     if opts.format not in FORMATS:
         raise StateError(f"unknown export format {opts.format!r} (allowed: {', '.join(FORMATS)})")
+    if not LICENSE.fullmatch(opts.license):
+        raise StateError(
+            f"--license takes a Hub licence id (apache-2.0, cc-by-4.0, other, ...), not "
+            f"{opts.license!r}"
+        )
     for name in datasets:
         checked_name(name, str(store.path))
     root = root_for(to, store.path.parent)
