@@ -25,7 +25,7 @@ from typing import Any
 from regen import failpoints
 from regen.conversation import seeded_unit
 from regen.errors import StateError
-from regen.outputs.audit import Checks, rebuilt, sample_problems
+from regen.outputs.audit import Checks, as_ids_hold, rebuilt, sample_problems
 from regen.outputs.hub import (
     CARD,
     LICENSE,
@@ -258,6 +258,8 @@ def export_specforge(
 # --- `regen export`: formats, filters, mixes, splits, manifest ---------------------------------
 
 FORMATS = ("specforge", "openai", "sharegpt", "tokenized")
+TEXT_FORMATS = ("openai", "sharegpt")
+"""Formats that never hold token ids."""
 SPLITS = ("train", "validation")
 
 
@@ -489,6 +491,8 @@ class _Counts:
     """Answers cut at max_tokens written (`--keep-truncated`)..."""
     truncated_checked: int = 0
     """... of them rebuilt and found whole by the self-check (a target was given)."""
+    text_from_ids: int = 0
+    """Samples written with the text their exact ids hold, not the server's (as_ids_hold)."""
 
 
 class _JsonlShards:
@@ -767,15 +771,28 @@ def export_job(
             else _JsonlShards(tmp, suffix)
         )
         origins = Origins.of(store, datasets)
-        # ShareGPT holds no ids: the target is rebuilt only to drop failed samples; it also
-        # decides which of the history's reasoning the model's template shows.
-        rebuild = target if opts.format != "sharegpt" or opts.drop_failed_audit else None
+        # Text formats hold no ids: the target is rebuilt only to check answers (to drop
+        # failed samples, or cut answers kept). It also decides which of the history's
+        # reasoning a sharegpt history keeps, and every format's text is what exact ids hold.
+        checking = opts.drop_failed_audit or opts.keep_truncated
+        rebuild = target if opts.format not in TEXT_FORMATS or checking else None
         shown = target if opts.format == "sharegpt" else None
         for name in datasets:
             until = max(
                 until,
                 _export_dataset(
-                    store, name, since, opts, writer, counts, seen, origins, rebuild, checks, shown
+                    store,
+                    name,
+                    since,
+                    opts,
+                    writer,
+                    counts,
+                    seen,
+                    origins,
+                    rebuild,
+                    checks,
+                    shown,
+                    target,
                 ),
             )
         writer.close()
@@ -826,9 +843,11 @@ def _export_dataset(
     target: Target | None = None,
     checks: Checks | None = None,
     shown: Target | None = None,
+    model: Target | None = None,
 ) -> float:
     """Write one dataset's samples; return the latest answer time seen. `shown`: the model
-    whose template decides which earlier turns' reasoning a sharegpt history keeps."""
+    whose template decides which earlier turns' reasoning a sharegpt history keeps; `model`:
+    the model whose parser reads an answer's exact ids back as text (as_ids_hold)."""
     c = counts.setdefault(name, _Counts())
     weight = opts.weights.get(name, 1.0)
     cap = opts.caps.get(name)
@@ -858,7 +877,12 @@ def _export_dataset(
         ):
             reason = "failed_audit"
         rec: dict[str, Any] | None = None
+        from_ids = False
         if reason is None:
+            if model is not None and opts.format != "tokenized":
+                # A record's text is what its ids hold, not text the server put around it.
+                held = as_ids_hold(row, model, _exact(sample))
+                from_ids, row = held is not row, held
             if shown is not None:
                 row = as_template_shows(row, shown)
             rec, reason = _record(row, name, sample, opts, origins)
@@ -900,6 +924,7 @@ def _export_dataset(
             if row.finish_reason == "length":
                 c.truncated += 1
                 c.truncated_checked += isinstance(sample, Sample) and sample.lost is None
+            c.text_from_ids += from_ids
             if opts.format == "specforge" and reasoning_in_field(rec):
                 c.reasoning_in_field += 1
                 c.reasoning_tokens += row.reasoning_tokens
@@ -909,6 +934,11 @@ def _export_dataset(
             c.completion_tokens += row.completion_tokens
             c.cost_usd += row.cost_usd or 0.0
     return until
+
+
+def _exact(sample: Sample | ReconstructError | None) -> Sample | None:
+    """The sample when its ids are the server's."""
+    return sample if isinstance(sample, Sample) and sample.source == "exact" else None
 
 
 def _record(
@@ -1011,7 +1041,7 @@ def reasoning_in_field(rec: dict[str, Any]) -> bool:
 def trainer_notes(fmt: str, counts: dict[str, _Counts]) -> list[str]:
     """What a trainer reading the export with its defaults would lose, and the setting that
     keeps it: said at export and written on the card."""
-    notes = truncated_notes(counts)
+    notes = truncated_notes(counts) + ids_text_notes(counts)
     samples = sum(c.reasoning_in_field for c in counts.values())
     if fmt != "specforge" or not samples:
         return notes
@@ -1021,6 +1051,19 @@ def trainer_notes(fmt: str, counts: dict[str, _Counts]) -> list[str]:
         f"({tokens:,} reasoning tokens billed); SpecForge's general parser (chat templates such "
         f"as `qwen` or `llama3`) drops it: train with a thinking template ({SPECFORGE_THINKING}) "
         "to keep it, or export with --family to write the exact ids and loss mask"
+    ]
+
+
+def ids_text_notes(counts: dict[str, _Counts]) -> list[str]:
+    """How many samples were written with the text their exact ids hold rather than the
+    server's, which had text around a field the ids do not hold."""
+    n = sum(c.text_from_ids for c in counts.values())
+    if not n:
+        return []
+    return [
+        f"export: {n} answer(s) written with the text their token ids hold: the server added "
+        "whitespace around a field that its ids do not hold (`regen audit` names them "
+        "`server_inserted_text`)"
     ]
 
 
