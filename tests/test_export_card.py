@@ -129,7 +129,7 @@ def test_specforge_without_ids_says_which_template_keeps_the_reasoning(tmp_path:
     ("qwen/qwen3-8b", "qwen3", False),  # Qwen3's template drops earlier turns' reasoning
     ("moonshotai/kimi-k3", "kimi-k3", True),  # Kimi K3 keeps it
 ])  # fmt: skip
-def test_sequential_sharegpt_history_keeps_the_reasoning_the_template_shows(
+def test_sequential_history_keeps_the_reasoning_the_template_shows_in_every_format(
     tmp_path: Path, model: str, family: str, history_shows: bool
 ) -> None:
     rows = [
@@ -166,6 +166,64 @@ def test_sequential_sharegpt_history_keeps_the_reasoning_the_template_shows(
         earlier, last = rec["conversations"][1]["value"], rec["conversations"][3]["value"]
         assert last.startswith("<think>\n")  # the answer's own reasoning stays
         assert earlier.startswith("<think>\n") == history_shows, earlier
+    # The formats that keep reasoning in a field of its own follow the same template.
+    for fmt, key, flags in (
+        ("openai", "messages", ()),
+        ("specforge", "conversations", ("--train-source-turns",)),
+    ):
+        res = run_cli("export", str(tmp_path / "out"), "--format", fmt, "--family", family, *flags)
+        assert res.returncode == 0, res.stdout + res.stderr
+        text = (tmp_path / f"out/export/{fmt}/train/d.jsonl").read_text()
+        seconds = [json.loads(x) for x in text.splitlines()]
+        seconds = [r for r in seconds if r["provenance"]["turn_index"] == 3]
+        assert len(seconds) >= 6
+        for rec in seconds:
+            earlier, last = rec[key][1], rec[key][3]
+            assert last.get("reasoning_content"), fmt
+            assert bool(earlier.get("reasoning_content")) == history_shows, (fmt, earlier)
+
+
+def test_a_source_history_whose_reasoning_the_template_hides_is_still_the_sources(
+    tmp_path: Path,
+) -> None:
+    """The dataset's own earlier answer, with reasoning Qwen3's template does not show, is
+    still the dataset's: left out of a default sharegpt export (`source_history`), and named
+    `history: source` where it is written."""
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": f"c{c} first question"},
+                {"role": "assistant", "content": f"SOURCE answer {c}", "reasoning_content": "hm"},
+                {"role": "user", "content": f"c{c} second question"},
+            ]
+        }
+        for c in range(6)
+    ]
+    write_rows(tmp_path / "d.jsonl", rows)
+    with sim_in_thread(SimConfig(seed=4, time_scale=0.0)) as sim:
+        job = write_job(
+            tmp_path,
+            sim.base_url,
+            datasets=[],
+            extra='\n[[datasets]]\nname = "d"\npath = "d.jsonl"\nmode = "last_turn"\n',
+        )
+        text = job.read_text().replace("moonshotai/kimi-k2.5", "qwen/qwen3-8b")
+        job.write_text(text.replace("max_tokens = 512", "max_tokens = 8000"))
+        res = run_cli("run", str(job))
+        assert res.returncode == 0, res.stdout + res.stderr
+    out = str(tmp_path / "out")
+    res = run_cli("export", out, "--format", "sharegpt", "--family", "qwen3")
+    assert res.returncode == 0, res.stdout + res.stderr
+    manifest = json.loads((tmp_path / "out/export/sharegpt/manifest.json").read_text())
+    assert manifest["datasets"]["d"]["dropped"].get("source_history") == 6, manifest
+    res = run_cli("export", out, "--format", "openai", "--family", "qwen3")
+    assert res.returncode == 0, res.stdout + res.stderr
+    text = (tmp_path / "out/export/openai/train/d.jsonl").read_text()
+    recs = [json.loads(x) for x in text.splitlines()]
+    assert len(recs) == 6
+    for rec in recs:
+        assert rec["provenance"]["history"] == "source"
+        assert rec["messages"][1]["weight"] == 0 and "reasoning_content" not in rec["messages"][1]
 
 
 def test_a_sharegpt_export_goes_on_without_a_target_it_cannot_load(tmp_path: Path) -> None:

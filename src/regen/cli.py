@@ -915,11 +915,11 @@ def _export(args: argparse.Namespace, console: Console) -> int:
         overrides = _target_overrides(args)
         recorded = store.get_meta("reconstruct") is not None
         ids = args.format in ("tokenized", "specforge") and not args.train_source_turns
-        # ShareGPT: the model's template decides which reasoning of the history is kept; text
-        # formats: an answer's text is what its exact ids hold (outputs.audit.as_ids_hold).
-        text = args.format in ("sharegpt", "openai")
+        # Formats with text: the model's template decides which reasoning of the history is
+        # kept, and an answer's text is what its exact ids hold (outputs.audit.as_ids_hold).
+        text = args.format != "tokenized"
         if args.drop_failed_audit or ((ids or text) and (recorded or args.family)):
-            optional = text and not args.drop_failed_audit
+            optional = not ids and not args.drop_failed_audit
             target = _export_target(store, overrides, optional=optional)
         if target is not None:
             for note in target.notes:

@@ -349,14 +349,24 @@ def as_template_shows(row: ExportRow, target: Target) -> ExportRow:
         rendered = target.prompt_text(history, row.conversation.get("tools"))
     except Exception:  # noqa: BLE001 - a template that cannot render it: nothing is taken out
         return row
-    shown = {
-        i: {**m, "reasoning": None}
+    hidden = [
+        i
         for i, m in enumerate(history)
         if m.get("role") == "assistant" and m.get("reasoning") and m["reasoning"] not in rendered
-    }
-    if not shown:
+    ]
+    if not hidden:
         return row
-    return replace(row, regenerated={**(row.regenerated or {}), **shown})
+    # Each turn is changed where it comes from: a regenerated turn among the regenerated, the
+    # dataset's own in the conversation, so that who wrote the history (history_author) stays.
+    regenerated = dict(row.regenerated or {})
+    messages = list(row.conversation["messages"])
+    for i in hidden:
+        if i in regenerated:
+            regenerated[i] = {**regenerated[i], "reasoning": None}
+        else:
+            messages[i] = {**messages[i], "reasoning": None}
+    conversation = {**row.conversation, "messages": messages}
+    return replace(row, regenerated=regenerated or None, conversation=conversation)
 
 
 def sharegpt_record(row: ExportRow) -> dict[str, Any]:
@@ -773,10 +783,11 @@ def export_job(
         origins = Origins.of(store, datasets)
         # Text formats hold no ids: the target is rebuilt only to check answers (to drop
         # failed samples, or cut answers kept). It also decides which of the history's
-        # reasoning a sharegpt history keeps, and every format's text is what exact ids hold.
+        # reasoning every format with text keeps (what the model's template shows), and every
+        # format's text is what exact ids hold.
         checking = opts.drop_failed_audit or opts.keep_truncated
         rebuild = target if opts.format not in TEXT_FORMATS or checking else None
-        shown = target if opts.format == "sharegpt" else None
+        shown = target if opts.format != "tokenized" else None
         for name in datasets:
             until = max(
                 until,
@@ -846,7 +857,7 @@ def _export_dataset(
     model: Target | None = None,
 ) -> float:
     """Write one dataset's samples; return the latest answer time seen. `shown`: the model
-    whose template decides which earlier turns' reasoning a sharegpt history keeps; `model`:
+    whose template decides which earlier turns' reasoning a history keeps; `model`:
     the model whose parser reads an answer's exact ids back as text (as_ids_hold)."""
     c = counts.setdefault(name, _Counts())
     weight = opts.weights.get(name, 1.0)
