@@ -279,6 +279,12 @@ def test_the_card_reads_back_through_the_hubs_own_classes_and_loads_every_part(
             names = loaded["dataset"] if fmt == "tokenized" else loaded["provenance"]
             assert all((n if fmt == "tokenized" else n["dataset"]) == ds for n in names)
         assert rows == 10
+    # Its contents table counts every part the folder holds, as its configs list them.
+    text = (to / "README.md").read_text()
+    assert "Counts over all 2 parts in this folder" in text
+    for ds in NAMES:
+        cells = next(r for r in text.splitlines() if r.startswith(f"| {ds} |")).split(" | ")
+        assert int(cells[2]) + int(cells[3]) == 10, cells
 
 
 def test_the_cards_licence_is_the_one_given(tmp_path: Path) -> None:

@@ -1034,7 +1034,33 @@ def _manifest(
         },
         "files": files,
         "notes": trainer_notes(opts.format, counts),
+        "totals": _totals(previous if opts.since_last else None, counts),
     }
+
+
+def _totals(previous: dict[str, Any] | None, counts: dict[str, _Counts]) -> dict[str, Any] | None:
+    """What the folder holds over all its parts, per dataset: this part's counts added to the
+    previous export's totals (a first part's counts are its totals). None when an earlier
+    part's are unknown (written before regen kept them)."""
+    earlier: dict[str, Any] = {}
+    if previous is not None:
+        recorded = previous.get("totals")
+        if recorded is None and int(previous.get("part", 0)) == 0:
+            recorded = previous.get("datasets")
+        if not isinstance(recorded, dict):
+            return None
+        earlier = recorded
+    out: dict[str, Any] = {}
+    for name in dict.fromkeys([*earlier, *counts]):
+        before, c = earlier.get(name, {}), counts.get(name, _Counts())
+        samples = before.get("samples", {})
+        out[name] = {
+            "samples": {k: int(samples.get(k, 0)) + c.samples[k] for k in SPLITS},
+            "prompt_tokens": int(before.get("prompt_tokens", 0)) + c.prompt_tokens,
+            "completion_tokens": int(before.get("completion_tokens", 0)) + c.completion_tokens,
+            "cost_usd": round(float(before.get("cost_usd", 0.0)) + c.cost_usd, 8),
+        }
+    return out
 
 
 SPECFORGE_THINKING = "`qwen3-thinking`, `kimi-k2-thinking`, `deepseek-r1-distill`"

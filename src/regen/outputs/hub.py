@@ -162,9 +162,20 @@ def dataset_card(store: Store, manifest: dict[str, Any], datasets: list[str], po
         "## Contents",
         "",
     ]
+    # Over every part in the folder where the manifest knows them; left out: this part's.
+    totals = manifest.get("totals") or manifest["datasets"]
+    if manifest.get("part") and manifest.get("totals"):
+        lines += [
+            f"Counts over all {manifest['part'] + 1} parts in this folder (`--since-last`); "
+            "what was left out, this part's.",
+            "",
+        ]
+    elif manifest.get("part"):
+        lines += ["Counts of this part only (the earlier parts' were not recorded).", ""]
     rows = []
-    for name, d in manifest["datasets"].items():
-        dropped = ", ".join(f"{k} {v}" for k, v in d["dropped"].items()) or "-"
+    for name, d in totals.items():
+        part = manifest["datasets"].get(name, {})
+        dropped = ", ".join(f"{k} {v}" for k, v in part.get("dropped", {}).items()) or "-"
         rows.append(
             (
                 name,
