@@ -9,7 +9,9 @@ three datasets that hold the hard cases:
 - `agent`: an agent trajectory in mode each_turn, tools declared, with the dataset's own tool
   calls in the history (parallel calls, calls with reasoning, calls beside text) and their
   results; some rows end on a tool result;
-- `single`: single-turn rows without a system prompt, a third with tools declared.
+- `single`: single-turn rows without a system prompt, a third with tools declared;
+- `seq`: two- and three-turn chats in mode sequential, each later turn asked after the
+  target's own earlier answers (their reasoning included).
 
 Then `regen export` writes each format (sharegpt and specforge once more with
 --train-source-turns), and each export is read by its trainer's own code in the trainer's own
@@ -33,12 +35,22 @@ anything besides the target's reasoning, content and calls and the template's ma
 Pre-tokenized samples' ids under loss are also compared with the ids the tokenizer's chat
 template gives for the answer after the source file's history (made in the trainer's venv).
 
+Reasoning: in every sample a trainer loaded, the tokens inside `<think>`...`</think>` are
+counted where the trainer's own data preparation put them: in the answer under loss, and in
+the history (what the trainer's input holds, and how much of it is under loss). They are
+compared with the tokenizer's own chat template (rendered here, not by regen): the answer's
+reasoning tokens as the template writes the answer, and, for the sequential samples, the
+history's reasoning tokens as the template shows the prompt. Each export is read with every
+trainer setting docs/exports.md and the card name for it (SETTINGS: SpecForge's thinking and
+general chat templates and `train_only_last_turn`, LLaMA-Factory's `mask_history`).
+
 Missing venvs are built with the pip commands below (CPU torch: the wheel given by --torch-wheel,
 else `torch` from the package index).
 
 Run: .venv/bin/python bench/trainers.py [--venvs DIR] [--rows N] [--torch-wheel WHEEL]
-Exits 1 when a default export puts loss on non-target text or a trainer drops a sample it was
-given, or when a venv cannot be built or a loader fails.
+Exits 1 when a default export puts loss on non-target text, on more or less reasoning than the
+template's, holds history reasoning the template does not show, or a trainer drops a sample it
+was given; or when a venv cannot be built or a loader fails.
 """
 
 from __future__ import annotations
@@ -207,10 +219,25 @@ def single_row(i: int) -> dict[str, Any]:
     return row
 
 
+def seq_row(i: int) -> dict[str, Any]:
+    """Two or three user turns, answered in `sequential` mode: every answer is the target's,
+    and each later turn is asked after the target's own earlier answers, reasoning and all
+    (the dataset's answers here are only placeholders, replaced)."""
+    tag = f"seq-r{i}"
+    msgs: list[dict[str, Any]] = []
+    if i % 3 == 0:
+        msgs.append({"role": "system", "content": f"SYSTEXT {tag}: answer in plain words."})
+    for t in range(2 + i % 2):
+        msgs.append({"role": "user", "content": f"USERTEXT {tag} q{t}: and then what happened?"})
+        msgs.append({"role": "assistant", "content": f"SRCANSWER {tag} a{t}: a placeholder."})
+    return {"id": tag, "messages": msgs}
+
+
 DATASETS = {  # name: (row maker, mode)
     "chat": (chat_row, "last_turn"),
     "agent": (agent_row, "each_turn"),
     "single": (single_row, "last_turn"),
+    "seq": (seq_row, "sequential"),
 }
 
 
@@ -386,25 +413,32 @@ def read_truth(out: Path, sources: dict[str, list[dict[str, Any]]]) -> dict[str,
     try:
         rows = db.execute(
             "SELECT r.item_id, r.dataset, r.content, r.reasoning, r.tool_calls, r.finish_reason,"
-            " c.row_index, i.turn_index FROM results r JOIN items i ON i.id = r.item_id"
+            " c.row_index, i.turn_index, c.id FROM results r JOIN items i ON i.id = r.item_id"
             " JOIN conversations c ON c.id = i.conversation_id"
         ).fetchall()
     finally:
         db.close()
-    truth = {}
-    for item, dataset, content, reasoning, calls, finish, row, turn in rows:
-        msgs = sources[dataset][row]["messages"]
-        if not (turn == len(msgs) or msgs[turn]["role"] == "assistant"):
-            raise SystemExit(f"{dataset} row {row}: turn {turn} is not an assistant turn")
-        answer = {
+    answers = {}  # (conversation, turn): the target's answer
+    for item, _, content, reasoning, calls, _, _, turn, conv in rows:
+        answers[(conv, turn)] = {
             "role": "assistant",
             "content": content or "",
             "reasoning_content": reasoning,
             "tool_calls": json.loads(calls) if calls else None,
         }
-        if MARKER.search(json.dumps(answer)):
+        if MARKER.search(json.dumps(answers[(conv, turn)])):
             raise SystemExit(f"answer {item} holds a source marker: the judge cannot tell")
+    truth = {}
+    for item, dataset, _, _, _, finish, row, turn, conv in rows:
+        msgs = sources[dataset][row]["messages"]
+        if not (turn == len(msgs) or msgs[turn]["role"] == "assistant"):
+            raise SystemExit(f"{dataset} row {row}: turn {turn} is not an assistant turn")
+        answer = answers[(conv, turn)]
         history = msgs[:turn]
+        earlier: list[dict[str, Any]] = []  # the target's own answers in the history
+        if DATASETS[dataset][1] == "sequential":
+            history = [answers.get((conv, j), m) for j, m in enumerate(history)]
+            earlier = [answers[(conv, j)] for j in range(turn) if (conv, j) in answers]
         truth[item] = {
             "dataset": dataset,
             "row": row,
@@ -412,6 +446,7 @@ def read_truth(out: Path, sources: dict[str, list[dict[str, Any]]]) -> dict[str,
             "history": history,
             "tools": sources[dataset][row].get("tools"),
             "answer": answer,
+            "earlier": earlier,
             "finish_reason": finish,
             "tools_involved": bool(answer["tool_calls"])
             or any(m.get("tool_calls") or m["role"] == "tool" for m in history),
@@ -434,7 +469,42 @@ def written_ids(work: Path, label: str, fmt: str) -> list[str]:
     return ids
 
 
+SETTINGS: dict[str, list[tuple[str, dict[str, Any]]]] = {
+    # The trainer settings docs/exports.md and the card name, per export: (what the table
+    # calls it, the loader's parameters). An export not listed is read one way.
+    "specforge --train-source-turns": [
+        ("chat_template qwen3-thinking", {}),
+        ("chat_template qwen3-thinking, train_only_last_turn", {"train_only_last_turn": True}),
+        ("chat_template qwen (the general parser)", {"chat_template": "qwen"}),
+    ],
+    "sharegpt --train-source-turns": [
+        ("template qwen3", {}),
+        ("template qwen3, mask_history", {"mask_history": True}),
+    ],
+}
+
+
 def loader_jobs(
+    work: Path, venvs: Path, tok: Path, main_python: str
+) -> list[tuple[str, str, str, Path, dict[str, Any]]]:
+    """(export label, trainer setting, python, loader script, params) for each export read
+    with each setting it documents."""
+    jobs = []
+    for label, python, script, p in _loader_jobs(work, venvs, tok, main_python):
+        for setting, extra in SETTINGS.get(label, [("", {})]):
+            own = p | extra
+            if "workdir" in p:  # each setting's run writes its own files
+                own["workdir"] = f"{p['workdir']}-{slug(setting)}"
+            jobs.append((label, setting, python, script, own))
+    return jobs
+
+
+def slug(text: str) -> str:
+    """`text` as a file name."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")
+
+
+def _loader_jobs(
     work: Path, venvs: Path, tok: Path, main_python: str
 ) -> list[tuple[str, str, Path, dict[str, Any]]]:
     """(export label, python, loader script, params) for each export."""
@@ -484,7 +554,7 @@ def run_loader(
     work: Path, label: str, python: str, script: Path, p: dict[str, Any]
 ) -> tuple[dict[str, Any] | None, str]:
     """Run one loader; (its result, or None, and its command line)."""
-    params = work / f"params-{label.replace(' --', '-')}.json"
+    params = work / f"params-{slug(label)}.json"
     params.write_text(json.dumps(p, indent=2))
     cmd = [python, str(script), str(params)]
     env = {
@@ -534,8 +604,9 @@ def residue(text: str, pieces: list[str]) -> str:
 
 
 def match_ids(samples: list[dict[str, Any]], candidates: list[str], truth: dict[str, Any]) -> None:
-    """Give each sample without an id (the trainer kept none) the answer whose text it holds:
-    each answer's text appears only in its own sample (histories hold the dataset's turns)."""
+    """Give each sample without an id (the trainer kept none) the answer whose text it holds
+    last: a sample ends on its answer, and only a sequential sample's history holds other
+    answers of the target (the earlier turns of the same conversation)."""
     left = Counter(candidates)
     for s in samples:
         if s.get("id") is not None:
@@ -543,13 +614,14 @@ def match_ids(samples: list[dict[str, Any]], candidates: list[str], truth: dict[
         hits = []
         for iid in left:
             pieces = sorted(target_pieces(truth[iid]["answer"]), key=len, reverse=True)
-            sig = [pieces[0]] if pieces and len(pieces[0]) >= 16 else pieces
-            if sig and all(p in s["text"] for p in sig):
-                hits.append(iid)
-        free = [h for h in hits if left[h] > 0]
-        if free:
-            s["id"] = free[0]
-            left[free[0]] -= 1
+            # The start of the longest piece: a sample cut at the trainer's length keeps it.
+            sig = [pieces[0][:64]] if pieces and len(pieces[0]) >= 16 else pieces
+            if sig and all(p in s["text"] for p in sig) and left[iid] > 0:
+                hits.append((max(s["text"].rfind(p) for p in sig), iid))
+        if hits:
+            iid = max(hits)[1]
+            s["id"] = iid
+            left[iid] -= 1
 
 
 @dataclass
@@ -558,6 +630,8 @@ class Row:
 
     label: str
     default: bool
+    setting: str = ""
+    """The trainer setting it was read with, where the export documents more than one."""
     trainer: str = "-"
     answers: int = 0
     written: int = 0
@@ -571,6 +645,13 @@ class Row:
     tool_written: int = 0
     ids_checked: int = 0
     ids_equal: int = 0
+    cut: int = 0
+    """Samples the trainer cut at its length limit: their text is not judged."""
+    reasoning: Counter[str] = field(default_factory=Counter)
+    """Reasoning tokens: `samples`, `target` (the answers' as the template renders them),
+    `loss` (under loss in the answers), `differ` (samples where the two differ); over the
+    sequential samples, `seq`, `history` (in the history as the trainer holds it),
+    `history_loss`, `template` (as the model's template shows the history), `seq_differ`."""
     error: str | None = None
     rejected: list[str] = field(default_factory=list)
     """What the trainer refused as the export gave it (the numbers are then from a workaround)."""
@@ -580,7 +661,12 @@ class Row:
     def failed(self) -> bool:
         dropped = self.written - self.loaded
         bad = self.non_target > 0 or dropped > 0 or bool(self.rejected)
+        bad = bad or self.reasoning["differ"] > 0 or self.reasoning["seq_differ"] > 0
         return self.error is not None or (self.default and bad)
+
+    @property
+    def name(self) -> str:
+        return f"`{self.label}`" + (f" ({self.setting})" if self.setting else "")
 
 
 def judge(row: Row, result: dict[str, Any], written: list[str], truth: dict[str, Any]) -> None:
@@ -603,10 +689,15 @@ def judge(row: Row, result: dict[str, Any], written: list[str], truth: dict[str,
         if t is None:
             continue
         row.tool_loaded += t["tools_involved"]
+        if s.get("n_tokens") and s["n_tokens"] >= result.get("max_tokens", float("inf")):
+            row.cut += 1  # what is past the trainer's limit is not trained, by its own rule
+            continue
         pieces = target_pieces(t["answer"])
+        # A sequential sample's history is the target's own: under loss it is its text too.
+        own = pieces + [p for e in t["earlier"] for p in target_pieces(e)]
         bad = False
         for n, text in s["spans"]:
-            if MARKER.search(text) or residue(text, pieces):
+            if MARKER.search(text) or residue(text, own):
                 bad = True
                 row.own_tokens += n if OWN_ANSWER.search(text) else 0
                 if shown["non-target"] < 2:
@@ -638,6 +729,13 @@ def judge(row: Row, result: dict[str, Any], written: list[str], truth: dict[str,
         if "ids_error" in s and shown["ids_error"] < 2:
             shown["ids_error"] += 1
             row.notes.append(f"could not render {s['id']} with the template: {s['ids_error']}")
+        if "reasoning" in s and "reasoning" in t:
+            judge_reasoning(row, s, t, shown)
+    if row.cut:
+        row.notes.append(
+            f"{row.cut} sample(s) cut at the trainer's length limit ({result['max_tokens']} "
+            "tokens): their text is not judged"
+        )
     loaded_ids = Counter(s.get("id") for s in samples)
     dropped = [i for i in written if loaded_ids[i] == 0]
     for i in dropped[:5]:
@@ -649,6 +747,58 @@ def judge(row: Row, result: dict[str, Any], written: list[str], truth: dict[str,
         )
     if len(dropped) > 5:
         row.notes.append(f"... and {len(dropped) - 5} more dropped")
+
+
+def judge_reasoning(row: Row, s: dict[str, Any], t: dict[str, Any], shown: Counter[str]) -> None:
+    """Count one sample's reasoning tokens against the template's: the answer's under loss,
+    and, in a sequential sample, the history's as the trainer holds it."""
+    got, want = s["reasoning"], t["reasoning"]
+    r = row.reasoning
+    r["samples"] += 1
+    r["target"] += want["answer"]
+    r["loss"] += got["answer_loss"]
+    if got["answer_loss"] != want["answer"]:
+        r["differ"] += 1
+        if shown["reasoning"] < 2:
+            shown["reasoning"] += 1
+            row.notes.append(
+                f"reasoning under loss in {s['id']} ({t['tag']}): {got['answer_loss']} tokens, "
+                f"the template's {want['answer']}"
+            )
+    if not t["earlier"]:
+        return
+    r["seq"] += 1
+    r["history"] += got["history"]
+    r["history_loss"] += got["history_loss"]
+    r["template"] += want["history"]
+    if got["history"] != want["history"]:
+        r["seq_differ"] += 1
+        if shown["history"] < 2:
+            shown["history"] += 1
+            row.notes.append(
+                f"history reasoning in {s['id']} ({t['tag']}): {got['history']} tokens "
+                f"({got['history_loss']} under loss), the template shows {want['history']}"
+            )
+
+
+def template_reasoning(tok_dir: Path, truth: dict[str, dict[str, Any]]) -> None:
+    """Each answer's reasoning tokens as the tokenizer's own chat template renders them
+    (`reasoning`: `answer`, and `history`, what it shows of the history's), made here with
+    the trainers' tokenizer, not by regen."""
+    from transformers import AutoTokenizer
+
+    sys.path.insert(0, str(LOADERS))
+    from _common import expected_ids, reasoning_counts
+
+    tok = AutoTokenizer.from_pretrained(str(tok_dir))
+    for t in truth.values():
+        try:
+            prompt, completion = expected_ids(tok, t["history"], t["tools"], t["answer"])
+        except Exception:  # the judge then has nothing to compare: the sample is not counted
+            continue
+        ids = prompt + completion
+        counts = reasoning_counts(tok, ids, [0] * len(prompt) + [1] * len(completion))
+        t["reasoning"] = {"answer": counts["answer_loss"], "history": counts["history"]}
 
 
 def left_out(work: Path, label: str) -> tuple[int, dict[str, int]]:
@@ -681,13 +831,13 @@ def table(rows: list[Row]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
         if r.error:
-            cells = [f"`{r.label}`", r.trainer, str(r.answers), "-", f"failed: {r.error}"]
+            cells = [r.name, r.trainer, str(r.answers), "-", f"failed: {r.error}"]
             cells += ["-"] * (len(head) - len(cells))
         else:
             out = ", ".join(f"{k} {v}" for k, v in sorted(r.left_out.items())) or "none"
             ids = f"{r.ids_equal}/{r.ids_checked}" if r.ids_checked else "-"
             cells = [
-                f"`{r.label}`",
+                r.name,
                 r.trainer + (" (rejected the export as written: see notes)" if r.rejected else ""),
                 str(r.answers),
                 f"{r.written} ({out})",
@@ -697,6 +847,38 @@ def table(rows: list[Row]) -> str:
                 str(r.missing),
                 f"{r.tool_loaded}/{r.tool_written}",
                 ids,
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def reasoning_table(rows: list[Row]) -> str:
+    """Per export and trainer setting: the answers' reasoning tokens under loss against the
+    template's, and the sequential samples' history reasoning against what the template
+    shows."""
+    head = [
+        "export (trainer setting)",
+        "samples",
+        "answers' reasoning tokens: the template's / under loss",
+        "samples where they differ",
+        "sequential samples",
+        "history reasoning tokens: the template shows / the trainer holds (under loss)",
+        "samples where they differ",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for row in rows:
+        r = row.reasoning
+        if row.error:
+            cells = [row.name, "-", f"failed: {row.error}"] + ["-"] * 4
+        else:
+            cells = [
+                row.name,
+                str(r["samples"]),
+                f"{r['target']:,} / {r['loss']:,}",
+                str(r["differ"]),
+                str(r["seq"]),
+                f"{r['template']:,} / {r['history']:,} ({r['history_loss']:,})",
+                str(r["seq_differ"]),
             ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -737,15 +919,16 @@ def main() -> int:
             cmd = [args.regen, "export", str(work / "out"), "--format", fmt]
             run([*cmd, "--to", str(export_dir(work, label)), *flags], commands, work)
         truth = read_truth(work / "out", sources)
+        template_reasoning(tok, truth)
         (work / "truth.json").write_text(json.dumps(truth, ensure_ascii=False))
 
         needs = {"specforge": "specforge", "sharegpt": "llamafactory", "tokenized": "speculators"}
         rows: list[Row] = []
         futures = {}
         with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-            for label, python, script, p in loader_jobs(work, venvs, tok, main_python):
+            for label, setting, python, script, p in loader_jobs(work, venvs, tok, main_python):
                 fmt, default = next((f, d) for lab, f, _, d in EXPORTS if lab == label)
-                row = Row(label, default, answers=len(truth))
+                row = Row(label, default, setting, answers=len(truth))
                 rows.append(row)
                 if needs.get(fmt) in venv_errors:
                     row.error = f"no {needs[fmt]} venv ({venv_errors[needs[fmt]]})"
@@ -754,11 +937,12 @@ def main() -> int:
                     train = export_dir(work, label) / "train"
                     joined = f"cat {train}/*.jsonl > {p['data']}"
                     commands.append(joined.replace(str(work), "$WORK"))
-                futures[label] = pool.submit(run_loader, work, label, python, script, p)
+                key = f"{label} {setting}".strip()
+                futures[key] = pool.submit(run_loader, work, key, python, script, p)
         for row in rows:
             if row.error:
                 continue
-            result, cmd = futures[row.label].result()
+            result, cmd = futures[f"{row.label} {row.setting}".strip()].result()
             commands.append(cmd.replace(str(work), "$WORK"))
             fmt = next(f for lab, f, _, _ in EXPORTS if lab == row.label)
             row.written, row.left_out = left_out(work, row.label)
@@ -806,10 +990,12 @@ def main() -> int:
     today = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     print(f"## regen exports read by their trainers ({args.rows} rows per dataset)\n")
     print(table(rows))
+    print("\n### Reasoning under loss and in the history, per trainer setting\n")
+    print(reasoning_table(rows))
     print()
     for r in rows:
         for n in r.notes:
-            print(f"- `{r.label}`: {n}")
+            print(f"- {r.name}: {n}")
     for name, err in venv_errors.items():
         print(f"- the {name} venv could not be built: {err}")
     print("\nCommands ($WORK is a temporary folder):\n")

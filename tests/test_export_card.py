@@ -13,6 +13,7 @@ import pytest
 
 from regen.config import load_job
 from regen.conversation import Attempt, Message, Outcome, Result, Usage
+from regen.errors import StateError
 from regen.outputs.export import ExportOptions, export_job
 from regen.reconstruct import Target, TargetSpec, sim_template
 from regen.sim import SimConfig, sim_in_thread
@@ -128,7 +129,7 @@ def test_specforge_without_ids_says_which_template_keeps_the_reasoning(tmp_path:
     ("qwen/qwen3-8b", "qwen3", False),  # Qwen3's template drops earlier turns' reasoning
     ("moonshotai/kimi-k3", "kimi-k3", True),  # Kimi K3 keeps it
 ])  # fmt: skip
-def test_sequential_sharegpt_history_keeps_the_reasoning_the_template_shows(
+def test_sequential_history_keeps_the_reasoning_the_template_shows_in_every_format(
     tmp_path: Path, model: str, family: str, history_shows: bool
 ) -> None:
     rows = [
@@ -165,6 +166,64 @@ def test_sequential_sharegpt_history_keeps_the_reasoning_the_template_shows(
         earlier, last = rec["conversations"][1]["value"], rec["conversations"][3]["value"]
         assert last.startswith("<think>\n")  # the answer's own reasoning stays
         assert earlier.startswith("<think>\n") == history_shows, earlier
+    # The formats that keep reasoning in a field of its own follow the same template.
+    for fmt, key, flags in (
+        ("openai", "messages", ()),
+        ("specforge", "conversations", ("--train-source-turns",)),
+    ):
+        res = run_cli("export", str(tmp_path / "out"), "--format", fmt, "--family", family, *flags)
+        assert res.returncode == 0, res.stdout + res.stderr
+        text = (tmp_path / f"out/export/{fmt}/train/d.jsonl").read_text()
+        seconds = [json.loads(x) for x in text.splitlines()]
+        seconds = [r for r in seconds if r["provenance"]["turn_index"] == 3]
+        assert len(seconds) >= 6
+        for rec in seconds:
+            earlier, last = rec[key][1], rec[key][3]
+            assert last.get("reasoning_content"), fmt
+            assert bool(earlier.get("reasoning_content")) == history_shows, (fmt, earlier)
+
+
+def test_a_source_history_whose_reasoning_the_template_hides_is_still_the_sources(
+    tmp_path: Path,
+) -> None:
+    """The dataset's own earlier answer, with reasoning Qwen3's template does not show, is
+    still the dataset's: left out of a default sharegpt export (`source_history`), and named
+    `history: source` where it is written."""
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": f"c{c} first question"},
+                {"role": "assistant", "content": f"SOURCE answer {c}", "reasoning_content": "hm"},
+                {"role": "user", "content": f"c{c} second question"},
+            ]
+        }
+        for c in range(6)
+    ]
+    write_rows(tmp_path / "d.jsonl", rows)
+    with sim_in_thread(SimConfig(seed=4, time_scale=0.0)) as sim:
+        job = write_job(
+            tmp_path,
+            sim.base_url,
+            datasets=[],
+            extra='\n[[datasets]]\nname = "d"\npath = "d.jsonl"\nmode = "last_turn"\n',
+        )
+        text = job.read_text().replace("moonshotai/kimi-k2.5", "qwen/qwen3-8b")
+        job.write_text(text.replace("max_tokens = 512", "max_tokens = 8000"))
+        res = run_cli("run", str(job))
+        assert res.returncode == 0, res.stdout + res.stderr
+    out = str(tmp_path / "out")
+    res = run_cli("export", out, "--format", "sharegpt", "--family", "qwen3")
+    assert res.returncode == 0, res.stdout + res.stderr
+    manifest = json.loads((tmp_path / "out/export/sharegpt/manifest.json").read_text())
+    assert manifest["datasets"]["d"]["dropped"].get("source_history") == 6, manifest
+    res = run_cli("export", out, "--format", "openai", "--family", "qwen3")
+    assert res.returncode == 0, res.stdout + res.stderr
+    text = (tmp_path / "out/export/openai/train/d.jsonl").read_text()
+    recs = [json.loads(x) for x in text.splitlines()]
+    assert len(recs) == 6
+    for rec in recs:
+        assert rec["provenance"]["history"] == "source"
+        assert rec["messages"][1]["weight"] == 0 and "reasoning_content" not in rec["messages"][1]
 
 
 def test_a_sharegpt_export_goes_on_without_a_target_it_cannot_load(tmp_path: Path) -> None:
@@ -180,3 +239,62 @@ def test_a_sharegpt_export_goes_on_without_a_target_it_cannot_load(tmp_path: Pat
     # Where the ids need it, it is still an error.
     res = run_cli("export", out, "--format", "tokenized", "--family", "qwen3", "--tokenizer", nope)
     assert res.returncode != 0 and "nope.json" in res.stderr
+
+
+@pytest.mark.parametrize("fmt", ["tokenized", "openai"])
+def test_the_card_reads_back_through_the_hubs_own_classes_and_loads_every_part(
+    tmp_path: Path, fmt: str
+) -> None:
+    datasets = pytest.importorskip("datasets")
+    from huggingface_hub import DatasetCard
+
+    store, items = answered_store(tmp_path)
+    to, target = tmp_path / "export", local_target(tmp_path)
+    for part, since_last in ((slice(0, 6), False), (slice(6, 10), True)):
+        for ds in NAMES:
+            for n, item in enumerate(items[ds][part]):
+                add_answer(store, ds, item, n)
+        opts = ExportOptions(
+            format=fmt, shard_rows=3, validation_fraction=0.3, since_last=since_last
+        )
+        manifest = export_job(store, list(NAMES), to, opts, target)
+        time.sleep(0.01)  # the next part's answers are stored after this export
+    card = DatasetCard.load(to / "README.md").data
+    assert card.license == "unknown" and {"regen", "synthetic"} <= set(card.tags)
+    assert card.pretty_name and card.task_categories == ["text-generation"]
+    assert [c["config_name"] for c in card.configs] == list(NAMES)
+    assert card.configs[0]["default"] is True
+    listed = []
+    for config in card.configs:
+        splits = {f["split"]: f["path"] for f in config["data_files"]}
+        assert splits == manifest["data_files"][config["config_name"]]
+        listed += [p for paths in splits.values() for p in paths]
+    data = sorted(str(p.relative_to(to)) for p in to.rglob("*") if p.parent != to)
+    assert sorted(listed) == data and any(".part0001" in p for p in data)
+    for ds in NAMES:  # every part of every split of every config, nothing of another
+        rows = 0
+        for split in card.configs[NAMES.index(ds)]["data_files"]:
+            loaded = datasets.load_dataset(str(to), ds, split=split["split"])
+            rows += loaded.num_rows
+            names = loaded["dataset"] if fmt == "tokenized" else loaded["provenance"]
+            assert all((n if fmt == "tokenized" else n["dataset"]) == ds for n in names)
+        assert rows == 10
+    # Its contents table counts every part the folder holds, as its configs list them.
+    text = (to / "README.md").read_text()
+    assert "Counts over all 2 parts in this folder" in text
+    for ds in NAMES:
+        cells = next(r for r in text.splitlines() if r.startswith(f"| {ds} |")).split(" | ")
+        assert int(cells[2]) + int(cells[3]) == 10, cells
+
+
+def test_the_cards_licence_is_the_one_given(tmp_path: Path) -> None:
+    from huggingface_hub import DatasetCard
+
+    store, items = answered_store(tmp_path)
+    for n, item in enumerate(items["v1.5"]):
+        add_answer(store, "v1.5", item, n)
+    to = tmp_path / "export"
+    export_job(store, ["v1.5"], to, ExportOptions(format="openai", license="cc-by-4.0"))
+    assert DatasetCard.load(to / "README.md").data.license == "cc-by-4.0"
+    with pytest.raises(StateError, match="--license takes a Hub licence id"):
+        export_job(store, ["v1.5"], to, ExportOptions(format="openai", license="MIT\nx: 1"))

@@ -53,10 +53,42 @@ def warnings_of(*loggers: str) -> Iterator[list[str]]:
             lg.removeHandler(keep)
 
 
-def sample(tok: Any, ids: list[int], mask: list[int], sid: str | None) -> dict[str, Any]:
+def reasoning_counts(
+    tok: Any, ids: list[int], mask: list[int], answer_start: int | None = None
+) -> dict[str, int]:
+    """Tokens inside `<think>`...`</think>` (the tags not counted), as the trainer holds them:
+    in the answer under loss (`answer_loss`), and in the history: all of them (`history`) and
+    those under loss (`history_loss`). The answer is what follows the last `<|im_start|>` (the
+    header of the last turn) unless `answer_start` says where it starts."""
+    opens, closes, start = tok.convert_tokens_to_ids(["<think>", "</think>", "<|im_start|>"])
+    if answer_start is None:
+        answer_start = max((i for i, t in enumerate(ids) if t == start), default=0)
+    out = {"answer_loss": 0, "history": 0, "history_loss": 0}
+    block: list[tuple[int, int, int]] = []  # (position, token, under loss) inside a block
+    inside = False
+    for i, (t, m) in enumerate([*zip(ids, mask, strict=True), (closes, 0)]):
+        if t not in (opens, closes):
+            if inside:
+                block.append((i, t, m))
+            continue
+        # An empty block (`<think>\n\n</think>`, a template's markup) holds no reasoning.
+        if block and tok.decode([b[1] for b in block]).strip():
+            for at, _, under in block:
+                if at >= answer_start:
+                    out["answer_loss"] += bool(under)
+                else:
+                    out["history"] += 1
+                    out["history_loss"] += bool(under)
+        inside, block = t == opens, []
+    return out
+
+
+def sample(
+    tok: Any, ids: list[int], mask: list[int], sid: str | None, answer_start: int | None = None
+) -> dict[str, Any]:
     """One loaded sample: its id when the trainer kept one (else its decoded text, to be
-    matched to its answer by bench/trainers.py), its length, and each contiguous run of
-    tokens under loss as [token count, decoded text]."""
+    matched to its answer by bench/trainers.py), its length, each contiguous run of tokens
+    under loss as [token count, decoded text], and its reasoning tokens (reasoning_counts)."""
     spans: list[list[Any]] = []
     run: list[int] = []
     for t, m in [*zip(ids, mask, strict=True), (None, 0)]:
@@ -66,6 +98,7 @@ def sample(tok: Any, ids: list[int], mask: list[int], sid: str | None) -> dict[s
             spans.append([len(run), tok.decode(run, skip_special_tokens=False)])
             run = []
     out: dict[str, Any] = {"id": sid, "n_tokens": len(ids), "spans": spans}
+    out["reasoning"] = reasoning_counts(tok, ids, mask, answer_start)
     if sid is None:
         out["text"] = tok.decode(ids, skip_special_tokens=False)
     return out

@@ -53,6 +53,7 @@ def load(tok: Any, dataset_dir: str, names: list[str], p: dict[str, Any]) -> tup
         dataset=",".join(names),
         dataset_dir=dataset_dir,
         overwrite_cache=True,
+        mask_history=p.get("mask_history", False),
     )
     model_args = ModelArguments(model_name_or_path=p["tokenizer"])
     out = str(Path(p["workdir"]) / "out")
@@ -90,6 +91,7 @@ def main() -> None:
             samples.append(sample(tok, list(ex["input_ids"]), mask, None))
     emit(
         {
+            "max_tokens": data_args.cutoff_len,  # the length the trainer cuts a sample at
             "trainer": f"LLaMA-Factory {version('llamafactory')}",
             "libs": {k: version(k) for k in ("transformers", "datasets")},
             "path": f"sharegpt, template {p['template']}, registered by {registry}",

@@ -12,7 +12,7 @@ import json
 from importlib.metadata import version
 from pathlib import Path
 
-from _common import emit, params, warnings_of
+from _common import emit, params, reasoning_counts, warnings_of
 from datasets import load_dataset
 from transformers import AutoTokenizer
 
@@ -47,12 +47,22 @@ def main() -> None:
         for f in sorted((export / "train").glob("*.jsonl")):
             for row in load_dataset("json", data_files=str(f), split="train"):
                 spans = []
+                ids: list[int] = []  # the assistant messages' tokens, for the reasoning count
+                mask: list[int] = []
+                start = 0
                 for m in row["messages"]:
-                    if m["role"] != "assistant" or m.get("weight") == 0:
+                    if m["role"] != "assistant":
                         continue
                     text = trained_text(m)
-                    spans.append([len(tok(text, add_special_tokens=False)["input_ids"]), text])
-                samples.append({"id": row["id"], "n_tokens": None, "spans": spans})
+                    tokens = tok(text, add_special_tokens=False)["input_ids"]
+                    start = len(ids)  # the last assistant message is the answer
+                    ids += tokens
+                    mask += [int(m.get("weight") != 0)] * len(tokens)
+                    if m.get("weight") != 0:
+                        spans.append([len(tokens), text])
+                sample = {"id": row["id"], "n_tokens": None, "spans": spans}
+                sample["reasoning"] = reasoning_counts(tok, ids, mask, start)
+                samples.append(sample)
     emit(
         {
             "trainer": f"datasets {version('datasets')} + OpenAI `weight`",

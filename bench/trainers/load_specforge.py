@@ -76,6 +76,7 @@ def main() -> None:
             samples.append(s)
     emit(
         {
+            "max_tokens": max_length,  # the length the trainer cuts a sample at
             "trainer": f"SpecForge {version('specforge')}",
             "libs": {k: version(k) for k in ("transformers", "datasets")},
             "path": "pre-tokenized (input_ids, loss_mask)"

@@ -94,6 +94,7 @@ def main() -> None:
                 samples.append(s)
     emit(
         {
+            "max_tokens": seq_length,  # the length the trainer cuts a sample at
             "trainer": f"speculators {version('speculators')}",
             "libs": {k: version(k) for k in ("transformers", "datasets")},
             "path": next((a["way"] for a in attempts if a["accepted"]), "none"),

@@ -287,6 +287,13 @@ def _export_parser(sub: Any) -> None:
         "--private", action="store_true", help="with --push-to-hub: create the repository private"
     )
     exp.add_argument(
+        "--license",
+        default="unknown",
+        metavar="ID",
+        help="the dataset card's licence, a Hub licence id (default unknown: the sources' "
+        "licences and the target's terms decide it)",
+    )
+    exp.add_argument(
         "--train-source-turns",
         action="store_true",
         help="write the dataset's own assistant turns of an answer's history as plain turns, "
@@ -956,15 +963,17 @@ def _export(args: argparse.Namespace, console: Console) -> int:
             max_sample_diff=args.max_sample_diff,
             train_source_turns=args.train_source_turns,
             samples=args.samples,
+            license=args.license,
         )
         target = checks = None
         overrides = _target_overrides(args)
         recorded = store.get_meta("reconstruct") is not None
         ids = args.format in ("tokenized", "specforge") and not args.train_source_turns
-        # ShareGPT: the model's template decides which reasoning of the history is kept.
-        ids = ids or args.format == "sharegpt"
-        if args.drop_failed_audit or (ids and (recorded or args.family)):
-            optional = args.format == "sharegpt" and not args.drop_failed_audit
+        # Formats with text: the model's template decides which reasoning of the history is
+        # kept, and an answer's text is what its exact ids hold (outputs.audit.as_ids_hold).
+        text = args.format != "tokenized"
+        if args.drop_failed_audit or ((ids or text) and (recorded or args.family)):
+            optional = not ids and not args.drop_failed_audit
             target = _export_target(store, overrides, optional=optional)
         if target is not None:
             for note in target.notes:

@@ -15,14 +15,14 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from regen.reconstruct import ReconstructError, Sample, Target, TargetSpec, spec_from_store
 from regen.reconstruct.parse import LEGACY, first_difference, parse, server_form
-from regen.state.answers import ExportRow
+from regen.state.answers import ExportRow, unpack_ids
 from regen.state.db import Store
 
 BATCH = 256
@@ -271,36 +271,74 @@ def reparse(row: ExportRow, sample: Sample, target: Target) -> str | None:
     return first_difference(got, server_form(name, answer), strip=target.family.name not in LEGACY)
 
 
-def inserted_by_server(row: ExportRow, sample: Sample, target: Target) -> str | None:
-    """Whether the stored answer differs from its parsed ids only by whitespace the server
-    put before or after a field (text its ids do not hold: a server that answers `\n\n`
-    before the content with thinking off), said as which text and where; None otherwise."""
+def server_insertions(
+    row: ExportRow, completion_ids: list[int], prefill: str, target: Target
+) -> dict[str, tuple[str, str]] | None:
+    """Whether the stored answer differs from what its ids parse to only by whitespace the
+    server put before or after a field (text its ids do not hold: a server that answers `\n\n`
+    before the content with thinking off): per field, where (`before`, `after`) and what;
+    None otherwise, or when they agree."""
     name = target.family.name
-    answer = target.answer(row, sample.prefill)
+    answer = target.answer(row, prefill)
     try:
-        got = parse(name, target.decode(sample.completion_ids), answer, target.stops)
+        got = parse(name, target.decode(completion_ids), answer, target.stops)
     except ValueError:
         return None
     want = server_form(name, answer)
     if got.calls != want.calls:
         return None
-    said = []
+    found = {}
     for field_name in ("reasoning", "content"):
         g, w = getattr(got, field_name), getattr(want, field_name)
         if g == w:
             continue
         if g and w.endswith(g) and not w[: len(w) - len(g)].strip():
-            said.append(f"{w[: len(w) - len(g)]!r} before the {field_name}")
+            found[field_name] = ("before", w[: len(w) - len(g)])
         elif w.startswith(g) and not w[len(g) :].strip():
-            said.append(f"{w[len(g) :]!r} after the {field_name}")
+            found[field_name] = ("after", w[len(g) :])
         else:
             return None
-    if not said:
+    return found or None
+
+
+def inserted_by_server(row: ExportRow, sample: Sample, target: Target) -> str | None:
+    """server_insertions for a sample, said as which text and where; None when there are
+    none."""
+    found = server_insertions(row, sample.completion_ids, sample.prefill, target)
+    if found is None:
         return None
+    said = [f"{text!r} {where} the {name}" for name, (where, text) in found.items()]
     return (
         f"the server inserted {' and '.join(said)} it returned, which its token ids do not "
         "hold: the ids (which the rebuild equals) are kept as the answer"
     )
+
+
+def as_ids_hold(row: ExportRow, target: Target, sample: Sample | None = None) -> ExportRow:
+    """The row with the answer's text as its exact token ids hold it: the text the server
+    inserted around a field (server_insertions) taken out, so that a record's text and its
+    ids agree (the ids are what the model wrote). The row as it is when it has no exact ids,
+    they hold its text, or it differs from them in another way (the audit's to name)."""
+    if all(f == f.strip() for f in (row.content, row.reasoning or "")):
+        return row  # nothing around a field to take out: spare the parse
+    if sample is not None and sample.source == "exact":
+        completion, prefill = sample.completion_ids, sample.prefill
+    elif row.completion_token_ids is not None and row.prompt_token_ids is not None:
+        completion = unpack_ids(row.completion_token_ids) or []
+        prefill = target.prefill(target.decode(unpack_ids(row.prompt_token_ids) or []))
+    else:
+        return row
+    found = server_insertions(row, completion, prefill, target)
+    if found is None:
+        return row
+    fields = {"reasoning": row.reasoning or "", "content": row.content}
+    for name, (where, text) in found.items():
+        stored = fields[name]
+        fields[name] = stored.removeprefix(text) if where == "before" else stored.removesuffix(text)
+        if fields[name] == stored:  # the inserted text is not at that end of the field
+            return row
+    reasoning = fields["reasoning"] if row.reasoning is not None else None
+    return replace(row, reasoning=reasoning, content=fields["content"])
 
 
 def divergence(server: list[int], rebuilt: list[int], decode: Callable[[list[int]], str]) -> str:

@@ -25,9 +25,10 @@ from typing import Any
 from regen import failpoints
 from regen.conversation import seeded_unit
 from regen.errors import StateError
-from regen.outputs.audit import Checks, rebuilt, sample_problems
+from regen.outputs.audit import Checks, as_ids_hold, rebuilt, sample_problems
 from regen.outputs.hub import (
     CARD,
+    LICENSE,
     LLAMA_FACTORY_INFO,
     NOT_DATA,
     data_files,
@@ -257,6 +258,8 @@ def export_specforge(
 # --- `regen export`: formats, filters, mixes, splits, manifest ---------------------------------
 
 FORMATS = ("specforge", "openai", "sharegpt", "tokenized")
+TEXT_FORMATS = ("openai", "sharegpt")
+"""Formats that never hold token ids."""
 SPLITS = ("train", "validation")
 
 
@@ -346,14 +349,24 @@ def as_template_shows(row: ExportRow, target: Target) -> ExportRow:
         rendered = target.prompt_text(history, row.conversation.get("tools"))
     except Exception:  # noqa: BLE001 - a template that cannot render it: nothing is taken out
         return row
-    shown = {
-        i: {**m, "reasoning": None}
+    hidden = [
+        i
         for i, m in enumerate(history)
         if m.get("role") == "assistant" and m.get("reasoning") and m["reasoning"] not in rendered
-    }
-    if not shown:
+    ]
+    if not hidden:
         return row
-    return replace(row, regenerated={**(row.regenerated or {}), **shown})
+    # Each turn is changed where it comes from: a regenerated turn among the regenerated, the
+    # dataset's own in the conversation, so that who wrote the history (history_author) stays.
+    regenerated = dict(row.regenerated or {})
+    messages = list(row.conversation["messages"])
+    for i in hidden:
+        if i in regenerated:
+            regenerated[i] = {**regenerated[i], "reasoning": None}
+        else:
+            messages[i] = {**messages[i], "reasoning": None}
+    conversation = {**row.conversation, "messages": messages}
+    return replace(row, regenerated=regenerated or None, conversation=conversation)
 
 
 def sharegpt_record(row: ExportRow) -> dict[str, Any]:
@@ -440,6 +453,9 @@ class ExportOptions:
     keep_orphans: bool = False
     """Also write answers to rows (or turns) their dataset's source no longer has, as last
     read in full (ExportRow.orphan): left out by default, counted as dropped `orphan`."""
+    license: str = "unknown"
+    """The card's licence, a Hub licence id: regen cannot know it (the sources' licences and
+    the target's terms decide it), so `unknown` unless given."""
 
 
 RUN_EXPORT = ExportOptions(format="specforge")
@@ -485,6 +501,8 @@ class _Counts:
     """Answers cut at max_tokens written (`--keep-truncated`)..."""
     truncated_checked: int = 0
     """... of them rebuilt and found whole by the self-check (a target was given)."""
+    text_from_ids: int = 0
+    """Samples written with the text their exact ids hold, not the server's (as_ids_hold)."""
 
 
 class _JsonlShards:
@@ -716,6 +734,11 @@ def export_job(
         raise StateError("dropping failed-audit samples needs a template family: give --family")
     if opts.format not in FORMATS:
         raise StateError(f"unknown export format {opts.format!r} (allowed: {', '.join(FORMATS)})")
+    if not LICENSE.fullmatch(opts.license):
+        raise StateError(
+            f"--license takes a Hub licence id (apache-2.0, cc-by-4.0, other, ...), not "
+            f"{opts.license!r}"
+        )
     for name in datasets:
         checked_name(name, str(store.path))
     root = root_for(to, store.path.parent)
@@ -758,15 +781,29 @@ def export_job(
             else _JsonlShards(tmp, suffix)
         )
         origins = Origins.of(store, datasets)
-        # ShareGPT holds no ids: the target is rebuilt only to drop failed samples; it also
-        # decides which of the history's reasoning the model's template shows.
-        rebuild = target if opts.format != "sharegpt" or opts.drop_failed_audit else None
-        shown = target if opts.format == "sharegpt" else None
+        # Text formats hold no ids: the target is rebuilt only to check answers (to drop
+        # failed samples, or cut answers kept). It also decides which of the history's
+        # reasoning every format with text keeps (what the model's template shows), and every
+        # format's text is what exact ids hold.
+        checking = opts.drop_failed_audit or opts.keep_truncated
+        rebuild = target if opts.format not in TEXT_FORMATS or checking else None
+        shown = target if opts.format != "tokenized" else None
         for name in datasets:
             until = max(
                 until,
                 _export_dataset(
-                    store, name, since, opts, writer, counts, seen, origins, rebuild, checks, shown
+                    store,
+                    name,
+                    since,
+                    opts,
+                    writer,
+                    counts,
+                    seen,
+                    origins,
+                    rebuild,
+                    checks,
+                    shown,
+                    target,
                 ),
             )
         writer.close()
@@ -817,9 +854,11 @@ def _export_dataset(
     target: Target | None = None,
     checks: Checks | None = None,
     shown: Target | None = None,
+    model: Target | None = None,
 ) -> float:
     """Write one dataset's samples; return the latest answer time seen. `shown`: the model
-    whose template decides which earlier turns' reasoning a sharegpt history keeps."""
+    whose template decides which earlier turns' reasoning a history keeps; `model`:
+    the model whose parser reads an answer's exact ids back as text (as_ids_hold)."""
     c = counts.setdefault(name, _Counts())
     weight = opts.weights.get(name, 1.0)
     cap = opts.caps.get(name)
@@ -849,7 +888,12 @@ def _export_dataset(
         ):
             reason = "failed_audit"
         rec: dict[str, Any] | None = None
+        from_ids = False
         if reason is None:
+            if model is not None and opts.format != "tokenized":
+                # A record's text is what its ids hold, not text the server put around it.
+                held = as_ids_hold(row, model, _exact(sample))
+                from_ids, row = held is not row, held
             if shown is not None:
                 row = as_template_shows(row, shown)
             rec, reason = _record(row, name, sample, opts, origins)
@@ -891,6 +935,7 @@ def _export_dataset(
             if row.finish_reason == "length":
                 c.truncated += 1
                 c.truncated_checked += isinstance(sample, Sample) and sample.lost is None
+            c.text_from_ids += from_ids
             if opts.format == "specforge" and reasoning_in_field(rec):
                 c.reasoning_in_field += 1
                 c.reasoning_tokens += row.reasoning_tokens
@@ -900,6 +945,11 @@ def _export_dataset(
             c.completion_tokens += row.completion_tokens
             c.cost_usd += row.cost_usd or 0.0
     return until
+
+
+def _exact(sample: Sample | ReconstructError | None) -> Sample | None:
+    """The sample when its ids are the server's."""
+    return sample if isinstance(sample, Sample) and sample.source == "exact" else None
 
 
 def _record(
@@ -984,7 +1034,33 @@ def _manifest(
         },
         "files": files,
         "notes": trainer_notes(opts.format, counts),
+        "totals": _totals(previous if opts.since_last else None, counts),
     }
+
+
+def _totals(previous: dict[str, Any] | None, counts: dict[str, _Counts]) -> dict[str, Any] | None:
+    """What the folder holds over all its parts, per dataset: this part's counts added to the
+    previous export's totals (a first part's counts are its totals). None when an earlier
+    part's are unknown (written before regen kept them)."""
+    earlier: dict[str, Any] = {}
+    if previous is not None:
+        recorded = previous.get("totals")
+        if recorded is None and int(previous.get("part", 0)) == 0:
+            recorded = previous.get("datasets")
+        if not isinstance(recorded, dict):
+            return None
+        earlier = recorded
+    out: dict[str, Any] = {}
+    for name in dict.fromkeys([*earlier, *counts]):
+        before, c = earlier.get(name, {}), counts.get(name, _Counts())
+        samples = before.get("samples", {})
+        out[name] = {
+            "samples": {k: int(samples.get(k, 0)) + c.samples[k] for k in SPLITS},
+            "prompt_tokens": int(before.get("prompt_tokens", 0)) + c.prompt_tokens,
+            "completion_tokens": int(before.get("completion_tokens", 0)) + c.completion_tokens,
+            "cost_usd": round(float(before.get("cost_usd", 0.0)) + c.cost_usd, 8),
+        }
+    return out
 
 
 SPECFORGE_THINKING = "`qwen3-thinking`, `kimi-k2-thinking`, `deepseek-r1-distill`"
@@ -1002,7 +1078,7 @@ def reasoning_in_field(rec: dict[str, Any]) -> bool:
 def trainer_notes(fmt: str, counts: dict[str, _Counts]) -> list[str]:
     """What a trainer reading the export with its defaults would lose, and the setting that
     keeps it: said at export and written on the card."""
-    notes = truncated_notes(counts)
+    notes = truncated_notes(counts) + ids_text_notes(counts)
     samples = sum(c.reasoning_in_field for c in counts.values())
     if fmt != "specforge" or not samples:
         return notes
@@ -1012,6 +1088,19 @@ def trainer_notes(fmt: str, counts: dict[str, _Counts]) -> list[str]:
         f"({tokens:,} reasoning tokens billed); SpecForge's general parser (chat templates such "
         f"as `qwen` or `llama3`) drops it: train with a thinking template ({SPECFORGE_THINKING}) "
         "to keep it, or export with --family to write the exact ids and loss mask"
+    ]
+
+
+def ids_text_notes(counts: dict[str, _Counts]) -> list[str]:
+    """How many samples were written with the text their exact ids hold rather than the
+    server's, which had text around a field the ids do not hold."""
+    n = sum(c.text_from_ids for c in counts.values())
+    if not n:
+        return []
+    return [
+        f"export: {n} answer(s) written with the text their token ids hold: the server added "
+        "whitespace around a field that its ids do not hold (`regen audit` names them "
+        "`server_inserted_text`)"
     ]
 
 

@@ -1,6 +1,7 @@
-"""An export folder as a Hugging Face dataset: a README.md card whose YAML names one config per
-dataset with its splits (so `datasets.load_dataset(folder)` reads it with no arguments), what
-the data is and how it was made; LLaMA-Factory's `dataset_info.json` beside a sharegpt export;
+"""An export folder as a Hugging Face dataset: a README.md card, rendered through
+huggingface_hub's card classes, whose YAML names one config per dataset with its splits (so
+`datasets.load_dataset(folder)` reads it with no arguments) and the licence, then what the
+data is and how it was made; LLaMA-Factory's `dataset_info.json` beside a sharegpt export;
 and the upload (`regen export --push-to-hub`)."""
 
 from __future__ import annotations
@@ -19,11 +20,6 @@ CARD = "README.md"
 LLAMA_FACTORY_INFO = "dataset_info.json"
 NOT_DATA = frozenset({CARD, LLAMA_FACTORY_INFO, "manifest.json"})
 """Files an export writes beside its data: never carried into the next part, never listed."""
-
-
-def _q(value: object) -> str:
-    """A YAML scalar: JSON's quoting is YAML's."""
-    return json.dumps(value, ensure_ascii=False)
 
 
 _WRITTEN = re.compile(r"^(?P<dataset>.+?)(?:\.part\d{4})?(?:-\d{5})?\.(?:jsonl|parquet)$")
@@ -54,30 +50,49 @@ def public_path(value: Any) -> Any:
     return Path(value).name if looks_local or Path(value).exists() else value
 
 
-def card_yaml(
-    datasets: list[str], files: list[str], written: dict[str, dict[str, list[str]]] | None = None
-) -> str:
-    """The card's YAML header: one config per dataset (the first the default), each split with
-    its files: as the writer recorded them (`written`), else read back from their names."""
-    by_dataset = written if written is not None else data_files(files)
-    lines = ["---", "configs:"]
-    first = True
+LICENSE = re.compile(r"[a-z0-9][a-z0-9.+-]{0,63}")
+"""A Hub licence id as the Hub lists them (`apache-2.0`, `cc-by-4.0`, `other`, `unknown`)."""
+
+
+def card_data(
+    datasets: list[str], written: dict[str, dict[str, list[str]]], title: str, license: str
+) -> dict[str, Any]:
+    """The card's metadata, as huggingface_hub's DatasetCardData holds it: one config per
+    dataset the export wrote (the first the default), each split with its files, then the
+    licence, a name and the tags the Hub lists the dataset by."""
+    configs: list[dict[str, Any]] = []
     for name in datasets:
-        splits = by_dataset.get(name)
+        splits = written.get(name)
         if not splits:
             continue
-        lines.append(f"- config_name: {_q(name)}")
-        if first:
-            lines.append("  default: true")
-            first = False
-        lines.append("  data_files:")
-        for split in ("train", "validation"):
-            if split in splits:
-                lines.append(f"  - split: {_q(split)}")
-                lines.append("    path:")
-                lines.extend(f"    - {_q(f)}" for f in sorted(splits[split]))
-    lines += ["tags:", "- regen", "- synthetic", "---", ""]
-    return "\n".join(lines)
+        files = [
+            {"split": split, "path": sorted(splits[split])}
+            for split in ("train", "validation")
+            if split in splits
+        ]
+        configs.append({"config_name": name, "data_files": files})
+    if configs:  # `default` beside the name, where a reader of the YAML looks for it
+        configs[0] = {"config_name": configs[0]["config_name"], "default": True} | configs[0]
+    return {
+        "license": license,
+        "pretty_name": f"Answers regenerated with {title}",
+        "task_categories": ["text-generation"],
+        "tags": ["regen", "synthetic"],
+        "configs": configs,
+    }
+
+
+def rendered_card(data: dict[str, Any], body: str) -> str:
+    """README.md from its metadata and text, through huggingface_hub's card classes: the
+    YAML header is written and parsed back by the code the Hub's own clients use."""
+    from huggingface_hub import DatasetCard, DatasetCardData
+
+    header = DatasetCardData(**data).to_yaml()
+    # Parsing it back is the check: a header the library cannot read raises here, not on the Hub.
+    card = DatasetCard(f"---\n{header}\n---\n\n{body}")
+    if card.data.to_dict() != data:  # type: ignore[no-untyped-call]
+        raise StateError(f"the dataset card's header does not read back as written: {header}")
+    return str(card)
 
 
 def _table(head: tuple[str, ...], rows: list[tuple[Any, ...]]) -> list[str]:
@@ -91,11 +106,11 @@ def dataset_card(store: Store, manifest: dict[str, Any], datasets: list[str], po
     providers, quantization filters, the settings sent), how its token ids were made, the
     audit, counts and cost, which text carries loss, and the provenance fields."""
     fmt = manifest["format"]
-    lines = [card_yaml(datasets, manifest["files"], manifest.get("data_files"))]
     orphans = bool(manifest["filters"].get("keep_orphans"))  # counted as the export wrote them
     models = store.answers.counted_by("model", datasets, orphans)
     title = models[0][0] if models and models[0][0] else "a target model"
-    lines += [
+    license = manifest["filters"].get("license") or "unknown"
+    lines = [
         f"# Answers regenerated with {title}",
         "",
         f"Written by regen {manifest['regen_version']} (`regen export --format {fmt}`). Every "
@@ -147,9 +162,20 @@ def dataset_card(store: Store, manifest: dict[str, Any], datasets: list[str], po
         "## Contents",
         "",
     ]
+    # Over every part in the folder where the manifest knows them; left out: this part's.
+    totals = manifest.get("totals") or manifest["datasets"]
+    if manifest.get("part") and manifest.get("totals"):
+        lines += [
+            f"Counts over all {manifest['part'] + 1} parts in this folder (`--since-last`); "
+            "what was left out, this part's.",
+            "",
+        ]
+    elif manifest.get("part"):
+        lines += ["Counts of this part only (the earlier parts' were not recorded).", ""]
     rows = []
-    for name, d in manifest["datasets"].items():
-        dropped = ", ".join(f"{k} {v}" for k, v in d["dropped"].items()) or "-"
+    for name, d in totals.items():
+        part = manifest["datasets"].get(name, {})
+        dropped = ", ".join(f"{k} {v}" for k, v in part.get("dropped", {}).items()) or "-"
         rows.append(
             (
                 name,
@@ -195,8 +221,21 @@ def dataset_card(store: Store, manifest: dict[str, Any], datasets: list[str], po
         "`cost_usd`, `usage_source`), `finish_reason`, and `token_ids` (`exact`, "
         "`reconstructed`, `none`).",
         "",
+        "## Licence",
+        "",
+        f"`{license}`"
+        + (
+            ": regen does not know it. The prompts carry their source datasets' licences, the "
+            "answers the target model's terms: set it with `regen export --license ID`."
+            if license == "unknown"
+            else " (given with `regen export --license`)."
+        ),
+        "",
     ]
-    return "\n".join(lines)
+    written = manifest.get("data_files")
+    if written is None:
+        written = data_files(manifest["files"])
+    return rendered_card(card_data(datasets, written, title, license), "\n".join(lines))
 
 
 def public_source(path: str) -> str:
