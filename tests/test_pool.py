@@ -73,6 +73,15 @@ def answers(out: Path) -> int:
         db.close()
 
 
+def back_in_pool(log: Path, after: int) -> bool:
+    """Whether a progress line written after byte `after` of run.log has every endpoint in the
+    pool (the line names `endpoints_out=` only while one is out)."""
+    with log.open("rb") as f:
+        f.seek(after)
+        lines = f.read().decode(errors="replace").splitlines()
+    return any(" progress done=" in line and "endpoints_out=" not in line for line in lines[1:])
+
+
 def start_regen(job: Path) -> subprocess.Popen[bytes]:
     """`regen run JOB` as a process, with no key in its environment (vLLM needs none)."""
     env = {k: v for k, v in os.environ.items() if k != "REGEN_NO_KEY_NEEDED"}
@@ -131,7 +140,19 @@ def test_a_pool_survives_a_killed_server_and_takes_it_back(tmp_path: Path) -> No
                 "answers after the kill",
                 process=run,
             )
+            # The survivors are paused while the victim comes back, so that the run cannot end
+            # before the pool has taken it back, however fast or loaded the machine is; once
+            # they go on, the victim (no requests outstanding) takes the next items.
+            survivors_procs = [procs[p] for p in ports if p != victim]
+            for proc in survivors_procs:
+                proc.send_signal(signal.SIGSTOP)
+            assert answers(out) < ITEMS, "the run ended before the victim was restarted"
+            log = out / "run.log"
+            seen = log.stat().st_size
             procs[victim] = start_server(tmp_path, victim)
+            wait_for(lambda: back_in_pool(log, seen), "the victim back in the pool", process=run)
+            for proc in survivors_procs:
+                proc.send_signal(signal.SIGCONT)
             stdout, stderr = run.communicate(timeout=180)
         finally:
             if run.poll() is None:
