@@ -12,6 +12,7 @@ what was asked:
   is judged as its own answer, with its share of the bill);
 - prompt tokens at most the prompt's tokenizer-free bound, plus PROMPT_SLACK
   (MAX_PROMPT_TOKENS where the prompt is not known: a held request's bill);
+- cached (read) and written prompt tokens together at most the prompt tokens;
 - a bill at most BILL_CEILING x the request's worst case at the highest price known for the
   model, and at least BILL_FLOOR x what its completion tokens cost at the lowest price listed
   (a bill of 0 for an answer that wrote tokens is no bill).
@@ -177,6 +178,12 @@ def doubts(usage: Usage, asked: Asked, where: str) -> list[str]:
     if usage.prompt_tokens > asked.most_prompt:
         out.append(
             f"{where}.prompt_tokens = {usage.prompt_tokens} (the prompt allows {asked.most_prompt})"
+        )
+    reused = usage.cached_tokens + usage.cache_write_tokens
+    if reused > usage.prompt_tokens:
+        out.append(
+            f"{where}.cached_tokens + cache_write_tokens = {reused} (more than its "
+            f"{usage.prompt_tokens} prompt tokens)"
         )
     cost = usage.cost_usd
     if cost is not None and asked.worst_usd is not None:

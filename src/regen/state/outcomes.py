@@ -5,7 +5,7 @@ transaction (Store.commit_outcomes)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from regen.conversation import Charge, Outcome
@@ -136,3 +136,31 @@ def _shown(text: str | None) -> str | None:
     redacted and control characters escaped (safe.printable), so no view of state.db can
     leak a key or carry a terminal escape."""
     return None if text is None else printable(text)
+
+
+def with_cache_use(
+    rows: OutcomeRows, outcomes: Sequence[Outcome], charges: Sequence[Charge]
+) -> OutcomeRows:
+    """The rows with each charge's and answer's cached and written prompt tokens appended
+    (ledger and results rows, in the order outcome_rows builds them: each outcome's answer,
+    then the charges), checked item by item."""
+    charged = [(o.item_id, o.result.usage) for o in outcomes if o.result is not None]
+    charged += [(c.item_id, c.usage) for c in charges]
+    stored = {
+        o.item_id: o.result.usage
+        for o in outcomes
+        if o.result is not None and o.escalate_to is None and not o.abandoned
+    }
+    if len(charged) != len(rows.ledger) or len(stored) != len(rows.results):
+        raise AssertionError("cache use: the rows do not match the outcomes")
+    ledger = []
+    for row, (item_id, u) in zip(rows.ledger, charged, strict=True):
+        if row[0] != item_id:
+            raise AssertionError("cache use: the ledger rows do not match the outcomes")
+        ledger.append((*row, u.cached_tokens, u.cache_write_tokens))
+    rows.ledger = ledger
+    rows.results = [
+        (*row, stored[row[0]].cached_tokens, stored[row[0]].cache_write_tokens)
+        for row in rows.results
+    ]
+    return rows
