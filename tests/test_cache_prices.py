@@ -5,17 +5,21 @@ computes a cost, and never counts on a discount in a worst case."""
 from __future__ import annotations
 
 import asyncio
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from regen.config import EndpointConfig
 from regen.conversation import Usage
+from regen.engine.budget import Prices, billed_above, configured_prices, fill_cost
 from regen.engine.client.account import generation_charge
 from regen.engine.client.response import parse_chat_body, parse_choices
-from regen.engine.gate import Asked, Gate, doubts
+from regen.engine.gate import Asked, Gate, doubts, listing
 from regen.sim import SimConfig, sim_in_thread
-from tests.conftest import query, run_cli, write_job, write_rows
+from tests.conftest import kill_at, query, run_cli, write_job, write_rows
+from tests.lying_proxy import REMOVED, Lie, lying_proxy
 
 SYSTEM = "You are a careful assistant. " * 40  # a shared prefix of several cache blocks
 
@@ -161,3 +165,114 @@ def test_a_held_requests_generation_record_gives_its_cache_reads() -> None:
         generation_charge(_Record({**record, "native_tokens_cached": -1}), "gen-1")
     ) or (Usage(), None)
     assert bad.junk == ("native_tokens_cached = -1",)
+
+
+def test_without_usage_cost_the_ledger_prices_cache_reads_at_the_listed_cache_price(
+    tmp_path: Path,
+) -> None:
+    """A provider (or proxy) that sends no `usage.cost`: the cost comes from the catalogue's
+    prices, its cached tokens at `input_cache_read` (Moonshot's 0.25x), and still equals the
+    provider's bill; priced in full it was a third over it."""
+    config = SimConfig(seed=5, time_scale=0.0, prompt_caching=True, log_bodies=True)
+    with (
+        sim_in_thread(config) as sim,
+        lying_proxy(sim.base_url, [Lie("chat", "cost", REMOVED)]) as proxy,
+    ):
+        job = multi_turn_job(tmp_path, proxy.base_url)
+        done = run_cli("run", str(job))
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert sim.simulator.wait_billed(30)
+        log = [e for e in sim.simulator.chat_log() if e.billed]
+    assert sum(e.cached_tokens for e in log) > 0
+    billed = {e.generation_id: e.cost_usd for e in log}
+    rows = query(tmp_path / "out", "SELECT generation_id, cost_usd FROM ledger")
+    assert len(rows) == len(log)
+    for gen, cost in rows:
+        assert cost == pytest.approx(billed[gen], rel=1e-9)
+
+
+def test_a_cost_from_prices_charges_cache_reads_and_writes_at_their_prices() -> None:
+    prices = Prices(1e-6, 4e-6, cache_read=0.1e-6, cache_write=1.25e-6)
+    usage = Usage(1000, 10, cached_tokens=600, cache_write_tokens=300)
+    expected = 100 * 1e-6 + 600 * 0.1e-6 + 300 * 1.25e-6 + 10 * 4e-6
+    assert fill_cost(usage, prices).cost_usd == pytest.approx(expected)
+    # A bill at the cache prices is no bill above the prices (they are not raised).
+    assert billed_above(prices, fill_cost(usage, prices)) is None
+    # Without cache prices, a cached token costs the prompt price.
+    assert fill_cost(usage, Prices(1e-6, 4e-6)).cost_usd == pytest.approx(1000e-6 + 40e-6)
+
+
+def test_a_worst_case_never_assumes_a_discount_and_counts_a_dear_write() -> None:
+    """The lease and every cap's worst case price every prompt token at the dearer of the
+    prompt and cache write prices, whatever the cache read price."""
+    assert Prices(1e-6, 4e-6, cache_read=0.1e-6).cost(1000, 10) == pytest.approx(1040e-6)
+    dear_writes = Prices(1e-6, 4e-6, cache_read=0.1e-6, cache_write=1.25e-6)
+    assert dear_writes.cost(1000, 10) == pytest.approx(1250e-6 + 40e-6)
+
+
+def test_a_listed_cache_price_above_the_prompt_price_is_not_believed_and_said_once() -> None:
+    found = listing(
+        "m/x",
+        [
+            ("honest", "1e-6", "4e-6", "2.5e-7", None),
+            ("odd", "1e-6", "4e-6", "3e-6", None),
+            ("junk", "1e-6", "4e-6", "0.2e-6", "-1"),
+            ("plain", "5e-7", "2e-6"),
+        ],
+    )
+    # `odd`'s read is taken at its prompt price, the dearest read a cached token may cost.
+    assert (found.cache_read, found.cache_write) == (1e-6, None)
+    assert [who for who, _ in found.cache_refused] == ["odd", "junk"]
+    gate = Gate()
+    gate.prices("m/x", found, channel="/models/m/x/endpoints")
+    lines = gate.take_lines()
+    assert len(lines) == 2
+    assert "pricing.input_cache_read = '3e-6' (above the prompt price 1e-06)" in lines[0]
+    assert "pricing.input_cache_write = '-1'" in lines[1]
+    honest = listing("m/x", [("a", "1e-6", "4e-6", "2.5e-7", "1.25e-6"), ("b", "5e-7", "2e-6")])
+    assert (honest.cache_read, honest.cache_write, honest.cache_refused) == (2.5e-7, 1.25e-6, ())
+
+
+def test_job_file_cache_prices_are_read_and_checked(tmp_path: Path) -> None:
+    def endpoint(lines: str) -> EndpointConfig:
+        return EndpointConfig.model_validate(tomllib.loads(lines))
+
+    e = endpoint(
+        "prompt_usd_per_mtok = 1.0\ncompletion_usd_per_mtok = 4.0\n"
+        "cache_read_usd_per_mtok = 0.1\ncache_write_usd_per_mtok = 1.25"
+    )
+    p = configured_prices(e)
+    assert p is not None and (p.cache_read, p.cache_write) == pytest.approx((0.1e-6, 1.25e-6))
+    with pytest.raises(ValueError, match="a cache read is a discount"):
+        endpoint(
+            "prompt_usd_per_mtok = 1.0\ncompletion_usd_per_mtok = 4.0\ncache_read_usd_per_mtok = 2"
+        )
+    with pytest.raises(ValueError, match="give prompt_usd_per_mtok"):
+        endpoint("cache_read_usd_per_mtok = 0.1")
+
+
+@pytest.mark.slow
+def test_the_job_cap_holds_across_kill_9_with_caching_on(tmp_path: Path) -> None:
+    """With prompt caching on and cache prices listed, a multi-turn job killed with requests
+    in flight, then run to its end, is billed no more than its dollar cap: the leases and
+    holds count every prompt token at the full price, whatever the caches save."""
+    cap = 0.2
+    config = SimConfig(seed=4, time_scale=0.3, prompt_caching=True, log_bodies=True)
+    with sim_in_thread(config) as sim:
+        job = multi_turn_job(tmp_path, sim.base_url, n=120)
+        text = job.read_text().replace("concurrency = 4", "concurrency = 32\ntimeout_s = 4")
+        job.write_text(text + f"\n[budget]\nmax_cost_usd = {cap}\n")
+        kills = kill_at(job, "commit:10", 3)
+        final = run_cli("run", str(job), timeout=120)
+        assert sim.simulator.wait_billed(60)
+        log = [e for e in sim.simulator.chat_log() if e.billed]
+    assert kills >= 2, kills
+    assert final.returncode in (0, 4), final.stdout + final.stderr
+    assert "dollar cap" in final.stdout
+    billed = sum(e.cost_usd for e in log)
+    assert sum(e.cached_tokens for e in log) > 0
+    assert 0.5 * cap < billed <= cap + 1e-9, billed
+    ((ledger, cached),) = query(
+        tmp_path / "out", "SELECT SUM(cost_usd), SUM(cached_tokens) FROM ledger"
+    )
+    assert ledger <= cap + 1e-9 and cached > 0

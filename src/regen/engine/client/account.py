@@ -75,7 +75,15 @@ async def model_listing(client: JsonGetter, model: str) -> Listing | None:
         pricing = ep.get("pricing")
         pricing = pricing if isinstance(pricing, dict) else {}
         name = ep.get("tag") or ep.get("provider_name") or ep.get("name") or f"endpoint {k + 1}"
-        entries.append((str(name), pricing.get("prompt"), pricing.get("completion")))
+        entries.append(
+            (
+                str(name),
+                pricing.get("prompt"),
+                pricing.get("completion"),
+                pricing.get("input_cache_read"),
+                pricing.get("input_cache_write"),
+            )
+        )
     return listing(model, entries)
 
 
