@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from regen.config import EndpointConfig
-from regen.conversation import Usage
+from regen.config import EndpointConfig, GenerationConfig
+from regen.conversation import Message, Request, Usage
 from regen.engine.budget import Prices, billed_above, configured_prices, fill_cost
 from regen.engine.client.account import generation_charge
+from regen.engine.client.body import chat_body
 from regen.engine.client.response import parse_chat_body, parse_choices
 from regen.engine.gate import Asked, Gate, doubts, listing
 from regen.sim import SimConfig, sim_in_thread
@@ -276,3 +277,58 @@ def test_the_job_cap_holds_across_kill_9_with_caching_on(tmp_path: Path) -> None
         tmp_path / "out", "SELECT SUM(cost_usd), SUM(cached_tokens) FROM ledger"
     )
     assert ledger <= cap + 1e-9 and cached > 0
+
+
+def sent_bodies(log: list[Any]) -> list[dict[str, Any]]:
+    return [e.body for e in log if e.body is not None and e.path.endswith("/chat/completions")]
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "sent"),
+    [
+        ("", True),
+        ("session_id = false", False),
+        ('provider = {order = ["moonshotai"]}', False),
+    ],
+)
+def test_each_conversation_carries_one_session_id_on_openrouter(
+    tmp_path: Path, endpoint: str, sent: bool
+) -> None:
+    """Every turn of a conversation goes with the same `session_id` (OpenRouter keeps it on
+    the provider that holds its cache), each conversation its own, holding none of its text;
+    none is sent when the job turns it off or sets `provider.order` (no sticky routing then)."""
+    with sim_in_thread(SimConfig(seed=2, time_scale=0.0, log_bodies=True)) as sim:
+        job = multi_turn_job(tmp_path, sim.base_url, endpoint=endpoint, n=3)
+        done = run_cli("run", str(job))
+        assert done.returncode == 0, done.stdout + done.stderr
+        bodies = sent_bodies(sim.simulator.chat_log())
+    assert len(bodies) == 12
+    if not sent:
+        assert all("session_id" not in b for b in bodies)
+        return
+    by_row: dict[str, set[str]] = {}
+    for b in bodies:
+        row = b["messages"][1]["content"].split(":")[0]  # "Row i turn 0"
+        by_row.setdefault(row, set()).add(b["session_id"])
+    assert len(by_row) == 3 and all(len(ids) == 1 for ids in by_row.values())
+    ids = {i for ids in by_row.values() for i in ids}
+    assert len(ids) == 3 and all(len(i) <= 256 and "Row" not in i for i in ids)
+    # A routing field, not a sampling setting: the answers' settings do not carry it.
+    assert all(
+        "session_id" not in s for (s,) in query(tmp_path / "out", "SELECT settings FROM results")
+    )
+
+
+def test_no_session_id_goes_to_vllm_or_sglang() -> None:
+    gen = GenerationConfig(model="m")
+    req = Request(
+        item_id="i",
+        dataset="d",
+        conversation_id="c",
+        turn_index=1,
+        messages=(Message("user", "hi"),),
+    )
+    for dialect in ("vllm", "sglang"):
+        e = EndpointConfig(base_url="http://127.0.0.1:1/v1", dialect=dialect)
+        assert "session_id" not in chat_body(req, gen, e)
+    assert chat_body(req, gen, EndpointConfig())["session_id"].startswith("regen-")

@@ -179,6 +179,11 @@ class EndpointConfig(_Model):
     extra_body: dict[str, Any] = Field(default_factory=dict)
     provider: dict[str, Any] | None = None
     """OpenRouter's `provider` routing object, sent as written."""
+    session_id: bool = True
+    """OpenRouter: each request carries a `session_id` of its conversation (the same for its
+    turns and samples), so that OpenRouter keeps the conversation on the provider that holds
+    its prompt cache. Not sent when `provider.order` is set: OpenRouter's sticky routing does
+    not apply then (the order decides), nor to vLLM or SGLang."""
     prompt_usd_per_mtok: float | None = Field(default=None, ge=0)
     completion_usd_per_mtok: float | None = Field(default=None, ge=0)
     """Prices, for answers without `usage.cost` and for dollar caps. OpenRouter's are read from
