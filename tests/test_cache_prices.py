@@ -332,3 +332,37 @@ def test_no_session_id_goes_to_vllm_or_sglang() -> None:
         e = EndpointConfig(base_url="http://127.0.0.1:1/v1", dialect=dialect)
         assert "session_id" not in chat_body(req, gen, e)
     assert chat_body(req, gen, EndpointConfig())["session_id"].startswith("regen-")
+
+
+def test_a_vllm_servers_cached_tokens_are_recorded_and_priced_at_the_job_files_cache_price(
+    tmp_path: Path,
+) -> None:
+    """vLLM reports its prefix cache's hits (`--enable-prompt-tokens-details`): they are
+    recorded, and priced at the job file's cache read price (it sends no cost)."""
+    config = SimConfig(
+        dialect="vllm",
+        served_model="moonshotai/kimi-k2.5",
+        seed=6,
+        time_scale=0.0,
+        report_cached_tokens=True,
+        log_bodies=True,
+    )
+    prices = (
+        'dialect = "vllm"\nprompt_usd_per_mtok = 1.0\ncompletion_usd_per_mtok = 4.0\n'
+        "cache_read_usd_per_mtok = 0.1"
+    )
+    with sim_in_thread(config) as sim:
+        job = multi_turn_job(tmp_path, sim.base_url, endpoint=prices, n=4)
+        done = run_cli("run", str(job))
+        assert done.returncode == 0, done.stdout + done.stderr
+        log = {e.generation_id: e for e in sim.simulator.chat_log() if e.status == 200}
+    rows = query(
+        tmp_path / "out",
+        "SELECT generation_id, prompt_tokens, completion_tokens, cached_tokens, cost_usd "
+        "FROM ledger",
+    )
+    assert len(rows) == 16 and sum(r[3] for r in rows) > 0
+    for gen, prompt, completion, cached, cost in rows:
+        assert cached == log[gen].cached_tokens
+        expected = (prompt - cached) * 1e-6 + cached * 0.1e-6 + completion * 4e-6
+        assert cost == pytest.approx(expected)
