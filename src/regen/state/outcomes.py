@@ -8,7 +8,7 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from regen.conversation import Charge, Outcome
+from regen.conversation import Charge, Outcome, Usage
 from regen.safe import printable, redact
 from regen.state.answers import pack_ids
 from regen.state.owner import Rows
@@ -146,21 +146,23 @@ def with_cache_use(
     then the charges), checked item by item."""
     charged = [(o.item_id, o.result.usage) for o in outcomes if o.result is not None]
     charged += [(c.item_id, c.usage) for c in charges]
-    stored = {
-        o.item_id: o.result.usage
+    stored = [
+        (o.item_id, o.result.usage)
         for o in outcomes
         if o.result is not None and o.escalate_to is None and not o.abandoned
-    }
-    if len(charged) != len(rows.ledger) or len(stored) != len(rows.results):
-        raise AssertionError("cache use: the rows do not match the outcomes")
-    ledger = []
-    for row, (item_id, u) in zip(rows.ledger, charged, strict=True):
-        if row[0] != item_id:
-            raise AssertionError("cache use: the ledger rows do not match the outcomes")
-        ledger.append((*row, u.cached_tokens, u.cache_write_tokens))
-    rows.ledger = ledger
-    rows.results = [
-        (*row, stored[row[0]].cached_tokens, stored[row[0]].cache_write_tokens)
-        for row in rows.results
     ]
+    rows.ledger = _cache_columns(rows.ledger, charged)
+    rows.results = _cache_columns(rows.results, stored)
     return rows
+
+
+def _cache_columns(table: Rows, usages: list[tuple[str, Usage]]) -> Rows:
+    """Each row (whose first column is its item) with its usage's cache use appended."""
+    if len(table) != len(usages) or any(
+        row[0] != item for row, (item, _) in zip(table, usages, strict=True)
+    ):
+        raise AssertionError("cache use: the rows do not match the outcomes")
+    return [
+        (*row, u.cached_tokens, u.cache_write_tokens)
+        for row, (_, u) in zip(table, usages, strict=True)
+    ]
