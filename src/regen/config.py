@@ -179,10 +179,21 @@ class EndpointConfig(_Model):
     extra_body: dict[str, Any] = Field(default_factory=dict)
     provider: dict[str, Any] | None = None
     """OpenRouter's `provider` routing object, sent as written."""
+    session_id: bool = True
+    """OpenRouter: each request carries a `session_id` of its conversation (the same for its
+    turns and samples), so that OpenRouter keeps the conversation on the provider that holds
+    its prompt cache. Not sent when `provider.order` is set: OpenRouter's sticky routing does
+    not apply then (the order decides), nor to vLLM or SGLang."""
     prompt_usd_per_mtok: float | None = Field(default=None, ge=0)
     completion_usd_per_mtok: float | None = Field(default=None, ge=0)
     """Prices, for answers without `usage.cost` and for dollar caps. OpenRouter's are read from
     its model endpoint list when not given (the highest of the model's endpoints)."""
+    cache_read_usd_per_mtok: float | None = Field(default=None, ge=0)
+    cache_write_usd_per_mtok: float | None = Field(default=None, ge=0)
+    """A prompt token read from the provider's prompt cache, and one written to it where
+    writes are billed apart (both default to the prompt price). Costs computed from prices
+    use them; worst cases never assume a read's discount, and count a write dearer than the
+    prompt at its own price."""
     usd_per_gpu_hour: float | None = Field(default=None, gt=0)
     gpus: int = Field(default=1, ge=1)
     """A self-hosted server priced by its time instead: `gpus` x `usd_per_gpu_hour` for each
@@ -244,6 +255,23 @@ class EndpointConfig(_Model):
                 raise ValueError(
                     "give either usd_per_gpu_hour or per-token prices (*_usd_per_mtok), not both"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _cache_prices_beside_prompt_prices(self) -> EndpointConfig:
+        read, write = self.cache_read_usd_per_mtok, self.cache_write_usd_per_mtok
+        if read is None and write is None:
+            return self
+        if self.prompt_usd_per_mtok is None or self.completion_usd_per_mtok is None:
+            raise ValueError(
+                "cache_read_usd_per_mtok / cache_write_usd_per_mtok: give prompt_usd_per_mtok "
+                "and completion_usd_per_mtok too (cache prices are beside them)"
+            )
+        if read is not None and read > self.prompt_usd_per_mtok:
+            raise ValueError(
+                f"cache_read_usd_per_mtok = {read:g} is above prompt_usd_per_mtok = "
+                f"{self.prompt_usd_per_mtok:g}: a cache read is a discount on the prompt price"
+            )
         return self
 
     @model_validator(mode="after")

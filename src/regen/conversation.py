@@ -146,6 +146,12 @@ class Usage:
     junk: tuple[str, ...] = ()
     """The fields the provider sent that were no amounts (negative, not finite, text), each
     as `name = value`: the gate does not believe such usage."""
+    cached_tokens: int = 0
+    """Of the prompt tokens, those read from the provider's prompt cache (billed at its cache
+    read price, `usage.prompt_tokens_details.cached_tokens`)."""
+    cache_write_tokens: int = 0
+    """Of the prompt tokens, those written to its cache where writes are billed apart (at its
+    cache write price, `cache_write_tokens`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -209,6 +209,11 @@ async def resolve_prices(
             if found is not None and gate is not None:
                 gate.prices(model, found, channel=f"{e.base_url}/models/{model}/endpoints")
             if found is not None and found.high is not None:
-                prices = Prices(*found.high, floor=found.low_completion or 0.0)
+                prices = Prices(
+                    *found.high,
+                    floor=found.low_completion or 0.0,
+                    cache_read=found.cache_read,
+                    cache_write=found.cache_write,
+                )
         out[e.name] = prices
     return out

@@ -67,12 +67,48 @@ class Prices:
     floor: float = 0.0
     """The lowest completion price the model's catalogue lists (0: none read): a bill that
     claims less than a share of it for its completion tokens is no bill (`engine/gate.py`)."""
+    cache_read: float | None = None
+    """A prompt token read from the provider's cache (None: the prompt price)."""
+    cache_write: float | None = None
+    """A prompt token written to its cache where writes are billed apart (None: the prompt
+    price; some providers charge more than it)."""
 
     def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
-        return prompt_tokens * self.prompt + completion_tokens * self.completion
+        """The worst case of a request of these tokens: every prompt token at the dearer of
+        the prompt and cache write prices (a prompt may miss the cache, and a write may cost
+        more than a plain prompt token): the leases and caps never count on a discount."""
+        return prompt_tokens * self.prompt_worst + completion_tokens * self.completion
+
+    @property
+    def prompt_worst(self) -> float:
+        """The most one prompt token can cost."""
+        return max(self.prompt, self.cache_write or 0.0)
+
+    def charge(self, usage: Usage) -> float:
+        """What an answer costs at these prices, its cached and written prompt tokens at the
+        cache prices (for answers without a bill of the provider's)."""
+        cached, written = usage.cached_tokens, usage.cache_write_tokens
+        plain = max(0, usage.prompt_tokens - cached - written)
+        read = self.prompt if self.cache_read is None else self.cache_read
+        write = self.prompt if self.cache_write is None else self.cache_write
+        return (
+            plain * self.prompt
+            + cached * read
+            + written * write
+            + usage.completion_tokens * self.completion
+        )
 
     def scaled(self, factor: float) -> Prices:
-        return replace(self, prompt=self.prompt * factor, completion=self.completion * factor)
+        def times(price: float | None) -> float | None:
+            return None if price is None else price * factor
+
+        return replace(
+            self,
+            prompt=self.prompt * factor,
+            completion=self.completion * factor,
+            cache_read=times(self.cache_read),
+            cache_write=times(self.cache_write),
+        )
 
 
 REPRICE_TOLERANCE = 0.01
@@ -548,19 +584,28 @@ def held_words(scope: _Scope) -> str:
 
 
 def fill_cost(usage: Usage, prices: Prices | None) -> Usage:
-    """The usage with its cost: the provider's when it gave one, else from the prices."""
+    """The usage with its cost: the provider's when it gave one, else from the prices (its
+    cached and written prompt tokens at the cache prices, `Prices.charge`)."""
     if usage.cost_usd is not None or prices is None:
         return usage
-    return replace(usage, cost_usd=prices.cost(usage.prompt_tokens, usage.completion_tokens))
+    return replace(usage, cost_usd=prices.charge(usage))
 
 
 def configured_prices(endpoint: EndpointConfig) -> Prices | None:
-    """An endpoint's prices from its per-million-token fields, if both are given, or from its
-    GPU-hour price."""
+    """An endpoint's prices from its per-million-token fields, if both are given (with its
+    cache prices, if given), or from its GPU-hour price."""
     if endpoint.usd_per_gpu_hour is not None:
         return Prices(0.0, 0.0, endpoint.usd_per_gpu_hour * endpoint.gpus / 3600)
     p, c = endpoint.prompt_usd_per_mtok, endpoint.completion_usd_per_mtok
-    return None if p is None or c is None else Prices(p / 1e6, c / 1e6)
+    if p is None or c is None:
+        return None
+    read, write = endpoint.cache_read_usd_per_mtok, endpoint.cache_write_usd_per_mtok
+    return Prices(
+        p / 1e6,
+        c / 1e6,
+        cache_read=None if read is None else read / 1e6,
+        cache_write=None if write is None else write / 1e6,
+    )
 
 
 def per_mtok(cost_usd: float, completion_tokens: int) -> float:
@@ -573,7 +618,7 @@ def billed_above(prices: Prices | None, usage: Usage) -> float | None:
     (beyond REPRICE_TOLERANCE); None otherwise, or when either is unknown."""
     if prices is None or usage.cost_usd is None:
         return None
-    priced = prices.cost(usage.prompt_tokens, usage.completion_tokens)
+    priced = prices.charge(usage)
     if priced <= 0 or usage.cost_usd <= priced * (1 + REPRICE_TOLERANCE):
         return None
     return usage.cost_usd / priced

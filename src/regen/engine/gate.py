@@ -12,6 +12,7 @@ what was asked:
   is judged as its own answer, with its share of the bill);
 - prompt tokens at most the prompt's tokenizer-free bound, plus PROMPT_SLACK
   (MAX_PROMPT_TOKENS where the prompt is not known: a held request's bill);
+- cached (read) and written prompt tokens together at most the prompt tokens;
 - a bill at most BILL_CEILING x the request's worst case at the highest price known for the
   model, and at least BILL_FLOOR x what its completion tokens cost at the lowest price listed
   (a bill of 0 for an answer that wrote tokens is no bill).
@@ -106,15 +107,48 @@ class Listing:
     low_completion: float | None
     refused: tuple[tuple[str, str], ...] = ()
     """(endpoint, what it listed) for each endpoint left out."""
+    cache_read: float | None = None
+    """The highest cache read price of the endpoints that cache (None: none lists one): what a
+    cached token costs whichever of them served it."""
+    cache_write: float | None = None
+    """The highest cache write price listed (None: none lists one; writes cost the prompt's)."""
+    cache_refused: tuple[tuple[str, str], ...] = ()
+    """(endpoint, what it listed) for each cache price not believed."""
 
 
-def listing(model: str, endpoints: Iterable[tuple[str, Any, Any]]) -> Listing:
-    """Judge a catalogue's (endpoint, prompt price, completion price) entries. An endpoint is
-    left out when either price is not a price, or, for a paid model, when its completion price
-    is 0 (an endpoint that bills nothing for answers is no basis for a worst case)."""
+def cache_prices(
+    prompt: float, raw_read: Any, raw_write: Any
+) -> tuple[float | None, float | None, list[str]]:
+    """An endpoint's cache read and write prices (None: not listed), and what was not believed:
+    a price that is no price, or a read above the prompt price (a cache read is a discount).
+    A read not believed is taken at the prompt price, a write at none (the prompt's)."""
+    read = write = None
+    bad = []
+    if raw_read is not None:
+        read = listed_price(raw_read)
+        if read is None or read > prompt:
+            why = "" if read is None else f" (above the prompt price {prompt:g})"
+            bad.append(f"pricing.input_cache_read = {shown(raw_read)}{why}")
+            read = prompt
+    if raw_write is not None:
+        write = listed_price(raw_write)
+        if write is None:
+            bad.append(f"pricing.input_cache_write = {shown(raw_write)}")
+    return read, write, bad
+
+
+def listing(model: str, endpoints: Iterable[tuple[Any, ...]]) -> Listing:
+    """Judge a catalogue's (endpoint, prompt price, completion price[, cache read price, cache
+    write price]) entries. An endpoint is left out when either of its first prices is not a
+    price, or, for a paid model, when its completion price is 0 (an endpoint that bills
+    nothing for answers is no basis for a worst case); its cache prices are judged by
+    `cache_prices`."""
     good: list[tuple[float, float]] = []
     refused: list[tuple[str, str]] = []
-    for name, raw_prompt, raw_completion in endpoints:
+    reads: list[float] = []
+    writes: list[float] = []
+    cache_refused: list[tuple[str, str]] = []
+    for name, raw_prompt, raw_completion, *cache in endpoints:
         prompt, completion = listed_price(raw_prompt), listed_price(raw_completion)
         bad = [
             f"pricing.{key} = {shown(raw)}"
@@ -131,11 +165,22 @@ def listing(model: str, endpoints: Iterable[tuple[str, Any, Any]]) -> Listing:
             continue
         assert prompt is not None and completion is not None
         good.append((prompt, completion))
+        read, write, doubted = cache_prices(prompt, *(cache + [None, None])[:2])
+        reads += [] if read is None else [read]
+        writes += [] if write is None else [write]
+        cache_refused += [(name, what) for what in doubted]
     if not good:
         return Listing(None, None, tuple(refused))
     high = (max(p for p, _ in good), max(c for _, c in good))
     positive = [c for _, c in good if c > 0]
-    return Listing(high, min(positive) if positive else None, tuple(refused))
+    return Listing(
+        high,
+        min(positive) if positive else None,
+        tuple(refused),
+        max(reads, default=None),
+        max(writes, default=None),
+        tuple(cache_refused),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +222,12 @@ def doubts(usage: Usage, asked: Asked, where: str) -> list[str]:
     if usage.prompt_tokens > asked.most_prompt:
         out.append(
             f"{where}.prompt_tokens = {usage.prompt_tokens} (the prompt allows {asked.most_prompt})"
+        )
+    reused = usage.cached_tokens + usage.cache_write_tokens
+    if reused > usage.prompt_tokens:
+        out.append(
+            f"{where}.cached_tokens + cache_write_tokens = {reused} (more than its "
+            f"{usage.prompt_tokens} prompt tokens)"
         )
     cost = usage.cost_usd
     if cost is not None and asked.worst_usd is not None:
@@ -283,6 +334,13 @@ class Gate:
         )
         for who, what in found.refused:
             self.refuse(channel, f"{who} ({model})", what, then)
+        for who, what in found.cache_refused:
+            self.refuse(
+                channel,
+                f"{who} ({model})",
+                what,
+                "taken at its prompt price (no discount that is not believed)",
+            )
 
     def end_lines(self) -> list[str]:
         """One line per field refused, with how often and from whom."""

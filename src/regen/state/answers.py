@@ -133,15 +133,19 @@ class Answers(Owner):
         return "i.gone" if has_column(self._db, "items", "gone") else "0"
 
     @staticmethod
-    def insert_in(db: sqlite3.Connection, results: Rows) -> None:
+    def insert_in(db: sqlite3.Connection, results: Rows, *, cache_use: bool = True) -> None:
         """Store answers (outcomes.py's rows) in the open transaction, each with the run that
-        stores it (the latest begun: one run holds the directory at a time)."""
+        stores it (the latest begun: one run holds the directory at a time); `cache_use`: the
+        rows end with their cached and written prompt tokens (m015)."""
         db.executemany(
             "INSERT INTO results (item_id, dataset, content, reasoning, tool_calls, "
             "finish_reason, prompt_tokens, completion_tokens, reasoning_tokens, cost_usd, "
             "provider, model, generation_id, latency_s, created_at, prompt_token_ids, "
-            "completion_token_ids, usage_source, endpoint, settings, run_id) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,(SELECT max(id) FROM runs))",
+            "completion_token_ids, usage_source, endpoint, settings, "
+            + ("cached_tokens, cache_write_tokens, " if cache_use else "")
+            + "run_id) VALUES ("
+            + "?," * (22 if cache_use else 20)
+            + "(SELECT max(id) FROM runs))",
             results,
         )
 

@@ -20,7 +20,7 @@ from regen.conversation import Charge, Outcome
 from regen.errors import StateError, StateGone
 from regen.safe import confined, has_key, holds_keys, redact
 from regen.state.answers import Answers
-from regen.state.outcomes import outcome_rows
+from regen.state.outcomes import outcome_rows, with_cache_use
 from regen.state.outstanding import Outstanding
 from regen.state.runs import Runs
 from regen.state.schema import (
@@ -315,9 +315,14 @@ class Store:
         whose bills these are leaving `outstanding` (`settled`: their ids) in it too.
         `requeued`: items recorded as failed (in this batch or before) that are pending again
         (their error was the job's, not theirs)."""
+        outcomes, charges = list(outcomes), list(charges)
         rows = outcome_rows(outcomes, charges, time.time())
+        # Cache use has columns since m015 (a test may write a state.db of an older schema).
+        cache = self.records("cache_use")
+        if cache:
+            rows = with_cache_use(rows, outcomes, charges)
         with self._tx() as db:
-            Spend.record_in(db, rows.attempts, rows.ledger)
-            Answers.insert_in(db, rows.results)
+            Spend.record_in(db, rows.attempts, rows.ledger, cache_use=cache)
+            Answers.insert_in(db, rows.results, cache_use=cache)
             Work.finish_in(db, rows, requeued)
             Outstanding.write_in(db, (), (), settled)

@@ -5,10 +5,10 @@ transaction (Store.commit_outcomes)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from regen.conversation import Charge, Outcome
+from regen.conversation import Charge, Outcome, Usage
 from regen.safe import printable, redact
 from regen.state.answers import pack_ids
 from regen.state.owner import Rows
@@ -136,3 +136,33 @@ def _shown(text: str | None) -> str | None:
     redacted and control characters escaped (safe.printable), so no view of state.db can
     leak a key or carry a terminal escape."""
     return None if text is None else printable(text)
+
+
+def with_cache_use(
+    rows: OutcomeRows, outcomes: Sequence[Outcome], charges: Sequence[Charge]
+) -> OutcomeRows:
+    """The rows with each charge's and answer's cached and written prompt tokens appended
+    (ledger and results rows, in the order outcome_rows builds them: each outcome's answer,
+    then the charges), checked item by item."""
+    charged = [(o.item_id, o.result.usage) for o in outcomes if o.result is not None]
+    charged += [(c.item_id, c.usage) for c in charges]
+    stored = [
+        (o.item_id, o.result.usage)
+        for o in outcomes
+        if o.result is not None and o.escalate_to is None and not o.abandoned
+    ]
+    rows.ledger = _cache_columns(rows.ledger, charged)
+    rows.results = _cache_columns(rows.results, stored)
+    return rows
+
+
+def _cache_columns(table: Rows, usages: list[tuple[str, Usage]]) -> Rows:
+    """Each row (whose first column is its item) with its usage's cache use appended."""
+    if len(table) != len(usages) or any(
+        row[0] != item for row, (item, _) in zip(table, usages, strict=True)
+    ):
+        raise AssertionError("cache use: the rows do not match the outcomes")
+    return [
+        (*row, u.cached_tokens, u.cache_write_tokens)
+        for row, (_, u) in zip(table, usages, strict=True)
+    ]

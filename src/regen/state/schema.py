@@ -330,6 +330,21 @@ def m014_run_ends(db: sqlite3.Connection) -> None:
     )
 
 
+def m015_cache_use(db: sqlite3.Connection) -> None:
+    """Each answer's and charge's prompt cache use: of its prompt tokens, those read from the
+    provider's cache (`cached_tokens`, billed at its cache read price) and those written to it
+    where writes are billed apart (`cache_write_tokens`). 0 for what was stored before."""
+    _script(
+        db,
+        """
+        ALTER TABLE results ADD COLUMN cached_tokens INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE results ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE ledger ADD COLUMN cached_tokens INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE ledger ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0
+        """,
+    )
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m001_initial,
     m002_lanes,
@@ -345,10 +360,11 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m012_outages,
     m013_source_view,
     m014_run_ends,
+    m015_cache_use,
 ]
 
 
-Recorded = Literal["runs", "held", "row_notes", "answer_endpoints", "outages"]
+Recorded = Literal["runs", "held", "row_notes", "answer_endpoints", "outages", "cache_use"]
 """What a state.db may be too old to hold: readers ask `Store.records(what)` rather than
 compare version numbers, so that the numbers live here only."""
 
@@ -358,6 +374,7 @@ RECORDED_SINCE: dict[Recorded, Callable[[sqlite3.Connection], None]] = {
     "row_notes": m010_provenance,  # what a read noticed in rows it used
     "answer_endpoints": m010_provenance,  # each answer's endpoint, run and settings
     "outages": m012_outages,  # outages, and the endpoint of each attempt
+    "cache_use": m015_cache_use,  # cached and written prompt tokens of answers and charges
 }
 
 

@@ -75,8 +75,11 @@ class Spend(Owner):
     """The `attempts` and `ledger` tables."""
 
     @staticmethod
-    def record_in(db: sqlite3.Connection, attempts: Rows, ledger: Rows) -> None:
-        """Record attempts and charges (outcomes.py's rows) in the open transaction."""
+    def record_in(
+        db: sqlite3.Connection, attempts: Rows, ledger: Rows, *, cache_use: bool = True
+    ) -> None:
+        """Record attempts and charges (outcomes.py's rows) in the open transaction
+        (`cache_use`: the rows end with their cached and written prompt tokens, m015)."""
         db.executemany(
             "INSERT INTO attempts (item_id, number, started_at, latency_s, status, "
             "failure_class, message, provider, generation_id, lane, endpoint) "
@@ -85,8 +88,9 @@ class Spend(Owner):
         )
         db.executemany(
             "INSERT INTO ledger (item_id, dataset, kind, prompt_tokens, completion_tokens, "
-            "cost_usd, created_at, endpoint, provider, generation_id, lane) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            "cost_usd, created_at, endpoint, provider, generation_id, lane"
+            + (", cached_tokens, cache_write_tokens) VALUES (?,?," if cache_use else ") VALUES (")
+            + "?,?,?,?,?,?,?,?,?,?,?)",
             ledger,
         )
 

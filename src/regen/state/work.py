@@ -63,6 +63,10 @@ class DatasetProgress:
     orphans: int = 0
     """Answers to rows (or turns) the dataset's latest complete read no longer found: kept in
     state.db, left out of exports unless asked, and of no other count here (items, done)."""
+    cached_tokens: int = 0
+    """Of the prompt tokens charged, those read from the providers' prompt caches."""
+    cache_write_tokens: int = 0
+    """Of the prompt tokens charged, those written to a cache where writes are billed apart."""
 
     @property
     def pending(self) -> int:
@@ -540,12 +544,18 @@ class Work(Owner):
             "UNION ALL SELECT dataset, status, -COUNT(*) FROM items INDEXED BY items_gone "
             "WHERE gone = 1 GROUP BY dataset, status"
         )
+        # A state.db from before m015 (read, not migrated, by `regen status`) has no cache use.
+        cache = (
+            "SUM(cached_tokens) AS cached, SUM(cache_write_tokens) AS written"
+            if has_column(self._db, "ledger", "cached_tokens")
+            else "0 AS cached, 0 AS written"
+        )
         rows = self._db.execute(
             f"""
             SELECT d.name, d.position, d.rows_read, d.bad_rows, d.turns_read,
                    COALESCE(i.items, 0), COALESCE(i.done, 0), COALESCE(i.failed, 0),
                    COALESCE(l.pt, 0), COALESCE(l.ct, 0), COALESCE(l.cost, 0.0),
-                   COALESCE(i.orphans, 0)
+                   COALESCE(i.orphans, 0), COALESCE(l.cached, 0), COALESCE(l.written, 0)
             FROM datasets d
             LEFT JOIN (
                 -- Counted by (dataset, status) first: half the time of summing expressions
@@ -560,7 +570,7 @@ class Work(Owner):
             ) i ON i.dataset = d.name
             LEFT JOIN (
                 SELECT dataset, SUM(prompt_tokens) AS pt, SUM(completion_tokens) AS ct,
-                       SUM(COALESCE(cost_usd, 0)) AS cost
+                       SUM(COALESCE(cost_usd, 0)) AS cost, {cache}
                 FROM ledger GROUP BY dataset
             ) l ON l.dataset = d.name
             ORDER BY d.position

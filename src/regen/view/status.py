@@ -275,7 +275,9 @@ def snapshot_view(s: Snapshot) -> Group:
     )
     # Answers to rows gone from a source: a column only when there are some.
     orphans = ("orphans",) if any(d.orphans for d in s.datasets) else ()
-    for col in (*cols, *orphans, "cost $", "$/Mtok", "errors"):
+    # Prompt tokens read from providers' caches (billed at their cache price): when some were.
+    cached = ("cached tok",) if any(d.cached_tokens for d in s.datasets) else ()
+    for col in (*cols[:-1], *cached, cols[-1], *orphans, "cost $", "$/Mtok", "errors"):
         table.add_column(col, justify="left" if col in ("dataset", "errors") else "right")
     for d in s.datasets:
         errs = {c: n for (ds, c), n in s.errors.items() if ds == d.name}
@@ -287,6 +289,7 @@ def snapshot_view(s: Snapshot) -> Group:
             str(d.failed),
             str(d.pending),
             format_tokens(d.prompt_tokens),
+            *((format_tokens(d.cached_tokens),) if cached else ()),
             format_tokens(d.completion_tokens),
             *((str(d.orphans),) if orphans else ()),
             f"{d.cost_usd:.4f}",

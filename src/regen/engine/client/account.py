@@ -5,6 +5,7 @@ takes a number that is no amount as unknown (None) and says so, once per source 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -74,11 +75,19 @@ async def model_listing(client: JsonGetter, model: str) -> Listing | None:
         pricing = ep.get("pricing")
         pricing = pricing if isinstance(pricing, dict) else {}
         name = ep.get("tag") or ep.get("provider_name") or ep.get("name") or f"endpoint {k + 1}"
-        entries.append((str(name), pricing.get("prompt"), pricing.get("completion")))
+        entries.append(
+            (
+                str(name),
+                pricing.get("prompt"),
+                pricing.get("completion"),
+                pricing.get("input_cache_read"),
+                pricing.get("input_cache_write"),
+            )
+        )
     return listing(model, entries)
 
 
-GENERATION_FIELDS = ("total_cost", "tokens_prompt", "tokens_completion")
+GENERATION_FIELDS = ("total_cost", "tokens_prompt", "tokens_completion", "native_tokens_cached")
 """The fields of a `/generation` record that move money (the gate judges them)."""
 
 
@@ -107,8 +116,18 @@ async def generation_charge(
         count("native_tokens_reasoning"),
         amount(data.get("total_cost")),
         junk=junk_fields(data, GENERATION_FIELDS),
+        cached_tokens=_cached(data, count),
     )
     return usage, _name(data)
+
+
+def _cached(data: dict[str, Any], count: Callable[[str], int]) -> int:
+    """The record's cache reads (it counts no writes: its cache_discount nets both). They are
+    in the provider's own tokens (`native_tokens_cached`), the prompt in normalized ones
+    (`tokens_prompt`): reads within the native prompt are kept within the normalized one, so
+    that a tokenizer's difference is not taken for junk (more than the native prompt is)."""
+    cached, native = count("native_tokens_cached"), count("native_tokens_prompt")
+    return min(cached, count("tokens_prompt")) if cached <= native else cached
 
 
 def _name(data: dict[str, Any]) -> str | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from regen.config import DIALECTS, DialectName, EndpointConfig, GenerationConfig
-from regen.conversation import Message, Request, canonical_json, seeded_unit
+from regen.conversation import Message, Request, canonical_json, seeded_unit, stable_hash
 
 
 def history_message(m: Message, dialect: DialectName) -> dict[str, Any]:
@@ -81,6 +81,8 @@ def chat_body(
             body["reasoning"] = reasoning
     if kind.account and endpoint.provider is not None:
         body["provider"] = endpoint.provider
+    if sends_session_id(endpoint):
+        body["session_id"] = session_id(gen, req)
     if endpoint.asks_token_ids(stream):
         body["return_token_ids"] = True
         if kind.prompt_ids_field is not None:
@@ -91,6 +93,20 @@ def chat_body(
             body["stream_options"] = {"include_usage": True}
     body.update(endpoint.extra_body)
     return body
+
+
+def sends_session_id(endpoint: EndpointConfig) -> bool:
+    """Whether requests carry a session id: on OpenRouter unless turned off, and not with
+    `provider.order` (sticky routing does not apply to a request with an order)."""
+    order = (endpoint.provider or {}).get("order")
+    return endpoint.kind.account and endpoint.session_id and not order
+
+
+def session_id(gen: GenerationConfig, req: Request) -> str:
+    """The stable session id of a request's conversation: a hash of the model and the
+    conversation's id (its dataset and content), the same for its turns and samples and in
+    every run, holding no text of it, and within OpenRouter's 256 characters."""
+    return "regen-" + stable_hash(gen.model, req.conversation_id)
 
 
 SAMPLES_KEY = "_regen_samples"
@@ -104,10 +120,12 @@ NOT_SETTINGS = frozenset(
         "stream_options",
         "return_token_ids",
         "return_prompt_token_ids",
+        "session_id",
         SAMPLES_KEY,
     }
 )
-"""Body fields that are the prompt or the transport, not how the answer was sampled."""
+"""Body fields that are the prompt or the transport (a session id only routes, and differs
+per conversation), not how the answer was sampled."""
 
 
 def sent_settings(body: dict[str, Any]) -> str:

@@ -192,17 +192,23 @@ def choice_bodies(body: Any, n: int) -> list[Any]:
         else:
             completion = total.completion_tokens * size // chars
         given += completion
-        prompt = total.prompt_tokens // n + (1 if k < total.prompt_tokens % n else 0)
+        prompt = _share(total.prompt_tokens, n, k)
+        start = sum(_share(total.prompt_tokens, n, j) for j in range(k))
         reasoning = total.reasoning_tokens * completion // max(1, total.completion_tokens)
         share: dict[str, Any] = {
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
             "reasoning_tokens": reasoning,
+            "prompt_tokens_details": _cache_share(total, start, prompt),
         }
         for name in BILLED_FIELDS:  # a share of a junk bill is junk: the gate judges it
             if any(j.startswith(f"{name} = ") for j in total.junk):
                 share[name] = usage[name]
+        if any(j.startswith("prompt_tokens_details.") for j in total.junk) or (
+            total.cached_tokens + total.cache_write_tokens > total.prompt_tokens
+        ):  # cache counts that are no amounts, or more than the prompt: the gate judges them
+            share["prompt_tokens_details"] = usage.get("prompt_tokens_details")
         if total.cost_usd is not None:
             share["cost"] = (
                 total.cost_usd
@@ -211,6 +217,26 @@ def choice_bodies(body: Any, n: int) -> list[Any]:
             )
         out.append({**body, "choices": [c], "usage": share})
     return out
+
+
+def _share(total: int, n: int, k: int) -> int:
+    """Choice k's equal share of `total` over n choices (the first take the remainder)."""
+    return total // n + (1 if k < total % n else 0)
+
+
+def _cache_share(total: Usage, start: int, size: int) -> dict[str, int]:
+    """The cache use of a choice's share of one prompt's tokens, [start, start + size): the
+    prompt's tokens laid out as its cached ones, then its written ones, then the rest, so
+    that the shares add up to the whole and none claims more than its own prompt share."""
+    cached, written = total.cached_tokens, total.cache_write_tokens
+
+    def overlap(lo: int, hi: int) -> int:
+        return max(0, min(hi, start + size) - max(lo, start))
+
+    return {
+        "cached_tokens": overlap(0, cached),
+        "cache_write_tokens": overlap(cached, cached + written),
+    }
 
 
 def counted_usage(result: Result, prompt_tokens_est: int) -> Result:
@@ -289,6 +315,9 @@ def _call(c: dict[str, Any], status: int) -> ToolCall:
 
 
 BILLED_FIELDS = ("prompt_tokens", "completion_tokens", "cost")
+CACHE_FIELDS = ("cached_tokens", "cache_write_tokens")
+"""The fields of `usage.prompt_tokens_details` that move money (a cached token is billed at
+the cache read price): one that is no amount is junk as well."""
 """The usage fields that move money: one that is sent but is no amount (negative, not finite,
 past MAX_COUNT, text) is junk (`Usage.junk`), for the gate; one left out (or null) is
 counted from ids, estimated or priced from the list, as before."""
@@ -301,6 +330,10 @@ def _usage(u: Any) -> Usage:
     reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else None
     if reasoning is None:
         reasoning = u.get("reasoning_tokens")  # SGLang puts it at the top level
+    prompt = u.get("prompt_tokens_details")
+    prompt = prompt if isinstance(prompt, dict) else {}
+    junk = junk_fields(u, BILLED_FIELDS)
+    cache = junk_fields(prompt, CACHE_FIELDS)
     return Usage(
         prompt_tokens=_int(u.get("prompt_tokens")),
         completion_tokens=_int(u.get("completion_tokens")),
@@ -308,7 +341,9 @@ def _usage(u: Any) -> Usage:
         # None (priced from the list, and junk for the gate) when it is no amount: a negative
         # cost would give the budget room it does not have.
         cost_usd=amount(u.get("cost")),
-        junk=junk_fields(u, BILLED_FIELDS),
+        junk=junk + tuple(f"prompt_tokens_details.{j}" for j in cache) if cache else junk,
+        cached_tokens=_int(prompt.get("cached_tokens")),
+        cache_write_tokens=_int(prompt.get("cache_write_tokens")),
     )
 
 
