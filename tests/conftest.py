@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import json
 import os
+import shutil
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +23,12 @@ import pytest
 from hypothesis import settings
 
 from regen.sim import RunningSim, SimConfig, sim_in_thread
+
+# `datasets` caches what it loads under keys of the files' paths: a cache shared across runs can
+# serve a reused tmp path's stale rows. Each test process gets its own, removed at its end.
+_HF_CACHE = tempfile.mkdtemp(prefix="regen-tests-hf-datasets-")
+os.environ["HF_DATASETS_CACHE"] = _HF_CACHE
+atexit.register(shutil.rmtree, _HF_CACHE, True)
 
 # Property tests draw the same examples on every run (CI and here): a failure reproduces.
 # scripts/fuzz.py runs the hostile-input ones longer, with fresh examples (REGEN_FUZZ_SCALE).

@@ -41,9 +41,13 @@ class Completion:
     ids: list[int]
 
 
+NOT_CONTENT = frozenset({"stream", "stream_options", "session_id", "prompt_cache_key"})
+
+
 def request_digest(seed: int, body: dict[str, Any]) -> bytes:
-    """What identifies a request's content (not how it is streamed)."""
-    key = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+    """What identifies a request's content: not how it is streamed, nor the routing keys a
+    client may add (`session_id`, `prompt_cache_key`), which choose a provider, not an answer."""
+    key = {k: v for k, v in body.items() if k not in NOT_CONTENT}
     return hashlib.blake2b(
         json.dumps([seed, key], sort_keys=True, default=str).encode(), digest_size=16
     ).digest()
