@@ -200,13 +200,18 @@ def test_a_token_budget_with_500_in_flight_reports_its_bounded_overshoot_and_is_
     out = tmp_path / "out"
     ((used,),) = query(out, "SELECT SUM(completion_tokens) FROM ledger WHERE dataset = 'a'")
     m = re.search(
-        r"dataset a: token budget 300000: used (\d+), (\d+) over \([\d.]+%; bound: (\d+)",
+        r"dataset a: token budget 300000: used (\d+)(?:, (\d+) over \([\d.]+%; bound: (\d+))?",
         first.stdout,
     )
     assert m, first.stdout
-    assert int(m[1]) == used and int(m[2]) == int(used) - budget
-    assert 0 < int(m[2]) < int(m[3])  # the overshoot is below what was in flight
-    assert int(m[2]) <= budget // 10  # and within a tenth of the budget (it was 2x)
+    assert int(m[1]) == used >= budget, first.stdout  # met
+    # The answers that end last decide whether the budget is passed at all (an exact hit is
+    # said without an overshoot); an overshoot is said with its bound, and stays below it.
+    over = int(used) - budget
+    assert (m[2] is not None) == (over > 0), first.stdout
+    if over:
+        assert int(m[2]) == over < int(m[3])  # the overshoot is below what was in flight
+    assert over <= budget // 10  # and within a tenth of the budget (it was 2x)
     assert peak == 500
     # The next dataset still ran in full.
     assert query(out, "SELECT status, COUNT(*) FROM items WHERE dataset = 'b' GROUP BY status") == [
