@@ -730,6 +730,32 @@ def export_job(
     folder and moved into place only when all are complete; the manifest goes last. `target`
     rebuilds ids (needed by `tokenized` for answers without exact ids, and by the audit
     filter)."""
+    _check_options(opts, target, checks)
+    for name in datasets:
+        checked_name(name, str(store.path))
+    root = root_for(to, store.path.parent)
+    confined_tree(root, to)  # before anything is read from it, carried over or deleted
+    refuse_replacing(to, store.path.parent)
+    part = _part(to, opts)
+    # The whole export is written into a sibling folder, then swapped in with two renames:
+    # a reader sees the old export or the new one, never a mix. Earlier parts of an
+    # incremental export are carried over as hard links (no copy).
+    tmp = confined(root, to.parent / f".{to.name}.tmp-{os.getpid()}")
+    old = confined(root, to.parent / f".{to.name}.old-{os.getpid()}")
+    try:
+        _fresh_folder(root, to, tmp, carry=opts.since_last)
+        manifest = _write_export(store, datasets, tmp, opts, part, target, checks)
+        _swap_in(root, to, tmp, old)
+    except OSError as exc:
+        raise _unwritable(to, old, exc) from exc
+    finally:
+        with contextlib.suppress(OSError):
+            remove(root, tmp)
+    return manifest
+
+
+def _check_options(opts: ExportOptions, target: Target | None, checks: Checks | None) -> None:
+    """Refuse options no export can follow, before anything is read or written."""
     if opts.drop_failed_audit and (target is None or checks is None):
         raise StateError("dropping failed-audit samples needs a template family: give --family")
     if opts.format not in FORMATS:
@@ -739,97 +765,145 @@ def export_job(
             f"--license takes a Hub licence id (apache-2.0, cc-by-4.0, other, ...), not "
             f"{opts.license!r}"
         )
-    for name in datasets:
-        checked_name(name, str(store.path))
-    root = root_for(to, store.path.parent)
-    confined_tree(root, to)  # before anything is read from it, carried over or deleted
-    refuse_replacing(to, store.path.parent)
+
+
+@dataclass(frozen=True)
+class _Part:
+    """Which part of its folder an export is: 0, the whole export, or with --since-last the
+    one after the previous manifest's, of the answers stored after `since`."""
+
+    previous: dict[str, Any] | None
+    """The folder's previous manifest, if it has one."""
+    since: float | None = None
+    number: int = 0
+
+    @property
+    def suffix(self) -> str:
+        """What the part's data file names carry (none on a first part)."""
+        return f".part{self.number:04d}" if self.number else ""
+
+
+def _part(to: Path, opts: ExportOptions) -> _Part:
+    """The part this export writes into `to`; --since-last needs an earlier export of the
+    same format there to continue from."""
     previous = _previous_manifest(to)
-    since = None
-    part = 0
-    if opts.since_last:
-        if previous is None or previous.get("format") != opts.format:
-            raise StateError(
-                f"{to}: no earlier {opts.format} export here to continue from; run the export "
-                "once without --since-last"
-            )
-        since = float(previous.get("exported_until") or 0.0)
-        part = int(previous.get("part", 0)) + 1
-    suffix = f".part{part:04d}" if part else ""
-    # The whole export is written into a sibling folder, then swapped in with two renames:
-    # a reader sees the old export or the new one, never a mix. Earlier parts of an
-    # incremental export are carried over as hard links (no copy).
-    tmp = confined(root, to.parent / f".{to.name}.tmp-{os.getpid()}")
-    old = confined(root, to.parent / f".{to.name}.old-{os.getpid()}")
-    until = since or 0.0
-    try:
-        clean_stale_exports(to.parent, to.name, root)  # what a killed export into `to` left
-        remove(root, tmp)
-        make_dirs(root, tmp.parent)
-        tmp.mkdir()
-        if opts.since_last:
-            for f in to.rglob("*"):  # rglob does not descend into linked folders
-                if f.is_file() and not f.is_symlink() and f.name not in NOT_DATA:
-                    dest = tmp / f.relative_to(to)
-                    make_dirs(tmp, dest.parent)
-                    os.link(f, dest)
-        writer: _JsonlShards | _ParquetShards = (
-            _ParquetShards(tmp, suffix, opts.shard_rows)
-            if opts.format == "tokenized"
-            else _JsonlShards(tmp, suffix)
-        )
-        origins = Origins.of(store, datasets)
-        # Text formats hold no ids: the target is rebuilt only to check answers (to drop
-        # failed samples, or cut answers kept). It also decides which of the history's
-        # reasoning every format with text keeps (what the model's template shows), and every
-        # format's text is what exact ids hold.
-        checking = opts.drop_failed_audit or opts.keep_truncated
-        w = _Writing(
-            opts,
-            writer,
-            origins,
-            since,
-            rebuild=target if opts.format not in TEXT_FORMATS or checking else None,
-            checks=checks,
-            shown=target if opts.format != "tokenized" else None,
-            model=target,
-        )
-        for name in datasets:
-            until = max(until, _export_dataset(store, name, w))
-        writer.close()
-        files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
-        written = _carried(previous if opts.since_last else None, files, writer.written)
-        manifest = _manifest(store, opts, w.counts, files, until, since, part, previous, target)
-        manifest["data_files"] = written
-        # The folder is a Hub dataset: its card names each dataset's files per split.
-        card = dataset_card(store, manifest, datasets, source_turns(opts))
-        write_text_atomic(tmp, tmp / CARD, card)
-        if opts.format == "sharegpt":
-            info = llama_factory_info(datasets, files, written)
-            write_json_atomic(tmp, tmp / LLAMA_FACTORY_INFO, info)
-        write_json_atomic(tmp, tmp / "manifest.json", manifest)
-        if to.is_symlink() or to.exists():
-            os.rename(to, old)
-            failpoints.reached("export-swap")
-        os.rename(tmp, to)
-        with contextlib.suppress(OSError):
-            remove(root, old)
-    except OSError as exc:
-        if old.exists() and not to.exists():
-            os.rename(old, to)  # put the previous export back
-        step = (
-            "write it elsewhere with --to DIR"
-            if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
-            else "run it again once the problem is fixed"
-        )
+    if not opts.since_last:
+        return _Part(previous)
+    if previous is None or previous.get("format") != opts.format:
         raise StateError(
-            f"{to}: cannot write the export: {exc}; the previous export and state.db are "
-            f"untouched: {step}"
-        ) from exc
-    finally:
-        with contextlib.suppress(OSError):
-            remove(root, tmp)
+            f"{to}: no earlier {opts.format} export here to continue from; run the export "
+            "once without --since-last"
+        )
+    since = float(previous.get("exported_until") or 0.0)
+    return _Part(previous, since, int(previous.get("part", 0)) + 1)
+
+
+def _fresh_folder(root: Path, to: Path, tmp: Path, *, carry: bool) -> None:
+    """An empty temporary folder `tmp` for the export, once what a killed export into `to`
+    left is cleaned away; with `carry`, the earlier parts' files linked into it."""
+    clean_stale_exports(to.parent, to.name, root)
+    remove(root, tmp)
+    make_dirs(root, tmp.parent)
+    tmp.mkdir()
+    if carry:
+        for f in to.rglob("*"):  # rglob does not descend into linked folders
+            if f.is_file() and not f.is_symlink() and f.name not in NOT_DATA:
+                dest = tmp / f.relative_to(to)
+                make_dirs(tmp, dest.parent)
+                os.link(f, dest)
+
+
+def _write_export(
+    store: Store,
+    datasets: list[str],
+    tmp: Path,
+    opts: ExportOptions,
+    part: _Part,
+    target: Target | None,
+    checks: Checks | None,
+) -> dict[str, Any]:
+    """Write the data files, the card, LLaMA-Factory's dataset_info.json (sharegpt) and
+    last the manifest into `tmp`; return the manifest."""
+    w = _writing(store, datasets, tmp, opts, part, target, checks)
+    until = part.since or 0.0
+    for name in datasets:
+        until = max(until, _export_dataset(store, name, w))
+    w.writer.close()
+    files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
+    previous = part.previous if opts.since_last else None
+    written = _carried(previous, files, w.writer.written)
+    manifest = _manifest(
+        store, opts, w.counts, files, until, part.since, part.number, part.previous, target
+    )
+    manifest["data_files"] = written
+    # The folder is a Hub dataset: its card names each dataset's files per split.
+    card = dataset_card(store, manifest, datasets, source_turns(opts))
+    write_text_atomic(tmp, tmp / CARD, card)
+    if opts.format == "sharegpt":
+        info = llama_factory_info(datasets, files, written)
+        write_json_atomic(tmp, tmp / LLAMA_FACTORY_INFO, info)
+    write_json_atomic(tmp, tmp / "manifest.json", manifest)
     return manifest
+
+
+def _writing(
+    store: Store,
+    datasets: list[str],
+    tmp: Path,
+    opts: ExportOptions,
+    part: _Part,
+    target: Target | None,
+    checks: Checks | None,
+) -> _Writing:
+    """The files, origins and targets the datasets are written with."""
+    writer: _JsonlShards | _ParquetShards = (
+        _ParquetShards(tmp, part.suffix, opts.shard_rows)
+        if opts.format == "tokenized"
+        else _JsonlShards(tmp, part.suffix)
+    )
+    origins = Origins.of(store, datasets)
+    # Text formats hold no ids: the target is rebuilt only to check answers (to drop
+    # failed samples, or cut answers kept). It also decides which of the history's
+    # reasoning every format with text keeps (what the model's template shows), and every
+    # format's text is what exact ids hold.
+    checking = opts.drop_failed_audit or opts.keep_truncated
+    return _Writing(
+        opts,
+        writer,
+        origins,
+        part.since,
+        rebuild=target if opts.format not in TEXT_FORMATS or checking else None,
+        checks=checks,
+        shown=target if opts.format != "tokenized" else None,
+        model=target,
+    )
+
+
+def _swap_in(root: Path, to: Path, tmp: Path, old: Path) -> None:
+    """Put the finished export in `to`'s place with two renames; the previous one is removed
+    after."""
+    if to.is_symlink() or to.exists():
+        os.rename(to, old)
+        failpoints.reached("export-swap")
+    os.rename(tmp, to)
+    with contextlib.suppress(OSError):
+        remove(root, old)
+
+
+def _unwritable(to: Path, old: Path, exc: OSError) -> StateError:
+    """The error of an export that could not be written, once the previous export is back
+    in its place: the next step depends on whether the folder can be written at all."""
+    if old.exists() and not to.exists():
+        os.rename(old, to)  # put the previous export back
+    step = (
+        "write it elsewhere with --to DIR"
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+        else "run it again once the problem is fixed"
+    )
+    return StateError(
+        f"{to}: cannot write the export: {exc}; the previous export and state.db are "
+        f"untouched: {step}"
+    )
 
 
 @dataclass
