@@ -228,6 +228,15 @@ def _export_parser(sub: Any) -> None:
         "--format", default="specforge", choices=("specforge", "openai", "sharegpt", "tokenized")
     )
     exp.add_argument("--to", type=Path, help="folder to write (default OUT/export/FORMAT)")
+    _export_filter_flags(exp)
+    _export_mix_flags(exp)
+    _export_hub_flags(exp)
+    _export_loss_flags(exp)
+    _target_flags(exp)
+
+
+def _export_filter_flags(exp: argparse.ArgumentParser) -> None:
+    """`regen export`: which answers are left out (all counted as dropped in the manifest)."""
     exp.add_argument("--keep-truncated", action="store_true", help="keep answers cut at max_tokens")
     exp.add_argument("--keep-empty", action="store_true", help="keep empty answers")
     exp.add_argument(
@@ -244,6 +253,11 @@ def _export_parser(sub: Any) -> None:
         metavar="NAME",
         help="drop answers this provider (display name) served; repeatable",
     )
+
+
+def _export_mix_flags(exp: argparse.ArgumentParser) -> None:
+    """`regen export`: how datasets are mixed, split, deduplicated, sampled and sharded, and
+    --since-last."""
     exp.add_argument(
         "--weight",
         action="append",
@@ -279,6 +293,10 @@ def _export_parser(sub: Any) -> None:
         default="all",
         help="all the samples of each prompt, or the first that passes the filters",
     )
+
+
+def _export_hub_flags(exp: argparse.ArgumentParser) -> None:
+    """`regen export`: the upload to the Hugging Face Hub and the card's licence."""
     exp.add_argument(
         "--push-to-hub",
         metavar="OWNER/NAME",
@@ -295,6 +313,10 @@ def _export_parser(sub: Any) -> None:
         help="the dataset card's licence, a Hub licence id (default unknown: the sources' "
         "licences and the target's terms decide it)",
     )
+
+
+def _export_loss_flags(exp: argparse.ArgumentParser) -> None:
+    """`regen export`: which turns carry loss, and dropping samples that fail the audit."""
     exp.add_argument(
         "--train-source-turns",
         action="store_true",
@@ -319,7 +341,6 @@ def _export_parser(sub: Any) -> None:
         action="store_true",
         help="with --drop-failed-audit: drop answers without reasoning",
     )
-    _target_flags(exp)
 
 
 def _providers_parser(sub: Any) -> None:
