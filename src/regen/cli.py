@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
     from regen.config import EndpointConfig
     from regen.engine.providers import EndpointInfo
+    from regen.outputs.audit import Checks
+    from regen.outputs.export import ExportOptions
     from regen.reconstruct import Target, TargetSpec
     from regen.run.summary import RunReport
     from regen.state.db import Store
@@ -226,6 +228,15 @@ def _export_parser(sub: Any) -> None:
         "--format", default="specforge", choices=("specforge", "openai", "sharegpt", "tokenized")
     )
     exp.add_argument("--to", type=Path, help="folder to write (default OUT/export/FORMAT)")
+    _export_filter_flags(exp)
+    _export_mix_flags(exp)
+    _export_hub_flags(exp)
+    _export_loss_flags(exp)
+    _target_flags(exp)
+
+
+def _export_filter_flags(exp: argparse.ArgumentParser) -> None:
+    """`regen export`: which answers are left out (all counted as dropped in the manifest)."""
     exp.add_argument("--keep-truncated", action="store_true", help="keep answers cut at max_tokens")
     exp.add_argument("--keep-empty", action="store_true", help="keep empty answers")
     exp.add_argument(
@@ -242,6 +253,11 @@ def _export_parser(sub: Any) -> None:
         metavar="NAME",
         help="drop answers this provider (display name) served; repeatable",
     )
+
+
+def _export_mix_flags(exp: argparse.ArgumentParser) -> None:
+    """`regen export`: how datasets are mixed, split, deduplicated, sampled and sharded, and
+    --since-last."""
     exp.add_argument(
         "--weight",
         action="append",
@@ -277,6 +293,10 @@ def _export_parser(sub: Any) -> None:
         default="all",
         help="all the samples of each prompt, or the first that passes the filters",
     )
+
+
+def _export_hub_flags(exp: argparse.ArgumentParser) -> None:
+    """`regen export`: the upload to the Hugging Face Hub and the card's licence."""
     exp.add_argument(
         "--push-to-hub",
         metavar="OWNER/NAME",
@@ -293,6 +313,10 @@ def _export_parser(sub: Any) -> None:
         help="the dataset card's licence, a Hub licence id (default unknown: the sources' "
         "licences and the target's terms decide it)",
     )
+
+
+def _export_loss_flags(exp: argparse.ArgumentParser) -> None:
+    """`regen export`: which turns carry loss, and dropping samples that fail the audit."""
     exp.add_argument(
         "--train-source-turns",
         action="store_true",
@@ -317,7 +341,6 @@ def _export_parser(sub: Any) -> None:
         action="store_true",
         help="with --drop-failed-audit: drop answers without reasoning",
     )
-    _target_flags(exp)
 
 
 def _providers_parser(sub: Any) -> None:
@@ -920,20 +943,14 @@ def _export_target(store: Store, overrides: dict[str, Any], *, optional: bool) -
 
 
 def _export(args: argparse.Namespace, console: Console) -> int:
-    from rich.table import Table
-
-    from regen.outputs.audit import checks_for
-    from regen.outputs.export import ExportOptions, export_job
+    """`regen export`: check the flags, write the export, say what it holds, upload it."""
+    from regen.outputs.export import export_job
     from regen.state.db import Store
 
-    if not 0 <= args.validation < 1:
-        print("error: --validation takes a fraction from 0 to below 1", file=sys.stderr)
+    pairs = _export_pairs(args)
+    if pairs is None:
         return EXIT_USAGE
-    weights = _pairs(args.weight, "--weight", float)
-    caps = _pairs(args.cap, "--cap", int)
-    if args.push_to_hub is not None and not re.fullmatch(r"[\w.-]+/[\w.-]+", args.push_to_hub):
-        print(f"error: --push-to-hub takes OWNER/NAME, not {args.push_to_hub!r}", file=sys.stderr)
-        return EXIT_USAGE
+    weights, caps = pairs
     store = Store.open_readonly(args.out)
     try:
         names = [p.name for p in store.work.dataset_progress()]
@@ -944,53 +961,101 @@ def _export(args: argparse.Namespace, console: Console) -> int:
                 file=sys.stderr,
             )
             return EXIT_USAGE
-        opts = ExportOptions(
-            format=args.format,
-            keep_truncated=args.keep_truncated,
-            keep_empty=args.keep_empty,
-            keep_orphans=args.keep_orphans,
-            min_completion_tokens=args.min_tokens,
-            max_completion_tokens=args.max_tokens,
-            exclude_providers=tuple(args.exclude_provider),
-            weights={k: float(str(v)) for k, v in weights.items()},
-            caps={k: int(str(v)) for k, v in caps.items()},
-            validation_fraction=args.validation,
-            seed=args.seed,
-            dedup=args.dedup,
-            since_last=args.since_last,
-            shard_rows=max(1, args.shard_rows),
-            drop_failed_audit=args.drop_failed_audit,
-            max_sample_diff=args.max_sample_diff,
-            train_source_turns=args.train_source_turns,
-            samples=args.samples,
-            license=args.license,
-        )
-        target = checks = None
-        overrides = _target_overrides(args)
-        recorded = store.get_meta("reconstruct") is not None
-        ids = args.format in ("tokenized", "specforge") and not args.train_source_turns
-        # Formats with text: the model's template decides which reasoning of the history is
-        # kept, and an answer's text is what its exact ids hold (outputs.audit.as_ids_hold).
-        text = args.format != "tokenized"
-        if args.drop_failed_audit or ((ids or text) and (recorded or args.family)):
-            optional = not ids and not args.drop_failed_audit
-            target = _export_target(store, overrides, optional=optional)
-        if target is not None:
-            for note in target.notes:
-                print(f"note: {note}", file=sys.stderr)
-            for warning in target.warnings:
-                print(f"warning: {warning}", file=sys.stderr)
-            checks = checks_for(
-                store,
-                expect_reasoning=args.expect_reasoning,
-                max_sample_diff=args.max_sample_diff,
-                excluded_providers=tuple(args.exclude_provider),
-            )
+        opts = _export_options(args, weights, caps)
+        target, checks = _export_checks(store, args)
         to = args.to or args.out / "export" / args.format
         manifest = export_job(store, names, to, opts, target, checks)
     finally:
         store.close()
-    table = Table(title=f"export {args.format} -> {to}", title_justify="left")
+    _print_export(console, args.format, to, manifest)
+    if args.push_to_hub:
+        from regen.outputs.hub import push_to_hub
+
+        url = push_to_hub(to, args.push_to_hub, private=args.private)
+        console.print(f"uploaded to the Hub: {url}", markup=False, highlight=False)
+    return EXIT_OK
+
+
+def _export_pairs(
+    args: argparse.Namespace,
+) -> tuple[dict[str, object], dict[str, object]] | None:
+    """The --weight and --cap pairs, once the flags that need no state.db are checked; None
+    (said on stderr) when one is wrong."""
+    if not 0 <= args.validation < 1:
+        print("error: --validation takes a fraction from 0 to below 1", file=sys.stderr)
+        return None
+    weights = _pairs(args.weight, "--weight", float)
+    caps = _pairs(args.cap, "--cap", int)
+    if args.push_to_hub is not None and not re.fullmatch(r"[\w.-]+/[\w.-]+", args.push_to_hub):
+        print(f"error: --push-to-hub takes OWNER/NAME, not {args.push_to_hub!r}", file=sys.stderr)
+        return None
+    return weights, caps
+
+
+def _export_options(
+    args: argparse.Namespace, weights: dict[str, object], caps: dict[str, object]
+) -> ExportOptions:
+    """The export's options from its flags."""
+    from regen.outputs.export import ExportOptions
+
+    return ExportOptions(
+        format=args.format,
+        keep_truncated=args.keep_truncated,
+        keep_empty=args.keep_empty,
+        keep_orphans=args.keep_orphans,
+        min_completion_tokens=args.min_tokens,
+        max_completion_tokens=args.max_tokens,
+        exclude_providers=tuple(args.exclude_provider),
+        weights={k: float(str(v)) for k, v in weights.items()},
+        caps={k: int(str(v)) for k, v in caps.items()},
+        validation_fraction=args.validation,
+        seed=args.seed,
+        dedup=args.dedup,
+        since_last=args.since_last,
+        shard_rows=max(1, args.shard_rows),
+        drop_failed_audit=args.drop_failed_audit,
+        max_sample_diff=args.max_sample_diff,
+        train_source_turns=args.train_source_turns,
+        samples=args.samples,
+        license=args.license,
+    )
+
+
+def _export_checks(store: Store, args: argparse.Namespace) -> tuple[Target | None, Checks | None]:
+    """The target the export rebuilds ids and text with, when it needs or can use one, and
+    the audit's checks with it; its notes and warnings said on stderr."""
+    from regen.outputs.audit import checks_for
+
+    target = None
+    overrides = _target_overrides(args)
+    recorded = store.get_meta("reconstruct") is not None
+    ids = args.format in ("tokenized", "specforge") and not args.train_source_turns
+    # Formats with text: the model's template decides which reasoning of the history is
+    # kept, and an answer's text is what its exact ids hold (outputs.audit.as_ids_hold).
+    text = args.format != "tokenized"
+    if args.drop_failed_audit or ((ids or text) and (recorded or args.family)):
+        optional = not ids and not args.drop_failed_audit
+        target = _export_target(store, overrides, optional=optional)
+    if target is None:
+        return None, None
+    for note in target.notes:
+        print(f"note: {note}", file=sys.stderr)
+    for warning in target.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    checks = checks_for(
+        store,
+        expect_reasoning=args.expect_reasoning,
+        max_sample_diff=args.max_sample_diff,
+        excluded_providers=tuple(args.exclude_provider),
+    )
+    return target, checks
+
+
+def _print_export(console: Console, fmt: str, to: Path, manifest: dict[str, Any]) -> None:
+    """What the export wrote, per dataset, its notes, and where to find and load it."""
+    from rich.table import Table
+
+    table = Table(title=f"export {fmt} -> {to}", title_justify="left")
     for col in ("dataset", "train", "validation", "completion tok", "cost $", "dropped"):
         table.add_column(col, justify="left" if col in ("dataset", "dropped") else "right")
     for name, d in manifest["datasets"].items():
@@ -1012,12 +1077,6 @@ def _export(args: argparse.Namespace, console: Console) -> int:
         markup=False,
         highlight=False,
     )
-    if args.push_to_hub:
-        from regen.outputs.hub import push_to_hub
-
-        url = push_to_hub(to, args.push_to_hub, private=args.private)
-        console.print(f"uploaded to the Hub: {url}", markup=False, highlight=False)
-    return EXIT_OK
 
 
 def _providers(args: argparse.Namespace, console: Console) -> int:

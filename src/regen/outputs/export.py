@@ -730,6 +730,32 @@ def export_job(
     folder and moved into place only when all are complete; the manifest goes last. `target`
     rebuilds ids (needed by `tokenized` for answers without exact ids, and by the audit
     filter)."""
+    _check_options(opts, target, checks)
+    for name in datasets:
+        checked_name(name, str(store.path))
+    root = root_for(to, store.path.parent)
+    confined_tree(root, to)  # before anything is read from it, carried over or deleted
+    refuse_replacing(to, store.path.parent)
+    part = _part(to, opts)
+    # The whole export is written into a sibling folder, then swapped in with two renames:
+    # a reader sees the old export or the new one, never a mix. Earlier parts of an
+    # incremental export are carried over as hard links (no copy).
+    tmp = confined(root, to.parent / f".{to.name}.tmp-{os.getpid()}")
+    old = confined(root, to.parent / f".{to.name}.old-{os.getpid()}")
+    try:
+        _fresh_folder(root, to, tmp, carry=opts.since_last)
+        manifest = _write_export(store, datasets, tmp, opts, part, target, checks)
+        _swap_in(root, to, tmp, old)
+    except OSError as exc:
+        raise _unwritable(to, old, exc) from exc
+    finally:
+        with contextlib.suppress(OSError):
+            remove(root, tmp)
+    return manifest
+
+
+def _check_options(opts: ExportOptions, target: Target | None, checks: Checks | None) -> None:
+    """Refuse options no export can follow, before anything is read or written."""
     if opts.drop_failed_audit and (target is None or checks is None):
         raise StateError("dropping failed-audit samples needs a template family: give --family")
     if opts.format not in FORMATS:
@@ -739,179 +765,186 @@ def export_job(
             f"--license takes a Hub licence id (apache-2.0, cc-by-4.0, other, ...), not "
             f"{opts.license!r}"
         )
-    for name in datasets:
-        checked_name(name, str(store.path))
-    root = root_for(to, store.path.parent)
-    confined_tree(root, to)  # before anything is read from it, carried over or deleted
-    refuse_replacing(to, store.path.parent)
+
+
+@dataclass(frozen=True)
+class _Part:
+    """Which part of its folder an export is: 0, the whole export, or with --since-last the
+    one after the previous manifest's, of the answers stored after `since`."""
+
+    previous: dict[str, Any] | None
+    """The folder's previous manifest, if it has one."""
+    since: float | None = None
+    number: int = 0
+
+    @property
+    def suffix(self) -> str:
+        """What the part's data file names carry (none on a first part)."""
+        return f".part{self.number:04d}" if self.number else ""
+
+
+def _part(to: Path, opts: ExportOptions) -> _Part:
+    """The part this export writes into `to`; --since-last needs an earlier export of the
+    same format there to continue from."""
     previous = _previous_manifest(to)
-    since = None
-    part = 0
-    if opts.since_last:
-        if previous is None or previous.get("format") != opts.format:
-            raise StateError(
-                f"{to}: no earlier {opts.format} export here to continue from; run the export "
-                "once without --since-last"
-            )
-        since = float(previous.get("exported_until") or 0.0)
-        part = int(previous.get("part", 0)) + 1
-    suffix = f".part{part:04d}" if part else ""
-    # The whole export is written into a sibling folder, then swapped in with two renames:
-    # a reader sees the old export or the new one, never a mix. Earlier parts of an
-    # incremental export are carried over as hard links (no copy).
-    tmp = confined(root, to.parent / f".{to.name}.tmp-{os.getpid()}")
-    old = confined(root, to.parent / f".{to.name}.old-{os.getpid()}")
-    counts: dict[str, _Counts] = {}
-    seen: set[str] = set()
-    until = since or 0.0
-    try:
-        clean_stale_exports(to.parent, to.name, root)  # what a killed export into `to` left
-        remove(root, tmp)
-        make_dirs(root, tmp.parent)
-        tmp.mkdir()
-        if opts.since_last:
-            for f in to.rglob("*"):  # rglob does not descend into linked folders
-                if f.is_file() and not f.is_symlink() and f.name not in NOT_DATA:
-                    dest = tmp / f.relative_to(to)
-                    make_dirs(tmp, dest.parent)
-                    os.link(f, dest)
-        writer: _JsonlShards | _ParquetShards = (
-            _ParquetShards(tmp, suffix, opts.shard_rows)
-            if opts.format == "tokenized"
-            else _JsonlShards(tmp, suffix)
-        )
-        origins = Origins.of(store, datasets)
-        # Text formats hold no ids: the target is rebuilt only to check answers (to drop
-        # failed samples, or cut answers kept). It also decides which of the history's
-        # reasoning every format with text keeps (what the model's template shows), and every
-        # format's text is what exact ids hold.
-        checking = opts.drop_failed_audit or opts.keep_truncated
-        rebuild = target if opts.format not in TEXT_FORMATS or checking else None
-        shown = target if opts.format != "tokenized" else None
-        for name in datasets:
-            until = max(
-                until,
-                _export_dataset(
-                    store,
-                    name,
-                    since,
-                    opts,
-                    writer,
-                    counts,
-                    seen,
-                    origins,
-                    rebuild,
-                    checks,
-                    shown,
-                    target,
-                ),
-            )
-        writer.close()
-        files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
-        written = _carried(previous if opts.since_last else None, files, writer.written)
-        manifest = _manifest(store, opts, counts, files, until, since, part, previous, target)
-        manifest["data_files"] = written
-        # The folder is a Hub dataset: its card names each dataset's files per split.
-        card = dataset_card(store, manifest, datasets, source_turns(opts))
-        write_text_atomic(tmp, tmp / CARD, card)
-        if opts.format == "sharegpt":
-            info = llama_factory_info(datasets, files, written)
-            write_json_atomic(tmp, tmp / LLAMA_FACTORY_INFO, info)
-        write_json_atomic(tmp, tmp / "manifest.json", manifest)
-        if to.is_symlink() or to.exists():
-            os.rename(to, old)
-            failpoints.reached("export-swap")
-        os.rename(tmp, to)
-        with contextlib.suppress(OSError):
-            remove(root, old)
-    except OSError as exc:
-        if old.exists() and not to.exists():
-            os.rename(old, to)  # put the previous export back
-        step = (
-            "write it elsewhere with --to DIR"
-            if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
-            else "run it again once the problem is fixed"
-        )
+    if not opts.since_last:
+        return _Part(previous)
+    if previous is None or previous.get("format") != opts.format:
         raise StateError(
-            f"{to}: cannot write the export: {exc}; the previous export and state.db are "
-            f"untouched: {step}"
-        ) from exc
-    finally:
-        with contextlib.suppress(OSError):
-            remove(root, tmp)
+            f"{to}: no earlier {opts.format} export here to continue from; run the export "
+            "once without --since-last"
+        )
+    since = float(previous.get("exported_until") or 0.0)
+    return _Part(previous, since, int(previous.get("part", 0)) + 1)
+
+
+def _fresh_folder(root: Path, to: Path, tmp: Path, *, carry: bool) -> None:
+    """An empty temporary folder `tmp` for the export, once what a killed export into `to`
+    left is cleaned away; with `carry`, the earlier parts' files linked into it."""
+    clean_stale_exports(to.parent, to.name, root)
+    remove(root, tmp)
+    make_dirs(root, tmp.parent)
+    tmp.mkdir()
+    if carry:
+        for f in to.rglob("*"):  # rglob does not descend into linked folders
+            if f.is_file() and not f.is_symlink() and f.name not in NOT_DATA:
+                dest = tmp / f.relative_to(to)
+                make_dirs(tmp, dest.parent)
+                os.link(f, dest)
+
+
+def _write_export(
+    store: Store,
+    datasets: list[str],
+    tmp: Path,
+    opts: ExportOptions,
+    part: _Part,
+    target: Target | None,
+    checks: Checks | None,
+) -> dict[str, Any]:
+    """Write the data files, the card, LLaMA-Factory's dataset_info.json (sharegpt) and
+    last the manifest into `tmp`; return the manifest."""
+    w = _writing(store, datasets, tmp, opts, part, target, checks)
+    until = part.since or 0.0
+    for name in datasets:
+        until = max(until, _export_dataset(store, name, w))
+    w.writer.close()
+    files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
+    previous = part.previous if opts.since_last else None
+    written = _carried(previous, files, w.writer.written)
+    manifest = _manifest(
+        store, opts, w.counts, files, until, part.since, part.number, part.previous, target
+    )
+    manifest["data_files"] = written
+    # The folder is a Hub dataset: its card names each dataset's files per split.
+    card = dataset_card(store, manifest, datasets, source_turns(opts))
+    write_text_atomic(tmp, tmp / CARD, card)
+    if opts.format == "sharegpt":
+        info = llama_factory_info(datasets, files, written)
+        write_json_atomic(tmp, tmp / LLAMA_FACTORY_INFO, info)
+    write_json_atomic(tmp, tmp / "manifest.json", manifest)
     return manifest
 
 
-def _export_dataset(
+def _writing(
     store: Store,
-    name: str,
-    since: float | None,
+    datasets: list[str],
+    tmp: Path,
     opts: ExportOptions,
-    writer: _JsonlShards | _ParquetShards,
-    counts: dict[str, _Counts],
-    seen: set[str],
-    origins: Origins,
-    target: Target | None = None,
-    checks: Checks | None = None,
-    shown: Target | None = None,
-    model: Target | None = None,
-) -> float:
-    """Write one dataset's samples; return the latest answer time seen. `shown`: the model
-    whose template decides which earlier turns' reasoning a history keeps; `model`:
-    the model whose parser reads an answer's exact ids back as text (as_ids_hold)."""
-    c = counts.setdefault(name, _Counts())
+    part: _Part,
+    target: Target | None,
+    checks: Checks | None,
+) -> _Writing:
+    """The files, origins and targets the datasets are written with."""
+    writer: _JsonlShards | _ParquetShards = (
+        _ParquetShards(tmp, part.suffix, opts.shard_rows)
+        if opts.format == "tokenized"
+        else _JsonlShards(tmp, part.suffix)
+    )
+    origins = Origins.of(store, datasets)
+    # Text formats hold no ids: the target is rebuilt only to check answers (to drop
+    # failed samples, or cut answers kept). It also decides which of the history's
+    # reasoning every format with text keeps (what the model's template shows), and every
+    # format's text is what exact ids hold.
+    checking = opts.drop_failed_audit or opts.keep_truncated
+    return _Writing(
+        opts,
+        writer,
+        origins,
+        part.since,
+        rebuild=target if opts.format not in TEXT_FORMATS or checking else None,
+        checks=checks,
+        shown=target if opts.format != "tokenized" else None,
+        model=target,
+    )
+
+
+def _swap_in(root: Path, to: Path, tmp: Path, old: Path) -> None:
+    """Put the finished export in `to`'s place with two renames; the previous one is removed
+    after."""
+    if to.is_symlink() or to.exists():
+        os.rename(to, old)
+        failpoints.reached("export-swap")
+    os.rename(tmp, to)
+    with contextlib.suppress(OSError):
+        remove(root, old)
+
+
+def _unwritable(to: Path, old: Path, exc: OSError) -> StateError:
+    """The error of an export that could not be written, once the previous export is back
+    in its place: the next step depends on whether the folder can be written at all."""
+    if old.exists() and not to.exists():
+        os.rename(old, to)  # put the previous export back
+    step = (
+        "write it elsewhere with --to DIR"
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+        else "run it again once the problem is fixed"
+    )
+    return StateError(
+        f"{to}: cannot write the export: {exc}; the previous export and state.db are "
+        f"untouched: {step}"
+    )
+
+
+@dataclass
+class _Writing:
+    """What every dataset of one export is written with: the options, the files, the counts
+    so far, the hashes dedup has seen, and the targets each step uses."""
+
+    opts: ExportOptions
+    writer: _JsonlShards | _ParquetShards
+    origins: Origins
+    since: float | None
+    rebuild: Target | None = None
+    """Rebuilds ids (tokenized answers without exact ids, the audit filter)."""
+    checks: Checks | None = None
+    shown: Target | None = None
+    """The model whose template decides which earlier turns' reasoning a history keeps."""
+    model: Target | None = None
+    """The model whose parser reads an answer's exact ids back as text (as_ids_hold)."""
+    counts: dict[str, _Counts] = field(default_factory=dict)
+    seen: set[str] = field(default_factory=set)
+
+
+def _export_dataset(store: Store, name: str, w: _Writing) -> float:
+    """Write one dataset's samples; return the latest answer time seen."""
+    opts = w.opts
+    c = w.counts.setdefault(name, _Counts())
     weight = opts.weights.get(name, 1.0)
     cap = opts.caps.get(name)
     written = 0
     until = 0.0
-    rows: Iterable[tuple[ExportRow, Sample | ReconstructError | None]]
-    rows = (
-        # Answers the filters drop are not rebuilt.
-        rebuilt(store, name, target, since, wanted=lambda row: _drop_reason(row, opts) is None)
-        if target is not None
-        else ((row, None) for row in store.answers.export_rows(name, since))
-    )
     prompts: set[tuple[str, int]] = set()
-    for row, sample in rows:
+    for row, sample in _dataset_rows(store, name, w):
         until = max(until, row.created_at)
-        reason = _drop_reason(row, opts)
         prompt = (row.conversation_id, row.turn_index)
-        if reason is None and opts.samples == "first" and prompt in prompts:
-            reason = "other_sample"
-        if (
-            reason is None
-            and opts.drop_failed_audit
-            and sample is not None
-            and target is not None
-            and checks is not None
-            and sample_problems(row, sample, target, checks).problems_of_the_answer
-        ):
-            reason = "failed_audit"
+        reason = _filtered(row, sample, w, prompt in prompts)
         rec: dict[str, Any] | None = None
         from_ids = False
         if reason is None:
-            if model is not None and opts.format != "tokenized":
-                # A record's text is what its ids hold, not text the server put around it.
-                held = as_ids_hold(row, model, _exact(sample))
-                from_ids, row = held is not row, held
-            if shown is not None:
-                row = as_template_shows(row, shown)
-            rec, reason = _record(row, name, sample, opts, origins)
-        if reason is None and rec is not None and opts.dedup:
-            # The same conversation and answer (or the same ids), whatever the item id.
-            content = (
-                rec["input_ids"]
-                if opts.format == "tokenized"
-                else json.dumps(
-                    {k: v for k, v in rec.items() if k not in ("id", "provenance")},
-                    sort_keys=True,
-                    ensure_ascii=False,
-                ).encode()
-            )
-            key = hashlib.blake2b(content, digest_size=16).hexdigest()
-            if key in seen:
-                reason = "duplicate"
-            seen.add(key)
+            row, rec, from_ids, reason = _as_record(row, name, sample, w)
+        if reason is None and rec is not None and opts.dedup and _seen_before(rec, w):
+            reason = "duplicate"
         if reason is not None or rec is None:
             c.dropped[reason or "dropped"] += 1
             continue
@@ -919,32 +952,117 @@ def _export_dataset(
         if not copies:
             c.dropped["weight"] += 1
             continue
-        split = (
-            "validation"
-            if seeded_unit(opts.seed, "split", row.conversation_id) < opts.validation_fraction
-            else "train"
-        )
+        split = _split(row, opts)
         prompts.add(prompt)
         for _ in range(copies):
             if cap is not None and written >= cap:
                 c.dropped["cap"] += 1
                 break
-            writer.write(split, name, rec)
-            if opts.format == "tokenized":
-                c.sources[rec["source"]] += 1
-            if row.finish_reason == "length":
-                c.truncated += 1
-                c.truncated_checked += isinstance(sample, Sample) and sample.lost is None
-            c.text_from_ids += from_ids
-            if opts.format == "specforge" and reasoning_in_field(rec):
-                c.reasoning_in_field += 1
-                c.reasoning_tokens += row.reasoning_tokens
+            w.writer.write(split, name, rec)
+            _count_written(c, opts.format, split, row, rec, sample, from_ids)
             written += 1
-            c.samples[split] += 1
-            c.prompt_tokens += row.prompt_tokens
-            c.completion_tokens += row.completion_tokens
-            c.cost_usd += row.cost_usd or 0.0
     return until
+
+
+def _dataset_rows(
+    store: Store, name: str, w: _Writing
+) -> Iterable[tuple[ExportRow, Sample | ReconstructError | None]]:
+    """The dataset's answers (after `since`), each with its rebuilt sample when a target
+    rebuilds them: answers the filters drop are not rebuilt."""
+    if w.rebuild is None:
+        return ((row, None) for row in store.answers.export_rows(name, w.since))
+    return rebuilt(
+        store, name, w.rebuild, w.since, wanted=lambda row: _drop_reason(row, w.opts) is None
+    )
+
+
+def _filtered(
+    row: ExportRow, sample: Sample | ReconstructError | None, w: _Writing, answered: bool
+) -> str | None:
+    """Why the options leave the answer out before it is made a record, or None: the
+    filters, a prompt that already has a sample (`--samples first`; `answered`), a failed
+    audit (`--drop-failed-audit`)."""
+    reason = _drop_reason(row, w.opts)
+    if reason is None and w.opts.samples == "first" and answered:
+        return "other_sample"
+    if (
+        reason is None
+        and w.opts.drop_failed_audit
+        and sample is not None
+        and w.rebuild is not None
+        and w.checks is not None
+        and sample_problems(row, sample, w.rebuild, w.checks).problems_of_the_answer
+    ):
+        return "failed_audit"
+    return reason
+
+
+def _as_record(
+    row: ExportRow, name: str, sample: Sample | ReconstructError | None, w: _Writing
+) -> tuple[ExportRow, dict[str, Any] | None, bool, str | None]:
+    """The row as written (its text what its exact ids hold, its history's reasoning what
+    the template shows), its record or the reason it is left out, and whether its text was
+    taken from its ids."""
+    from_ids = False
+    if w.model is not None and w.opts.format != "tokenized":
+        # A record's text is what its ids hold, not text the server put around it.
+        held = as_ids_hold(row, w.model, _exact(sample))
+        from_ids, row = held is not row, held
+    if w.shown is not None:
+        row = as_template_shows(row, w.shown)
+    rec, reason = _record(row, name, sample, w.opts, w.origins)
+    return row, rec, from_ids, reason
+
+
+def _seen_before(rec: dict[str, Any], w: _Writing) -> bool:
+    """Whether an earlier sample had the same conversation and answer (or the same ids),
+    whatever its item id; the sample is remembered either way."""
+    content = (
+        rec["input_ids"]
+        if w.opts.format == "tokenized"
+        else json.dumps(
+            {k: v for k, v in rec.items() if k not in ("id", "provenance")},
+            sort_keys=True,
+            ensure_ascii=False,
+        ).encode()
+    )
+    key = hashlib.blake2b(content, digest_size=16).hexdigest()
+    seen = key in w.seen
+    w.seen.add(key)
+    return seen
+
+
+def _split(row: ExportRow, opts: ExportOptions) -> str:
+    """The split of the answer's conversation (all its turns together), by seeded hash."""
+    if seeded_unit(opts.seed, "split", row.conversation_id) < opts.validation_fraction:
+        return "validation"
+    return "train"
+
+
+def _count_written(
+    c: _Counts,
+    fmt: str,
+    split: str,
+    row: ExportRow,
+    rec: dict[str, Any],
+    sample: Sample | ReconstructError | None,
+    from_ids: bool,
+) -> None:
+    """Count one sample written: its split, tokens and cost, where its ids came from, a cut
+    answer (and whether the self-check found it whole), reasoning only in its field."""
+    if fmt == "tokenized":
+        c.sources[rec["source"]] += 1
+    if row.finish_reason == "length":
+        c.truncated += 1
+        c.truncated_checked += isinstance(sample, Sample) and sample.lost is None
+    c.text_from_ids += from_ids
+    if fmt == "specforge" and reasoning_in_field(rec):
+        c.reasoning_in_field += 1
+        c.reasoning_tokens += row.reasoning_tokens
+    c.samples[split] += 1
+    c.prompt_tokens += row.prompt_tokens
+    c.completion_tokens += row.completion_tokens
+    c.cost_usd += row.cost_usd or 0.0
 
 
 def _exact(sample: Sample | ReconstructError | None) -> Sample | None:

@@ -105,7 +105,6 @@ def dataset_card(store: Store, manifest: dict[str, Any], datasets: list[str], po
     """README.md for an export: the YAML header, then what the data is (model, endpoints,
     providers, quantization filters, the settings sent), how its token ids were made, the
     audit, counts and cost, which text carries loss, and the provenance fields."""
-    fmt = manifest["format"]
     orphans = bool(manifest["filters"].get("keep_orphans"))  # counted as the export wrote them
     models = store.answers.counted_by("model", datasets, orphans)
     title = models[0][0] if models and models[0][0] else "a target model"
@@ -113,12 +112,27 @@ def dataset_card(store: Store, manifest: dict[str, Any], datasets: list[str], po
     lines = [
         f"# Answers regenerated with {title}",
         "",
-        f"Written by regen {manifest['regen_version']} (`regen export --format {fmt}`). Every "
-        "answer is the target model's own; prompts come from the source datasets below.",
-        "",
-        "## How it was made",
+        f"Written by regen {manifest['regen_version']} (`regen export --format "
+        f"{manifest['format']}`). Every answer is the target model's own; prompts come from "
+        "the source datasets below.",
         "",
     ]
+    lines += _card_how_made(store, datasets, orphans, models)
+    lines += _card_ids_and_audit(store, manifest)
+    lines += _card_contents(store, manifest)
+    lines += _card_loss_provenance_licence(manifest, policy, license)
+    written = manifest.get("data_files")
+    if written is None:
+        written = data_files(manifest["files"])
+    return rendered_card(card_data(datasets, written, title, license), "\n".join(lines))
+
+
+def _card_how_made(
+    store: Store, datasets: list[str], orphans: bool, models: list[tuple[Any, int]]
+) -> list[str]:
+    """The card's "How it was made": who answered (model, endpoint, provider, with counts),
+    the provider routing the job asked for, and the settings the requests carried."""
+    lines = ["## How it was made", ""]
     lines += _table(
         ("what", "values (answers)"),
         [
@@ -143,6 +157,11 @@ def dataset_card(store: Store, manifest: dict[str, Any], datasets: list[str], po
     ]
     for settings, n in store.answers.counted_by("settings", datasets, orphans)[:8]:
         lines.append(f"- `{settings or 'not recorded (answered before regen stored it)'}` ({n})")
+    return lines
+
+
+def _card_ids_and_audit(store: Store, manifest: dict[str, Any]) -> list[str]:
+    """The card's lines on how the token ids were made and what the run's live audit found."""
     reconstruct = manifest.get("reconstruct")
     ids = (
         f"token ids from the server where it returned them, else rebuilt with the "
@@ -152,17 +171,32 @@ def dataset_card(store: Store, manifest: dict[str, Any], datasets: list[str], po
         else "no token ids were rebuilt for this export"
     )
     audit = _audit_line(store.get_meta("live_audit"))
-    lines += [
+    return [
         "",
         f"Token ids: {ids}.",
         "",
         "Audit: "
         + (audit or "not in this card: run `regen audit OUT` on the job's output folder."),
         "",
-        "## Contents",
-        "",
     ]
-    # Over every part in the folder where the manifest knows them; left out: this part's.
+
+
+_CONTENTS_HEAD = (
+    "config",
+    "source",
+    "train",
+    "validation",
+    "prompt tokens",
+    "completion tokens",
+    "cost $",
+    "left out",
+)
+
+
+def _card_contents(store: Store, manifest: dict[str, Any]) -> list[str]:
+    """The card's "Contents": per dataset its source, samples by split, tokens, cost and what
+    this part left out; over every part in the folder where the manifest knows them."""
+    lines = ["## Contents", ""]
     totals = manifest.get("totals") or manifest["datasets"]
     if manifest.get("part") and manifest.get("totals"):
         lines += [
@@ -188,20 +222,25 @@ def dataset_card(store: Store, manifest: dict[str, Any], datasets: list[str], po
                 dropped,
             )
         )
-    lines += _table(
-        (
-            "config",
-            "source",
-            "train",
-            "validation",
-            "prompt tokens",
-            "completion tokens",
-            "cost $",
-            "left out",
-        ),
-        rows,
-    )
-    lines += [
+    return lines + _table(_CONTENTS_HEAD, rows)
+
+
+_PROVENANCE = (
+    "Each sample's `provenance` (columns of their own in Parquet) joins it to its source "
+    "row: `source_file`, `source_row` (from 0), `source_id` (the row's own id: "
+    "`custom_id`, `id`, ...), `mode`, `turn_index` and `sample`, `history` (who wrote "
+    "the assistant turns before it: `none`, `target`, `source`), who answered (`model`, "
+    "`provider`, `endpoint`, `run_id`, `generation_id`), `settings` (JSON of what the request "
+    "carried), the bill (`prompt_tokens`, `completion_tokens`, `reasoning_tokens`, "
+    "`cost_usd`, `usage_source`), `finish_reason`, and `token_ids` (`exact`, "
+    "`reconstructed`, `none`)."
+)
+
+
+def _card_loss_provenance_licence(manifest: dict[str, Any], policy: str, license: str) -> list[str]:
+    """The card's closing sections: which text carries loss (the export's notes and the
+    history policy), the provenance fields, and the licence."""
+    return [
         "",
         "## Which text carries loss",
         "",
@@ -212,14 +251,7 @@ def dataset_card(store: Store, manifest: dict[str, Any], datasets: list[str], po
         "",
         "## Provenance",
         "",
-        "Each sample's `provenance` (columns of their own in Parquet) joins it to its source "
-        "row: `source_file`, `source_row` (from 0), `source_id` (the row's own id: "
-        "`custom_id`, `id`, ...), `mode`, `turn_index` and `sample`, `history` (who wrote "
-        "the assistant turns before it: `none`, `target`, `source`), who answered (`model`, "
-        "`provider`, `endpoint`, `run_id`, `generation_id`), `settings` (JSON of what the request "
-        "carried), the bill (`prompt_tokens`, `completion_tokens`, `reasoning_tokens`, "
-        "`cost_usd`, `usage_source`), `finish_reason`, and `token_ids` (`exact`, "
-        "`reconstructed`, `none`).",
+        _PROVENANCE,
         "",
         "## Licence",
         "",
@@ -232,10 +264,6 @@ def dataset_card(store: Store, manifest: dict[str, Any], datasets: list[str], po
         ),
         "",
     ]
-    written = manifest.get("data_files")
-    if written is None:
-        written = data_files(manifest["files"])
-    return rendered_card(card_data(datasets, written, title, license), "\n".join(lines))
 
 
 def public_source(path: str) -> str:
