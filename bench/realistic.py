@@ -283,6 +283,14 @@ def eta_point(
                 "left": end - t,
                 "prior": f.get("eta_basis") == "prior",
                 "held": "held_until" in f,
+                # Per lane: its ETA and requests on the wire (what drives a miss).
+                "lanes": {
+                    k: v
+                    for k, v in f.items()
+                    if k.startswith("lane_")
+                    or (k.startswith("eta_") and k.count("_") == 2)
+                    and k not in ("eta_p10_s", "eta_p90_s")
+                },
             }
     return None
 
@@ -397,9 +405,11 @@ def report(results: list[dict[str, Any]]) -> None:
             err = e["eta"] / max(e["left"], 1e-9) - 1
             errs.append((err, e["p10"] <= e["left"] <= e["p90"]))
             basis = "prior" if e["prior"] else "measured"
+            lanes = " ".join(f"{k}={v}" for k, v in e.get("lanes", {}).items())
             print(
                 f"| {r['seed']} | {point} | {e['eta']:.0f} ({e['p10']:.0f}-{e['p90']:.0f}) | "
                 f"{basis} | {e['left']:.0f} | {err:+.0%} | {'yes' if errs[-1][1] else 'no'} |"
+                + (f" {lanes} |" if lanes else "")
             )
     if errs:
         within = sum(abs(e) <= 0.2 for e, _ in errs) / len(errs)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import math
 import random
+from pathlib import Path
 
 from regen.engine.eta import (
+    EARLIER_RSD,
     RUN_ANSWERS,
     Z90,
     Concurrency,
@@ -87,15 +89,39 @@ def test_a_lane_never_full_is_measured_after_a_few_seconds_as_it_is() -> None:
     assert c == 4 and rsd < 1.0
 
 
-def test_the_eta_stops_being_prior_once_this_runs_answers_and_pace_are_in() -> None:
-    flow = pilot_flow(1000)
-    (early,) = lane_eta([(flow, 1000, "count")], 0.0, 10.0, 0.05)
-    assert early is not None and early.prior  # only the pilot's answers
-    flow.finished = RUN_ANSWERS
+def test_the_eta_is_prior_only_while_nothing_measured_its_answers_or_its_pace() -> None:
+    few = pilot_flow(1000, answers=RUN_ANSWERS - 1)
+    (early,) = lane_eta([(few, 1000, "count")], 0.0, 10.0, 0.05)
+    assert early is not None and early.prior  # too few answers, this run's or earlier
+    flow = pilot_flow(1000, answers=RUN_ANSWERS)  # a pilot's answers are measured times
     (measured,) = lane_eta([(flow, 1000, "count")], 0.0, 10.0, 0.05)
     assert measured is not None and not measured.prior
     (unpaced,) = lane_eta([(flow, 1000, "count")], 0.0, 10.0, 1.0)
     assert unpaced is not None and unpaced.prior  # answers, but no measured pace
+
+
+def test_a_rerun_starts_from_the_earlier_runs_pace_measured_not_a_prior_band() -> None:
+    # Right after a kill -9, nothing of this run is on the wire yet; the killed run's answers
+    # and the 48 it kept on the wire are in state.db. The ETA was `prior` with a band of 10x
+    # (issue 47's realistic bench: 194 s shown as 58-649 s); it rests on measurements.
+    flow = pilot_flow(3000, answers=500)
+    guess = Concurrency().mean(0.0, limit=64)
+    (prior,) = lane_eta([(flow, 3000, "count")], 0.0, *guess)
+    assert prior is not None and prior.prior and prior.p90 / prior.p10 > 2.5
+    earlier = Concurrency(earlier=48.0)
+    c, rsd = earlier.mean(0.0, limit=64)
+    assert (c, rsd) == (48.0, EARLIER_RSD)
+    (eta,) = lane_eta([(flow, 3000, "count")], 0.0, c, rsd)
+    assert eta is not None and not eta.prior
+    assert 3000 * 2.0 / 48 < eta.seconds < 3000 * 2.0 / 48 * 1.2
+    # The pace's uncertainty, EARLIER_RSD (with the rest, scaled), and no more than that.
+    assert Z90 * EARLIER_RSD < (eta.p90 - eta.seconds) / eta.seconds < 3 * Z90 * EARLIER_RSD
+    # This run's own pace takes over once measured: full for two seconds at 64.
+    earlier.change(0.0, +64)
+    earlier.full(0.0)
+    for t in (1.0, 2.0):
+        earlier.mean(t)
+    assert earlier.mean(3.0, limit=64) == (64.0, 0.0)
 
 
 def test_a_prior_eta_shows_as_a_labelled_range_and_a_measured_one_as_a_point() -> None:
@@ -177,3 +203,26 @@ def test_a_prior_lane_that_cannot_be_the_last_leaves_the_jobs_eta_measured() -> 
     assert job is not None and not job.prior and job.seconds == 100.0
     overlapping = combine([Eta(100.0, 90.0, 110.0), Eta(60.0, 30.0, 101.0, prior=True)])
     assert overlapping is not None and overlapping.prior
+
+
+def test_the_pace_a_rerun_starts_from_is_the_latest_runs_not_a_pilots(tmp_path: Path) -> None:
+    # state.db: a pilot, a run killed at 30% (no end recorded) whose short lane kept ~60 on the
+    # wire after filling, then this run, begun, with no timeline yet.
+    from regen.state.db import Store
+    from regen.state.runs import TimelinePoint
+
+    store = Store.open(tmp_path)
+    try:
+        pilot = store.runs.begin("pilot", None, {})
+        store.runs.add_timeline(TimelinePoint(pilot, t, "short", 5, 64, 64) for t in range(10))
+        killed = store.runs.begin("run", None, {})
+        filling = [TimelinePoint(killed, 100.0, "short", 8, 64, 64)]
+        steady = [TimelinePoint(killed, 101.0 + t, "short", 60, 64, 64) for t in range(18)]
+        trickle = [TimelinePoint(killed, 100.0 + t, "long", t % 3, 16, 16) for t in range(20)]
+        store.runs.add_timeline([*filling, *steady, *trickle])
+        store.runs.begin("run", None, {})
+        paces = store.runs.earlier_on_wire()
+    finally:
+        store.close()
+    assert paces["short"] == 60.0  # the middle of the killed run: not its fill, not the pilot
+    assert 0.5 < paces["long"] < 1.5

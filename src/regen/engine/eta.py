@@ -47,7 +47,8 @@ pilot's, the pilot's own sampling error included."""
 FILL_S = 5.0
 """A lane not yet full after this long is measured as it is (fed slowly, or few items)."""
 RUN_ANSWERS = 20
-"""Answers a lane needs from this run before its ETA stops being `prior`."""
+"""Answers a lane needs (this run's, or earlier runs' such as a pilot's) before its ETA
+stops being `prior`."""
 
 
 @dataclass
@@ -290,6 +291,9 @@ class Concurrency:
     peak: int = 0
     """The most requests on the wire at once so far: until its pace is measured, what a lane
     will keep on the wire is taken as that, never the few it had out in its first second."""
+    earlier: float | None = None
+    """The mean requests on the wire of the latest earlier run (a killed one's too): until
+    this run measures its own, the lane's pace, known to EARLIER_RSD (not a guess)."""
 
     def full(self, now: float) -> None:
         if self.full_since is None:
@@ -308,8 +312,9 @@ class Concurrency:
         """Mean requests on the wire over about the last `window_s`, and the relative
         standard error of that mean from its one-second steps (how steady the rate was).
         Until the lane has been full for a few seconds (or, never full, has run for
-        FILL_S) its pace is not measured: then the most it has had on the wire, or its
-        `limit` (what it may send) if more, with UNMEASURED_RSD."""
+        FILL_S) its pace is not measured: then the pace of the latest earlier run with
+        EARLIER_RSD, or, with none, the most it has had on the wire, or its `limit` (what it
+        may send) if more, with UNMEASURED_RSD."""
         self.change(now, 0)
         if now - self.samples[-1][0] >= 1.0:
             self.samples.append((now, self.busy_s))
@@ -328,6 +333,8 @@ class Concurrency:
         ]
         filled = self.full_since is not None
         if now - t0 < 1.0 or (len(steps) < 2 if filled else now - t0 < FILL_S):
+            if self.earlier:
+                return self.earlier, EARLIER_RSD
             return float(max(self.peak, self.in_flight, limit)), UNMEASURED_RSD
         level = (self.busy_s - b0) / (now - t0)
         if level <= 0 or len(steps) < 2:
@@ -386,8 +393,9 @@ def lane_eta(
     requests of the dataset drain (the slowest residual among those in flight). Requests on the
     wire now are half done on average, which the drain of the last ones stands in for.
 
-    Until the lane has RUN_ANSWERS answers of this run and a measured pace (`concurrency_rsd`
-    below UNMEASURED_RSD), each ETA is `prior`: its interval, log-normal, is what to show.
+    Until the lane has RUN_ANSWERS answers (this run's or earlier runs') and a measured pace
+    (`concurrency_rsd` below UNMEASURED_RSD: this run's, or an earlier run's), each ETA is
+    `prior`: its interval, log-normal, is what to show.
     """
     pooled_done: list[float] = []
     pooled_censored: list[float] = []
@@ -404,7 +412,8 @@ def lane_eta(
     # Nothing on the wire yet and no pace known: no figure can be backed (not even a range).
     started = concurrency >= 1.0 or concurrency_rsd < UNMEASURED_RSD
     c = max(concurrency, 1.0)
-    prior = concurrency_rsd >= UNMEASURED_RSD or sum(f.finished for f, _, _ in flows) < RUN_ANSWERS
+    # Earlier runs' answers and pace are measurements too: only a lane with neither is a guess.
+    prior = concurrency_rsd >= UNMEASURED_RSD or sum(f.answers for f, _, _ in flows) < RUN_ANSWERS
     for flow, n, bound in flows:
         model = None
         if len(flow.latencies) >= MIN_SAMPLE:

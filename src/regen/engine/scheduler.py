@@ -328,6 +328,8 @@ class RunStats:
     holds: Callable[[], HoldSummary] = HoldSummary
     """What is held for bills not known yet (a killed run's requests, or this run's cut
     short): set when holds are kept."""
+    lane_etas: dict[str, Eta | None] = field(default_factory=dict)
+    """Each lane's ETA as `etas` last found it (the job's is the latest): progress lines."""
     samples: deque[tuple[float, dict[str, tuple[int, int]]]] = field(
         default_factory=lambda: deque(maxlen=600)
     )
@@ -443,12 +445,12 @@ class RunStats:
             else combine(etas[ds] for etas in per_lane.values() if ds in etas)
             for ds in self.datasets
         }
-        job = combine(
-            etas[lane.datasets[-1]] if lane.datasets else None
-            for lane_name, etas in per_lane.items()
-            for lane in [self.lanes[lane_name]]
-            if lane.datasets
-        )
+        self.lane_etas = {
+            name: etas[self.lanes[name].datasets[-1]]
+            for name, etas in per_lane.items()
+            if self.lanes[name].datasets
+        }
+        job = combine(self.lane_etas.values())
         return by_dataset, job
 
 
@@ -623,6 +625,9 @@ class Scheduler:
             if lane_name in self.stats.lanes:
                 n, est = pending.get((lane_name, ds), (0, 0))
                 self.stats.lanes[lane_name].flow(ds).start_from(answers, n, est)
+        for lane_name, on_wire in store.runs.earlier_on_wire().items():
+            if lane_name in self.stats.lanes:
+                self.stats.lanes[lane_name].wire.earlier = on_wire
         for (lane_name, ds), (answered, escalated, usd) in store.spend.lane_answers().items():
             if lane_name in self.stats.lanes:
                 flow = self.stats.lanes[lane_name].flow(ds)
