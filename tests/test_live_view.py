@@ -426,11 +426,13 @@ def test_the_token_column_counts_the_jobs_spend_against_the_budget() -> None:
     assert "29.50M/30.00M" in text and " 0/30.00M" not in text
 
 
-def test_the_jobs_dollar_cap_is_one_room_for_every_dataset_in_the_eta() -> None:
-    # Answers cost $0.001 each and $26.7 of work is left over two lanes; the cap leaves
-    # $13.35. Each dataset's own bound takes the whole room as if it had it alone, so the job's
-    # ETA was that of all the work (issue 47's realistic bench: +40-55% where the cap binds).
-    def job_eta(room: float | None) -> float:
+def test_the_jobs_dollar_cap_binds_when_the_lanes_spending_side_by_side_reaches_it() -> None:
+    # Answers cost $0.001 each: the fast lane has $17.66 of work over its 2,253 s, the big
+    # lane $9.00 over 5,611 s. The cap is one room for every dataset, and the lanes spend it
+    # side by side: $13.35 is gone at about 1,415 s (7.8 + 1.6 mills a second), both lanes
+    # still running. Cutting every lane's items to the same share (half) said 2,800 s: a
+    # fast lane spends its part long before a slow one (bench/realistic.py: +30%).
+    def etas(room: float | None) -> tuple[float, dict[str, float]]:
         stats = busy_stats()
         for lane in stats.lanes.values():
             for flow in lane.flows.values():
@@ -439,10 +441,18 @@ def test_the_jobs_dollar_cap_is_one_room_for_every_dataset_in_the_eta() -> None:
         stats.job_usd_left = lambda: room
         _, eta = stats.etas(NOW)
         assert eta is not None
-        return eta.seconds
+        lanes = {k: e.seconds for k, e in stats.lane_etas.items() if e is not None}
+        return eta.seconds, lanes
 
-    free, capped = job_eta(None), job_eta(13.35)
-    assert 0.35 * free < capped < 0.65 * free
+    free, free_lanes = etas(None)
+    assert free_lanes["fast"] < 0.5 * free_lanes["big"] and free == free_lanes["big"]
+    capped, _ = etas(13.35)
+    assert 1300 < capped < 1550
+    # $22: the fast lane ends first, having spent all its $17.66 (and the big lane $3.6);
+    # the big lane alone then spends the last $0.74 in about 460 s more.
+    capped, lanes = etas(22.0)
+    assert lanes["fast"] == free_lanes["fast"]
+    assert free_lanes["fast"] + 350 < capped == lanes["big"] < free_lanes["fast"] + 600
 
 
 def test_the_caps_share_prices_each_flow_at_its_own_earlier_answers() -> None:

@@ -476,6 +476,34 @@ def combine(etas: Iterable[Eta | None]) -> Eta | None:
     )
 
 
+def spend_reaches(pieces: Sequence[tuple[float, float, float]], room: float) -> float | None:
+    """When spending reaches `room`: each piece (start, end, dollars) spends at an even rate
+    from its start to its end (seconds from now). None when all of it fits."""
+    if sum(usd for _, _, usd in pieces) <= room:
+        return None
+
+    def spent(t: float) -> float:
+        return sum(
+            usd * (1.0 if t >= end else 0.0 if t <= start else (t - start) / (end - start))
+            for start, end, usd in pieces
+        )
+
+    lo, hi = 0.0, max(end for _, end, _ in pieces)
+    for _ in range(60):  # bisection: spent() is continuous and rises with t
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if spent(mid) < room else (lo, mid)
+    return hi
+
+
+def cut_at(eta: Eta, stop: float) -> Eta:
+    """An ETA that a stop at `stop` seconds cuts short, its interval scaled with it: what ends
+    before is left as it is."""
+    if eta.seconds <= stop or eta.seconds <= 0:
+        return eta
+    k = stop / eta.seconds
+    return Eta(stop, eta.p10 * k, eta.p90 * k, "budget", eta.prior)
+
+
 def format_duration(seconds: float) -> str:
     """`42s`, `13m`, `2.4h`, `3.1d`: short enough for a table cell."""
     if seconds < 90:
