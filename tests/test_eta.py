@@ -10,6 +10,7 @@ from pathlib import Path
 from regen.engine.eta import (
     EARLIER_RSD,
     RUN_ANSWERS,
+    UNMEASURED_RSD,
     Z90,
     Concurrency,
     Eta,
@@ -87,6 +88,22 @@ def test_a_lane_never_full_is_measured_after_a_few_seconds_as_it_is() -> None:
     assert wire.mean(2.0)[1] >= 1.0  # not measured yet
     c, rsd = wire.mean(10.0)
     assert c == 4 and rsd < 1.0
+
+
+def test_a_lane_that_fills_after_its_first_second_is_taken_at_its_limit_not_guessed() -> None:
+    # An escalation-fed lane of 16 fills at 3.5 s (its feeder's first truncated answers): its
+    # pace went back to a guess (a band of 10x) for the two seconds until it was measured full,
+    # which is where the first run's 10% point fell (bench/realistic.py seeds 2 and 3).
+    wire = Concurrency()
+    wire.change(0.0, +4)
+    for t in (1.0, 2.0, 3.0):
+        wire.mean(t, limit=16)
+    wire.change(3.5, +12)
+    wire.full(3.5)
+    assert wire.mean(4.0, limit=16) == (16.0, EARLIER_RSD)
+    # In its first second, a lane full at once is still a guess: it may not stay full.
+    ramp = ramping_lane()
+    assert ramp.mean(0.9)[1] == UNMEASURED_RSD
 
 
 def test_the_eta_is_prior_only_while_nothing_measured_its_answers_or_its_pace() -> None:

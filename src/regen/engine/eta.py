@@ -291,6 +291,8 @@ class Concurrency:
     peak: int = 0
     """The most requests on the wire at once so far: until its pace is measured, what a lane
     will keep on the wire is taken as that, never the few it had out in its first second."""
+    began: float | None = None
+    """When the lane first sent (its first change)."""
     earlier: float | None = None
     """The mean requests on the wire of the latest earlier run (a killed one's too): until
     this run measures its own, the lane's pace, known to EARLIER_RSD (not a guess)."""
@@ -300,6 +302,8 @@ class Concurrency:
             self.full_since = now
 
     def change(self, now: float, delta: int) -> None:
+        if self.began is None:
+            self.began = now
         if self.samples:
             self.busy_s += self.in_flight * (now - self.last)
         else:
@@ -312,9 +316,9 @@ class Concurrency:
         """Mean requests on the wire over about the last `window_s`, and the relative
         standard error of that mean from its one-second steps (how steady the rate was).
         Until the lane has been full for a few seconds (or, never full, has run for
-        FILL_S) its pace is not measured: then the pace of the latest earlier run with
-        EARLIER_RSD, or, with none, the most it has had on the wire, or its `limit` (what it
-        may send) if more, with UNMEASURED_RSD."""
+        FILL_S) its pace is not measured: then, once full past its first second, the most it
+        has had on the wire (or its `limit`, if more) with EARLIER_RSD; else the pace of the
+        latest earlier run with EARLIER_RSD; else that most with UNMEASURED_RSD."""
         self.change(now, 0)
         if now - self.samples[-1][0] >= 1.0:
             self.samples.append((now, self.busy_s))
@@ -333,9 +337,14 @@ class Concurrency:
         ]
         filled = self.full_since is not None
         if now - t0 < 1.0 or (len(steps) < 2 if filled else now - t0 < FILL_S):
+            most = float(max(self.peak, self.in_flight, limit))
+            if filled and self.began is not None and now - self.began >= 1.0:
+                # Full past its first second: it keeps its limit while fed; how long it is
+                # fed (escalations) is what may move, as an earlier run's pace may.
+                return most, EARLIER_RSD
             if self.earlier:
                 return self.earlier, EARLIER_RSD
-            return float(max(self.peak, self.in_flight, limit)), UNMEASURED_RSD
+            return most, UNMEASURED_RSD
         level = (self.busy_s - b0) / (now - t0)
         if level <= 0 or len(steps) < 2:
             return level, 0.5
