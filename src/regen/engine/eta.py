@@ -67,6 +67,14 @@ class Flow:
     on_wire: dict[int, float] = field(default_factory=dict)
     """Start times (monotonic) of the attempts on the wire now."""
     rng: random.Random = field(default_factory=lambda: random.Random(0))
+    cut_short: list[float] = field(default_factory=list)
+    """How long the requests an earlier run left on the wire (killed) had run by its end: they
+    lasted at least that long, and the longest answers are the ones a kill catches."""
+
+    def censored(self, now: float) -> list[float]:
+        """Times known only as lower bounds: the requests on the wire now, at their age, and
+        those an earlier run was killed with."""
+        return [now - t for t in self.on_wire.values()] + self.cut_short
 
     def add_latency(self, seconds: float) -> None:
         self.answers += 1
@@ -411,7 +419,7 @@ def lane_eta(
     answers = 0
     for flow, _, _ in flows:
         pooled_done.extend(flow.latencies)
-        pooled_censored.extend(now - t for t in flow.on_wire.values())
+        pooled_censored.extend(flow.censored(now))
         answers += flow.answers
     pooled = kaplan_meier(pooled_done, pooled_censored, len(pooled_done) / max(1, answers))
     out: list[Eta | None] = []
@@ -428,7 +436,7 @@ def lane_eta(
         if len(flow.latencies) >= MIN_SAMPLE:
             model = kaplan_meier(
                 flow.latencies,
-                (now - t for t in flow.on_wire.values()),
+                flow.censored(now),
                 len(flow.latencies) / max(1, flow.answers),
             )
         model = model or pooled

@@ -642,6 +642,9 @@ class Scheduler:
             if lane_name in self.stats.lanes:
                 n, est = pending.get((lane_name, ds), (0, 0))
                 self.stats.lanes[lane_name].flow(ds).start_from(answers, n, est)
+        for (lane_name, ds), ages in store.outstanding.cut_short().items():
+            if lane_name in self.stats.lanes:
+                self.stats.lanes[lane_name].flow(ds).cut_short.extend(ages)
         for lane_name, on_wire in store.runs.earlier_on_wire().items():
             if lane_name in self.stats.lanes:
                 self.stats.lanes[lane_name].wire.earlier = on_wire
