@@ -18,6 +18,7 @@ from regen.engine.eta import (
     Flow,
     Stat,
     combine,
+    cut_at,
     eta_text,
     items_left,
     lane_eta,
@@ -302,3 +303,14 @@ def test_the_requests_a_killed_run_left_on_the_wire_are_read_with_their_age(
     finally:
         store.close()
     assert ages == {("long", "swe"): [12.0, 2.5]}
+
+
+def test_a_stop_leaves_the_requests_on_the_wire_to_end() -> None:
+    # The job's dollar cap stops sending at 50 s; the lane's last requests then take their
+    # drain (10 s) to end, which is when the run ends, not at the stop.
+    eta = Eta(100.0, 80.0, 120.0, drain=10.0)
+    cut = cut_at(eta, 50.0)
+    assert cut.seconds == 60.0 and cut.bound == "budget"
+    assert (cut.p10, cut.p90) == (48.0, 72.0)
+    assert cut_at(eta, 95.0) == eta  # the drain ends after the work would: nothing cut
+    assert cut_at(eta, 150.0) == eta

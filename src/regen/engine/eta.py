@@ -279,6 +279,9 @@ class Eta:
     p10: float
     p90: float
     bound: str = "count"
+    drain: float = 0.0
+    """Of `seconds`, the time the last requests on the wire take to end once nothing more is
+    sent: what a stop (the job's dollar cap) still leaves to wait for."""
     prior: bool = False
     """This run has not measured its own pace yet (too few of its answers, or a lane not yet
     full for long): the figures rest on earlier answers (a pilot's) and a guess at the
@@ -469,9 +472,9 @@ def lane_eta(
             # Not a point: a range, skewed as a guess at a pace is (never down to zero).
             s = math.sqrt(math.log1p((sd / seconds) ** 2))
             low, high = seconds * math.exp(-Z90 * s), seconds * math.exp(Z90 * s)
-            out.append(Eta(seconds, low, high, bound, prior=True))
+            out.append(Eta(seconds, low, high, bound, drain, prior=True))
             continue
-        out.append(Eta(seconds, max(0.0, seconds - Z90 * sd), seconds + Z90 * sd, bound))
+        out.append(Eta(seconds, max(0.0, seconds - Z90 * sd), seconds + Z90 * sd, bound, drain))
     return out
 
 
@@ -513,12 +516,13 @@ def spend_reaches(pieces: Sequence[tuple[float, float, float]], room: float) -> 
 
 
 def cut_at(eta: Eta, stop: float) -> Eta:
-    """An ETA that a stop at `stop` seconds cuts short, its interval scaled with it: what ends
-    before is left as it is."""
-    if eta.seconds <= stop or eta.seconds <= 0:
+    """An ETA that a stop at `stop` seconds cuts short: then the requests on the wire end (its
+    drain), its interval scaled with it. What ends before is left as it is."""
+    seconds = min(eta.seconds, stop + eta.drain)
+    if eta.seconds <= stop or seconds >= eta.seconds:
         return eta
-    k = stop / eta.seconds
-    return Eta(stop, eta.p10 * k, eta.p90 * k, "budget", eta.prior)
+    k = seconds / eta.seconds
+    return Eta(seconds, eta.p10 * k, eta.p90 * k, "budget", eta.drain, eta.prior)
 
 
 def format_duration(seconds: float) -> str:

@@ -479,6 +479,7 @@ def after_feeder(eta: Eta, feeder: Eta, flow: Flow) -> Eta:
         max(eta.p10, feeder.p10 + one),
         max(eta.p90, feeder.p90 + one),
         eta.bound,
+        max(eta.drain, one),
         prior=eta.prior or feeder.prior,
     )
 
