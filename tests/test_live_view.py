@@ -455,6 +455,34 @@ def test_the_jobs_dollar_cap_binds_when_the_lanes_spending_side_by_side_reaches_
     assert free_lanes["fast"] + 350 < capped == lanes["big"] < free_lanes["fast"] + 600
 
 
+def test_a_lane_fed_by_escalations_spends_its_datasets_mixed_under_the_cap() -> None:
+    # The short lane is done; the long lane has 1,000 cheap escalated items ($0.001) and then
+    # 1,000 dear ones ($0.01, long each_turn prompts). It takes escalated items as they came,
+    # every dataset mixed, so $5.50 of room is gone half way through its time. Spent in
+    # dataset order, the cheap ones first, it lasted 73% of it (bench/realistic.py: +44%).
+    def job_eta(room: float | None) -> float:
+        stats = RunStats(
+            datasets={"cheap": DatasetStats(items=2000), "dear": DatasetStats(items=2000)},
+            started_at=STARTED,
+        )
+        stats.lanes = {
+            "short": _lane(64, 64, 0, {"cheap": 0, "dear": 0}),
+            "long": _lane(16, 16, 16, {"cheap": 1000, "dear": 1000}),
+        }
+        stats.lanes["short"].escalate_to = "long"
+        for name, each in (("cheap", 0.001), ("dear", 0.01)):
+            flow = stats.lanes["long"].flow(name)
+            flow.cost_usd = flow.finished * each
+        stats.budget_left = lambda name: (None, None)  # the job's cap only
+        stats.job_usd_left = lambda: room
+        _, eta = stats.etas(NOW)
+        assert eta is not None
+        return eta.seconds
+
+    free = job_eta(None)
+    assert 0.45 * free < job_eta(5.5) < 0.6 * free
+
+
 def test_the_caps_share_prices_each_flow_at_its_own_earlier_answers() -> None:
     # A pilot answered every flow; this run has reached only one dataset, whose answers are
     # cheap. Priced at the lane's mean of this run, the work left looked cheaper than it is

@@ -402,6 +402,7 @@ class RunStats:
         room = self.job_usd_left() if self.job_usd_left else None
         if room is None:
             return None
+        fed = {lane.escalate_to for lane in self.lanes.values()}
         pieces: list[tuple[float, float, float]] = []
         for name, rows in rows_of.items():
             start = 0.0
@@ -413,6 +414,12 @@ class RunStats:
                 end = max(start, eta.seconds) if eta is not None else start
                 pieces.append((start, end, n * each))
                 start = end
+            if name in fed:
+                # Escalated items go out as they came (the feeder ranks them first), every
+                # dataset mixed: the lane spends at its mean rate over all its time.
+                mine = pieces[-len(rows) :] if rows else []
+                del pieces[len(pieces) - len(mine) :]
+                pieces.append((0.0, start, sum(usd for _, _, usd in mine)))
         return spend_reaches(pieces, max(0.0, room))
 
     def etas(self, now: float | None = None) -> tuple[dict[str, Eta | None], Eta | None]:
