@@ -21,8 +21,13 @@ the actual cost, wall time and ending. The plan: a pilot of `--pilot` items per 
 without a cap, whose cost (times `--cap-share`) sets the cap; then `regen plan --pilot 0
 --json` on the capped job, what the user sees before `regen run`.
 
+With `--pool N` the job runs on N self-hosted servers (vLLM's dialect, `--seqs` generated at
+once each; nothing billed, so no dollar cap) and the last of them dies (SIGKILL, never back)
+once `--die-at` of the items are done: the ETA is also checked at the first line after that.
+
 Run: .venv/bin/python bench/realistic.py [--rows-scale 1] [--time-scale 0.5] [--pilot 20]
-     [--seeds 1] [--first-seed 1] [--kill-at 0.3] [--cap-share 0.85] [--keep DIR] [--json FILE]
+     [--seeds 1] [--first-seed 1] [--kill-at 0.3] [--cap-share 0.85] [--pool 3 [--seqs 30]
+     [--die-at 0.5]] [--keep DIR] [--json FILE]
      [--lock /tmp/bench.lock]
 """
 
@@ -73,6 +78,30 @@ tokens_per_s = 100
 prompt_price = 0.0000006
 completion_price = 0.0000025
 """
+
+POOL_SIM_TOML = """
+dialect = "vllm"
+served_model = "bench/model"
+max_num_seqs = {seqs}
+seed = {seed}
+time_scale = {time_scale}
+
+[faults]
+http_5xx = 0.02
+reset = 0.01
+
+[[models]]
+id = "bench/model"
+mean_completion_tokens = 150
+
+[[models.endpoints]]
+provider_name = "Bench"
+tag = "bench"
+ttft_s = 0.3
+tokens_per_s = 100
+"""
+"""One server of a pool (`--pool N`): vLLM's dialect, `max_num_seqs` generated at once (the
+pool's N x seqs is about the lanes' 80 requests: one server gone, the others queue)."""
 
 JOB_TOML = """
 [job]
@@ -203,7 +232,22 @@ DATASETS: list[tuple[str, str, str, Callable[[int, random.Random], list[Any]], i
 ]
 
 
-def write_job(work: Path, base_url: str, seed: int, scale: float, cap: float) -> Path:
+def pool_job(text: str, urls: list[str]) -> str:
+    """The job on a pool of self-hosted servers: one [[endpoints]] entry each, no dollar cap
+    (nothing is billed)."""
+    text = re.sub(r"\[endpoint\]\nbase_url = \S+\napi_key_env = \S+\n", "", text)
+    text = re.sub(r"\[budget\]\nmax_cost_usd = \S+\n", "", text)
+    pool = "".join(
+        f'[[endpoints]]\nname = "gpu{i}"\nbase_url = "{url}"\ndialect = "vllm"\n'
+        'api_key_env = "BENCH_KEY"\n\n'
+        for i, url in enumerate(urls)
+    )
+    return pool + text
+
+
+def write_job(
+    work: Path, base_url: str, seed: int, scale: float, cap: float, pool: list[str] | None = None
+) -> Path:
     rng = random.Random(seed)
     blocks = ""
     for name, fmt, mode, make, n, extra in DATASETS:
@@ -213,7 +257,8 @@ def write_job(work: Path, base_url: str, seed: int, scale: float, cap: float) ->
         blocks += f'\n[[datasets]]\nname = "{name}"\npath = "{path.name}"\nformat = "{fmt}"\n'
         blocks += (f'mode = "{mode}"\n' if mode else "") + (extra + "\n" if extra else "")
     job = work / "job.toml"
-    job.write_text(JOB_TOML.format(base_url=base_url, seed=seed, cap=f"{cap:.4f}") + blocks)
+    text = JOB_TOML.format(base_url=base_url, seed=seed, cap=f"{cap:.4f}") + blocks
+    job.write_text(pool_job(text, pool) if pool else text)
     return job
 
 
@@ -244,9 +289,12 @@ def regen_cmd() -> list[str]:
     return ["taskset", "-c", "1", sys.executable, "-m", "regen"]
 
 
-def run_until_end(job: Path, env: dict[str, str], kill_at: float) -> tuple[list[int], list[float]]:
+def run_until_end(
+    job: Path, env: dict[str, str], kill_at: float, watch: Callable[[float], None] | None = None
+) -> tuple[list[int], list[float]]:
     """Run the job, SIGKILL the first run once `kill_at` of its items are done, then run again
-    until it ends; the exit codes and when each kill was seen (unix time)."""
+    until it ends; the exit codes and when each kill was seen (unix time). `watch` is called
+    with the share of the job's items done, at each look."""
     codes: list[int] = []
     kills: list[float] = []
     log = job.parent / "out" / "run.log"
@@ -256,9 +304,13 @@ def run_until_end(job: Path, env: dict[str, str], kill_at: float) -> tuple[list[
         killed = False
         while proc.poll() is None:
             time.sleep(0.5)
-            if attempt or kill_at <= 0 or not log.exists():
+            if not log.exists():
                 continue
             runs = run_lines(log)
+            if watch is not None and len(runs) > before and runs[-1]:
+                watch(done_share(runs[-1][-1][1]))
+            if attempt or kill_at <= 0:
+                continue
             if len(runs) > before and runs[-1] and done_share(runs[-1][-1][1]) >= kill_at:
                 proc.send_signal(signal.SIGKILL)
                 killed = True
@@ -283,27 +335,55 @@ def eta_point(
                 "left": end - t,
                 "prior": f.get("eta_basis") == "prior",
                 "held": "held_until" in f,
+                # Per lane: its ETA and requests on the wire (what drives a miss).
+                "lanes": {
+                    k: v
+                    for k, v in f.items()
+                    if k.startswith("lane_")
+                    or (k.startswith("eta_") and k.count("_") == 2)
+                    and k not in ("eta_p10_s", "eta_p90_s")
+                },
             }
     return None
 
 
 def one(seed: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    sim, base_url = simproc.start_sim(SIM_TOML.format(seed=seed, time_scale=args.time_scale), tmp)
+    sims = [
+        simproc.start_sim(
+            POOL_SIM_TOML.format(seed=seed + i, time_scale=args.time_scale, seqs=args.seqs)
+            if args.pool
+            else SIM_TOML.format(seed=seed, time_scale=args.time_scale),
+            tmp,
+        )
+        for i in range(max(1, args.pool))
+    ]
+    base_url = sims[0][1]
+    pool = [url for _, url in sims] if args.pool else None
     work = tmp / f"realistic-{seed}"
     work.mkdir(parents=True)
     env = {**os.environ, "BENCH_KEY": "sk-bench"}
+    died: list[float] = []
+
+    def watch(share: float) -> None:
+        # One server of the pool dies (SIGKILL, never back) once `--die-at` of the items are done.
+        if args.pool and not died and share >= args.die_at:
+            sims[-1][0].kill()
+            died.append(time.time())
+
     try:
         # The plan without a cap first (what the whole job would cost), then the cap as a share.
-        job = write_job(work, base_url, seed, args.rows_scale, 1e6)
+        job = write_job(work, base_url, seed, args.rows_scale, 1e6, pool)
         free = plan_json(job, env, args.pilot)
         cap = interval(free["job"]["cost_usd"])[0] * args.cap_share
-        job = write_job(work, base_url, seed, args.rows_scale, cap)
+        job = write_job(work, base_url, seed, args.rows_scale, cap, pool)
         plan = plan_json(job, env, 0)
         pilot_runs = len(run_lines(work / "out" / "run.log"))
-        codes, kills = run_until_end(job, env, args.kill_at)
+        codes, kills = run_until_end(job, env, args.kill_at, watch)
     finally:
-        sim.terminate()
-        sim.wait()
+        for sim, _ in sims:
+            if sim.poll() is None:
+                sim.terminate()
+            sim.wait()
     db = sqlite3.connect(work / "out" / "state.db")
     spans = db.execute(
         "SELECT started_at, ended_at FROM runs WHERE kind = 'run' ORDER BY started_at"
@@ -334,6 +414,10 @@ def one(seed: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         hit = next(((t, i) for t, f, i in every if done_share(f) >= at), None)
         if hit is not None:
             checks[f"at {at:.0%}"] = point(hit[1], lambda t, f, h=hit[0]: t >= h)
+    if died:
+        hit = next(((t, i) for t, f, i in every if t >= died[0]), None)
+        if hit is not None:
+            checks["server died"] = point(hit[1], lambda t, f, h=hit[0]: t >= h)
     for i in range(1, len(runs)):
         first = runs[i][0][1] if runs[i] else {}
         p = point(i, lambda t, f: True)
@@ -397,9 +481,11 @@ def report(results: list[dict[str, Any]]) -> None:
             err = e["eta"] / max(e["left"], 1e-9) - 1
             errs.append((err, e["p10"] <= e["left"] <= e["p90"]))
             basis = "prior" if e["prior"] else "measured"
+            lanes = " ".join(f"{k}={v}" for k, v in e.get("lanes", {}).items())
             print(
                 f"| {r['seed']} | {point} | {e['eta']:.0f} ({e['p10']:.0f}-{e['p90']:.0f}) | "
                 f"{basis} | {e['left']:.0f} | {err:+.0%} | {'yes' if errs[-1][1] else 'no'} |"
+                + (f" {lanes} |" if lanes else "")
             )
     if errs:
         within = sum(abs(e) <= 0.2 for e, _ in errs) / len(errs)
@@ -420,6 +506,9 @@ def main() -> None:
     ap.add_argument("--kill-at", type=float, default=0.3, help="share of items done at the kill")
     ap.add_argument("--cap-share", type=float, default=0.85, help="the cap over the plan's cost")
     ap.add_argument("--pilot", type=int, default=20, help="items per dataset in the pilot")
+    ap.add_argument("--pool", type=int, default=0, help="self-hosted servers (0: OpenRouter)")
+    ap.add_argument("--seqs", type=int, default=30, help="each pool server's max_num_seqs")
+    ap.add_argument("--die-at", type=float, default=0.5, help="share done when a server dies")
     ap.add_argument("--keep", type=Path)
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--summarize", type=Path, help="print the tables of a --json file")
@@ -428,6 +517,8 @@ def main() -> None:
     if args.summarize:
         report(json.loads(args.summarize.read_text()))
         return
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
     print(simproc.machine_line(), flush=True)
     results = []
     with tempfile.TemporaryDirectory() as d:

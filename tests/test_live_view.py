@@ -426,11 +426,13 @@ def test_the_token_column_counts_the_jobs_spend_against_the_budget() -> None:
     assert "29.50M/30.00M" in text and " 0/30.00M" not in text
 
 
-def test_the_jobs_dollar_cap_is_one_room_for_every_dataset_in_the_eta() -> None:
-    # Answers cost $0.001 each and $26.7 of work is left over two lanes; the cap leaves
-    # $13.35. Each dataset's own bound takes the whole room as if it had it alone, so the job's
-    # ETA was that of all the work (issue 47's realistic bench: +40-55% where the cap binds).
-    def job_eta(room: float | None) -> float:
+def test_the_jobs_dollar_cap_binds_when_the_lanes_spending_side_by_side_reaches_it() -> None:
+    # Answers cost $0.001 each: the fast lane has $17.66 of work over its 2,253 s, the big
+    # lane $9.00 over 5,611 s. The cap is one room for every dataset, and the lanes spend it
+    # side by side: $13.35 is gone at about 1,415 s (7.8 + 1.6 mills a second), both lanes
+    # still running. Cutting every lane's items to the same share (half) said 2,800 s: a
+    # fast lane spends its part long before a slow one (bench/realistic.py: +30%).
+    def etas(room: float | None) -> tuple[float, dict[str, float]]:
         stats = busy_stats()
         for lane in stats.lanes.values():
             for flow in lane.flows.values():
@@ -439,10 +441,46 @@ def test_the_jobs_dollar_cap_is_one_room_for_every_dataset_in_the_eta() -> None:
         stats.job_usd_left = lambda: room
         _, eta = stats.etas(NOW)
         assert eta is not None
+        lanes = {k: e.seconds for k, e in stats.lane_etas.items() if e is not None}
+        return eta.seconds, lanes
+
+    free, free_lanes = etas(None)
+    assert free_lanes["fast"] < 0.5 * free_lanes["big"] and free == free_lanes["big"]
+    capped, _ = etas(13.35)
+    assert 1300 < capped < 1550
+    # $22: the fast lane ends first, having spent all its $17.66 (and the big lane $3.6);
+    # the big lane alone then spends the last $0.74 in about 460 s more.
+    capped, lanes = etas(22.0)
+    assert lanes["fast"] == free_lanes["fast"]
+    assert free_lanes["fast"] + 350 < capped == lanes["big"] < free_lanes["fast"] + 600
+
+
+def test_a_lane_fed_by_escalations_spends_its_datasets_mixed_under_the_cap() -> None:
+    # The short lane is done; the long lane has 1,000 cheap escalated items ($0.001) and then
+    # 1,000 dear ones ($0.01, long each_turn prompts). It takes escalated items as they came,
+    # every dataset mixed, so $5.50 of room is gone half way through its time. Spent in
+    # dataset order, the cheap ones first, it lasted 73% of it (bench/realistic.py: +44%).
+    def job_eta(room: float | None) -> float:
+        stats = RunStats(
+            datasets={"cheap": DatasetStats(items=2000), "dear": DatasetStats(items=2000)},
+            started_at=STARTED,
+        )
+        stats.lanes = {
+            "short": _lane(64, 64, 0, {"cheap": 0, "dear": 0}),
+            "long": _lane(16, 16, 16, {"cheap": 1000, "dear": 1000}),
+        }
+        stats.lanes["short"].escalate_to = "long"
+        for name, each in (("cheap", 0.001), ("dear", 0.01)):
+            flow = stats.lanes["long"].flow(name)
+            flow.cost_usd = flow.finished * each
+        stats.budget_left = lambda name: (None, None)  # the job's cap only
+        stats.job_usd_left = lambda: room
+        _, eta = stats.etas(NOW)
+        assert eta is not None
         return eta.seconds
 
-    free, capped = job_eta(None), job_eta(13.35)
-    assert 0.35 * free < capped < 0.65 * free
+    free = job_eta(None)
+    assert 0.45 * free < job_eta(5.5) < 0.6 * free
 
 
 def test_the_caps_share_prices_each_flow_at_its_own_earlier_answers() -> None:

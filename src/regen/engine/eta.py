@@ -47,7 +47,8 @@ pilot's, the pilot's own sampling error included."""
 FILL_S = 5.0
 """A lane not yet full after this long is measured as it is (fed slowly, or few items)."""
 RUN_ANSWERS = 20
-"""Answers a lane needs from this run before its ETA stops being `prior`."""
+"""Answers a lane needs (this run's, or earlier runs' such as a pilot's) before its ETA
+stops being `prior`."""
 
 
 @dataclass
@@ -66,6 +67,14 @@ class Flow:
     on_wire: dict[int, float] = field(default_factory=dict)
     """Start times (monotonic) of the attempts on the wire now."""
     rng: random.Random = field(default_factory=lambda: random.Random(0))
+    cut_short: list[float] = field(default_factory=list)
+    """How long the requests an earlier run left on the wire (killed) had run by its end: they
+    lasted at least that long, and the longest answers are the ones a kill catches."""
+
+    def censored(self, now: float) -> list[float]:
+        """Times known only as lower bounds: the requests on the wire now, at their age, and
+        those an earlier run was killed with."""
+        return [now - t for t in self.on_wire.values()] + self.cut_short
 
     def add_latency(self, seconds: float) -> None:
         self.answers += 1
@@ -270,6 +279,9 @@ class Eta:
     p10: float
     p90: float
     bound: str = "count"
+    drain: float = 0.0
+    """Of `seconds`, the time the last requests on the wire take to end once nothing more is
+    sent: what a stop (the job's dollar cap) still leaves to wait for."""
     prior: bool = False
     """This run has not measured its own pace yet (too few of its answers, or a lane not yet
     full for long): the figures rest on earlier answers (a pilot's) and a guess at the
@@ -290,12 +302,19 @@ class Concurrency:
     peak: int = 0
     """The most requests on the wire at once so far: until its pace is measured, what a lane
     will keep on the wire is taken as that, never the few it had out in its first second."""
+    began: float | None = None
+    """When the lane first sent (its first change)."""
+    earlier: float | None = None
+    """The mean requests on the wire of the latest earlier run (a killed one's too): until
+    this run measures its own, the lane's pace, known to EARLIER_RSD (not a guess)."""
 
     def full(self, now: float) -> None:
         if self.full_since is None:
             self.full_since = now
 
     def change(self, now: float, delta: int) -> None:
+        if self.began is None:
+            self.began = now
         if self.samples:
             self.busy_s += self.in_flight * (now - self.last)
         else:
@@ -308,8 +327,9 @@ class Concurrency:
         """Mean requests on the wire over about the last `window_s`, and the relative
         standard error of that mean from its one-second steps (how steady the rate was).
         Until the lane has been full for a few seconds (or, never full, has run for
-        FILL_S) its pace is not measured: then the most it has had on the wire, or its
-        `limit` (what it may send) if more, with UNMEASURED_RSD."""
+        FILL_S) its pace is not measured: then, once full past its first second, the most it
+        has had on the wire (or its `limit`, if more) with EARLIER_RSD; else the pace of the
+        latest earlier run with EARLIER_RSD; else that most with UNMEASURED_RSD."""
         self.change(now, 0)
         if now - self.samples[-1][0] >= 1.0:
             self.samples.append((now, self.busy_s))
@@ -328,7 +348,14 @@ class Concurrency:
         ]
         filled = self.full_since is not None
         if now - t0 < 1.0 or (len(steps) < 2 if filled else now - t0 < FILL_S):
-            return float(max(self.peak, self.in_flight, limit)), UNMEASURED_RSD
+            most = float(max(self.peak, self.in_flight, limit))
+            if filled and self.began is not None and now - self.began >= 1.0:
+                # Full past its first second: it keeps its limit while fed; how long it is
+                # fed (escalations) is what may move, as an earlier run's pace may.
+                return most, EARLIER_RSD
+            if self.earlier:
+                return self.earlier, EARLIER_RSD
+            return most, UNMEASURED_RSD
         level = (self.busy_s - b0) / (now - t0)
         if level <= 0 or len(steps) < 2:
             return level, 0.5
@@ -386,15 +413,16 @@ def lane_eta(
     requests of the dataset drain (the slowest residual among those in flight). Requests on the
     wire now are half done on average, which the drain of the last ones stands in for.
 
-    Until the lane has RUN_ANSWERS answers of this run and a measured pace (`concurrency_rsd`
-    below UNMEASURED_RSD), each ETA is `prior`: its interval, log-normal, is what to show.
+    Until the lane has RUN_ANSWERS answers (this run's or earlier runs') and a measured pace
+    (`concurrency_rsd` below UNMEASURED_RSD: this run's, or an earlier run's), each ETA is
+    `prior`: its interval, log-normal, is what to show.
     """
     pooled_done: list[float] = []
     pooled_censored: list[float] = []
     answers = 0
     for flow, _, _ in flows:
         pooled_done.extend(flow.latencies)
-        pooled_censored.extend(now - t for t in flow.on_wire.values())
+        pooled_censored.extend(flow.censored(now))
         answers += flow.answers
     pooled = kaplan_meier(pooled_done, pooled_censored, len(pooled_done) / max(1, answers))
     out: list[Eta | None] = []
@@ -404,13 +432,14 @@ def lane_eta(
     # Nothing on the wire yet and no pace known: no figure can be backed (not even a range).
     started = concurrency >= 1.0 or concurrency_rsd < UNMEASURED_RSD
     c = max(concurrency, 1.0)
-    prior = concurrency_rsd >= UNMEASURED_RSD or sum(f.finished for f, _, _ in flows) < RUN_ANSWERS
+    # Earlier runs' answers and pace are measurements too: only a lane with neither is a guess.
+    prior = concurrency_rsd >= UNMEASURED_RSD or sum(f.answers for f, _, _ in flows) < RUN_ANSWERS
     for flow, n, bound in flows:
         model = None
         if len(flow.latencies) >= MIN_SAMPLE:
             model = kaplan_meier(
                 flow.latencies,
-                (now - t for t in flow.on_wire.values()),
+                flow.censored(now),
                 len(flow.latencies) / max(1, flow.answers),
             )
         model = model or pooled
@@ -443,9 +472,9 @@ def lane_eta(
             # Not a point: a range, skewed as a guess at a pace is (never down to zero).
             s = math.sqrt(math.log1p((sd / seconds) ** 2))
             low, high = seconds * math.exp(-Z90 * s), seconds * math.exp(Z90 * s)
-            out.append(Eta(seconds, low, high, bound, prior=True))
+            out.append(Eta(seconds, low, high, bound, drain, prior=True))
             continue
-        out.append(Eta(seconds, max(0.0, seconds - Z90 * sd), seconds + Z90 * sd, bound))
+        out.append(Eta(seconds, max(0.0, seconds - Z90 * sd), seconds + Z90 * sd, bound, drain))
     return out
 
 
@@ -465,6 +494,35 @@ def combine(etas: Iterable[Eta | None]) -> Eta | None:
         # fed by few escalations must not make the job's figure `prior` for the whole run.
         prior=any(e.prior and e.p90 >= seconds for e in last),
     )
+
+
+def spend_reaches(pieces: Sequence[tuple[float, float, float]], room: float) -> float | None:
+    """When spending reaches `room`: each piece (start, end, dollars) spends at an even rate
+    from its start to its end (seconds from now). None when all of it fits."""
+    if sum(usd for _, _, usd in pieces) <= room:
+        return None
+
+    def spent(t: float) -> float:
+        return sum(
+            usd * (1.0 if t >= end else 0.0 if t <= start else (t - start) / (end - start))
+            for start, end, usd in pieces
+        )
+
+    lo, hi = 0.0, max(end for _, end, _ in pieces)
+    for _ in range(60):  # bisection: spent() is continuous and rises with t
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if spent(mid) < room else (lo, mid)
+    return hi
+
+
+def cut_at(eta: Eta, stop: float) -> Eta:
+    """An ETA that a stop at `stop` seconds cuts short: then the requests on the wire end (its
+    drain), its interval scaled with it. What ends before is left as it is."""
+    seconds = min(eta.seconds, stop + eta.drain)
+    if eta.seconds <= stop or seconds >= eta.seconds:
+        return eta
+    k = seconds / eta.seconds
+    return Eta(seconds, eta.p10 * k, eta.p90 * k, "budget", eta.drain, eta.prior)
 
 
 def format_duration(seconds: float) -> str:

@@ -49,9 +49,11 @@ from regen.engine.eta import (
     Eta,
     Flow,
     combine,
+    cut_at,
     escalation_order,
     items_left,
     lane_eta,
+    spend_reaches,
 )
 from regen.engine.failures import CLIENT_ERRORS as CLIENT_ERRORS
 from regen.engine.failures import JOB_WIDE_AFTER as JOB_WIDE_AFTER
@@ -224,6 +226,8 @@ class RunStats:
     holds: Callable[[], HoldSummary] = HoldSummary
     """What is held for bills not known yet (a killed run's requests, or this run's cut
     short): set when holds are kept."""
+    lane_etas: dict[str, Eta | None] = field(default_factory=dict)
+    """Each lane's ETA as `etas` last found it (the job's is the latest): progress lines."""
     samples: deque[tuple[float, dict[str, tuple[int, int]]]] = field(
         default_factory=lambda: deque(maxlen=600)
     )
@@ -251,16 +255,15 @@ class RunStats:
         return sum(d.in_flight for d in self.datasets.values())
 
     def _work_left(
-        self, share: float
+        self,
     ) -> tuple[
         dict[str, list[tuple[Flow, int, str]]],
         dict[str, tuple[int, str]],
         dict[tuple[str, str], float],
     ]:
         """Per lane (each after the lanes that escalate to it), its datasets' (flow, items
-        left, bound), with `share` of each lane's own items (the job's dollar cap cuts them);
-        the work left per dataset over the lanes, and what bounds it; and the escalations
-        expected into each (lane, dataset)."""
+        left, bound); the work left per dataset over the lanes, and what bounds it; and the
+        escalations expected into each (lane, dataset)."""
         # A lane that escalates goes first: what it will still send on is work for the lane
         # it sends to, which cannot end before it does.
         coming: dict[tuple[str, str], float] = {}
@@ -273,8 +276,6 @@ class RunStats:
                 flow = lane.flow(ds)
                 tokens_left, usd_left = self.budget_left(ds) if self.budget_left else (None, None)
                 n, bound = items_left(flow, tokens_left, usd_left)
-                if share < 1.0 and n:
-                    n, bound = math.floor(n * share), "budget"
                 more = coming.get((name, ds), 0.0)
                 work = n + round(more) + len(flow.on_wire)
                 left[ds] = (left.get(ds, (0, bound))[0] + work, bound)
@@ -284,41 +285,45 @@ class RunStats:
                     coming[key] = coming.get(key, 0.0) + (n + more) * flow.escalation_share
         return out, left, coming
 
-    def _cap_share(self, rows_of: dict[str, list[tuple[Flow, int, str]]]) -> float:
-        """The share of the work left that the job's dollar cap lets go out: the cap is one
-        room for every dataset, where each dataset's own bound takes it as if it had it alone.
-        Work on the wire and to come costs what the answers of its lane and dataset cost."""
+    def _cap_binds(
+        self,
+        rows_of: dict[str, list[tuple[Flow, int, str]]],
+        per_lane: dict[str, dict[str, Eta | None]],
+    ) -> float | None:
+        """When the job's dollar cap stops the work, in seconds from now (None: it does not,
+        or no cap). Lanes spend side by side, each dataset's work at an even rate over its
+        time in its lane, each item at what its lane and dataset's answers cost: the cap binds
+        when the sum reaches what it still allows beyond the requests on the wire. A lane that
+        ends first has spent all it needed; the lanes still running share only what is left."""
         room = self.job_usd_left() if self.job_usd_left else None
         if room is None:
-            return 1.0
-        cost = 0.0
-        for rows in rows_of.values():
-            paid = sum(f.cost_usd + f.earlier_cost_usd for f, _, _ in rows)
-            answers = sum(f.finished + f.earlier_answers for f, _, _ in rows)
-            for flow, n, _ in rows:
-                # Its own answers, this run's and earlier runs' (a pilot's): a dataset not
-                # reached yet may cost several times the lane's mean (long each_turn prompts).
-                answered = flow.finished + flow.earlier_answers
-                each = (
-                    (flow.cost_usd + flow.earlier_cost_usd) / answered
-                    if answered
-                    else paid / answers
-                    if answers
-                    else 0.0
-                )
-                cost += (n + len(flow.on_wire)) * each
+            return None
+        fed = {lane.escalate_to for lane in self.lanes.values()}
+        pieces: list[tuple[float, float, float]] = []
+        for name, rows in rows_of.items():
+            start = 0.0
+            for ds, (flow, n, _), each in zip(
+                self.lanes[name].datasets, rows, usd_each(rows), strict=True
+            ):
                 room -= len(flow.on_wire) * each
-        return 1.0 if cost <= 0 else max(0.0, min(1.0, max(0.0, room) / cost))
+                eta = per_lane[name].get(ds)
+                end = max(start, eta.seconds) if eta is not None else start
+                pieces.append((start, end, n * each))
+                start = end
+            if name in fed:
+                # Escalated items go out as they came (the feeder ranks them first), every
+                # dataset mixed: the lane spends at its mean rate over all its time.
+                mine = pieces[-len(rows) :] if rows else []
+                del pieces[len(pieces) - len(mine) :]
+                pieces.append((0.0, start, sum(usd for _, _, usd in mine)))
+        return spend_reaches(pieces, max(0.0, room))
 
     def etas(self, now: float | None = None) -> tuple[dict[str, Eta | None], Eta | None]:
         """Time left per dataset (when it will be finished in every lane that sends it) and
         for the job, with p10-p90 intervals; None where no answer has come yet."""
         now = time.monotonic() if now is None else now
         per_lane: dict[str, dict[str, Eta | None]] = {}
-        rows_of, left, coming = self._work_left(1.0)
-        share = self._cap_share(rows_of)
-        if share < 1.0:
-            rows_of, left, coming = self._work_left(share)
+        rows_of, left, coming = self._work_left()
         for name, rows in rows_of.items():
             lane = self.lanes[name]
             c, rsd = lane.wire.mean(now, limit=lane.limit)
@@ -331,6 +336,13 @@ class RunStats:
                     if eta is not None and feeder is not None and coming.get((name, ds)):
                         etas[ds] = after_feeder(eta, feeder, lane.flow(ds))
             per_lane[name] = etas
+        stop = self._cap_binds(rows_of, per_lane)
+        if stop is not None:
+            # Whatever would end after the cap binds ends then, its items left unsent.
+            per_lane = {
+                name: {ds: e and cut_at(e, stop) for ds, e in etas.items()}
+                for name, etas in per_lane.items()
+            }
         # A dataset with nothing left (complete, or its budget met) is done: not the time its
         # lane needs for the datasets before it.
         by_dataset = {
@@ -339,13 +351,27 @@ class RunStats:
             else combine(etas[ds] for etas in per_lane.values() if ds in etas)
             for ds in self.datasets
         }
-        job = combine(
-            etas[lane.datasets[-1]] if lane.datasets else None
-            for lane_name, etas in per_lane.items()
-            for lane in [self.lanes[lane_name]]
-            if lane.datasets
-        )
+        self.lane_etas = {
+            name: etas[self.lanes[name].datasets[-1]]
+            for name, etas in per_lane.items()
+            if self.lanes[name].datasets
+        }
+        job = combine(self.lane_etas.values())
         return by_dataset, job
+
+
+def usd_each(rows: list[tuple[Flow, int, str]]) -> list[float]:
+    """What an item of each of a lane's flows costs: its own answers', this run's and earlier
+    runs' (a pilot's); a flow with none, the lane's mean. A dataset not reached yet may cost
+    several times the lane's mean (long each_turn prompts)."""
+    paid = sum(f.cost_usd + f.earlier_cost_usd for f, _, _ in rows)
+    answers = sum(f.finished + f.earlier_answers for f, _, _ in rows)
+    mean = paid / answers if answers else 0.0
+    out = []
+    for flow, _, _ in rows:
+        answered = flow.finished + flow.earlier_answers
+        out.append((flow.cost_usd + flow.earlier_cost_usd) / answered if answered else mean)
+    return out
 
 
 def after_feeder(eta: Eta, feeder: Eta, flow: Flow) -> Eta:
@@ -356,6 +382,7 @@ def after_feeder(eta: Eta, feeder: Eta, flow: Flow) -> Eta:
         max(eta.p10, feeder.p10 + one),
         max(eta.p90, feeder.p90 + one),
         eta.bound,
+        max(eta.drain, one),
         prior=eta.prior or feeder.prior,
     )
 
@@ -468,6 +495,12 @@ class Scheduler:
             if lane_name in self.stats.lanes:
                 n, est = pending.get((lane_name, ds), (0, 0))
                 self.stats.lanes[lane_name].flow(ds).start_from(answers, n, est)
+        for (lane_name, ds), ages in store.outstanding.cut_short().items():
+            if lane_name in self.stats.lanes:
+                self.stats.lanes[lane_name].flow(ds).cut_short.extend(ages)
+        for lane_name, on_wire in store.runs.earlier_on_wire().items():
+            if lane_name in self.stats.lanes:
+                self.stats.lanes[lane_name].wire.earlier = on_wire
         for (lane_name, ds), (answered, escalated, usd) in store.spend.lane_answers().items():
             if lane_name in self.stats.lanes:
                 flow = self.stats.lanes[lane_name].flow(ds)

@@ -156,3 +156,18 @@ class Outstanding(Owner):
             (live_run,),
         ).fetchone()
         return int(n), float(usd), None if until is None else float(until)
+
+    def cut_short(self) -> dict[tuple[str, str], list[float]]:
+        """Per (lane, dataset), how long each request an earlier run left here had been on the
+        wire when that run ended (a killed run: at its last timeline point): the ETA counts
+        them as answers known to last at least that long."""
+        out: dict[tuple[str, str], list[float]] = {}
+        for lane, ds, age in self._db.execute(
+            "SELECT o.lane, o.dataset, COALESCE(r.ended_at, "
+            "(SELECT MAX(t) FROM timeline WHERE run_id = o.run_id)) - o.sent_at "
+            "FROM outstanding o JOIN runs r ON r.id = o.run_id "
+            "WHERE o.lane IS NOT NULL AND o.dataset IS NOT NULL"
+        ):
+            if age is not None and age > 0:
+                out.setdefault((lane, ds), []).append(float(age))
+        return out

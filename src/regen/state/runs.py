@@ -169,6 +169,28 @@ class Runs(Owner):
         ).fetchall()
         return [TimelinePoint(*r) for r in rows]
 
+    def earlier_on_wire(self, min_points: int = 5) -> dict[str, float]:
+        """Per lane, the mean requests on the wire over the middle 80% of the latest run (not a
+        pilot: its rounds wait for their slowest answer) that has `min_points` timeline points
+        for it, killed runs included: the pace a new run's ETA starts from."""
+        out: dict[str, float] = {}
+        rows = self._db.execute(
+            "SELECT run_id, lane, t, in_flight FROM timeline WHERE run_id IN "
+            "(SELECT id FROM runs WHERE kind = 'run') ORDER BY run_id DESC, t"
+        )
+        points: dict[tuple[int, str], list[tuple[float, int]]] = {}
+        for run_id, lane, t, in_flight in rows:
+            points.setdefault((run_id, lane), []).append((float(t), int(in_flight)))
+        for (_, lane), pts in points.items():  # newest run first
+            if lane in out or len(pts) < min_points:
+                continue
+            lo = pts[0][0] + 0.1 * (pts[-1][0] - pts[0][0])
+            hi = pts[0][0] + 0.9 * (pts[-1][0] - pts[0][0])
+            middle = [n for t, n in pts if lo <= t <= hi] or [n for _, n in pts]
+            if sum(middle) > 0:
+                out[lane] = sum(middle) / len(middle)
+        return out
+
     def lane_capacity(self, recent: int = 20_000) -> dict[str, LaneCapacity]:
         """Per lane, what its provider let it keep on the wire (see LaneCapacity)."""
         out: dict[str, LaneCapacity] = {}

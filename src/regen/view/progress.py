@@ -159,6 +159,7 @@ def progress_line(stats: RunStats, now: float | None = None) -> str:
     )
     per_lane = " ".join(
         f"lane_{name}={lane.in_flight}/{lane.limit}/{lane.concurrency}"
+        + (f" eta_{name}_s={e.seconds:.0f}" if (e := stats.lane_etas.get(name)) else "")
         for name, lane in stats.lanes.items()
     )
     stamp = log_stamp()
