@@ -392,6 +392,47 @@ def completion_tokens(usage: Usage) -> int:
     return usage.completion_tokens
 
 
+def seed_stats(stats: RunStats, lanes: list[LaneRuntime], run: RunConfig, store: Store) -> None:
+    """A run's statistics before its first request: each lane's limits per endpoint, and each
+    flow's items left, with what earlier runs measured (their answers' times and costs, the
+    requests a kill cut short, the pace they ran at), so that the ETA rests on them at once."""
+    for lane in lanes:
+        for ep in lane.endpoints:
+            lane.limits[ep.name] = AdaptiveLimit(
+                lane.concurrency, run.initial_limit, adaptive=run.adaptive
+            )
+            ep_stats = stats.endpoints.setdefault(ep.name, EndpointStats(ep.health))
+            ep_stats.limits.append(lane.limits[ep.name])
+        stats.lanes[lane.name] = LaneStats(
+            lane.concurrency,
+            list(lane.limits.values()),
+            datasets=list(lane.datasets),
+            escalate_to=lane.escalate_to,
+        )
+    pending = store.work.pending_flows()
+    for (lane_name, ds), (n, _) in pending.items():
+        if lane_name in stats.lanes:
+            stats.lanes[lane_name].flow(ds).remaining += n
+    # Earlier runs' answers (a pilot's) start each flow's latencies, so that the ETA rests
+    # on a dataset's own times from the start, not on the datasets that happen to go first.
+    for (lane_name, ds), answers in store.spend.earlier_latencies().items():
+        if lane_name in stats.lanes:
+            n, est = pending.get((lane_name, ds), (0, 0))
+            stats.lanes[lane_name].flow(ds).start_from(answers, n, est)
+    for (lane_name, ds), ages in store.outstanding.cut_short().items():
+        if lane_name in stats.lanes:
+            stats.lanes[lane_name].flow(ds).cut_short.extend(ages)
+    for lane_name, pace in store.runs.earlier_on_wire().items():
+        if lane_name in stats.lanes:
+            stats.lanes[lane_name].wire.earlier = pace
+    for (lane_name, ds), (answered, escalated, usd) in store.spend.lane_answers().items():
+        if lane_name in stats.lanes:
+            flow = stats.lanes[lane_name].flow(ds)
+            flow.answered += answered
+            flow.escalated += escalated
+            flow.earlier_cost_usd += usd
+
+
 class Scheduler:
     """Runs every pending item of the lanes through their endpoints."""
 
@@ -425,7 +466,6 @@ class Scheduler:
         self._gone = asyncio.Event()
         self._gone_error: StateGone | None = None
         """state.db was deleted or replaced (whichever write saw it first): the run ends with it."""
-        """Set when state.db is gone: nothing can be saved any more."""
         self._lane_done = {lane.name: asyncio.Event() for lane in lanes}
         self._commits = CommitBuffer(
             store, commit_interval_s, stop=self.stop, gone=self._state_gone
@@ -436,23 +476,45 @@ class Scheduler:
         self._error_rate = ErrorRate(stats, run, self.stop)
         self._judge = ClientErrorJudge(stats, self._commits, self._error_rate, self.stop)
         """Whether a client error that ends items in a row is the job's."""
+        self._build_steps(store, budget, keeper, pilot, set(sequential))
+        seed_stats(stats, lanes, run, store)
+        if budget is not None:
+            self.stats.budget_left = budget.left
+            self.stats.tokens_spent = budget.tokens_spent
+            self.stats.job_usd_left = budget.job_usd_left
+
+    def _build_steps(
+        self,
+        store: Store,
+        budget: BudgetBook | None,
+        keeper: HoldKeeper | None,
+        pilot: Mapping[str, int] | None,
+        sequential: set[str],
+    ) -> None:
+        """The parts an item goes through: the feeder fills the lanes' queues; an attempt is
+        admitted (a server of the pool, a slot, a lease), priced, and judged (`Verdicts`)."""
         self._feeder = Feeder(
             store,
             self._lanes,
-            stats,
+            self.stats,
             self._commits,
             stopping=self._stopping,
             lane_done=self._lane_done,
             budget=budget,
             pilot=pilot,
-            sequential=set(sequential),
+            sequential=sequential,
         )
         self._pool = ServerPool(
-            stats, run, self._rng, sleep=sleep, stopping=self._stopping, stop=self.stop
+            self.stats,
+            self._run,
+            self._rng,
+            sleep=self._sleep,
+            stopping=self._stopping,
+            stop=self.stop,
         )
         self._verdicts = Verdicts(
-            stats,
-            run,
+            self.stats,
+            self._run,
             self._commits,
             self._error_rate,
             counted_tokens=budget.counted_tokens if budget is not None else completion_tokens,
@@ -460,9 +522,9 @@ class Scheduler:
             stopping=self._stopping,
             stop=self.stop,
         )
-        self._pricing = Pricing(stats, store)
+        self._pricing = Pricing(self.stats, store)
         self._admission = Admission(
-            stats,
+            self.stats,
             self._pool,
             budget,
             self._sent_log,
@@ -472,45 +534,6 @@ class Scheduler:
             stopping=self._stopping,
             stop=self.stop,
         )
-        for lane in lanes:
-            for ep in lane.endpoints:
-                lane.limits[ep.name] = AdaptiveLimit(
-                    lane.concurrency, run.initial_limit, adaptive=run.adaptive
-                )
-                ep_stats = self.stats.endpoints.setdefault(ep.name, EndpointStats(ep.health))
-                ep_stats.limits.append(lane.limits[ep.name])
-            self.stats.lanes[lane.name] = LaneStats(
-                lane.concurrency,
-                list(lane.limits.values()),
-                datasets=list(lane.datasets),
-                escalate_to=lane.escalate_to,
-            )
-        pending = store.work.pending_flows()
-        for (lane_name, ds), (n, _) in pending.items():
-            if lane_name in self.stats.lanes:
-                self.stats.lanes[lane_name].flow(ds).remaining += n
-        # Earlier runs' answers (a pilot's) start each flow's latencies, so that the ETA rests
-        # on a dataset's own times from the start, not on the datasets that happen to go first.
-        for (lane_name, ds), answers in store.spend.earlier_latencies().items():
-            if lane_name in self.stats.lanes:
-                n, est = pending.get((lane_name, ds), (0, 0))
-                self.stats.lanes[lane_name].flow(ds).start_from(answers, n, est)
-        for (lane_name, ds), ages in store.outstanding.cut_short().items():
-            if lane_name in self.stats.lanes:
-                self.stats.lanes[lane_name].flow(ds).cut_short.extend(ages)
-        for lane_name, on_wire in store.runs.earlier_on_wire().items():
-            if lane_name in self.stats.lanes:
-                self.stats.lanes[lane_name].wire.earlier = on_wire
-        for (lane_name, ds), (answered, escalated, usd) in store.spend.lane_answers().items():
-            if lane_name in self.stats.lanes:
-                flow = self.stats.lanes[lane_name].flow(ds)
-                flow.answered += answered
-                flow.escalated += escalated
-                flow.earlier_cost_usd += usd
-        if budget is not None:
-            self.stats.budget_left = budget.left
-            self.stats.tokens_spent = budget.tokens_spent
-            self.stats.job_usd_left = budget.job_usd_left
 
     @property
     def stopping(self) -> bool:
