@@ -4,10 +4,11 @@ lane, with p10-p90 intervals, and which budget or cap stops it first.
 The unit is a *passage*: one item going through one lane, from its first attempt there to its
 answer, its failure, or the truncated answer that sends it on to a longer lane (`escalate_to`;
 both answers are paid). Each lane is measured on its own finished passages (state.db's attempts
-and ledger name the lane), per dataset where a dataset has at least MIN_PASSAGES of them, else
-over the lane: per passage, the attempts, the share escalated and failed, the dollars and tokens
-charged (failed attempts a provider billed included), the time on the wire and the time it held
-a worker (back-offs and waits for a slot between attempts included).
+and ledger name the lane), per dataset where a dataset has at least MIN_PASSAGES of them (or
+fewer that show it differs from the lane's pool), else over the lane: per passage, the
+attempts, the share escalated and failed, the dollars and tokens charged (failed attempts a
+provider billed included), the time on the wire and the time it held a worker (back-offs and
+waits for a slot between attempts included).
 
 A lane with no finished passage rests on a stated prior (PRIOR_*): completions of max_tokens/4
 on average, answered at PRIOR_TOKENS_PER_S after PRIOR_TTFT_S, priced at the endpoint's prices,
@@ -49,7 +50,7 @@ from regen.engine.eta import (
     format_duration,
     kaplan_meier,
 )
-from regen.run.ending import Ending, Flow, Lane, play
+from regen.run.ending import Budget, Ending, Flow, Lane, play
 from regen.state.runs import LaneCapacity
 from regen.state.spend import FlowEntry
 from regen.state.work import DatasetProgress
@@ -57,7 +58,15 @@ from regen.state.work import DatasetProgress
 FEW_PASSAGES = 30
 """Fewer finished passages than this behind an estimate: the plan says so."""
 MIN_PASSAGES = 10
-"""Fewer finished passages than this of a dataset in a lane: use the lane's, pooled."""
+"""Fewer finished passages than this of a dataset in a lane: use the lane's, pooled, unless
+the dataset's own (MIN_OWN at least) show that it differs from the pool."""
+MIN_OWN = 3
+"""The fewest passages of a dataset that can show it differs from its lane's pool."""
+DIFFERS_SE = 2.0
+"""A dataset differs from its lane's pool when its own mean dollars or time on the wire are
+this many of its own standard errors away from the pool's: a long lane fed by datasets of
+very different prompts (agent trajectories beside chat) pools to a mean none of them has
+(bench/realistic.py: 5x a chat dataset's own long-lane dollars)."""
 PRIOR_LENGTH_SHARE = 0.25
 """Before any answer, a completion is taken as this share of the lane's max_tokens."""
 PRIOR_TTFT_S = 1.0
@@ -393,12 +402,24 @@ def _profiles(
             elif pooled:
                 basis = f"{len(pooled)} answers of lane {lane.name}"
                 prof = Profile.measured(basis, pooled, lat, to)
+                if len(own) >= MIN_OWN:
+                    mine = Profile.measured(f"{len(own)} answers", own, lat, to)
+                    prof = mine if _differs(mine, prof) else prof
             else:
                 prof = Profile.prior(
                     job.lane_max_tokens(lane), to or 0.0, prices, lane.escalate_to is not None
                 )
             out[lane.name, ds.name] = prof
     return out
+
+
+def _differs(own: Profile, pool: Profile) -> bool:
+    """Whether a dataset's few passages show it unlike its lane's pool: its mean dollars or
+    time on the wire more than DIFFERS_SE of its own standard errors from the pool's."""
+    pairs = [(own.wire_s, pool.wire_s)]
+    if own.cost_usd is not None and pool.cost_usd is not None:
+        pairs.append((own.cost_usd, pool.cost_usd))
+    return any(abs(a.mean - b.mean) > DIFFERS_SE * a.se for a, b in pairs)
 
 
 def plan(
@@ -437,8 +458,8 @@ def plan(
         # The run's last request is admitted only while its worst case fits: it ends with
         # about one worst case of the room unspent.
         last_fit = max((worst_cases(job, pending, prices) or {}).values(), default=0.0)
-        order = _run_order(job, lanes, pending, share, profiles, timeline)
-        ending = play(*order, max(0.0, room[0] - last_fit))
+        order = _run_order(job, lanes, pending, profiles, timeline)
+        ending = play(*order, max(0.0, room[0] - last_fit), _budgets_left(job, spent))
     stop, cut_at = _job_stop(total, room, job_end, margin, ending, timeline)
     datasets = [
         _dataset_plan(ds.name, spent[ds.name], share, stops, timeline, stop, ending, cut_at)
@@ -823,15 +844,23 @@ def _dataset_plan(
         note = f"{why} stops it after ~{sent} of its {pending_n} items"
         if done_in is not None:
             note += f", in ~{format_duration(done_in.mean)}"
-    left = round(ending.unsent.get(name, 0.0)) if ending is not None else 0
-    if left and cut_at is not None:
-        sent = max(0, sent - left)
-        paid = round(ending.escalated.get(name, 0.0)) if ending is not None else 0
-        note = (
-            f"{stop.split(':')[0]} stops it after ~{sent} of its {pending_n} items, "
-            f"in ~{format_duration(cut_at)}"
-            + (f" ({paid} of those left escalated, their first try paid)" if paid else "")
-        )
+    if ending is not None and cut_at is not None:
+        # The run's order says what its own budget and the cap leave, in place of the shares.
+        met = round(ending.met.get(name, 0.0))
+        left = round(ending.unsent.get(name, 0.0))
+        sent = max(0, pending_n - met - left)
+        note = None
+        if met:
+            kept = pending_n - met
+            note = f"{why or 'its budget'} stops it after ~{kept} of its {pending_n} items"
+        if left:
+            paid = round(ending.escalated.get(name, 0.0))
+            note = (
+                f"{stop.split(':')[0]} stops it after ~{sent} of its {pending_n} items, "
+                f"in ~{format_duration(cut_at)}"
+                + (f" ({paid} of those left escalated, their first try paid)" if paid else "")
+                + (f"; its own budget leaves {met}" if met else "")
+            )
     cost = _sum_intervals([r.cost_usd for r in rows])
     bases = sorted({r.basis for r in rows if r.passages > 0}) or sorted({r.basis for r in rows})
     return DatasetPlan(
@@ -973,34 +1002,50 @@ def _run_order(
     job: Job,
     lanes: list[LaneConfig],
     pending: dict[tuple[str | None, str], tuple[int, int]],
-    share: dict[str, float],
     profiles: dict[tuple[str, str], Profile],
     timeline: _Timeline,
 ) -> tuple[list[Lane], dict[tuple[str, str], Flow]]:
-    """The lanes as a run hands them out (their own items, cut by the datasets' budgets, in
-    the job's order) and each flow's pace, dollars and escalated share per passage."""
+    """The lanes as a run hands them out (their own items in the job's order) and each flow's
+    pace, dollars, tokens (as its dataset's budget counts them) and escalated share per
+    passage."""
     order = [
         Lane(
             lane.name,
-            [
-                (ds.name, pending.get((lane.name, ds.name), (0, 0))[0] * share[ds.name])
-                for ds in job.datasets
-            ],
+            [(ds.name, pending.get((lane.name, ds.name), (0, 0))[0]) for ds in job.datasets],
             lane.escalate_to,
         )
         for lane in lanes
     ]
+    total = job.budget.budget_tokens == "total"
     flows = {}
     for lane in lanes:
         for ds in job.datasets:
             prof = profiles[lane.name, ds.name]
+            tokens = prof.completion_tokens.mean + (prof.prompt_tokens.mean if total else 0.0)
             flows[lane.name, ds.name] = Flow(
                 seconds_per_passage(lane, prof, timeline.on_wire[lane.name]),
                 prof.cost_usd.mean if prof.cost_usd is not None else 0.0,
                 prof.escalated if lane.escalate_to is not None else 0.0,
                 prof.held_s.mean,
+                tokens,
             )
     return order, flows
+
+
+def _budgets_left(job: Job, spent: dict[str, DatasetProgress]) -> dict[str, Budget]:
+    """What each dataset's own budgets leave it: tokens and dollars."""
+    total = job.budget.budget_tokens == "total"
+    out = {}
+    for ds in job.datasets:
+        p = spent.get(ds.name)
+        if p is None or (ds.token_budget is None and ds.max_cost_usd is None):
+            continue
+        used = p.completion_tokens + (p.prompt_tokens if total else 0)
+        out[ds.name] = Budget(
+            None if ds.token_budget is None else float(ds.token_budget - used),
+            None if ds.max_cost_usd is None else ds.max_cost_usd - p.cost_usd,
+        )
+    return out
 
 
 def on_wire_for(lane: LaneConfig, cap: LaneCapacity | None) -> tuple[float | None, str]:
