@@ -154,3 +154,9 @@ def test_a_dataset_whose_few_answers_differ_from_its_lanes_pool_is_planned_on_it
     assert long_a.basis == "6 answers"
     assert long_a.cost_usd is not None
     assert long_a.cost_usd.mean / long_a.passages == pytest.approx(0.0011, rel=0.1)
+    # Within twice the pool's dollars, a few answers say too little: the pool stands.
+    alike = [e for e in entries if not (e.lane == "long" and e.dataset == "a")]
+    alike += [entry("long", "a", "done", 0.012 + 0.0001 * (i % 3), 100) for i in range(6)]
+    p = plan(job, ps, alike, {}, pending, Prices(0.000001, 0.000002), {})
+    (long_a,) = [f for f in p.flows if f.lane == "long" and f.dataset == "a"]
+    assert long_a.basis == "46 answers of lane long"

@@ -67,6 +67,10 @@ DIFFERS_SE = 2.0
 this many of its own standard errors away from the pool's: a long lane fed by datasets of
 very different prompts (agent trajectories beside chat) pools to a mean none of them has
 (bench/realistic.py: 5x a chat dataset's own long-lane dollars)."""
+DIFFERS_FACTOR = 2.0
+"""...and at least this many times above or below it: a few answers' own spread says little,
+and datasets alike differ from their pool by sampling alone (bench/plan.py's `lanes`: a chat
+dataset's 3 long-lane answers at half the pool's dollars, the run's at 0.8 of it)."""
 PRIOR_LENGTH_SHARE = 0.25
 """Before any answer, a completion is taken as this share of the lane's max_tokens."""
 PRIOR_TTFT_S = 1.0
@@ -415,11 +419,16 @@ def _profiles(
 
 def _differs(own: Profile, pool: Profile) -> bool:
     """Whether a dataset's few passages show it unlike its lane's pool: its mean dollars or
-    time on the wire more than DIFFERS_SE of its own standard errors from the pool's."""
+    time on the wire more than DIFFERS_SE of its own standard errors from the pool's, and
+    more than DIFFERS_FACTOR times above or below it."""
     pairs = [(own.wire_s, pool.wire_s)]
     if own.cost_usd is not None and pool.cost_usd is not None:
         pairs.append((own.cost_usd, pool.cost_usd))
-    return any(abs(a.mean - b.mean) > DIFFERS_SE * a.se for a, b in pairs)
+    return any(
+        abs(a.mean - b.mean) > DIFFERS_SE * a.se
+        and max(a.mean, b.mean) > DIFFERS_FACTOR * min(a.mean, b.mean)
+        for a, b in pairs
+    )
 
 
 def plan(
