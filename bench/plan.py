@@ -466,7 +466,7 @@ def one(
         "pilot_items": done0,
         "pilot_s": pilot_s,
         "pilot_usd": pilot_usd,
-        "pilot_notes": plan.get("pilot_notes", []),
+        "pilot_notes": pilot_plan.get("pilot_notes", []),
         "verdict": plan["job"].get("stop"),
         "pilot_bounds": pilot_bounds(pilot_plan, pilot_time),
         "cap": cap,
@@ -586,6 +586,9 @@ def endings(results: list[dict[str, Any]]) -> None:
     for r in results:
         b = r.get("pilot_bounds") or {}
         usd = b.get("usd")
+        # The bound the pilot itself stated when it stopped there is the one it used.
+        said = re.search(r"its money bound \(\$([0-9.]+)", " ".join(r.get("pilot_notes", [])))
+        usd = float(said.group(1)) if said else usd
         within = r["pilot_s"] <= b.get("time_s", float("inf")) and (
             usd is None or r["pilot_usd"] <= usd * 1.0001
         )
