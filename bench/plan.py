@@ -29,8 +29,15 @@ Targets (issues 21, 37): cost within 15% and wall time within 25% on every workl
 10% of the items within 15% of the time then left, with and without a CPU load beside it;
 p10-p90 coverage between 70% and 90%.
 
+With `--cap-share S` each job gets a dollar cap of S times what the pilot's plan expects the
+rest to cost (the pilot's spend on top), is planned again (`--pilot 0`), and the plan's ending
+(finishes, or the cap binds with N items left pending, per dataset) and cost are set against
+the run's (exit 4 and the items left pending). Every pilot is checked against its bounds (time,
+and money: the dollars stated in its `pilot bounds:` line, or its share of the expected cost).
+
 Run: .venv/bin/python bench/plan.py [--items 3000] [--time-scale 0.2] [--seeds 1]
      [--first-seed 1] [--only NAME[,NAME]] [--pilot 30 [--precision P] [--pilot-time S]]
+     [--cap-share S]
      [--cpu-load 0[,N]]
      [--keep DIR] [--load-core 1] [--results FILE] [--lock /tmp/bench.lock]
      .venv/bin/python bench/plan.py --summarize FILE   # the tables again, from --results
@@ -248,7 +255,21 @@ def regen_plan(
     )
     (job.parent / f"plan-pilot{pilot}.json").write_text(out.stdout)
     plan: dict[str, Any] = json.loads(out.stdout)
+    plan["_stderr"] = out.stderr
     return plan
+
+
+def pilot_bounds(plan: dict[str, Any], pilot_time: float | None) -> dict[str, float | None]:
+    """The pilot's time and money bounds as regen states them (`pilot bounds:` on stderr; a
+    money bound set after the first round is the share of what that round expects)."""
+    line = next((x for x in plan.get("_stderr", "").splitlines() if "pilot bounds:" in x), "")
+    usd = re.search(r"\$([0-9.]+)", line)
+    share = re.search(r"([0-9]+)% of the expected cost", line)
+    money = float(usd.group(1)) if usd else None
+    if money is None and share and plan["job"]["cost_usd"] is not None:
+        expected = interval(plan["job"]["cost_usd"])[0] + plan["spent_usd"]
+        money = int(share.group(1)) / 100 * expected
+    return {"time_s": pilot_time or 600.0, "usd": money}
 
 
 def interval(v: Any) -> tuple[float, float, float]:
@@ -345,6 +366,7 @@ def one(
     load: tuple[int, int | None],
     precision: float | None = None,
     pilot_time: float | None = None,
+    cap_share: float | None = None,
 ) -> dict[str, Any]:
     sim, base_url = simproc.start_sim(
         SIM_TOML.format(seed=seed, time_scale=time_scale, faults=w.faults, capacity=w.capacity),
@@ -383,10 +405,21 @@ def one(
         with cpu_load(*load):
             prior = regen_plan(regen, prior_dir / "job.toml", env, 0)
             plan = regen_plan(regen, job, env, pilot, precision, pilot_time)
+            pilot_plan = plan
+            cap = None
+            if cap_share is not None:
+                # A cap that binds: a share of what the pilot's plan expects the rest to cost.
+                cap = plan["spent_usd"] + cap_share * interval(plan["job"]["cost_usd"])[0]
+                job.write_text(
+                    job_text.replace("[run]", f"[budget]\nmax_cost_usd = {cap}\n\n[run]")
+                )
+                plan = regen_plan(regen, job, env, 0)
             shutil.copy(work / "out" / "state.db", work / "pilot.db")
-            subprocess.run(
-                [*regen, "run", str(job)], env=env, check=True, stdout=subprocess.DEVNULL
-            )
+            code = subprocess.run(
+                [*regen, "run", str(job)], env=env, stdout=subprocess.DEVNULL
+            ).returncode
+            if code not in (0, 4):
+                raise SystemExit(f"{w.name} seed {seed}: regen run exited {code}")
     finally:
         sim.terminate()
         sim.wait()
@@ -407,6 +440,9 @@ def one(
         "SELECT COUNT(*) FROM items WHERE status != 'pending' AND updated_at <= ?", (pilot_end,)
     ).fetchone()
     (total,) = db.execute("SELECT COUNT(*) FROM items").fetchone()
+    left = dict(
+        db.execute("SELECT dataset, COUNT(*) FROM items WHERE status = 'pending' GROUP BY 1")
+    )
     actual = measured(db, pilot_end, started)
     db.close()
     wall = ended - started
@@ -430,8 +466,13 @@ def one(
         "pilot_items": done0,
         "pilot_s": pilot_s,
         "pilot_usd": pilot_usd,
-        "pilot_notes": plan.get("pilot_notes", []),
+        "pilot_notes": pilot_plan.get("pilot_notes", []),
         "verdict": plan["job"].get("stop"),
+        "pilot_bounds": pilot_bounds(pilot_plan, pilot_time),
+        "cap": cap,
+        "exit": code,
+        "plan_left": {d["name"]: d["pending"] - d["sent"] for d in plan["datasets"]},
+        "left": left,
         "kill_margin_usd": plan["job"].get("kill_margin_usd"),
         "wall": wall,
         # "At 10% of the run", two ways: when 10% of its items are finished (a fast short
@@ -504,6 +545,7 @@ def report(results: list[dict[str, Any]]) -> None:
                 f"| {basis} | {q} | {len(sel)} | {inside / len(sel):.0%} | "
                 f"{low / len(sel):.0%} | {(len(sel) - inside - low) / len(sel):.0%} |"
             )
+    endings(results)
     costs = [abs(r["plan_cost"][0] / r["cost"] - 1) for r in results]
     walls = [abs(r["plan_wall"][0] / r["wall"] - 1) for r in results]
     print(
@@ -511,6 +553,50 @@ def report(results: list[dict[str, Any]]) -> None:
         + ", ".join(f"ETA at 10% of items with load {k}: {v:.1%}" for k, v in worst.items())
         + " (target 15%)"
     )
+
+
+def endings(results: list[dict[str, Any]]) -> None:
+    """How the plan said each job ends (finishes, or the cap binds with N items left) against
+    how it ended, and the pilot against its bounds."""
+    print()
+    print(
+        "| workload | seed | cap $ | plan: ends | plan: items left (per dataset) | run: exit, "
+        "items left (per dataset) | error |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    right = 0
+    for r in results:
+        said, left = r.get("plan_left", {}), r.get("left", {})
+        n_said, n_left = sum(said.values()), sum(left.values())
+        ends = "cap binds" if "stops the job" in (r["verdict"] or "") else "finishes"
+        ok = (ends == "cap binds") == (r.get("exit") == 4) and abs(n_said - n_left) <= max(
+            0.2 * n_left, 2
+        )
+        right += ok
+        cap = "-" if r.get("cap") is None else f"{r['cap']:.4f}"
+        err = f"{n_said / n_left - 1:+.0%}" if n_left else ("0" if not n_said else "-")
+        print(
+            f"| {r['workload']} | {r['seed']} | {cap} | {ends} | {n_said} {said} | "
+            f"{r.get('exit')}, {n_left} {left} | {err} |"
+        )
+    print(f"\nthe plan's ending right (how, and items left within 20%): {right} of {len(results)}")
+    print()
+    print("| workload | seed | pilot time bound s | took s | money bound $ | spent $ | within |")
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        b = r.get("pilot_bounds") or {}
+        usd = b.get("usd")
+        # The bound the pilot itself stated when it stopped there is the one it used.
+        said = re.search(r"its money bound \(\$([0-9.]+)", " ".join(r.get("pilot_notes", [])))
+        usd = float(said.group(1)) if said else usd
+        within = r["pilot_s"] <= b.get("time_s", float("inf")) and (
+            usd is None or r["pilot_usd"] <= usd * 1.0001
+        )
+        print(
+            f"| {r['workload']} | {r['seed']} | {b.get('time_s', '-')} | {r['pilot_s']:.1f} | "
+            f"{'-' if usd is None else f'{usd:.4f}'} | {r['pilot_usd']:.4f} | "
+            f"{'yes' if within else 'no'} |"
+        )
 
 
 def main() -> None:
@@ -532,6 +618,12 @@ def main() -> None:
         help="the pilot's time bound (`regen plan --pilot-time S`; default: regen's, 600 s)",
     )
     ap.add_argument(
+        "--cap-share",
+        type=float,
+        help="give the job a dollar cap of this share of what the pilot's plan expects (0.7: "
+        "it binds), plan again, and compare how the plan says the job ends with how it does",
+    )
+    ap.add_argument(
         "--cpu-load", default="0", help="busy processes beside each run, comma separated"
     )
     ap.add_argument("--load-core", type=int, help="pin the busy processes to this core")
@@ -549,6 +641,7 @@ def main() -> None:
         f"pilot {args.pilot} per dataset"
         + (f" at most, sized to +/-{args.precision:.0%}" if args.precision else "")
         + f", CPU load {args.cpu_load}"
+        + ("" if args.cap_share is None else f", a cap of {args.cap_share:g} x the plan's cost")
     )
     only = set(args.only.split(",")) if args.only else None
     results = []
@@ -571,6 +664,7 @@ def main() -> None:
                             (load, args.load_core),
                             args.precision,
                             args.pilot_time,
+                            args.cap_share,
                         )
                     results.append(r)
                     if args.results:

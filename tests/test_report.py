@@ -13,8 +13,10 @@ import html.parser
 import os
 import re
 import shutil
+import signal
 import sqlite3
 import subprocess
+import sys
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,7 +29,15 @@ from regen.outputs.report import JobFacts, Report, percentile, render
 from regen.sim import SimConfig, sim_in_thread
 from regen.sim.config import SimFaults
 from regen.state.runs import RunRecord
-from tests.conftest import chat_rows, query, run_cli, two_lanes, write_job, write_rows
+from tests.conftest import (
+    SECRET_KEY,
+    chat_rows,
+    query,
+    run_cli,
+    two_lanes,
+    write_job,
+    write_rows,
+)
 
 LANES = two_lanes(long_max_tokens=2048)
 JOB_CHARTS = (
@@ -249,6 +259,49 @@ def test_job_charts_mark_each_run_and_the_cap_on_readable_axes(job_out: Path) ->
     )
     (spent,) = query(job_out, "SELECT SUM(cost_usd) FROM ledger")[0]
     assert sum(number(r["spent"]) for r in rows) == pytest.approx(spent, abs=1e-3)
+
+
+def test_the_runs_table_says_how_each_run_ended_with_its_exit_code(job_out: Path) -> None:
+    """The report a run writes as it ends shows that run's own exit code: it is written once
+    the code is known."""
+    rows = Page((job_out / "report.html").read_text()).table("runs")
+    codes = query(job_out, "SELECT exit_code FROM runs WHERE kind = 'run' ORDER BY id")
+    assert [c for (c,) in codes] == [4, codes[1][0]] and codes[1][0] in (0, 4)
+    for row, (code,) in zip(rows[1:], codes, strict=True):
+        assert row["ended"].endswith(f"(exit {code})"), row
+
+
+def test_a_report_written_while_a_run_is_live_says_running_not_killed(tmp_path: Path) -> None:
+    """`regen report` from another process while a run holds the directory: that run has no
+    end recorded yet, and it is running, not killed. Once it ends, its row says how, with its
+    exit code."""
+    write_rows(tmp_path / "a.jsonl", chat_rows(60, "Alpha"))
+    out = tmp_path / "out"
+    with sim_in_thread(SimConfig(seed=2, time_scale=0.0)) as sim:
+        job = write_job(tmp_path, sim.base_url, datasets=[("a", "a.jsonl", "openai")])
+        sim.simulator.hold(after=10)  # 10 answers, then requests wait in flight
+        run = subprocess.Popen(
+            [sys.executable, "-m", "regen", "run", str(job)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "REGEN_TEST_KEY": SECRET_KEY},
+            text=True,
+        )
+        try:
+            assert sim.simulator.wait_until(lambda: sim.simulator.held > 0, 60)
+            live = run_cli("report", str(out))
+            assert live.returncode == 0, live.stderr
+            (row,) = Page((out / "report.html").read_text()).table("runs")
+            assert row["ended"] == "running", row
+            run.send_signal(signal.SIGTERM)  # a graceful stop: what is in flight finishes
+            sim.simulator.release()
+            assert run.wait(timeout=60) == 5, run.communicate()
+        finally:
+            if run.poll() is None:
+                run.kill()
+            run.communicate()
+    (row,) = Page((out / "report.html").read_text()).table("runs")
+    assert row["ended"].startswith("interrupted") and row["ended"].endswith("(exit 5)"), row
 
 
 def test_lanes_and_escalations_match_state_db(job_out: Path) -> None:

@@ -629,7 +629,20 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         report = run_job(job, console=console, force=args.force)
         code = _finish(report, console)
         _record_exit(job.output_path, code)
+        _write_report(job.output_path, console)
         return code
+
+
+def _write_report(out_dir: Path, console: Console) -> None:
+    """report.html, once the run's exit code is recorded (its table of runs shows it)."""
+    from regen.errors import StateError
+    from regen.outputs.report import write_report
+
+    try:
+        write_report(out_dir)
+    except (StateError, sqlite3.Error) as exc:
+        # The report is a view: failing to write it never fails the run.
+        console.print(f"warning: report.html not written: {exc}", markup=False)
 
 
 def _record_exit(out_dir: Path, code: int) -> None:
@@ -1364,6 +1377,8 @@ def _demo(args: argparse.Namespace, console: Console) -> int:
             return EXIT_USER
         report = run_job(job, console=console, api_key=DEMO_KEY)
     code = _finish(report, console)
+    _record_exit(job.output_path, code)
+    _write_report(job.output_path, console)
     from regen.outputs.audit import audit, audit_json
 
     overall = audit_json(audit(args.out.resolve())[0])["overall"]

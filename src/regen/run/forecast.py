@@ -4,10 +4,11 @@ lane, with p10-p90 intervals, and which budget or cap stops it first.
 The unit is a *passage*: one item going through one lane, from its first attempt there to its
 answer, its failure, or the truncated answer that sends it on to a longer lane (`escalate_to`;
 both answers are paid). Each lane is measured on its own finished passages (state.db's attempts
-and ledger name the lane), per dataset where a dataset has at least MIN_PASSAGES of them, else
-over the lane: per passage, the attempts, the share escalated and failed, the dollars and tokens
-charged (failed attempts a provider billed included), the time on the wire and the time it held
-a worker (back-offs and waits for a slot between attempts included).
+and ledger name the lane), per dataset where a dataset has at least MIN_PASSAGES of them (or
+fewer that show it differs from the lane's pool), else over the lane: per passage, the
+attempts, the share escalated and failed, the dollars and tokens charged (failed attempts a
+provider billed included), the time on the wire and the time it held a worker (back-offs and
+waits for a slot between attempts included).
 
 A lane with no finished passage rests on a stated prior (PRIOR_*): completions of max_tokens/4
 on average, answered at PRIOR_TOKENS_PER_S after PRIOR_TTFT_S, priced at the endpoint's prices,
@@ -23,8 +24,10 @@ pilot, ADAPTIVE_SHARE of the most requests the provider answered at once (on_wir
 Passages leave at the slower of the two rates (workers over time held, on_wire over time on
 the wire); the last requests then drain (the slowest
 of those left in flight, from the lane's latency distribution, as the ETA does). Lanes run side
-by side; a lane fed by escalations ends after the lane feeding it. Dollars accrue along that
-timeline, which says when the job's dollar cap or the account's credit would stop it.
+by side; a lane fed by escalations ends after the lane feeding it. Where the dollars expected
+pass the job's cap or the account's credit, the run's own order says when and what stays
+pending (regen.run.ending): each lane's escalated backlog first, then its datasets in order,
+every lane at once.
 
 The interval of a sum combines each mean's standard error (shrinking as answers come) with the
 spread of the remaining passages' own values; bench/plan.py checks both against real runs.
@@ -47,6 +50,7 @@ from regen.engine.eta import (
     format_duration,
     kaplan_meier,
 )
+from regen.run.ending import Budget, Ending, Flow, Lane, play
 from regen.state.runs import LaneCapacity
 from regen.state.spend import FlowEntry
 from regen.state.work import DatasetProgress
@@ -54,7 +58,19 @@ from regen.state.work import DatasetProgress
 FEW_PASSAGES = 30
 """Fewer finished passages than this behind an estimate: the plan says so."""
 MIN_PASSAGES = 10
-"""Fewer finished passages than this of a dataset in a lane: use the lane's, pooled."""
+"""Fewer finished passages than this of a dataset in a lane: use the lane's, pooled, unless
+the dataset's own (MIN_OWN at least) show that it differs from the pool."""
+MIN_OWN = 3
+"""The fewest passages of a dataset that can show it differs from its lane's pool."""
+DIFFERS_SE = 2.0
+"""A dataset differs from its lane's pool when its own mean dollars or time on the wire are
+this many of its own standard errors away from the pool's: a long lane fed by datasets of
+very different prompts (agent trajectories beside chat) pools to a mean none of them has
+(bench/realistic.py: 5x a chat dataset's own long-lane dollars)."""
+DIFFERS_FACTOR = 2.0
+"""...and at least this many times above or below it: a few answers' own spread says little,
+and datasets alike differ from their pool by sampling alone (bench/plan.py's `lanes`: a chat
+dataset's 3 long-lane answers at half the pool's dollars, the run's at 0.8 of it)."""
 PRIOR_LENGTH_SHARE = 0.25
 """Before any answer, a completion is taken as this share of the lane's max_tokens."""
 PRIOR_TTFT_S = 1.0
@@ -390,12 +406,29 @@ def _profiles(
             elif pooled:
                 basis = f"{len(pooled)} answers of lane {lane.name}"
                 prof = Profile.measured(basis, pooled, lat, to)
+                if len(own) >= MIN_OWN:
+                    mine = Profile.measured(f"{len(own)} answers", own, lat, to)
+                    prof = mine if _differs(mine, prof) else prof
             else:
                 prof = Profile.prior(
                     job.lane_max_tokens(lane), to or 0.0, prices, lane.escalate_to is not None
                 )
             out[lane.name, ds.name] = prof
     return out
+
+
+def _differs(own: Profile, pool: Profile) -> bool:
+    """Whether a dataset's few passages show it unlike its lane's pool: its mean dollars or
+    time on the wire more than DIFFERS_SE of its own standard errors from the pool's, and
+    more than DIFFERS_FACTOR times above or below it."""
+    pairs = [(own.wire_s, pool.wire_s)]
+    if own.cost_usd is not None and pool.cost_usd is not None:
+        pairs.append((own.cost_usd, pool.cost_usd))
+    return any(
+        abs(a.mean - b.mean) > DIFFERS_SE * a.se
+        and max(a.mean, b.mean) > DIFFERS_FACTOR * min(a.mean, b.mean)
+        for a, b in pairs
+    )
 
 
 def plan(
@@ -427,19 +460,34 @@ def plan(
     job_end = last.mean
     room = _room(job, progress, credit_room_usd)
     margin = kill_margin(job, pending, prices)
-    stop, cut_at = _job_stop(timeline.segments, room, job_end, margin)
+    total = sum((f.cost_usd.mean for f in timeline.flows if f.cost_usd is not None), 0.0)
+    ending = None
+    last_fit = 0.0
+    if room is not None and total > room[0]:
+        # The run's last request is admitted only while its worst case fits: it ends with
+        # about one worst case of the room unspent.
+        last_fit = max((worst_cases(job, pending, prices) or {}).values(), default=0.0)
+        order = _run_order(job, lanes, pending, profiles, timeline)
+        ending = play(*order, max(0.0, room[0] - last_fit), _budgets_left(job, spent))
+    stop, cut_at = _job_stop(total, room, job_end, margin, ending, timeline)
     datasets = [
-        _dataset_plan(ds.name, spent[ds.name], share, stops, timeline, stop, cut_at)
+        _dataset_plan(ds.name, spent[ds.name], share, stops, timeline, stop, ending, cut_at)
         for ds in job.datasets
         if ds.name in spent
     ]
     unsent = 0
-    if cut_at is not None:
-        short = [d for d in datasets if d.stop and d.stop.startswith(stop.split(":")[0])]
-        unsent = sum(d.pending - d.sent for d in short)
+    if ending is not None:
+        short = [d for d in datasets if round(ending.unsent.get(d.name, 0.0))]
+        unsent = round(sum(ending.unsent.values()))
+        paid = round(sum(ending.escalated.values()))
         if short:
-            names = ", ".join(f"{d.name} ({d.pending - d.sent})" for d in short)
+            names = ", ".join(f"{d.name} ({round(ending.unsent[d.name])})" for d in short)
             stop += f"; {unsent} items stay unsent: {names}"
+            if paid:
+                stop += (
+                    f"; {paid} of them escalated items whose cut-off first try is paid and "
+                    "never answered"
+                )
     total_cost = _sum_intervals([d.cost_usd for d in datasets])
     time_s = last.interval() if timeline.flows else None
     if cut_at is not None:
@@ -449,7 +497,8 @@ def plan(
             else Interval(cut_at, cut_at, cut_at)
         )
         if total_cost is not None and room is not None:
-            total_cost = Interval(room[0], min(total_cost.p10, room[0]), room[0])
+            usd = max(0.0, room[0] - last_fit)
+            total_cost = Interval(usd, min(total_cost.p10, usd), room[0])
     return JobPlan(
         timeline.flows,
         datasets,
@@ -468,9 +517,19 @@ def kill_margin(
     job: Job, pending: dict[tuple[str | None, str], tuple[int, int]], prices: Prices | None
 ) -> float | None:
     """The most a killed run's requests in flight may cost: per lane, its concurrency times one
-    request's worst case (max_tokens and the bound of its pending prompts at their mean, or of
-    all pending prompts for a lane fed by escalations, at the highest prices). None without
-    prices."""
+    request's worst case (worst_cases). None without prices."""
+    worst = worst_cases(job, pending, prices)
+    if worst is None:
+        return None
+    return sum(lane.concurrency * worst[lane.name] for lane in job.lane_list)
+
+
+def worst_cases(
+    job: Job, pending: dict[tuple[str | None, str], tuple[int, int]], prices: Prices | None
+) -> dict[str, float] | None:
+    """Per lane, what admission reserves for one request: max_tokens and the bound of its
+    pending prompts at their mean (of all pending prompts for a lane fed by escalations), at
+    the highest prices. None without prices."""
     if prices is None:
         return None
 
@@ -479,12 +538,12 @@ def kill_margin(
         return sum(pending[k][1] for k in keys) / n if n else 0.0
 
     overall = mean_est(pending)
-    total = 0.0
+    out = {}
     for lane in job.lane_list:
         own = [k for k in pending if k[0] == lane.name]
         prompt = BOUND_PER_EST * (mean_est(own) if own else overall) + BOUND_OVERHEAD
-        total += lane.concurrency * prices.cost(round(prompt), job.lane_max_tokens(lane))
-    return total
+        out[lane.name] = prices.cost(round(prompt), job.lane_max_tokens(lane))
+    return out
 
 
 def _repay(flows: Sequence[FlowPlan], job: Job) -> float | None:
@@ -587,8 +646,10 @@ class _Timeline:
 
     flows: list[FlowPlan] = field(default_factory=list)
     lanes: list[LanePlan] = field(default_factory=list)
-    segments: list[tuple[float, float, float, str, str]] = field(default_factory=list)
-    """(start s, end s, dollars, lane, dataset) of each flow on its lane's timeline."""
+    on_wire: dict[str, float] = field(default_factory=dict)
+    """Requests each lane may keep on the wire."""
+    drain_s: float = 0.0
+    """How long the slowest lane's last requests take to come back once nothing more goes."""
     lane_end: dict[str, _Band] = field(default_factory=dict)
     flow_end: dict[tuple[str, str], _Band] = field(default_factory=dict)
     """When each lane is through with each dataset, from now."""
@@ -608,6 +669,7 @@ class _Timeline:
         bounds (slots held, requests on the wire), then the drain of its last requests."""
         limit, limit_basis = on_wire_for(lane, capacity.get(lane.name))
         on_wire = min(float(lane.concurrency), limit) if limit else float(lane.concurrency)
+        self.on_wire[lane.name] = on_wire
         elapsed = _Band()
         total_n = 0.0
         last: Profile | None = None
@@ -631,9 +693,6 @@ class _Timeline:
                 bool(limit),
             )
             lane_rows.append(row)
-            cost = row.cost_usd.mean if row.cost_usd else 0.0
-            t = elapsed.mean
-            self.segments.append((t, t + took.mean, cost, lane.name, ds.name))
             elapsed += took
             self.flow_end[key] = _paced(elapsed)
             total_n += n
@@ -646,6 +705,9 @@ class _Timeline:
             if n > 0:
                 last = prof
         end = self._drain(elapsed, last, on_wire, total_n)
+        if last is not None and last.latency is not None and total_n > 0:
+            slowest = last.latency.drain(max(1, round(min(on_wire, total_n))))[0]
+            self.drain_s = max(self.drain_s, slowest)
         for src in lanes:
             if src.escalate_to == lane.name and src.name in self.lane_end and total_n > 0:
                 fed = self.lane_end[src.name]
@@ -701,6 +763,12 @@ def _paced(b: _Band) -> _Band:
     return _Band(b.mean, b.var + (b.mean * PACE_RSD) ** 2, b.down, b.up)
 
 
+def seconds_per_passage(lane: LaneConfig, prof: Profile, on_wire: float) -> float:
+    """Lane time one passage takes: its time held over the lane's workers, or on the wire over
+    what the lane may keep there, whichever is slower."""
+    return max(prof.held_s.mean / lane.concurrency, prof.wire_s.mean / on_wire)
+
+
 def _flow_row(
     lane: LaneConfig,
     dataset: str,
@@ -715,9 +783,9 @@ def _flow_row(
     the prior's."""
     n, n_sd, n_lo, n_hi = passages
     # The slower of the two bounds sets the rate, and its spread is that stat's.
-    held, wired = prof.held_s.mean / lane.concurrency, prof.wire_s.mean / on_wire
-    stat, width = (prof.held_s, lane.concurrency) if held >= wired else (prof.wire_s, on_wire)
-    rate = max(held, wired)
+    rate = seconds_per_passage(lane, prof, on_wire)
+    slots = rate == prof.held_s.mean / lane.concurrency
+    stat, width = (prof.held_s, lane.concurrency) if slots else (prof.wire_s, on_wire)
     # A prior's own error is its band; only the spread of each passage adds.
     measured = prof.band is None
 
@@ -766,10 +834,12 @@ def _dataset_plan(
     stops: dict[str, str],
     timeline: _Timeline,
     stop: str,
+    ending: Ending | None,
     cut_at: float | None,
 ) -> DatasetPlan:
     """A dataset's row: its flows summed, when it is done, and what stops it short (its own
-    budget, or the job's cap or credit when they cut the timeline at `cut_at`)."""
+    budget, or the job's cap or credit: what the run's order leaves pending when it runs out
+    of room, at `cut_at`)."""
     rows = [r for r in timeline.flows if r.dataset == name]
     pending_n = p.pending
     sent = round(pending_n * share[name])
@@ -783,13 +853,22 @@ def _dataset_plan(
         note = f"{why} stops it after ~{sent} of its {pending_n} items"
         if done_in is not None:
             note += f", in ~{format_duration(done_in.mean)}"
-    if cut_at is not None:
-        kept = _share_by(timeline.segments, name, cut_at)
-        if kept < 1.0 and round(sent * kept) < sent:
-            sent = round(sent * kept)
+    if ending is not None and cut_at is not None:
+        # The run's order says what its own budget and the cap leave, in place of the shares.
+        met = round(ending.met.get(name, 0.0))
+        left = round(ending.unsent.get(name, 0.0))
+        sent = max(0, pending_n - met - left)
+        note = None
+        if met:
+            kept = pending_n - met
+            note = f"{why or 'its budget'} stops it after ~{kept} of its {pending_n} items"
+        if left:
+            paid = round(ending.escalated.get(name, 0.0))
             note = (
                 f"{stop.split(':')[0]} stops it after ~{sent} of its {pending_n} items, "
                 f"in ~{format_duration(cut_at)}"
+                + (f" ({paid} of those left escalated, their first try paid)" if paid else "")
+                + (f"; its own budget leaves {met}" if met else "")
             )
     cost = _sum_intervals([r.cost_usd for r in rows])
     bases = sorted({r.basis for r in rows if r.passages > 0}) or sorted({r.basis for r in rows})
@@ -887,15 +966,17 @@ def _room(
 
 
 def _job_stop(
-    segments: list[tuple[float, float, float, str, str]],
+    total: float,
     room: tuple[float, str] | None,
     job_end: float,
-    margin: float | None = None,
+    margin: float | None,
+    ending: Ending | None,
+    timeline: _Timeline,
 ) -> tuple[str, float | None]:
-    """When dollars accrued along the lanes' timelines reach the room left: the time, and a
-    sentence; None when every item is expected to finish first. `margin`: the kill margin;
-    finishing is promised only when the room covers it too."""
-    total = sum(s[2] for s in segments)
+    """What ends the job: a sentence, and when the cap or credit stops it (None when every
+    item is expected to finish first). `total`: the dollars every item is expected to take;
+    `margin`: the kill margin (finishing is promised only when the room covers it too);
+    `ending`: where the run's order runs out of room."""
     if room is None or total <= room[0]:
         if room is None:
             return "no dollar cap or credit limit applies: every item is expected to finish", None
@@ -914,40 +995,66 @@ def _job_stop(
             + ")",
             None,
         )
-    # Dollars accrue linearly within each segment: find where the running sum crosses room.
-    events = sorted({s[0] for s in segments} | {s[1] for s in segments})
-    acc = 0.0
-    prev = 0.0
-    for t in events:
-        step = sum(_overlap(s, prev, t) * s[2] for s in segments)
-        if acc + step >= room[0] and step > 0:
-            at = prev + (t - prev) * (room[0] - acc) / step
-            return (
-                f"{room[1]}: stops the job after ~{format_duration(at)} of "
-                f"{format_duration(job_end)}, with ${room[0]:.2f} spent (${total:.2f} "
-                "expected for every item)",
-                at,
+    if ending is None:
+        return f"{room[1]}: stops the job near its end", job_end
+    # Admission stops at the crossing; the requests then in flight still finish.
+    at = min(job_end, ending.at_s + timeline.drain_s)
+    return (
+        f"{room[1]}: stops the job after ~{format_duration(at)} of "
+        f"{format_duration(job_end)}, with ${room[0]:.2f} spent (${total:.2f} "
+        "expected for every item)",
+        at,
+    )
+
+
+def _run_order(
+    job: Job,
+    lanes: list[LaneConfig],
+    pending: dict[tuple[str | None, str], tuple[int, int]],
+    profiles: dict[tuple[str, str], Profile],
+    timeline: _Timeline,
+) -> tuple[list[Lane], dict[tuple[str, str], Flow]]:
+    """The lanes as a run hands them out (their own items in the job's order) and each flow's
+    pace, dollars, tokens (as its dataset's budget counts them) and escalated share per
+    passage."""
+    order = [
+        Lane(
+            lane.name,
+            [(ds.name, pending.get((lane.name, ds.name), (0, 0))[0]) for ds in job.datasets],
+            lane.escalate_to,
+        )
+        for lane in lanes
+    ]
+    total = job.budget.budget_tokens == "total"
+    flows = {}
+    for lane in lanes:
+        for ds in job.datasets:
+            prof = profiles[lane.name, ds.name]
+            tokens = prof.completion_tokens.mean + (prof.prompt_tokens.mean if total else 0.0)
+            flows[lane.name, ds.name] = Flow(
+                seconds_per_passage(lane, prof, timeline.on_wire[lane.name]),
+                prof.cost_usd.mean if prof.cost_usd is not None else 0.0,
+                prof.escalated if lane.escalate_to is not None else 0.0,
+                prof.held_s.mean,
+                tokens,
             )
-        acc += step
-        prev = t
-    return f"{room[1]}: stops the job near its end", job_end
+    return order, flows
 
 
-def _overlap(seg: tuple[float, float, float, str, str], a: float, b: float) -> float:
-    """The share of a segment inside [a, b]."""
-    start, end = seg[0], seg[1]
-    if end <= start:
-        return 1.0 if a <= start < b else 0.0
-    return max(0.0, min(end, b) - max(start, a)) / (end - start)
-
-
-def _share_by(segments: list[tuple[float, float, float, str, str]], ds: str, t: float) -> float:
-    """The share of a dataset's passages (weighted by time) that start before `t`."""
-    mine = [s for s in segments if s[4] == ds]
-    total = sum(s[1] - s[0] for s in mine)
-    if total <= 0:
-        return 1.0 if all(s[0] < t for s in mine) else 0.0
-    return sum(max(0.0, min(s[1], t) - s[0]) for s in mine) / total
+def _budgets_left(job: Job, spent: dict[str, DatasetProgress]) -> dict[str, Budget]:
+    """What each dataset's own budgets leave it: tokens and dollars."""
+    total = job.budget.budget_tokens == "total"
+    out = {}
+    for ds in job.datasets:
+        p = spent.get(ds.name)
+        if p is None or (ds.token_budget is None and ds.max_cost_usd is None):
+            continue
+        used = p.completion_tokens + (p.prompt_tokens if total else 0)
+        out[ds.name] = Budget(
+            None if ds.token_budget is None else float(ds.token_budget - used),
+            None if ds.max_cost_usd is None else ds.max_cost_usd - p.cost_usd,
+        )
+    return out
 
 
 def on_wire_for(lane: LaneConfig, cap: LaneCapacity | None) -> tuple[float | None, str]:

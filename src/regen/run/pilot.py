@@ -20,7 +20,9 @@ costs time before the run starts, not money beyond the job's.
 Every pilot has bounds (`Bounds`), a small share of the job by default: it stops sending when
 its time is up (requests in flight get a tenth of it to finish), it spends at most SHARE of the
 job's dollar cap (without a cap: of the job's expected cost, once the first round has measured
-it), and it uses at most SHARE of each dataset's token budget; the dataset stops there and the
+it; that first round sends half of SHARE of each dataset's items, MIN_FIRST at least, so a
+random sample of them costs about half the bound), and it uses at most SHARE of each
+dataset's token budget; the dataset stops there and the
 pilot says so. Its last line says which bound ended it and what it left wider than asked.
 """
 
@@ -40,6 +42,8 @@ from regen.state.work import DatasetProgress
 
 FIRST = 30
 """Items per dataset in the first round."""
+MIN_FIRST = 10
+"""The fewest items per dataset a first round sends when its money bound is not known yet."""
 ROUNDS = 6
 """Rounds at most: sizes grow by at least half each round, so this is rarely reached."""
 MARGIN = 1.2
@@ -203,12 +207,14 @@ def run_pilot(
     grace = bounds.time_s * GRACE_SHARE
     names = [d.name for d in job.datasets]
     lanes = [lane.name for lane in job.lane_list]
-    want = {ds: most if precision is None else min(most, FIRST) for ds in names}
     first = {p.name: p for p in store.work.dataset_progress()}
     spent0 = sum(p.cost_usd for p in first.values())
     tokens = _token_limits(job, first, bounds.share)
     usd, usd_from = _money(job, bounds)
-    _say(console, _bounds_line(bounds, usd, usd_from, tokens))
+    want = {ds: most if precision is None else min(most, FIRST) for ds in names}
+    if precision is not None and usd is None:
+        want = _first_round(want, first, bounds.share)
+    _say(console, _bounds_line(bounds, usd, usd_from, tokens, want if usd is None else None))
     quantities: list[Quantity] = []
     notes: list[str] = []
     before: dict[str, int] = {}
@@ -264,6 +270,20 @@ def run_pilot(
     return Outcome(quantities, notes)
 
 
+def _first_round(
+    want: Mapping[str, int], progress: Mapping[str, DatasetProgress], share: float
+) -> dict[str, int]:
+    """A first round whose money bound is not known yet (no cap, no --pilot-usd): a random
+    sample of half the share of each dataset's items costs about half the share of the
+    expected cost, leaving the later rounds, bounded, the rest (MIN_FIRST at least)."""
+    out = {}
+    for ds, n in want.items():
+        p = progress.get(ds)
+        items = p.pending + p.done + p.failed if p is not None else 0
+        out[ds] = min(n, max(MIN_FIRST, math.ceil(share / 2 * items)))
+    return out
+
+
 def _say(console: Console, line: str) -> None:
     console.print(line, markup=False, highlight=False, soft_wrap=True)
 
@@ -299,13 +319,26 @@ def _money(job: Job, bounds: Bounds) -> tuple[float | None, str]:
 
 
 def _bounds_line(
-    bounds: Bounds, usd: float | None, usd_from: str, tokens: Mapping[str, int]
+    bounds: Bounds,
+    usd: float | None,
+    usd_from: str,
+    tokens: Mapping[str, int],
+    first: Mapping[str, int] | None = None,
 ) -> str:
+    """The pilot's first line; `first`: the first round's items when its money bound is not
+    known before it (that round is bounded by its size)."""
     money = (
         f"${usd:.4f}"
         + ("" if usd_from == "--pilot-usd" else f" ({bounds.share:.0%} of {usd_from})")
         if usd is not None
-        else f"{bounds.share:.0%} of the expected cost (after the first round)"
+        else f"{bounds.share:.0%} of the expected cost (after the first round"
+        + (
+            f", which sends at most {max(first.values())} items per dataset, about half that "
+            "share of each"
+            if first
+            else ""
+        )
+        + ")"
     )
     line = f"pilot bounds: {format_duration(bounds.time_s)}, {money}"
     if tokens:

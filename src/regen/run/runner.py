@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sqlite3
 import time
 
 from rich.console import Console
@@ -14,7 +13,6 @@ from regen.config import Job
 from regen.errors import Interrupted, StateError
 from regen.lock import LOCK_FILE, RunLock
 from regen.outputs.export import export_specforge
-from regen.outputs.report import write_report
 from regen.run.accounts import endpoint_keys
 from regen.run.dispatch import Dispatched, dispatch, quiet_gc
 from regen.run.prepare import Prepared, prepare
@@ -35,8 +33,9 @@ def run_job(
     """Run the job, stage by stage, each stage's result handed down to the next: lock the
     output directory, open its state, prepare (fingerprint, sources, re-queued failures, lanes),
     dispatch (budgets, sending, reconciliation), then end (what is left unsent and why, the
-    exports, the report). `api_key` defaults to the job's env variable; `force` resumes even
-    if the job's data-affecting settings changed."""
+    exports; the command writes report.html once it knows the exit code). `api_key` defaults
+    to the job's env variable; `force` resumes even if the job's data-affecting settings
+    changed."""
     keys = endpoint_keys(job, api_key)
     refuse_links_out(job)
     with stop_signals() as signals, RunLock(job.output_path) as lock:
@@ -111,8 +110,8 @@ def end(
     prepared: Prepared,
     dispatched: Dispatched | None,
 ) -> RunReport:
-    """Log how the sending ended, name what is left unsent and why, write the exports and the
-    report, and sum it all up (`dispatched` None: aborted)."""
+    """Log how the sending ended, name what is left unsent and why, write the exports, and sum
+    it all up (`dispatched` None: aborted)."""
     out = job.output_path
     stats = dispatched.stats if dispatched is not None else None
     stop_reason = stats.stop_reason if stats is not None else "interrupted"
@@ -143,11 +142,7 @@ def end(
     )
     append_log(out / "run.log", [unsent_line(u) for u in unsent if u.kind != "budget"])
     exports, left_out = export_specforge(store, [d.name for d in job.datasets], out / "export")
-    try:
-        write_report(out)
-    except (StateError, sqlite3.Error) as exc:
-        # The report is a view: failing to write it never fails the run.
-        console.print(f"warning: report.html not written: {exc}", markup=False)
+    # report.html is written by the command once the run's exit code is known (it shows it).
     return RunReport(
         out_dir=out,
         datasets=store.work.dataset_progress(),

@@ -92,6 +92,9 @@ class JobFacts:
     run_usd: list[float] = field(default_factory=list)
     run_last: list[float] = field(default_factory=list)
     """The last event in each run: where a run killed before its first sample ends."""
+    live_run: int | None = None
+    """The run that holds the output directory as the report is written (it has no end yet:
+    running, not killed)."""
     outside: set[int] = field(default_factory=set)
     """Whole seconds with activity outside every recorded run (runs made before the record)."""
 
@@ -140,11 +143,14 @@ def _sort_by_time(times: array[float], *columns: array[int]) -> list[array[Any]]
     return [array(a.typecode, map(a.__getitem__, order)) for a in arrays]
 
 
-def gather(store: Store) -> Report:
-    """Read everything the page shows, each table once, in one pass each."""
+def gather(store: Store, live: bool = False) -> Report:
+    """Read everything the page shows, each table once, in one pass each. `live`: a process
+    holds the output directory, so its latest run without an end is running."""
     recorded = store.records("runs")
     runs = store.runs.all() if recorded else []
     job = JobFacts(runs=runs, recorded=recorded)
+    if live and runs and runs[-1].killed:
+        job.live_run = runs[-1].id
     job.timeline = store.runs.timeline() if recorded else []
 
     reports = {p.name: DatasetReport(p) for p in store.work.dataset_progress()}

@@ -31,7 +31,7 @@ def _runs_table(job: JobFacts) -> str:
                 f"${usd:,.4f}",
                 "-" if r.max_cost_usd is None else f"${r.max_cost_usd:,.2f}",
                 lanes,
-                r.ending(),
+                r.ending(live=r.id == job.live_run),
             )
         )
     return _table(

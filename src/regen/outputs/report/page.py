@@ -9,6 +9,7 @@ from pathlib import Path
 
 from regen import __version__
 from regen.errors import StateError
+from regen.lock import running_holder
 from regen.outputs.report.axes import RATE_STEP_S, TimeAxis, activity_spans
 from regen.outputs.report.data import Report, gather
 from regen.outputs.report.dataset import DS_WIDTH, _section
@@ -78,7 +79,7 @@ def write_report(out_dir: Path, to: Path | None = None) -> Path:
     confined(root, path)
     store = Store.open_readonly(out_dir)
     try:
-        page = render(out_dir, gather(store))
+        page = render(out_dir, gather(store, live=running_holder(out_dir) is not None))
     finally:
         store.close()
     try:

@@ -1,0 +1,267 @@
+"""How a job ends under its dollar cap (or the account's credit): the run's order, played out.
+
+A run does not spend a dataset at a time. Each lane hands out its items by rank: items
+escalated to it first (their first try is paid and cut short), then its own datasets in the
+job's order; lanes run side by side, and a truncated answer in one lane joins the backlog of
+the lane it escalates to once it is committed. A dataset's own budget (tokens or dollars) is
+used up in that same order: once it is met, its items still waiting, in any lane, stay pending.
+When the dollars committed reach the room left, admission stops on every lane at once, and
+what is pending then stays pending: the lanes' own items not yet handed out, the escalated
+items waiting in a backlog (paid once, never answered), and the escalations of the passages
+still in flight.
+
+`play` runs that order as a fluid: each lane spends its time (its seconds per passage, the
+slower of its workers and what it may keep on the wire) on its backlog, mixed as it arrived,
+then on its datasets in order; a passage commits its expected dollars and tokens when it
+starts, as admission reserves them, and its escalated share arrives in the next lane's backlog
+a passage time later.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+STEPS = 2000
+"""Time steps over the longest lane's work: fine enough that the order within a step does
+not matter (a step is 0.05% of the job)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Flow:
+    """One dataset in one lane, per passage."""
+
+    seconds: float
+    """Lane time one passage takes: its time held over the workers, or on the wire over what
+    the lane may keep there, whichever is slower."""
+    cost_usd: float
+    escalated: float
+    """The share sent on to `escalate_to`."""
+    held_s: float
+    """From its start to its end, when an escalation joins the next lane's backlog."""
+    tokens: float = 0.0
+    """What it uses of its dataset's token budget (as the budget counts tokens)."""
+
+
+@dataclass(frozen=True)
+class Lane:
+    """A lane's own items in its hand-out order, and where it escalates."""
+
+    name: str
+    own: list[tuple[str, float]]
+    """(dataset, items) in the job's order."""
+    escalate_to: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """What a dataset may still use: tokens and dollars (None: no such budget)."""
+
+    tokens: float | None = None
+    usd: float | None = None
+
+
+@dataclass(frozen=True)
+class Ending:
+    """Where the room runs out: when, and what each dataset leaves pending."""
+
+    at_s: float
+    unsent: dict[str, float]
+    """Items the cap leaves pending per dataset: never handed out, or escalated and not
+    answered."""
+    escalated: dict[str, float] = field(default_factory=dict)
+    """Of those, the escalated ones (their first try paid)."""
+    met: dict[str, float] = field(default_factory=dict)
+    """Items a dataset's own budget leaves pending (met before the cap)."""
+
+
+@dataclass
+class _State:
+    own: dict[str, list[list[float | str]]]
+    backlog: dict[str, dict[str, float]]
+    arrivals: dict[int, list[tuple[str, str, float]]]
+    budgets: dict[str, Budget]
+    used: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))
+    """Per dataset: tokens and dollars committed."""
+    held: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    """Own items passed over because their dataset's budget is met."""
+    spent: float = 0.0
+
+    def left(self, ds: str, flow: Flow) -> float:
+        """Passages of `flow` its dataset's budgets still let start (inf: no budget)."""
+        b = self.budgets.get(ds)
+        if b is None:
+            return math.inf
+        tokens, usd = self.used[ds]
+        out = math.inf
+        if b.tokens is not None and flow.tokens > 0:
+            out = min(out, max(0.0, (b.tokens - tokens) / flow.tokens))
+        if b.usd is not None and flow.cost_usd > 0:
+            out = min(out, max(0.0, (b.usd - usd) / flow.cost_usd))
+        return out
+
+    def met(self, ds: str) -> bool:
+        b = self.budgets.get(ds)
+        if b is None:
+            return False
+        tokens, usd = self.used[ds]
+        return (b.tokens is not None and tokens >= b.tokens - 1e-9) or (
+            b.usd is not None and usd >= b.usd - 1e-12
+        )
+
+
+def play(
+    lanes: list[Lane],
+    flows: dict[tuple[str, str], Flow],
+    room: float,
+    budgets: dict[str, Budget] | None = None,
+) -> Ending | None:
+    """Play the lanes' order until `room` dollars are committed: the ending, or None when
+    every item is handed out (or left to a dataset's own budget) first."""
+    work = _work(lanes, flows)
+    if work <= 0:
+        return None
+    dt = work / STEPS
+    state = _State(
+        {lane.name: [[ds, n] for ds, n in lane.own if n > 0] for lane in lanes},
+        {lane.name: defaultdict(float) for lane in lanes},
+        defaultdict(list),
+        budgets or {},
+    )
+    by_name = {lane.name: lane for lane in lanes}
+    # Escalations keep arriving after the last own item: run until nothing is left.
+    step = 0
+    while step < 100 * STEPS:
+        for lane_name, ds, n in state.arrivals.pop(step, []):
+            state.backlog[lane_name][ds] += n
+        for lane in lanes:
+            stopped = _serve(lane, by_name, flows, state, step, dt, room)
+            if stopped is not None:
+                return _ending(state, (step + stopped) * dt)
+        step += 1
+        if not state.arrivals and not any(state.own.values()) and not _backlog(state):
+            return None
+    return None
+
+
+def _work(lanes: list[Lane], flows: dict[tuple[str, str], Flow]) -> float:
+    """The longest lane's seconds if its own items were all it had: the time scale."""
+    per_lane = (sum(n * flows[lane.name, ds].seconds for ds, n in lane.own) for lane in lanes)
+    return max(per_lane, default=0.0)
+
+
+def _backlog(state: _State) -> float:
+    """Escalated items still to be handed out (not those a met budget keeps)."""
+    return sum(n for b in state.backlog.values() for ds, n in b.items() if not state.met(ds))
+
+
+def _serve(
+    lane: Lane,
+    lanes: dict[str, Lane],
+    flows: dict[tuple[str, str], Flow],
+    state: _State,
+    step: int,
+    dt: float,
+    room: float,
+) -> float | None:
+    """One step of a lane: its backlog, mixed as it arrived, then its datasets in order (a
+    dataset whose budget is met is passed over). The share of the step at which the room ran
+    out, or None."""
+    left = dt
+    backlog = {ds: n for ds, n in state.backlog[lane.name].items() if n > 1e-12}
+    backlog = {ds: n for ds, n in backlog.items() if not state.met(ds)}
+    total = sum(backlog.values())
+    if total > 1e-12:
+        per = sum(n * flows[lane.name, ds].seconds for ds, n in backlog.items()) / total
+        k = min(total, left / per) if per > 0 else total
+        chunk = {ds: k * n / total for ds, n in backlog.items()}
+        started, out = _start(lane, lanes, flows, state, step, dt, chunk, room)
+        for ds, n in started.items():
+            state.backlog[lane.name][ds] -= n
+        used = sum(n * flows[lane.name, ds].seconds for ds, n in started.items())
+        if out:
+            return (dt - left + used) / dt
+        left -= used
+    queue = state.own[lane.name]
+    while queue and left > 1e-12:
+        ds, n = str(queue[0][0]), float(queue[0][1])
+        if state.met(ds):
+            queue.pop(0)  # left pending by its budget: the feeder goes on to the next
+            state.held[ds] += n
+            continue
+        sec = flows[lane.name, ds].seconds
+        k = min(n, left / sec) if sec > 0 else n
+        started, out = _start(lane, lanes, flows, state, step, dt, {ds: k}, room)
+        got = started.get(ds, 0.0)
+        queue[0][1] = n - got
+        if out:
+            return (dt - left + got * sec) / dt
+        left -= got * sec
+        if n - got <= 1e-9:
+            queue.pop(0)
+        elif got < k:  # its budget ran out part way
+            continue
+    return None
+
+
+def _start(
+    lane: Lane,
+    lanes: dict[str, Lane],
+    flows: dict[tuple[str, str], Flow],
+    state: _State,
+    step: int,
+    dt: float,
+    chunk: dict[str, float],
+    room: float,
+) -> tuple[dict[str, float], bool]:
+    """Start a chunk of passages, as far as their datasets' budgets and the job's room let
+    them: their dollars and tokens are committed, their escalations scheduled. The passages
+    started per dataset, and whether the room ran out."""
+    allowed = {ds: min(n, state.left(ds, flows[lane.name, ds])) for ds, n in chunk.items()}
+    usd = sum(n * flows[lane.name, ds].cost_usd for ds, n in allowed.items())
+    share, out = 1.0, False
+    if usd > 0 and state.spent + usd >= room:
+        share, out = max(0.0, (room - state.spent) / usd), True
+    state.spent += usd * share
+    target = lane.escalate_to if lane.escalate_to in lanes else None
+    started = {}
+    for ds, n in allowed.items():
+        f = flows[lane.name, ds]
+        started[ds] = n * share
+        used = state.used[ds]
+        used[0] += started[ds] * f.tokens
+        used[1] += started[ds] * f.cost_usd
+        if target is not None and f.escalated > 0:
+            at = step + 1 + int(f.held_s / dt)
+            state.arrivals[at].append((target, ds, started[ds] * f.escalated))
+    return started, out
+
+
+def _ending(state: _State, at_s: float) -> Ending:
+    """What stays pending once admission stops: own items, backlogs, and the escalations of
+    the passages in flight (they arrive after the stop); a met dataset's, by its budget."""
+    unsent: dict[str, float] = defaultdict(float)
+    escalated: dict[str, float] = defaultdict(float)
+    met: dict[str, float] = defaultdict(float)
+
+    def add(ds: str, n: float, was_escalated: bool) -> None:
+        if state.met(ds):
+            met[ds] += n
+            return
+        unsent[ds] += n
+        if was_escalated:
+            escalated[ds] += n
+
+    for queue in state.own.values():
+        for ds, n in queue:
+            add(str(ds), float(n), False)
+    for ds, n in state.held.items():
+        add(ds, n, False)
+    for backlog in state.backlog.values():
+        for ds, n in backlog.items():
+            add(ds, n, True)
+    for arriving in state.arrivals.values():
+        for _, ds, n in arriving:
+            add(ds, n, True)
+    return Ending(at_s, dict(unsent), dict(escalated), dict(met))

@@ -1,0 +1,162 @@
+"""How `regen plan` says a capped job ends: the datasets and items the cap leaves pending, as
+the run's own order leaves them (regen.run.ending)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from regen.config import Job, load_job
+from regen.engine.budget import Prices
+from regen.run.ending import Budget, Flow, Lane, play
+from regen.run.forecast import plan
+from regen.sim import SimConfig, sim_in_thread
+from regen.state.spend import FlowEntry
+from regen.state.work import DatasetProgress
+from tests.conftest import chat_rows, query, run_cli, write_job, write_rows
+
+LANES = """
+[[lanes]]
+name = "short"
+concurrency = 8
+max_tokens = 256
+escalate_to = "long"
+
+[[lanes]]
+name = "long"
+concurrency = 2
+max_tokens = 4096
+"""
+
+
+def test_a_slow_long_lane_leaves_its_backlog_of_every_dataset_unsent() -> None:
+    """Two datasets through a fast short lane that escalates half its answers to a slow long
+    lane: the short lane is through early, and the cap binds while the long lane works its
+    backlog, so what stays pending is escalated items of both datasets, none of them unsent
+    on the short lane."""
+    flows = {
+        ("short", "a"): Flow(0.1, 0.001, 0.5, 1.0),
+        ("short", "b"): Flow(0.1, 0.001, 0.5, 1.0),
+        ("long", "a"): Flow(1.0, 0.01, 0.0, 2.0),
+        ("long", "b"): Flow(1.0, 0.01, 0.0, 2.0),
+    }
+    lanes = [Lane("short", [("a", 100), ("b", 100)], "long"), Lane("long", [])]
+    # Every item: 200 x $0.001 on the short lane, 100 escalated x $0.01 on the long one.
+    assert play(lanes, flows, 1.21) is None
+    ending = play(lanes, flows, 0.7)
+    assert ending is not None
+    assert sum(ending.unsent.values()) == pytest.approx(50, abs=1)
+    # Both datasets' escalations wait in the long lane's backlog, mixed as they came.
+    assert ending.unsent["a"] == pytest.approx(ending.unsent["b"], rel=0.35)
+    assert ending.escalated == pytest.approx(ending.unsent)
+    # A lane that keeps pace with its escalations leaves the last dataset's own items.
+    fast = {**flows, **{("long", d): Flow(0.05, 0.01, 0.0, 0.1) for d in "ab"}}
+    ending = play(lanes, fast, 0.7)
+    assert ending is not None and ending.unsent.get("a", 0.0) < 1
+    # At most 200 - 0.7 / 0.006 of b's own (every item's escalation paid with it), a few
+    # fewer: escalations still in flight when the room runs out are not started yet.
+    own_b = ending.unsent["b"] - ending.escalated["b"]
+    assert 200 - 0.7 / 0.006 - 12 < own_b < 200 - 0.7 / 0.006 + 0.5
+
+
+def offline_job(tmp: Path, lanes: str) -> Job:
+    for name in "ab":
+        write_rows(tmp / f"{name}.jsonl", chat_rows(10, name))
+    datasets = [(n, f"{n}.jsonl", "openai") for n in "ab"]
+    return load_job(write_job(tmp, "http://127.0.0.1:9/api/v1", datasets=datasets, extra=lanes))
+
+
+def pending_by_dataset(out: Path) -> dict[str, int]:
+    rows = query(out, "SELECT dataset, COUNT(*) FROM items WHERE status = 'pending' GROUP BY 1")
+    return {d: int(n) for d, n in rows}
+
+
+def test_the_plan_names_the_items_a_binding_cap_leaves_as_the_run_leaves_them(
+    tmp_path: Path,
+) -> None:
+    """A pilot, then the plan of a job whose cap stops it, then the run. The short lane
+    escalates most answers to a long lane of 2, which falls behind: the cap binds while it
+    works its backlog, so every dataset, the first too, keeps escalated items pending. The
+    plan's items left per dataset are the run's, within a fifth of the total and a few items;
+    their total within a quarter."""
+    for name in "abc":
+        write_rows(tmp_path / f"{name}.jsonl", chat_rows(90, f"Topic {name}"))
+    datasets = [(n, f"{n}.jsonl", "openai") for n in "abc"]
+    with sim_in_thread(SimConfig(seed=3, time_scale=0.02)) as sim:
+        free = write_job(tmp_path, sim.base_url, datasets=datasets, extra=LANES)
+        pilot = run_cli("plan", str(free), "--pilot", "30", "--pilot-share", "1", "--json")
+        assert pilot.returncode == 0, pilot.stderr
+        before = json.loads(pilot.stdout)
+        cap = before["spent_usd"] + 0.6 * before["job"]["cost_usd"]["mean"]
+        budget = f"[budget]\nmax_cost_usd = {cap}\n"
+        job = write_job(tmp_path, sim.base_url, datasets=datasets, extra=budget + LANES)
+        planned = run_cli("plan", str(job), "--json")
+        assert planned.returncode == 0, planned.stderr
+        run = run_cli("run", str(job))
+    assert run.returncode == 4, run.stdout  # the cap stops it
+    p = json.loads(planned.stdout)
+    said = {d["name"]: d["pending"] - d["sent"] for d in p["datasets"]}
+    left = pending_by_dataset(tmp_path / "out")
+    total = sum(left.values())
+    assert abs(p["job"]["unsent"] - sum(said.values())) <= 1
+    assert abs(sum(said.values()) - total) <= 0.25 * total + 3, (said, left)
+    for name in "abc":
+        assert abs(said[name] - left.get(name, 0)) <= 0.2 * total + 3, (said, left)
+        assert f"{name} ({said[name]})" in p["job"]["stop"]
+    # What stays is escalated: its first try paid, and the plan says so.
+    assert "escalated items whose cut-off first try is paid" in p["job"]["stop"]
+
+
+def test_a_budget_met_first_keeps_its_escalations_pending_and_their_dollars_go_to_others() -> None:
+    """Dataset a's token budget is met early on the short lane: its escalations waiting in
+    the long lane's backlog stay pending by its budget, not the cap's, and cost nothing, so
+    the long lane answers more of b's before the room runs out."""
+    flows = {
+        (lane, ds): Flow(sec, usd, esc, held, tokens)
+        for ds in "ab"
+        for lane, sec, usd, esc, held, tokens in (
+            ("short", 0.1, 0.001, 0.5, 1.0, 100.0),
+            ("long", 1.0, 0.01, 0.0, 2.0, 1000.0),
+        )
+    }
+    lanes = [Lane("short", [("a", 100), ("b", 100)], "long"), Lane("long", [])]
+    free = play(lanes, flows, 0.6)
+    # 10,000 tokens: a's 100 short passages, or fewer beside the long ones of its first
+    # escalations (1,000 each), which the long lane starts as they come.
+    budgeted = play(lanes, flows, 0.6, {"a": Budget(tokens=10_000)})
+    assert free is not None and budgeted is not None
+    assert 50 < budgeted.met["a"] < 100  # its escalations, and its own items after the budget
+    assert budgeted.unsent.get("a", 0.0) < 1
+    assert budgeted.unsent["b"] < free.unsent["b"] - 10
+
+
+def test_a_dataset_whose_few_answers_differ_from_its_lanes_pool_is_planned_on_its_own(
+    tmp_path: Path,
+) -> None:
+    """A long lane fed by two datasets, one of them with huge prompts: the other, with 6
+    answers there (fewer than MIN_PASSAGES), is planned on its own answers, not on a pool
+    whose mean none of them has; one that agrees with the pool keeps the pool's."""
+    job = offline_job(tmp_path, LANES)
+
+    def entry(lane: str, ds: str, outcome: str, usd: float, est: int) -> FlowEntry:
+        return FlowEntry(lane, ds, outcome, est, 1, 1, 1.0, 1.0, est, 200, usd)
+
+    entries = [entry("short", ds, "escalated", 0.001, 100) for ds in "ab" for _ in range(30)]
+    entries += [entry("long", "a", "done", 0.001 + 0.0001 * (i % 3), 100) for i in range(6)]
+    entries += [entry("long", "b", "done", 0.02 + 0.001 * (i % 3), 100) for i in range(40)]
+    pending = {("short", "a"): (100, 10_000), ("short", "b"): (100, 10_000)}
+    ps = [DatasetProgress(d, 0, 100, 0, 100, 100, 0, 0, 0, 0, 0.0) for d in "ab"]
+    p = plan(job, ps, entries, {}, pending, Prices(0.000001, 0.000002), {})
+    flows = {(f.lane, f.dataset): f for f in p.flows}
+    long_a = flows["long", "a"]
+    assert long_a.basis == "6 answers"
+    assert long_a.cost_usd is not None
+    assert long_a.cost_usd.mean / long_a.passages == pytest.approx(0.0011, rel=0.1)
+    # Within twice the pool's dollars, a few answers say too little: the pool stands.
+    alike = [e for e in entries if not (e.lane == "long" and e.dataset == "a")]
+    alike += [entry("long", "a", "done", 0.012 + 0.0001 * (i % 3), 100) for i in range(6)]
+    p = plan(job, ps, alike, {}, pending, Prices(0.000001, 0.000002), {})
+    (long_a,) = [f for f in p.flows if f.lane == "long" and f.dataset == "a"]
+    assert long_a.basis == "46 answers of lane long"
