@@ -23,7 +23,7 @@ from typing import Any
 
 from regen.engine.eta import Eta
 from regen.engine.limiter import AdaptiveLimit
-from regen.engine.scheduler import DatasetStats, LaneStats, RunStats
+from regen.engine.stats import DatasetStats, LaneStats, RunStats
 
 
 def replay(work: Path, share: float) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from regen.engine.holds import HoldSummary
-from regen.engine.scheduler import RunStats
+from regen.engine.stats import RunStats
 from regen.run.dispatch import end_lines
 from regen.sim import SimConfig, sim_in_thread
 from regen.state.runs import OutageRecord

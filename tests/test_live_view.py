@@ -14,14 +14,8 @@ from rich.console import Console
 
 from regen.engine.eta import eta_text
 from regen.engine.limiter import AdaptiveLimit, EndpointHealth
-from regen.engine.scheduler import (
-    DatasetStats,
-    EndpointStats,
-    JobTotals,
-    LaneStats,
-    Outage,
-    RunStats,
-)
+from regen.engine.runtime import Outage
+from regen.engine.stats import DatasetStats, EndpointStats, JobTotals, LaneStats, RunStats
 from regen.state.work import DatasetProgress
 from regen.view.progress import (
     DEGRADE_ORDER,

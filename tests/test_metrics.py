@@ -20,14 +20,8 @@ from prometheus_client.samples import Sample
 from regen.engine.client import RETRYABLE, STOPS_RUN
 from regen.engine.holds import HoldSummary
 from regen.engine.limiter import AdaptiveLimit
-from regen.engine.scheduler import (
-    DatasetStats,
-    EndpointStats,
-    JobTotals,
-    LaneStats,
-    Outage,
-    RunStats,
-)
+from regen.engine.runtime import Outage
+from regen.engine.stats import DatasetStats, EndpointStats, JobTotals, LaneStats, RunStats
 from regen.sim import SimConfig, sim_in_thread
 from regen.sim.config import SimFaults
 from regen.view.metrics import exposition

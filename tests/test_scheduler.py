@@ -11,7 +11,8 @@ from regen.config import Job, load_job
 from regen.engine.attempt import backoff_s
 from regen.engine.client import ChatClient
 from regen.engine.runtime import Sender
-from regen.engine.scheduler import DatasetStats, RunStats, Scheduler
+from regen.engine.scheduler import Scheduler
+from regen.engine.stats import DatasetStats, RunStats
 from regen.run.lanes import build_lanes
 from regen.sources.ingest import ingest, lane_rules
 from regen.state.db import Store

@@ -150,7 +150,8 @@ def test_a_connection_dropped_by_a_server_back_at_once_is_not_an_outage(tmp_path
     """A server leaves the pool on a dropped connection and is probed 0.5 s later: back at that
     first probe, it was never out of service, and neither `regen status`, the report nor the
     run's end counts it; out for longer, or not back yet, it is an outage."""
-    from regen.engine.scheduler import EndpointStats, Outage, RunStats
+    from regen.engine.runtime import Outage
+    from regen.engine.stats import EndpointStats, RunStats
     from regen.run.summary import run_outages
     from regen.state.db import Store
     from regen.state.runs import OutageRecord

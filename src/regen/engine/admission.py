@@ -22,7 +22,7 @@ from regen.engine.servers import ServerPool
 from regen.state.work import PendingItem
 
 if TYPE_CHECKING:
-    from regen.engine.scheduler import RunStats
+    from regen.engine.stats import RunStats
 
 
 class Admission:

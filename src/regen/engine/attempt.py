@@ -26,7 +26,7 @@ from regen.state.outstanding import Sent
 from regen.state.work import PendingItem
 
 if TYPE_CHECKING:
-    from regen.engine.scheduler import RunStats
+    from regen.engine.stats import RunStats
 
 # Signals for the limiter, by failure class: a 429 says the endpoint is full; a 503 or 529
 # says so too, but also comes now and then when it is not (see limiter.py).

@@ -18,7 +18,7 @@ from regen.engine.client.errors import STOPS_RUN
 from regen.engine.commits import CommitBuffer
 
 if TYPE_CHECKING:
-    from regen.engine.scheduler import RunStats
+    from regen.engine.stats import RunStats
 
 CLIENT_ERRORS = frozenset({"bad_request"})
 """Failures that may be the item's (a prompt too long) or the job's, when the server gives

@@ -31,7 +31,7 @@ from regen.state.work import PendingItem
 
 if TYPE_CHECKING:
     from regen.engine.runtime import LaneRuntime
-    from regen.engine.scheduler import RunStats
+    from regen.engine.stats import RunStats
 
 ESCALATED_RANK = 0
 """The rank of escalated items in a lane's queue: before the lane's own datasets (1, 2, ...)."""

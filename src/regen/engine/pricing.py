@@ -18,7 +18,7 @@ from regen.state.db import Store
 from regen.state.work import PendingItem
 
 if TYPE_CHECKING:
-    from regen.engine.scheduler import RunStats
+    from regen.engine.stats import RunStats
 
 
 class Pricing:

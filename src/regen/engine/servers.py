@@ -17,7 +17,7 @@ from regen.engine.runtime import EndpointRuntime, LaneRuntime, Outage
 from regen.errors import EndpointError
 
 if TYPE_CHECKING:
-    from regen.engine.scheduler import RunStats
+    from regen.engine.stats import RunStats
 
 PROBE_EVERY_S = (0.5, 2.0)
 """A drained server's health is probed this often, doubling up to the second figure."""

@@ -17,10 +17,8 @@ from regen.engine.client import ChatClient
 from regen.engine.gate import BILL_CEILING, Gate
 from regen.engine.holds import HoldKeeper
 from regen.engine.job_keys import JobKeys
-from regen.engine.scheduler import (
-    RunStats,
-    Scheduler,
-)
+from regen.engine.scheduler import Scheduler
+from regen.engine.stats import RunStats
 from regen.errors import ConfigError
 from regen.safe import register_secret
 from regen.state.db import Store

@@ -33,12 +33,8 @@ from regen.engine.client.keys import KeyApi
 from regen.engine.gate import Gate
 from regen.engine.holds import HoldKeeper
 from regen.engine.job_keys import JobKeys
-from regen.engine.scheduler import (
-    DatasetStats,
-    JobTotals,
-    RunStats,
-    Scheduler,
-)
+from regen.engine.scheduler import Scheduler
+from regen.engine.stats import DatasetStats, JobTotals, RunStats
 from regen.errors import ConfigError, StateError, one_line
 from regen.outputs.audit import Checks, LiveAudit, server_kwargs
 from regen.reconstruct import Target, spec_from_store

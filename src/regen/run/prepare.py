@@ -14,9 +14,7 @@ from regen.conversation import (
     canonical_json,
 )
 from regen.engine.client import RETRYABLE, STOPS_RUN
-from regen.engine.scheduler import (
-    CLIENT_ERRORS,
-)
+from regen.engine.failures import CLIENT_ERRORS
 from regen.errors import ConfigError
 from regen.outputs.export import clean_stale_exports
 from regen.run.budgets import budget_book

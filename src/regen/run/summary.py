@@ -11,7 +11,7 @@ from regen.engine.billing import (
     Reconciliation,
 )
 from regen.engine.budget import BudgetBook
-from regen.engine.scheduler import RunStats
+from regen.engine.stats import RunStats
 from regen.run.budgets import budget_book
 from regen.state.db import Store
 from regen.state.runs import OutageRecord

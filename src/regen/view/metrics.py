@@ -52,13 +52,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from regen import __version__
-from regen.engine.scheduler import (
-    LATENCY_BUCKETS,
-    DatasetStats,
-    EndpointStats,
-    JobTotals,
-    RunStats,
-)
+from regen.engine.stats import LATENCY_BUCKETS, DatasetStats, EndpointStats, JobTotals, RunStats
 from regen.safe import redact
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

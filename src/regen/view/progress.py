@@ -24,7 +24,7 @@ from rich.text import Text
 from regen.engine.billing import Reconciliation
 from regen.engine.budget import per_mtok
 from regen.engine.eta import Eta, eta_text, format_duration
-from regen.engine.scheduler import DatasetStats, EndpointStats, RunStats
+from regen.engine.stats import DatasetStats, EndpointStats, RunStats
 from regen.errors import StateError
 from regen.safe import append, printable
 from regen.state.runs import OutageRecord
