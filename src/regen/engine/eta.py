@@ -24,8 +24,11 @@ from array import array
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from statistics import NormalDist
 
-Z90 = 1.2816
+NORMAL = NormalDist()
+"""The standard normal, whose quantiles the ETA's intervals and tail fits read."""
+Z90 = NORMAL.inv_cdf(0.9)
 """The standard normal's 90th percentile: p10 and p90 are the mean -/+ Z90 sd."""
 DRAIN_RSD = 0.35
 SD_SCALE = 1.3
@@ -161,31 +164,17 @@ class LatencyModel:
         return first, math.hypot(sd, first * min(1.0, 3.0 * self.extrapolated))
 
 
-def _phi(x: float) -> float:
-    """The standard normal's CDF."""
-    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
-
-
-def _probit(p: float) -> float:
-    """The standard normal's quantile (bisection on erf: exact enough, and no SciPy)."""
-    lo, hi = -8.0, 8.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if _phi(mid) < p else (lo, mid)
-    return (lo + hi) / 2
-
-
 def _lognormal_tail(times: list[float], curve: list[float]) -> tuple[float, float] | None:
     """(mu, sigma) of a log-normal fitted to the upper half of a survival curve, by regressing
     log t on the normal quantile of 1 - S(t) (a probability plot)."""
     pts = [
-        (math.log(t), _probit(1.0 - s))
+        (math.log(t), NORMAL.inv_cdf(1.0 - s))
         for t, s in zip(times, curve, strict=True)
         if t > 0 and 0.0 < s <= 0.5
     ]
     if len(pts) < 3:
         pts = [
-            (math.log(t), _probit(1.0 - s))
+            (math.log(t), NORMAL.inv_cdf(1.0 - s))
             for t, s in zip(times, curve, strict=True)
             if t > 0 and 0.0 < s < 1.0
         ]
