@@ -362,10 +362,11 @@ def test_generated_completions_respect_max_tokens_and_count_their_ids(
     )
 )
 def test_fast_word_encoding_equals_the_tokenizer(text: str) -> None:
-    from regen.sim.tokens import _encode
+    from regen.sim.tokens import encode_words
 
     tok = sim_tokenizer()
-    assert _encode(tok, text) == (tok.encode(text, add_special_tokens=False).ids if text else [])
+    expected = tok.encode(text, add_special_tokens=False).ids if text else []
+    assert encode_words(tok, text) == expected
 
 
 def test_new_templates_are_the_bytes_their_sources_name() -> None:

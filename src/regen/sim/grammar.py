@@ -15,7 +15,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from regen.sim.text_grammars import TEXT_GRAMMARS
-from regen.sim.tokens import Call, Grammar, Parsed, _special, sim_tokenizer
+from regen.sim.tokens import Call, Grammar, Parsed, sim_tokenizer, special_id
 
 __all__ = ["FAMILIES", "Call", "Grammar", "Parsed", "grammar", "sim_tokenizer"]
 
@@ -31,7 +31,7 @@ class KimiK25:
         self.tok = tok
 
         def sid(t: str) -> int:
-            return _special(tok, t)
+            return special_id(tok, t)
 
         self.think_end = sid("</think>")
         self.im_end = sid("<|im_end|>")
@@ -85,11 +85,11 @@ class Qwen3:
 
     def __init__(self, tok: Tokenizer) -> None:
         self.tok = tok
-        self.think_begin = _special(tok, "<think>")
-        self.think_end = _special(tok, "</think>")
-        self.im_end = _special(tok, "<|im_end|>")
-        self.call_begin = _special(tok, "<tool_call>")
-        self.call_end = _special(tok, "</tool_call>")
+        self.think_begin = special_id(tok, "<think>")
+        self.think_end = special_id(tok, "</think>")
+        self.im_end = special_id(tok, "<|im_end|>")
+        self.call_begin = special_id(tok, "<tool_call>")
+        self.call_end = special_id(tok, "</tool_call>")
 
     def parse(self, ids: list[int], thinking: bool, tools: list[Any] | None = None) -> Parsed:
         dec = self.tok.decode

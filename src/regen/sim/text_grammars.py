@@ -14,7 +14,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from regen.sim.tokens import Call, Parsed, _encode, _special
+from regen.sim.tokens import Call, Parsed, encode_words, special_id
 
 
 class TextGrammar:
@@ -25,7 +25,7 @@ class TextGrammar:
 
     def __init__(self, tok: Tokenizer) -> None:
         self.tok = tok
-        self.end_ids = {_special(tok, t): t for t in self.ends}
+        self.end_ids = {special_id(tok, t): t for t in self.ends}
 
     # to override
     def split(
@@ -39,7 +39,7 @@ class TextGrammar:
         reasoning, content, calls = self.split(
             self.tok.decode(body, skip_special_tokens=False), thinking, tools
         )
-        n_reasoning = len(_encode(self.tok, reasoning)) if reasoning else 0
+        n_reasoning = len(encode_words(self.tok, reasoning)) if reasoning else 0
         return Parsed(reasoning, content, calls, n_reasoning, complete)
 
 

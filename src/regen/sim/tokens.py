@@ -56,7 +56,7 @@ def _text(v: Any) -> str:
     return v if isinstance(v, str) else ("" if v is None else json.dumps(v, ensure_ascii=False))
 
 
-def _special(tok: Tokenizer, token: str) -> int:
+def special_id(tok: Tokenizer, token: str) -> int:
     tid = tok.token_to_id(token)
     if tid is None:
         raise ValueError(f"the sim tokenizer has no {token} token")
@@ -75,7 +75,7 @@ def _word_ids() -> tuple[dict[str, int], dict[str, int]]:
     )
 
 
-def _encode(tok: Tokenizer, text: str) -> list[int]:
+def encode_words(tok: Tokenizer, text: str) -> list[int]:
     """Token ids of text. Text made of sim words joined by single spaces maps word by word
     (the same ids the tokenizer gives, far cheaper); anything else goes to the tokenizer."""
     if not text:

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from regen.engine.budget import per_mtok
 from regen.outputs.report.axes import TimeAxis, fmt_tick, nice_step, nice_ticks
 from regen.outputs.report.data import DatasetReport, JobFacts, percentile, run_labels
-from regen.outputs.report.markup import _esc, _table
-from regen.outputs.report.svg import PALETTE, Plot, _f, _frame, _rates, _time_chart
+from regen.outputs.report.markup import html_esc, html_table
+from regen.outputs.report.svg import PALETTE, Plot, chart_frame, coord, rate_series, time_chart
 from regen.state.runs import RunRecord
 
 DS_WIDTH = 580
@@ -35,25 +35,25 @@ def _histogram(values: Sequence[int], markers: list[tuple[str, int]]) -> str:
     sx = plot.pw / xmax
     base = plot.top + plot.ph
     body = [
-        f'<rect class="bar" x="{_f(plot.xa(i * bw * sx))}" y="{_f(plot.y(c))}" '
-        f'width="{_f(max(0.5, bw * sx - 1))}" height="{_f(base - plot.y(c))}">'
+        f'<rect class="bar" x="{coord(plot.xa(i * bw * sx))}" y="{coord(plot.y(c))}" '
+        f'width="{coord(max(0.5, bw * sx - 1))}" height="{coord(base - plot.y(c))}">'
         f"<title>{i * bw:,.0f}-{(i + 1) * bw:,.0f} tokens: {c:,}</title></rect>"
         for i, c in enumerate(counts)
         if c
     ]
     for k, (lane, mt) in enumerate(sorted(markers, key=lambda m: m[1])):
-        x = _f(plot.xa(mt * sx))
+        x = coord(plot.xa(mt * sx))
         y = 11 if k % 2 == 0 else 23
         at = sum(1 for v in values if v >= mt)
         body.append(
-            f'<line class="max-tokens" data-lane="{_esc(lane)}" x1="{x}" x2="{x}" y1="{y + 3}" '
-            f'y2="{_f(base)}"><title>{_esc(lane)}: max_tokens {mt:,} ({at:,} answers at or '
+            f'<line class="max-tokens" data-lane="{html_esc(lane)}" x1="{x}" x2="{x}" y1="{y + 3}" '
+            f'y2="{coord(base)}"><title>{html_esc(lane)}: max_tokens {mt:,} ({at:,} answers at or '
             f"over it)</title></line>"
-            f'<text class="max-label" x="{x}" dx="3" y="{y}">{_esc(lane)} {mt:,}</text>'
+            f'<text class="max-label" x="{x}" dx="3" y="{y}">{html_esc(lane)} {mt:,}</text>'
         )
     step = xticks_v[1] - xticks_v[0]
     x_ticks = [(v * sx, fmt_tick(v, step)) for v in xticks_v]
-    return _frame(plot, yticks, "answers", x_ticks, "completion tokens", body, "lengths")
+    return chart_frame(plot, yticks, "answers", x_ticks, "completion tokens", body, "lengths")
 
 
 def _markers(r: DatasetReport, runs: list[RunRecord]) -> list[tuple[str, int]]:
@@ -76,8 +76,8 @@ def _throughput(r: DatasetReport, axis: TimeAxis | None, job: JobFacts) -> str:
     """Answers per minute, on an axis whose steps are a minute or more (RATE_STEP_S)."""
     if axis is None or len(r.finished_at) < 2:
         return "<p class=dim>not enough answers for a curve</p>"
-    per_min = _rates(axis.count(r.finished_at), axis, 60.0)
-    return _time_chart(
+    per_min = rate_series(axis.count(r.finished_at), axis, 60.0)
+    return time_chart(
         "throughput",
         axis,
         job,
@@ -95,7 +95,7 @@ def _tokens(r: DatasetReport) -> str:
     failures."""
     completion = sum(r.completion_tokens)
     content = completion - r.reasoning_tokens
-    return _table(
+    return html_table(
         [
             (
                 f"{len(r.completion_tokens):,}",
@@ -116,7 +116,7 @@ def _counts(d: dict[str, int]) -> str:
         return "<p class=dim>none</p>"
     total = sum(d.values())
     rows = [(k, f"{n:,}", f"{n / total:.1%}") for k, n in sorted(d.items(), key=lambda kv: -kv[1])]
-    return _table(rows, ("", "count", "share"))
+    return html_table(rows, ("", "count", "share"))
 
 
 def _dataset_lanes(r: DatasetReport) -> str:
@@ -133,15 +133,15 @@ def _dataset_lanes(r: DatasetReport) -> str:
     ]
     return (
         "<h3>lanes</h3>"
-        + _table(rows, ("lane", "answers", "of which escalated here"), cls="ds-lanes")
+        + html_table(rows, ("lane", "answers", "of which escalated here"), cls="ds-lanes")
         + f"<p>{r.escalated_charges:,} truncated answers escalated</p>"
     )
 
 
-def _section(r: DatasetReport, axis: TimeAxis | None, job: JobFacts) -> str:
+def dataset_section(r: DatasetReport, axis: TimeAxis | None, job: JobFacts) -> str:
     p = r.progress
     lat = sorted(r.latencies)
-    summary = _table(
+    summary = html_table(
         [
             (
                 f"{p.items:,}",
@@ -167,7 +167,7 @@ def _section(r: DatasetReport, axis: TimeAxis | None, job: JobFacts) -> str:
             "$/Mtok",
         ),
     )
-    latency = _table(
+    latency = html_table(
         [tuple(f"{percentile(lat, q):.2f} s" for q in (0.5, 0.9, 0.99)) + (f"{lat[-1]:.2f} s",)]
         if lat
         else [("-", "-", "-", "-")],

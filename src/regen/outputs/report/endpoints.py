@@ -10,8 +10,8 @@ from __future__ import annotations
 from regen.outputs.report.axes import RATE_STEP_S, Span, TimeAxis
 from regen.outputs.report.data import EndpointReport, JobFacts, percentile, run_labels
 from regen.outputs.report.job_charts import JOB_WIDTH
-from regen.outputs.report.markup import _esc, _legend, _table
-from regen.outputs.report.svg import PALETTE, Plot, Series, _rates, _time_chart
+from regen.outputs.report.markup import chart_legend, html_esc, html_table
+from regen.outputs.report.svg import PALETTE, Plot, Series, rate_series, time_chart
 
 
 def _name(e: EndpointReport) -> str:
@@ -57,10 +57,10 @@ def _throughput(endpoints: list[EndpointReport], job: JobFacts, spans: list[Span
     for k, e in enumerate(endpoints):
         color = PALETTE[k % len(PALETTE)]
         tokens = axis.count(e.finished_at, e.completion_tokens)
-        series.append((_rates(tokens, axis, 1.0), color, ""))
+        series.append((rate_series(tokens, axis, 1.0), color, ""))
         legend.append((_name(e), color, "solid"))
     title = f"completion tokens per second, by endpoint (counted over steps of {axis.steps()})"
-    svg = _time_chart(
+    svg = time_chart(
         "endpoint-tokens",
         axis,
         job,
@@ -69,14 +69,14 @@ def _throughput(endpoints: list[EndpointReport], job: JobFacts, spans: list[Span
         "completion tokens/s",
         JOB_WIDTH,
     )
-    return f"<div class=chartbox><h3>{_esc(title)}</h3>{_legend(legend)}{svg}</div>"
+    return f"<div class=chartbox><h3>{html_esc(title)}</h3>{chart_legend(legend)}{svg}</div>"
 
 
 def endpoint_section(endpoints: list[EndpointReport], job: JobFacts, spans: list[Span]) -> str:
     """The table of endpoints, and their throughput when there are several."""
     if not endpoints:
         return ""
-    table = _table(
+    table = html_table(
         [_row(e) for e in endpoints],
         (
             "endpoint",

@@ -7,7 +7,7 @@ from __future__ import annotations
 from regen.outputs.report.axes import IDLE_GAP_S, activity_spans, fmt_duration, utc
 from regen.outputs.report.data import DatasetReport, JobFacts, Report, run_labels
 from regen.outputs.report.job_charts import job_charts
-from regen.outputs.report.markup import _table
+from regen.outputs.report.markup import html_table
 
 
 def _runs_table(job: JobFacts) -> str:
@@ -34,7 +34,7 @@ def _runs_table(job: JobFacts) -> str:
                 r.ending(live=r.id == job.live_run),
             )
         )
-    return _table(
+    return html_table(
         rows,
         ("run", "started", "lasted", "answers", "spent", "cap", "lanes", "ended"),
         cls="runs",
@@ -75,7 +75,7 @@ def _lanes_table(job: JobFacts, datasets: list[DatasetReport]) -> str:
                 f"{job.lane_429s.get(name, 0):,}",
             )
         )
-    table = _table(
+    table = html_table(
         rows,
         (
             "lane",
@@ -97,7 +97,7 @@ def _lanes_table(job: JobFacts, datasets: list[DatasetReport]) -> str:
     return table + note
 
 
-def _job_section(report: Report) -> str:
+def job_section(report: Report) -> str:
     job = report.job
     spans = activity_spans(job)
     note = ""

@@ -15,15 +15,23 @@ from dataclasses import dataclass
 
 from regen.outputs.report.axes import RATE_STEP_S, Span, TimeAxis
 from regen.outputs.report.data import JobFacts, run_labels
-from regen.outputs.report.markup import _esc, _legend
-from regen.outputs.report.svg import PALETTE, Plot, Series, _f, _rates, _shares, _time_chart
+from regen.outputs.report.markup import chart_legend, html_esc
+from regen.outputs.report.svg import (
+    PALETTE,
+    Plot,
+    Series,
+    coord,
+    rate_series,
+    share_series,
+    time_chart,
+)
 
 JOB_WIDTH = 1180
 ALL_CLASSES = "#333"
 
 
 def _block(title: str, legend: str, body: str) -> str:
-    return f"<div class=chartbox><h3>{_esc(title)}</h3>{legend}{body}</div>"
+    return f"<div class=chartbox><h3>{html_esc(title)}</h3>{legend}{body}</div>"
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +51,7 @@ class _Charts:
         return f"counted over steps of {self.rates.steps()}"
 
     def rate_chart(self, name: str, series: Sequence[Series], y_title: str) -> str:
-        return _time_chart(name, self.rates, self.job, self.labels, series, y_title, JOB_WIDTH)
+        return time_chart(name, self.rates, self.job, self.labels, series, y_title, JOB_WIDTH)
 
 
 def job_charts(job: JobFacts, spans: list[Span]) -> str:
@@ -57,7 +65,7 @@ def job_charts(job: JobFacts, spans: list[Span]) -> str:
         TimeAxis.build(spans, width, RATE_STEP_S),
         run_labels(job.runs),
     )
-    answers = _rates(c.rates.count(job.answers), c.rates, 1.0)
+    answers = rate_series(c.rates.count(job.answers), c.rates, 1.0)
     return "".join(
         (
             _block(
@@ -87,7 +95,7 @@ def _tokens(c: _Charts) -> str:
     prompt = axis.count(job.answers, job.answer_prompt)
     return _block(
         f"completion tokens per second in answers, reasoning and content apart ({c.steps})",
-        _legend(
+        chart_legend(
             [
                 ("completion (all)", PALETTE[1], "solid"),
                 ("reasoning", PALETTE[3], "dashed"),
@@ -97,9 +105,9 @@ def _tokens(c: _Charts) -> str:
         c.rate_chart(
             "tokens",
             [
-                (_rates(completion, axis, 1.0), PALETTE[1], ""),
-                (_rates(reasoning, axis, 1.0), PALETTE[3], "6 3"),
-                (_rates(content, axis, 1.0), PALETTE[0], "1 3"),
+                (rate_series(completion, axis, 1.0), PALETTE[1], ""),
+                (rate_series(reasoning, axis, 1.0), PALETTE[3], "6 3"),
+                (rate_series(content, axis, 1.0), PALETTE[0], "1 3"),
             ],
             "completion tokens/s",
         ),
@@ -107,7 +115,7 @@ def _tokens(c: _Charts) -> str:
         f"prompt tokens per second in answers ({c.steps})",
         "",
         c.rate_chart(
-            "prompt-tokens", [(_rates(prompt, axis, 1.0), PALETTE[2], "")], "prompt tokens/s"
+            "prompt-tokens", [(rate_series(prompt, axis, 1.0), PALETTE[2], "")], "prompt tokens/s"
         ),
     )
 
@@ -151,8 +159,8 @@ def _in_flight(c: _Charts) -> str:
         ]
     return _block(
         "requests in flight against each lane's adaptive limit (means over each step)",
-        _legend(legend),
-        _time_chart("in-flight", axis, job, c.labels, series, "requests", JOB_WIDTH),
+        chart_legend(legend),
+        time_chart("in-flight", axis, job, c.labels, series, "requests", JOB_WIDTH),
     )
 
 
@@ -169,19 +177,21 @@ def _spend(c: _Charts) -> str:
             x0 = plot.xa(axis.x(r.started_at))
             i = axis._span_of(r.started_at)
             x1 = plot.xa(axis.x0[i] + axis.widths[i])
-            y = _f(plot.y(cap))
+            y = coord(plot.y(cap))
             out.append(
-                f'<line class="cap" x1="{_f(x0)}" x2="{_f(x1)}" y1="{y}" y2="{y}">'
+                f'<line class="cap" x1="{coord(x0)}" x2="{coord(x1)}" y1="{y}" y2="{y}">'
                 f"<title>dollar cap ${cap:,.2f}</title></line>"
-                f'<text class="cap-label" x="{_f(x1 - 3)}" y="{y}" dy="-4" '
+                f'<text class="cap-label" x="{coord(x1 - 3)}" y="{y}" dy="-4" '
                 f'text-anchor="end">cap ${cap:,.2f}</text>'
             )
         return out
 
     return _block(
         "dollars spent (cumulative) against the job's dollar cap",
-        _legend([("spent", PALETTE[1], "solid")] + ([("cap", "#c22", "dashed")] if caps else [])),
-        _time_chart(
+        chart_legend(
+            [("spent", PALETTE[1], "solid")] + ([("cap", "#c22", "dashed")] if caps else [])
+        ),
+        time_chart(
             "spend",
             axis,
             job,
@@ -208,10 +218,10 @@ def _failures(c: _Charts) -> str:
     for t, cls, _ in job.failures:
         by_class[cls].append(t)
     failed = {cls: axis.count(by_class[cls]) for cls in classes}
-    per_min = [(_rates(failed[cls], axis, 60.0), color_of[cls], "") for cls in classes]
+    per_min = [(rate_series(failed[cls], axis, 60.0), color_of[cls], "") for cls in classes]
     out = _block(
         f"failed attempts per minute, by class ({c.steps})",
-        _legend([(cls, color_of[cls], "solid") for cls in classes]),
+        chart_legend([(cls, color_of[cls], "solid") for cls in classes]),
         c.rate_chart("errors", per_min, "failed attempts/min"),
     )
     if not job.attempts:
@@ -223,13 +233,13 @@ def _failures(c: _Charts) -> str:
         )
     started = axis.count(job.attempts)
     every = [sum(n) for n in zip(*failed.values(), strict=True)]
-    shares: list[Series] = [(_shares(every, started), ALL_CLASSES, "")]
-    shares.extend((_shares(failed[cls], started), color_of[cls], "4 2") for cls in classes)
+    shares: list[Series] = [(share_series(every, started), ALL_CLASSES, "")]
+    shares.extend((share_series(failed[cls], started), color_of[cls], "4 2") for cls in classes)
     overall = len(job.failures) / len(job.attempts)
     return out + _block(
         f"failed attempts as a share of the attempts started ({c.steps}; "
         f"{overall:.1%} of all attempts)",
-        _legend(
+        chart_legend(
             [("all classes", ALL_CLASSES, "solid")]
             + [(cls, color_of[cls], "dashed") for cls in classes]
         ),
@@ -248,10 +258,10 @@ def _rate_limited(c: _Charts) -> str:
     for t, lane_or_none in job.rate_limited:
         by_lane[lane_or_none or ""].append(t)
     series: list[Series] = [
-        (_rates(axis.count(by_lane[lane]), axis, 60.0), color_of[lane], "") for lane in lanes
+        (rate_series(axis.count(by_lane[lane]), axis, 60.0), color_of[lane], "") for lane in lanes
     ]
     return _block(
         f"429s (rate limited) per minute, by lane ({c.steps})",
-        _legend([(lane or "(lane not recorded)", color_of[lane], "solid") for lane in lanes]),
+        chart_legend([(lane or "(lane not recorded)", color_of[lane], "solid") for lane in lanes]),
         c.rate_chart("429s", series, "429s/min"),
     )

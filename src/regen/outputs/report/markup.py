@@ -7,11 +7,11 @@ import html
 from collections.abc import Sequence
 
 
-def _esc(s: str) -> str:
+def html_esc(s: str) -> str:
     return html.escape(s, quote=True)
 
 
-def _table(rows: Sequence[tuple[str, ...]], head: tuple[str, ...], cls: str = "") -> str:
+def html_table(rows: Sequence[tuple[str, ...]], head: tuple[str, ...], cls: str = "") -> str:
     cells = "".join(
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows
     )
@@ -20,12 +20,12 @@ def _table(rows: Sequence[tuple[str, ...]], head: tuple[str, ...], cls: str = ""
     return f"<table{klass}><thead><tr>{header}</tr></thead><tbody>{cells}</tbody></table>"
 
 
-def _legend(items: list[tuple[str, str, str]]) -> str:
+def chart_legend(items: list[tuple[str, str, str]]) -> str:
     """(label, colour, line style: solid/dashed/dotted) as HTML under a chart title."""
     if not items:
         return ""
     spans = "".join(
-        f'<span><i style="border-top:2px {style} {color}"></i>{_esc(label)}</span>'
+        f'<span><i style="border-top:2px {style} {color}"></i>{html_esc(label)}</span>'
         for label, color, style in items
     )
     return f"<div class=legend>{spans}</div>"

@@ -12,10 +12,10 @@ from regen.errors import StateError
 from regen.lock import running_holder
 from regen.outputs.report.axes import RATE_STEP_S, TimeAxis, activity_spans
 from regen.outputs.report.data import Report, gather
-from regen.outputs.report.dataset import DS_WIDTH, _section
+from regen.outputs.report.dataset import DS_WIDTH, dataset_section
 from regen.outputs.report.endpoints import endpoint_section
-from regen.outputs.report.job import _job_section
-from regen.outputs.report.markup import _table
+from regen.outputs.report.job import job_section
+from regen.outputs.report.markup import html_table
 from regen.outputs.report.svg import Plot
 from regen.safe import confined, root_for, write_text_atomic
 from regen.state.db import Store
@@ -42,7 +42,7 @@ def render(out_dir: Path, report: Report) -> str:
     total_cost = sum(r.progress.cost_usd for r in reports)
     total_tokens = sum(r.progress.completion_tokens for r in reports)
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    overview = _table(
+    overview = html_table(
         [
             (
                 r.progress.name,
@@ -58,7 +58,7 @@ def render(out_dir: Path, report: Report) -> str:
     spans = activity_spans(report.job)
     plot = Plot(DS_WIDTH, 1)
     axis = TimeAxis.build(spans, plot.pw, RATE_STEP_S) if spans else None
-    body = "".join(_section(r, axis, report.job) for r in reports)
+    body = "".join(dataset_section(r, axis, report.job) for r in reports)
     endpoints = endpoint_section(report.endpoints, report.job, spans)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -66,7 +66,7 @@ def render(out_dir: Path, report: Report) -> str:
 <body><h1>regen report</h1>
 <p>{html.escape(str(out_dir))} &middot; written {when} by regen {__version__} &middot;
 ${total_cost:,.4f} spent on {total_tokens:,} completion tokens</p>
-{overview}{_job_section(report)}{endpoints}{body}
+{overview}{job_section(report)}{endpoints}{body}
 </body></html>
 """
 

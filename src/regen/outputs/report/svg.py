@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from regen.outputs.report.axes import TimeAxis, fmt_duration, fmt_tick, nice_ticks, utc
 from regen.outputs.report.data import JobFacts
-from regen.outputs.report.markup import _esc
+from regen.outputs.report.markup import html_esc
 from regen.state.runs import RunRecord
 
 PALETTE = ("#2a7", "#27c", "#d62", "#a3c", "#c90", "#3aa", "#c36", "#777", "#68a", "#9a3")
@@ -19,7 +19,7 @@ Series = tuple[Sequence[float | None], str, str]
 """A line on a time chart: a value per bucket (None: no line there), colour, dash pattern."""
 
 
-def _f(v: float) -> str:
+def coord(v: float) -> str:
     return f"{v:.1f}"
 
 
@@ -51,7 +51,7 @@ class Plot:
         return self.left + x
 
 
-def _frame(
+def chart_frame(
     plot: Plot,
     yticks: list[float],
     y_title: str,
@@ -64,41 +64,42 @@ def _frame(
     """Gridlines, tick labels and axis titles around `body` (drawn in canvas coordinates)."""
     step = yticks[1] - yticks[0] if len(yticks) > 1 else 1.0
     parts = [
-        f'<svg class="chart" data-chart="{_esc(name)}" viewBox="0 0 {plot.width} {plot.height}" '
+        f'<svg class="chart" data-chart="{html_esc(name)}" '
+        f'viewBox="0 0 {plot.width} {plot.height}" '
         f'width="{plot.width}" height="{plot.height}" role="img" '
-        f'aria-label="{_esc(name)}">'
+        f'aria-label="{html_esc(name)}">'
     ]
     x_end = plot.left + plot.pw
     for v in yticks:
-        y = _f(plot.y(v))
-        parts.append(f'<line class="grid" x1="{plot.left}" x2="{_f(x_end)}" y1="{y}" y2="{y}"/>')
+        y = coord(plot.y(v))
+        parts.append(f'<line class="grid" x1="{plot.left}" x2="{coord(x_end)}" y1="{y}" y2="{y}"/>')
         parts.append(
             f'<text class="tick y" x="{plot.left - 6}" y="{y}" dy="4" text-anchor="end">'
-            f"{_esc(fmt_tick(v, step, prefix))}</text>"
+            f"{html_esc(fmt_tick(v, step, prefix))}</text>"
         )
-    base = _f(plot.top + plot.ph)
+    base = coord(plot.top + plot.ph)
     for x, label in x_ticks:
-        xs = _f(plot.xa(x))
+        xs = coord(plot.xa(x))
         # A label at an end of the axis is kept inside the canvas (about 6.5 px a character).
         half = 3.3 * len(label)
         anchor = "end" if x + half > plot.pw + plot.right else "middle"
         anchor = "start" if x - half < -plot.left else anchor
         parts.append(
             f'<line class="grid" x1="{xs}" x2="{xs}" y1="{plot.top}" y2="{base}"/>'
-            f'<text class="tick x" x="{xs}" y="{_f(plot.top + plot.ph + 15)}" '
-            f'text-anchor="{anchor}">{_esc(label)}</text>'
+            f'<text class="tick x" x="{xs}" y="{coord(plot.top + plot.ph + 15)}" '
+            f'text-anchor="{anchor}">{html_esc(label)}</text>'
         )
     parts.append(
-        f'<line class="axis" x1="{plot.left}" x2="{_f(x_end)}" y1="{base}" y2="{base}"/>'
+        f'<line class="axis" x1="{plot.left}" x2="{coord(x_end)}" y1="{base}" y2="{base}"/>'
         f'<line class="axis" x1="{plot.left}" x2="{plot.left}" y1="{plot.top}" y2="{base}"/>'
     )
     parts.extend(body)
-    mid_y = _f(plot.top + plot.ph / 2)
+    mid_y = coord(plot.top + plot.ph / 2)
     parts.append(
         f'<text class="title y" transform="translate(14 {mid_y}) rotate(-90)" '
-        f'text-anchor="middle">{_esc(y_title)}</text>'
-        f'<text class="title x" x="{_f(plot.left + plot.pw / 2)}" y="{plot.height - 6}" '
-        f'text-anchor="middle">{_esc(x_title)}</text></svg>'
+        f'text-anchor="middle">{html_esc(y_title)}</text>'
+        f'<text class="title x" x="{coord(plot.left + plot.pw / 2)}" y="{plot.height - 6}" '
+        f'text-anchor="middle">{html_esc(x_title)}</text></svg>'
     )
     return "".join(parts)
 
@@ -118,12 +119,12 @@ def _steps(
         if v is None:
             open_ = False
             continue
-        y = _f(plot.y(v))
+        y = coord(plot.y(v))
         if not open_ or b.span != prev_span:
-            d.append(f"M{_f(plot.xa(b.x0))},{y}")
+            d.append(f"M{coord(plot.xa(b.x0))},{y}")
         else:
             d.append(f"V{y}")
-        d.append(f"H{_f(plot.xa(b.x1))}")
+        d.append(f"H{coord(plot.xa(b.x1))}")
         prev_span, open_ = b.span, True
     if not d:
         return ""
@@ -142,22 +143,23 @@ def _time_marks(axis: TimeAxis, plot: Plot, runs: list[RunRecord], labels: list[
     for x0, x1, secs in axis.gaps():
         a, b = plot.xa(x0), plot.xa(x1)
         out.append(
-            f'<g class="gap"><title>{_esc(fmt_duration(secs))} between runs, left out</title>'
-            f'<rect x="{_f(a)}" y="{top}" width="{_f(b - a)}" height="{_f(plot.ph)}"/>'
-            f'<path d="M{_f(a + 2)},{_f(base + 5)}l4,-10M{_f(a + 7)},{_f(base + 5)}l4,-10"/></g>'
+            f'<g class="gap"><title>{html_esc(fmt_duration(secs))} between runs, left out</title>'
+            f'<rect x="{coord(a)}" y="{top}" width="{coord(b - a)}" height="{coord(plot.ph)}"/>'
+            f'<path d="M{coord(a + 2)},{coord(base + 5)}l4,-10'
+            f'M{coord(a + 7)},{coord(base + 5)}l4,-10"/></g>'
         )
     for k, (run, label) in enumerate(zip(runs, labels, strict=True)):
-        x = _f(plot.xa(axis.x(run.started_at)))
+        x = coord(plot.xa(axis.x(run.started_at)))
         y = 11 if k % 2 == 0 else 23
         out.append(
-            f'<line class="run-start" data-run="{_esc(label)}" x1="{x}" x2="{x}" y1="{y + 3}" '
-            f'y2="{_f(base)}"><title>{_esc(label)} started {utc(run.started_at)} UTC</title>'
-            f'</line><text class="run-label" x="{x}" dx="3" y="{y}">{_esc(label)}</text>'
+            f'<line class="run-start" data-run="{html_esc(label)}" x1="{x}" x2="{x}" y1="{y + 3}" '
+            f'y2="{coord(base)}"><title>{html_esc(label)} started {utc(run.started_at)} UTC</title>'
+            f'</line><text class="run-label" x="{x}" dx="3" y="{y}">{html_esc(label)}</text>'
         )
     return out
 
 
-def _time_chart(
+def time_chart(
     name: str,
     axis: TimeAxis,
     job: JobFacts,
@@ -178,16 +180,16 @@ def _time_chart(
     body.extend(_steps(axis, plot, v, color, dash) for v, color, dash in series)
     if extra is not None:
         body.extend(extra(plot))
-    return _frame(plot, yticks, y_title, axis.ticks(), axis.title(), body, name, prefix)
+    return chart_frame(plot, yticks, y_title, axis.ticks(), axis.title(), body, name, prefix)
 
 
-def _rates(counts: list[float], axis: TimeAxis, per_s: float) -> list[float | None]:
+def rate_series(counts: list[float], axis: TimeAxis, per_s: float) -> list[float | None]:
     """Counts per bucket as a rate: a count over a bucket of w seconds is count / w a second,
     times `per_s` (60: a minute). Meant for an axis whose steps are at least the unit's
     (RATE_STEP_S), so one event reads as one a minute, not as a spike of 60."""
     return [c / b.seconds * per_s for c, b in zip(counts, axis.buckets(), strict=True)]
 
 
-def _shares(part: list[float], whole: list[float]) -> list[float | None]:
+def share_series(part: list[float], whole: list[float]) -> list[float | None]:
     """`part` as a percentage of `whole`, per bucket; None (no line) where `whole` is 0."""
     return [p / w * 100.0 if w else None for p, w in zip(part, whole, strict=True)]
