@@ -153,3 +153,22 @@ def test_code_asks_the_dialect_record_not_the_dialects_name() -> None:
 def test_a_dialect_name_test_is_caught(tmp_path: Path) -> None:
     src = _tree(tmp_path, {"run/x.py": 'def f(e):\n    return e.dialect == "vllm"\n'})
     assert dialect_name_tests(src) == ["run/x.py:2: e.dialect == 'vllm'"]
+
+
+def private_imports(src: Path) -> list[str]:
+    """`from regen.x import _name` anywhere under `src`: a module leaning on another's insides
+    (each place as `file:line name`)."""
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("regen"):
+                for alias in node.names:
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        found.append(f"{path.relative_to(src)}:{node.lineno} {alias.name}")
+    return found
+
+
+def test_no_module_imports_another_modules_private_names(tmp_path: Path) -> None:
+    assert private_imports(SRC) == []
+    (tmp_path / "a.py").write_text("from regen.outputs.report.markup import _esc\n")
+    assert private_imports(tmp_path) == ["a.py:1 _esc"]
