@@ -1,4 +1,4 @@
-"""A lying provider, longer (issue 46): the trials of tests/test_lying_provider.py drawn many
+"""A lying provider, longer (issue 46): the trials of tests/engine/test_lying_provider.py drawn many
 times with fresh seeds, and a table of what they did.
 
 Each trial puts one to three lies (a price, a usage field, a /generation record, /key,
@@ -37,9 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis import seed as hypothesis_seed  # noqa: E402
 from simproc import machine_line  # noqa: E402
-from tests import test_lying_provider as lying  # noqa: E402
-from tests.lying_proxy import CHANNELS, FIELDS, HOSTILE, Lie  # noqa: E402
-from tests.test_lying_provider import (  # noqa: E402
+from tests.engine import test_lying_provider as lying  # noqa: E402
+from tests.engine.test_lying_provider import (  # noqa: E402
     CHAT_CAP,
     JOB_CAP,
     KILLED_THEN_LYING,
@@ -51,6 +50,7 @@ from tests.test_lying_provider import (  # noqa: E402
     tail,
     trials,
 )
+from tests.lying_proxy import CHANNELS, FIELDS, HOSTILE, Lie  # noqa: E402
 
 
 def drawn(n: int, seed: int, on_outcome: Any) -> None:

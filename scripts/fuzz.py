@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PROPERTY_TESTS = [
     "tests/sources/test_hostile_rows.py",
-    "tests/client/test_hostile_answers.py",
+    "tests/engine/client/test_hostile_answers.py",
     "tests/sources/test_real_rows.py::test_no_prompt_ends_on_an_assistant_turn",
 ]
 

@@ -200,7 +200,7 @@ def test_metrics_take_a_key_out_of_every_label_value() -> None:
     """/metrics has one way out (view.metrics._scrape): a label value that holds a key (here an
     endpoint's name, which a job file may spell any way) is redacted, as any text would be."""
     from regen.view.metrics import exposition
-    from tests.test_metrics import fake_stats
+    from tests.view.test_metrics import fake_stats
 
     key = "sk-unit-metrics-key-0042"
     register_secret(key)

@@ -148,7 +148,7 @@ def plan_items(
 
     Ids, prompt hashes and estimates are those of conversation.py and modes.py
     (Conversation.id, prompt_hash_of, estimate_prompt_tokens on Conversation.to_dict()),
-    computed from one serialization of each message (tests/test_ingest_speed.py checks them
+    computed from one serialization of each message (tests/sources/test_ingest_speed.py checks them
     against the definitions)."""
     turns = target_turns(conv, ds.mode)
     if isinstance(turns, str):

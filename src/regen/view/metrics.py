@@ -32,7 +32,7 @@ disk: the next run sends those items again and counts them then.)
 Gauges say what is true now (items by state count the job, like `regen status`); the latency
 histogram, elapsed time and start time are this run's. Names follow Prometheus's naming
 practice: snake_case, base units in the name (`_seconds`, `_usd` for dollars, `_tokens`),
-`_total` on counters only. `tests/test_metrics.py` checks every emitted name against those
+`_total` on counters only. `tests/view/test_metrics.py` checks every emitted name against those
 rules and every name that `docs/grafana-dashboard.json` uses against what is emitted.
 """
 

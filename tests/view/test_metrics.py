@@ -36,7 +36,7 @@ from tests.conftest import (
     write_rows,
 )
 
-DASHBOARD = Path(__file__).resolve().parents[1] / "docs" / "grafana-dashboard.json"
+DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json"
 Families = dict[str, Any]  # family name (counters without `_total`) -> Metric
 
 

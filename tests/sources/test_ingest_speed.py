@@ -21,7 +21,7 @@ from regen.sources.modes import item_id, prompt_hash, target_turns
 from regen.state.db import Store
 from tests.conftest import query
 
-FIXTURES = Path(__file__).parent / "sources" / "fixtures"
+FIXTURES = Path(__file__).parent / "fixtures"
 
 ANSWER_X = {"role": "assistant", "content": "x"}
 ANSWER_Y = {"role": "assistant", "content": "y"}

@@ -35,8 +35,8 @@ from regen.reconstruct import ReconstructError
 from regen.sim import SimConfig, sim_in_thread
 from regen.state.answers import ExportRow
 from tests.conftest import chat_rows, fuzz_examples, query, run_cli, write_job, write_rows
+from tests.engine.test_scheduler import make_job, rows, run
 from tests.scripted_server import Reply, scripted_server
-from tests.test_scheduler import make_job, rows, run
 
 HOSTILE_BYTES = 30 * 1024 * 1024
 """What the hostile server sends for an answer of max_tokens 50 (billed as 3 tokens)."""

@@ -16,7 +16,7 @@ from regen.sources.ingest import ingest
 from regen.state.db import Store
 from tests.conftest import query, run_cli, write_job, write_rows
 
-FIXTURES = Path(__file__).parent / "sources" / "fixtures"
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def rows_of(name: str) -> list[dict[str, object]]:
@@ -332,9 +332,7 @@ def test_auto_stops_on_a_row_that_fits_two_formats(tmp_path: Path) -> None:
 def test_notes_on_rows_used_reach_inspect_the_summary_and_status(tmp_path: Path) -> None:
     """Real glaive row shapes (tests/sources/fixtures/real): a call to an undeclared name is
     used and noted; a role marker inside a turn is a bad row with its reason."""
-    shapes = json.loads(
-        (Path(__file__).parent / "sources/fixtures/real/glaive_shortened.json").read_text()
-    )
+    shapes = json.loads((Path(__file__).parent / "fixtures/real/glaive_shortened.json").read_text())
     by_row = {str(c["row"]): c for c in shapes}
     rows = [{k: by_row[n][k] for k in ("system", "chat")} for n in ("3871", "9046", "21816")]
     (tmp_path / "g.json").write_text(json.dumps(rows))

@@ -11,8 +11,8 @@ from pathlib import Path
 from regen.reconstruct import Target, TargetSpec
 from regen.sim import SimConfig, sim_in_thread
 from tests.conftest import query, run_cli
-from tests.test_selfhosted import MODEL, job_file
-from tests.test_servers_differ import run_all
+from tests.engine.test_selfhosted import MODEL, job_file
+from tests.engine.test_servers_differ import run_all
 
 
 def inserting_server_job(tmp_path: Path) -> int:

@@ -22,7 +22,7 @@ from regen.state.db import Store
 from tests.conftest import chat_rows, query, run_cli, write_job, write_rows
 
 NAMES = ("code-python", "v1.5", "my.particle")
-SIM_TOKENIZER = Path(__file__).parent.parent / "src/regen/sim/tokenizer/tokenizer.json"
+SIM_TOKENIZER = Path(__file__).parents[2] / "src/regen/sim/tokenizer/tokenizer.json"
 
 
 def add_answer(store: Store, dataset: str, item_id: str, n: int) -> None:

@@ -16,7 +16,7 @@ from regen.sim import SimConfig, sim_in_thread
 from regen.state.answers import ExportRow
 from tests.conftest import run_cli, write_job, write_rows
 
-FIXTURES = Path(__file__).parent / "sources" / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "sources" / "fixtures"
 
 
 def _run(tmp_path: Path, model: str, extra: str = "") -> Path:

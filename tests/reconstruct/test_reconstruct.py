@@ -21,7 +21,7 @@ from regen.sim.grammar import grammar, sim_tokenizer
 from regen.state.answers import ExportRow
 from tests.conftest import run_cli, write_job, write_rows
 
-FIXTURES = Path(__file__).parent / "sources" / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "sources" / "fixtures"
 CALL = {
     "id": "call_0",
     "type": "function",

@@ -21,7 +21,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from regen.view.metrics import exposition
-from tests.test_metrics import DASHBOARD, fake_stats
+from tests.view.test_metrics import DASHBOARD, fake_stats
 
 UNIT_DIMS = {"seconds": "s", "usd": "usd", "tokens": "tokens"}
 """The unit a metric's name ends with (Prometheus's naming rules) -> its dimension."""

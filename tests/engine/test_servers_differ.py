@@ -16,7 +16,7 @@ from regen.run.runner import run_job
 from regen.sim import SimConfig, sim_in_thread
 from regen.sim.config import SimFaults
 from tests.conftest import query, run_cli
-from tests.test_selfhosted import MODEL, job_file
+from tests.engine.test_selfhosted import MODEL, job_file
 
 
 def run_all(job: Path) -> str:
