@@ -180,54 +180,110 @@ async def dispatch(
     stats = run_stats(job, store, progress)
     await check_reachable(job)
     async with contextlib.AsyncExitStack() as stack:
-        accounts = await open_accounts(job, store, keys, console, progress, stack, stats.gate)
-        try:
-            await check_credit_floor(job, accounts.billing, accounts.credit)
-        finally:
-            say_gate(job, stats, console)
-        baselines = await take_baselines(store, accounts.billing, accounts.usage)
-        book = budget_book(job, progress, store)
-        routes = await check_endpoints(job, store, accounts, console, book, stats)
-        filed = as_filed or job
-        run_id = store.runs.begin(
-            "run" if pilot is None else "pilot", filed.budget.max_cost_usd, lane_settings(filed)
+        ready = await open_and_check(job, store, keys, console, progress, stack, stats)
+        keeper = await send(
+            job, store, console, ready, stats, pilot=pilot, stop_at=stop_at, as_filed=as_filed
         )
-        scheduler, keeper = start_scheduler(
+        reconciliations = await settle_accounts(store, ready, stats)
+    book = ready.book
+    return Dispatched(stats, book.report() + end_lines(keeper, stats), reconciliations, book)
+
+
+@dataclass
+class Ready:
+    """What the checks before the first request leave: the accounts opened, their spend as
+    it stood, the budgets and the endpoints' routes."""
+
+    accounts: Accounts
+    baselines: dict[str, Baseline]
+    book: BudgetBook
+    routes: Routes
+
+
+async def open_and_check(
+    job: Job,
+    store: Store,
+    keys: dict[str, str | None],
+    console: Console,
+    progress: list[DatasetProgress],
+    stack: contextlib.AsyncExitStack,
+    stats: RunStats,
+) -> Ready:
+    """Open the run's accounts (closed with `stack`) and check what must hold before the
+    first request: the credit floor, the accounts' spend so far, the budgets, the endpoints'
+    prices and routes."""
+    accounts = await open_accounts(job, store, keys, console, progress, stack, stats.gate)
+    try:
+        await check_credit_floor(job, accounts.billing, accounts.credit)
+    finally:
+        say_gate(job, stats, console)
+    baselines = await take_baselines(store, accounts.billing, accounts.usage)
+    book = budget_book(job, progress, store)
+    routes = await check_endpoints(job, store, accounts, console, book, stats)
+    return Ready(accounts, baselines, book, routes)
+
+
+async def send(
+    job: Job,
+    store: Store,
+    console: Console,
+    ready: Ready,
+    stats: RunStats,
+    *,
+    pilot: Mapping[str, int] | None,
+    stop_at: tuple[float, str] | None,
+    as_filed: Job | None,
+) -> HoldKeeper:
+    """Record the run's start, then run the scheduler to its end under `supervise` (stopped
+    at `stop_at` if set); the holds' keeper is returned for the end's lines."""
+    filed = as_filed or job
+    run_id = store.runs.begin(
+        "run" if pilot is None else "pilot", filed.budget.max_cost_usd, lane_settings(filed)
+    )
+    accounts, routes = ready.accounts, ready.routes
+    scheduler, keeper = start_scheduler(
+        job,
+        store,
+        accounts,
+        routes,
+        ready.baselines,
+        ready.book,
+        stats,
+        console,
+        pilot=pilot,
+        run_id=run_id,
+    )
+    timer = asyncio.create_task(_stop_at(scheduler, stop_at))
+    try:
+        await supervise(
             job,
             store,
+            console,
+            scheduler,
+            keeper,
             accounts,
             routes,
-            baselines,
-            book,
-            stats,
-            console,
-            pilot=pilot,
-            run_id=run_id,
+            run_id,
+            pilot=pilot is not None,
         )
-        timer = asyncio.create_task(_stop_at(scheduler, stop_at))
-        try:
-            await supervise(
-                job,
-                store,
-                console,
-                scheduler,
-                keeper,
-                accounts,
-                routes,
-                run_id,
-                pilot=pilot is not None,
-            )
-        finally:
-            timer.cancel()
-        reconciliations = await reconcile_accounts(
-            store, accounts.billing, baselines, accounts.usage, stats.gate
-        )
-        done_all = store.outstanding.held()[0] == 0 and not any(
-            p.pending for p in store.work.dataset_progress()
-        )
-        for made in accounts.made.values():
-            await made.end(job_done=done_all)
-    return Dispatched(stats, book.report() + end_lines(keeper, stats), reconciliations, book)
+    finally:
+        timer.cancel()
+    return keeper
+
+
+async def settle_accounts(store: Store, ready: Ready, stats: RunStats) -> list[Reconciliation]:
+    """Reconcile the accounts' spend with the ledger, then end the keys made for the run
+    (a job with nothing left to send is done with them)."""
+    accounts = ready.accounts
+    reconciliations = await reconcile_accounts(
+        store, accounts.billing, ready.baselines, accounts.usage, stats.gate
+    )
+    done_all = store.outstanding.held()[0] == 0 and not any(
+        p.pending for p in store.work.dataset_progress()
+    )
+    for made in accounts.made.values():
+        await made.end(job_done=done_all)
+    return reconciliations
 
 
 async def _stop_at(scheduler: Scheduler, stop_at: tuple[float, str] | None) -> None:
