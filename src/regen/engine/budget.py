@@ -360,6 +360,30 @@ class BudgetBook:
         tokens = self.expected_tokens(dataset, lane, max_tokens)
         if self._count_total:
             tokens += prompt_tokens_est
+        denial = self._token_denial(state)
+        if denial is not None:
+            return denial
+        worst = 0.0
+        if state.max_cost_usd is not None or self._job_cap is not None:
+            if prices is None:
+                raise ValueError("a dollar cap needs the endpoint's prices")
+            worst = prices.cost(prompt_tokens_bound(), max_tokens)
+            denial = self._dollar_denial(state, worst)
+            if denial is None:
+                denial = self._job_dollar_denial(worst)
+            if denial is not None:
+                return denial
+        lease = Lease(dataset, lane, tokens, worst, max_tokens)
+        ds.take(lease)
+        self.job.take(lease)
+        # There may be room for the next waiter too: it tries, and if admitted wakes the next.
+        self._wake_first(dataset, lane)
+        return lease
+
+    def _token_denial(self, state: DatasetBudgetState) -> Denial | None:
+        """Why the dataset's token budget does not let one more attempt go now, if it does
+        not: met by what is spent, or held by what is reserved and held."""
+        ds = state.scope
         if state.token_budget is not None:
             if ds.spent_tokens >= state.token_budget:
                 return self._meet(state, "token budget met")
@@ -367,47 +391,48 @@ class BudgetBook:
                 if ds.stuck:
                     return self._hold_out(state, "token budget")
                 return Denial(self._held_reason(ds, "token budget"), wait=True, dataset=True)
-        worst = 0.0
-        if state.max_cost_usd is not None or self._job_cap is not None:
-            if prices is None:
-                raise ValueError("a dollar cap needs the endpoint's prices")
-            worst = prices.cost(prompt_tokens_bound(), max_tokens)
-            cap = state.max_cost_usd
-            if cap is not None:
-                if ds.charged_usd + worst > cap:
-                    return self._meet(state, "dollar cap met")
-                if ds.charged_usd + ds.reserved_usd + ds.held_usd + worst > cap:
-                    if ds.stuck:
-                        return self._hold_out(state, "dollar cap")
-                    return Denial(self._held_reason(ds, "dollar cap"), wait=True, dataset=True)
-            job = self.job
-            if self._job_cap is not None:
-                if job.charged_usd + worst > self._job_cap:
+        return None
+
+    def _dollar_denial(self, state: DatasetBudgetState, worst: float) -> Denial | None:
+        """Why the dataset's dollar cap does not let an attempt that could cost `worst` go
+        now, if it does not."""
+        ds = state.scope
+        cap = state.max_cost_usd
+        if cap is not None:
+            if ds.charged_usd + worst > cap:
+                return self._meet(state, "dollar cap met")
+            if ds.charged_usd + ds.reserved_usd + ds.held_usd + worst > cap:
+                if ds.stuck:
+                    return self._hold_out(state, "dollar cap")
+                return Denial(self._held_reason(ds, "dollar cap"), wait=True, dataset=True)
+        return None
+
+    def _job_dollar_denial(self, worst: float) -> Denial | None:
+        """Why the job's dollar cap does not let an attempt that could cost `worst` go now,
+        if it does not: met, it stops the run."""
+        job = self.job
+        if self._job_cap is not None:
+            if job.charged_usd + worst > self._job_cap:
+                self.stopped = (
+                    f"the job's dollar cap [budget].max_cost_usd = {self._job_cap:g} is met "
+                    f"(${job.charged_usd:.4f} spent; the next request could cost up to "
+                    f"${worst:.4f})"
+                )
+                self._notify(everyone=True)
+                return Denial(self.stopped, stops_run=True)
+            held = job.held_usd + self.key_lag_usd
+            if job.charged_usd + job.reserved_usd + held + worst > self._job_cap:
+                if job.stuck and self.key_lag_usd < USD_RESOLUTION:
+                    # Only bills that come no sooner than their deadline (a lane timeout or
+                    # more) stand between the job and its cap: stop rather than idle.
                     self.stopped = (
-                        f"the job's dollar cap [budget].max_cost_usd = {self._job_cap:g} is met "
-                        f"(${job.charged_usd:.4f} spent; the next request could cost up to "
-                        f"${worst:.4f})"
+                        f"the job's dollar cap [budget].max_cost_usd = {self._job_cap:g} is "
+                        f"met (${job.charged_usd:.4f} spent), {held_words(job)}"
                     )
                     self._notify(everyone=True)
                     return Denial(self.stopped, stops_run=True)
-                held = job.held_usd + self.key_lag_usd
-                if job.charged_usd + job.reserved_usd + held + worst > self._job_cap:
-                    if job.stuck and self.key_lag_usd < USD_RESOLUTION:
-                        # Only bills that come no sooner than their deadline (a lane timeout or
-                        # more) stand between the job and its cap: stop rather than idle.
-                        self.stopped = (
-                            f"the job's dollar cap [budget].max_cost_usd = {self._job_cap:g} is "
-                            f"met (${job.charged_usd:.4f} spent), {held_words(job)}"
-                        )
-                        self._notify(everyone=True)
-                        return Denial(self.stopped, stops_run=True)
-                    return Denial(self._held_reason(job, "job dollar cap"), wait=True)
-        lease = Lease(dataset, lane, tokens, worst, max_tokens)
-        ds.take(lease)
-        self.job.take(lease)
-        # There may be room for the next waiter too: it tries, and if admitted wakes the next.
-        self._wake_first(dataset, lane)
-        return lease
+                return Denial(self._held_reason(job, "job dollar cap"), wait=True)
+        return None
 
     @staticmethod
     def _held_reason(scope: _Scope, what: str) -> str:

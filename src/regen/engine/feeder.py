@@ -95,6 +95,22 @@ class Gate:
         )
 
 
+@dataclass
+class _LaneFeed:
+    """Where the feeder stands in one lane's datasets: their ranks and gates, the items
+    claimed and not yet handed out, how far each was claimed, and which are done."""
+
+    names: list[str]
+    rank: dict[str, int]
+    gates: dict[str, Gate]
+    claimed: dict[str, deque[PendingItem]]
+    after: dict[str, int]
+    """The order key each dataset was claimed up to (-1: nothing claimed yet)."""
+    exhausted: set[str] = field(default_factory=set)
+    """Datasets the store has no more pending items of."""
+    finished: set[str] = field(default_factory=set)
+
+
 class Feeder:
     """What each dataset has had handed out in this run, and which escalated items went out."""
 
@@ -180,61 +196,75 @@ class Feeder:
         """Hand out the lane's datasets in order: each dataset's items until it is sent or held
         back, going on to the next while its room is held by requests in flight."""
         names = list(lane.datasets)
-        rank = {name: i + 1 for i, name in enumerate(names)}
-        gates = {name: self._gates.setdefault((lane.name, name), Gate()) for name in names}
-        claimed: dict[str, deque[PendingItem]] = {name: deque() for name in names}
-        after = dict.fromkeys(names, -1)
-        exhausted: set[str] = set()
-        finished: set[str] = set()
+        feed = _LaneFeed(
+            names=names,
+            rank={name: i + 1 for i, name in enumerate(names)},
+            gates={name: self._gates.setdefault((lane.name, name), Gate()) for name in names},
+            claimed={name: deque() for name in names},
+            after=dict.fromkeys(names, -1),
+        )
         wake = self._wake[lane.name]
         while not self.stopping:
             wake.clear()
-            ready, live = None, False
-            for name in names:
-                if name in finished:
-                    continue
-                gate = gates[name]
-                if self._held_back(name):
-                    # Its set-aside items stay pending; those handed out are refused in turn.
-                    finished.add(name)
-                    gate.deferred.clear()
-                    continue
-                has_items = bool(gate.deferred or claimed[name]) or name not in exhausted
-                if not has_items and not gate.undecided:
-                    finished.add(name)
-                    continue
-                live = True
-                if has_items and gate.open:
-                    ready = name
-                    break
+            ready, live = self._ready_dataset(feed)
             if ready is None:
                 if not live:
                     return
                 await until_set(wake.wait(), self._stopping)
                 continue
             if ready in self._sequential:
-                await self._feed_sequential(lane, queue, ready, rank[ready], batch_size)
-                finished.add(ready)
+                await self._feed_sequential(lane, queue, ready, feed.rank[ready], batch_size)
+                feed.finished.add(ready)
                 continue
-            gate = gates[ready]
-            if gate.deferred:
-                item = heapq.heappop(gate.deferred)[2]
-            else:
-                if not claimed[ready]:
-                    if after[ready] == -1:
-                        failpoints.reached("dataset", ready)
-                    batch = self._store.work.claim_batch(
-                        ready, after[ready], batch_size, lane=lane.name
-                    )
-                    if not batch:
-                        exhausted.add(ready)
-                        continue
-                    claimed[ready].extend(batch)
-                    after[ready] = batch[-1].order_key
-                item = claimed[ready].popleft()
+            gate = feed.gates[ready]
+            item = self._next_item(feed, lane.name, ready, batch_size)
+            if item is None:
+                continue
             gate.probing = gate.saturated
             gate.undecided += 1
-            await self._put(queue, item, rank[ready])
+            await self._put(queue, item, feed.rank[ready])
+
+    def _ready_dataset(self, feed: _LaneFeed) -> tuple[str | None, bool]:
+        """The first dataset of the lane with items to hand out and its gate open (None if
+        none), and whether any is still live (items left, or some handed out undecided).
+        Datasets found sent or held back are marked finished on the way."""
+        live = False
+        for name in feed.names:
+            if name in feed.finished:
+                continue
+            gate = feed.gates[name]
+            if self._held_back(name):
+                # Its set-aside items stay pending; those handed out are refused in turn.
+                feed.finished.add(name)
+                gate.deferred.clear()
+                continue
+            has_items = bool(gate.deferred or feed.claimed[name]) or name not in feed.exhausted
+            if not has_items and not gate.undecided:
+                feed.finished.add(name)
+                continue
+            live = True
+            if has_items and gate.open:
+                return name, live
+        return None, live
+
+    def _next_item(
+        self, feed: _LaneFeed, lane: str, name: str, batch_size: int
+    ) -> PendingItem | None:
+        """The dataset's next item: a set-aside one first, else the next claimed from the
+        store (a batch at a time); None once the store has no more (it is marked exhausted)."""
+        gate = feed.gates[name]
+        if gate.deferred:
+            return heapq.heappop(gate.deferred)[2]
+        if not feed.claimed[name]:
+            if feed.after[name] == -1:
+                failpoints.reached("dataset", name)
+            batch = self._store.work.claim_batch(name, feed.after[name], batch_size, lane=lane)
+            if not batch:
+                feed.exhausted.add(name)
+                return None
+            feed.claimed[name].extend(batch)
+            feed.after[name] = batch[-1].order_key
+        return feed.claimed[name].popleft()
 
     async def _feed_sequential(
         self, lane: LaneRuntime, queue: LaneQueue, name: str, rank: int, batch_size: int

@@ -176,54 +176,110 @@ async def dispatch(
     stats = run_stats(job, store, progress)
     await check_reachable(job)
     async with contextlib.AsyncExitStack() as stack:
-        accounts = await open_accounts(job, store, keys, console, progress, stack, stats.gate)
-        try:
-            await check_credit_floor(job, accounts.billing, accounts.credit)
-        finally:
-            say_gate(job, stats, console)
-        baselines = await take_baselines(store, accounts.billing, accounts.usage)
-        book = budget_book(job, progress, store)
-        routes = await check_endpoints(job, store, accounts, console, book, stats)
-        filed = as_filed or job
-        run_id = store.runs.begin(
-            "run" if pilot is None else "pilot", filed.budget.max_cost_usd, lane_settings(filed)
+        ready = await open_and_check(job, store, keys, console, progress, stack, stats)
+        keeper = await send(
+            job, store, console, ready, stats, pilot=pilot, stop_at=stop_at, as_filed=as_filed
         )
-        scheduler, keeper = start_scheduler(
+        reconciliations = await settle_accounts(store, ready, stats)
+    book = ready.book
+    return Dispatched(stats, book.report() + end_lines(keeper, stats), reconciliations, book)
+
+
+@dataclass
+class Ready:
+    """What the checks before the first request leave: the accounts opened, their spend as
+    it stood, the budgets and the endpoints' routes."""
+
+    accounts: Accounts
+    baselines: dict[str, Baseline]
+    book: BudgetBook
+    routes: Routes
+
+
+async def open_and_check(
+    job: Job,
+    store: Store,
+    keys: dict[str, str | None],
+    console: Console,
+    progress: list[DatasetProgress],
+    stack: contextlib.AsyncExitStack,
+    stats: RunStats,
+) -> Ready:
+    """Open the run's accounts (closed with `stack`) and check what must hold before the
+    first request: the credit floor, the accounts' spend so far, the budgets, the endpoints'
+    prices and routes."""
+    accounts = await open_accounts(job, store, keys, console, progress, stack, stats.gate)
+    try:
+        await check_credit_floor(job, accounts.billing, accounts.credit)
+    finally:
+        say_gate(job, stats, console)
+    baselines = await take_baselines(store, accounts.billing, accounts.usage)
+    book = budget_book(job, progress, store)
+    routes = await check_endpoints(job, store, accounts, console, book, stats)
+    return Ready(accounts, baselines, book, routes)
+
+
+async def send(
+    job: Job,
+    store: Store,
+    console: Console,
+    ready: Ready,
+    stats: RunStats,
+    *,
+    pilot: Mapping[str, int] | None,
+    stop_at: tuple[float, str] | None,
+    as_filed: Job | None,
+) -> HoldKeeper:
+    """Record the run's start, then run the scheduler to its end under `supervise` (stopped
+    at `stop_at` if set); the holds' keeper is returned for the end's lines."""
+    filed = as_filed or job
+    run_id = store.runs.begin(
+        "run" if pilot is None else "pilot", filed.budget.max_cost_usd, lane_settings(filed)
+    )
+    accounts, routes = ready.accounts, ready.routes
+    scheduler, keeper = start_scheduler(
+        job,
+        store,
+        accounts,
+        routes,
+        ready.baselines,
+        ready.book,
+        stats,
+        console,
+        pilot=pilot,
+        run_id=run_id,
+    )
+    timer = asyncio.create_task(_stop_at(scheduler, stop_at))
+    try:
+        await supervise(
             job,
             store,
+            console,
+            scheduler,
+            keeper,
             accounts,
             routes,
-            baselines,
-            book,
-            stats,
-            console,
-            pilot=pilot,
-            run_id=run_id,
+            run_id,
+            pilot=pilot is not None,
         )
-        timer = asyncio.create_task(_stop_at(scheduler, stop_at))
-        try:
-            await supervise(
-                job,
-                store,
-                console,
-                scheduler,
-                keeper,
-                accounts,
-                routes,
-                run_id,
-                pilot=pilot is not None,
-            )
-        finally:
-            timer.cancel()
-        reconciliations = await reconcile_accounts(
-            store, accounts.billing, baselines, accounts.usage, stats.gate
-        )
-        done_all = store.outstanding.held()[0] == 0 and not any(
-            p.pending for p in store.work.dataset_progress()
-        )
-        for made in accounts.made.values():
-            await made.end(job_done=done_all)
-    return Dispatched(stats, book.report() + end_lines(keeper, stats), reconciliations, book)
+    finally:
+        timer.cancel()
+    return keeper
+
+
+async def settle_accounts(store: Store, ready: Ready, stats: RunStats) -> list[Reconciliation]:
+    """Reconcile the accounts' spend with the ledger, then end the keys made for the run
+    (a job with nothing left to send is done with them)."""
+    accounts = ready.accounts
+    reconciliations = await reconcile_accounts(
+        store, accounts.billing, ready.baselines, accounts.usage, stats.gate
+    )
+    done_all = store.outstanding.held()[0] == 0 and not any(
+        p.pending for p in store.work.dataset_progress()
+    )
+    for made in accounts.made.values():
+        await made.end(job_done=done_all)
+    return reconciliations
 
 
 async def _stop_at(scheduler: Scheduler, stop_at: tuple[float, str] | None) -> None:
@@ -453,6 +509,47 @@ async def supervise(
     sending, a Ctrl-C during the stop cuts requests in flight short); then stop them all and
     record the run's end."""
     stats = scheduler.stats
+    tasks, auditor = start_side_tasks(
+        job, store, console, scheduler, keeper, accounts, routes, run_id
+    )
+    metrics_cleanup = await serve_run_metrics(job, stats, console)
+    main = asyncio.current_task()
+    assert main is not None
+    signalled = Stopping(job, console, scheduler, main)
+    with (
+        stop_signals() as signals,
+        signals.sending(stop=signalled.stop, cut=signalled.cut, say=signalled.say),
+    ):
+        if signals.first is not None:  # a signal before the scheduler was there to stop
+            scheduler.stop("interrupted")
+        try:
+            await scheduler.run()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if auditor is not None:
+                await auditor.finish()
+            if metrics_cleanup is not None:
+                await metrics_cleanup()
+            with contextlib.suppress(StateError):
+                save_outages(store, run_id, stats)
+                store.runs.end(run_id, stats.stop_reason, end_kind(store, stats, pilot=pilot))
+
+
+def start_side_tasks(
+    job: Job,
+    store: Store,
+    console: Console,
+    scheduler: Scheduler,
+    keeper: HoldKeeper,
+    accounts: Accounts,
+    routes: Routes,
+    run_id: int,
+) -> tuple[list[asyncio.Task[None]], LiveAuditTask | None]:
+    """Start the run's side tasks (credit watch, key limits, timeline, progress, and the live
+    audit when asked for, which is returned too: it takes a last look at the end)."""
+    stats = scheduler.stats
     tasks = [
         asyncio.create_task(watch_credit(job, accounts.billing, accounts.credit, scheduler, stats))
     ]
@@ -468,60 +565,65 @@ async def supervise(
     if job.reconstruct is not None and job.reconstruct.live_audit:
         auditor = LiveAuditTask(job, store, console, routes.excluded_anywhere)
         tasks.append(asyncio.create_task(auditor.run()))
-    metrics = None
-    if job.run.metrics_port is not None:
-        from regen.view.metrics import serve_metrics
+    return tasks, auditor
 
-        try:
-            metrics = await serve_metrics(stats, job.run.metrics_host, job.run.metrics_port)
-        except OSError as exc:
-            raise ConfigError(
-                f"[run].metrics_port: cannot listen on {job.run.metrics_host}:"
-                f"{job.run.metrics_port}: {exc.strerror or exc}"
-            ) from exc
-        console.print(
-            f"metrics: http://{job.run.metrics_host}:{job.run.metrics_port}/metrics",
-            markup=False,
-        )
-    main = asyncio.current_task()
-    assert main is not None
 
-    def say(line: str) -> None:
-        console.print(line, markup=False, highlight=False)
+async def serve_run_metrics(
+    job: Job, stats: RunStats, console: Console
+) -> Callable[[], Awaitable[None]] | None:
+    """Serve `/metrics` when [run].metrics_port asks for it, and say where; return what
+    stops it (None without a port)."""
+    if job.run.metrics_port is None:
+        return None
+    from regen.view.metrics import serve_metrics
+
+    try:
+        metrics = await serve_metrics(stats, job.run.metrics_host, job.run.metrics_port)
+    except OSError as exc:
+        raise ConfigError(
+            f"[run].metrics_port: cannot listen on {job.run.metrics_host}:"
+            f"{job.run.metrics_port}: {exc.strerror or exc}"
+        ) from exc
+    console.print(
+        f"metrics: http://{job.run.metrics_host}:{job.run.metrics_port}/metrics",
+        markup=False,
+    )
+    return metrics.cleanup
+
+
+class Stopping:
+    """What the signals do while the scheduler sends (`run/signals.py`): the first stops
+    sending, a Ctrl-C during the stop cuts requests in flight short; each says so on the
+    console and in run.log."""
+
+    def __init__(
+        self, job: Job, console: Console, scheduler: Scheduler, main: asyncio.Task[object]
+    ) -> None:
+        self.job, self.console, self.scheduler, self.main = job, console, scheduler, main
+
+    def say(self, line: str) -> None:
+        """One line on the console and in run.log (a log that cannot be written is left)."""
+        self.console.print(line, markup=False, highlight=False)
         with contextlib.suppress(StateError):
-            append_log(job.output_path / "run.log", [line])
+            append_log(self.job.output_path / "run.log", [line])
 
-    def stop(name: str) -> None:
-        scheduler.stop("interrupted")
-        say(
-            f"stopping: no new requests; {stats.in_flight} in flight may finish within "
-            f"{job.run.stop_grace_s:g} s and are kept (Ctrl-C again cuts them short; another "
-            "SIGTERM changes nothing)"
+    def stop(self, name: str) -> None:
+        """Stop sending: requests in flight may finish within the grace."""
+        self.scheduler.stop("interrupted")
+        self.say(
+            f"stopping: no new requests; {self.scheduler.stats.in_flight} in flight may finish "
+            f"within {self.job.run.stop_grace_s:g} s and are kept (Ctrl-C again cuts them "
+            "short; another SIGTERM changes nothing)"
         )
 
-    def cut() -> None:
-        say(
-            f"stopping now (Ctrl-C again): {stats.in_flight} requests in flight are cut short; "
-            "their items stay pending, and what they cost is looked up by the next run"
+    def cut(self) -> None:
+        """Cut requests in flight short: the dispatch task is cancelled."""
+        self.say(
+            f"stopping now (Ctrl-C again): {self.scheduler.stats.in_flight} requests in flight "
+            "are cut short; their items stay pending, and what they cost is looked up by the "
+            "next run"
         )
-        main.cancel()
-
-    with stop_signals() as signals, signals.sending(stop=stop, cut=cut, say=say):
-        if signals.first is not None:  # a signal before the scheduler was there to stop
-            scheduler.stop("interrupted")
-        try:
-            await scheduler.run()
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            if auditor is not None:
-                await auditor.finish()
-            if metrics is not None:
-                await metrics.cleanup()
-            with contextlib.suppress(StateError):
-                save_outages(store, run_id, stats)
-                store.runs.end(run_id, stats.stop_reason, end_kind(store, stats, pilot=pilot))
+        self.main.cancel()
 
 
 def end_kind(store: Store, stats: RunStats, *, pilot: bool) -> str:

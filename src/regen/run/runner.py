@@ -6,10 +6,13 @@ import asyncio
 import contextlib
 import json
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 from rich.console import Console
 
 from regen.config import Job
+from regen.engine.billing import Reconciliation
 from regen.errors import Interrupted, StateError
 from regen.lock import LOCK_FILE, RunLock
 from regen.outputs.export import export_specforge
@@ -20,6 +23,7 @@ from regen.run.signals import StopSignals, stop_signals
 from regen.run.summary import RunReport, run_outages, unsent_items, unsent_line
 from regen.safe import confined
 from regen.state.db import PAST_JOB_SIGNS, STATE_FILES, Store
+from regen.state.runs import OutageRecord
 from regen.view.progress import (
     append_log,
     outages_line,
@@ -113,29 +117,15 @@ def end(
     """Log how the sending ended, name what is left unsent and why, write the exports, and sum
     it all up (`dispatched` None: aborted)."""
     out = job.output_path
-    stats = dispatched.stats if dispatched is not None else None
-    stop_reason = stats.stop_reason if stats is not None else "interrupted"
-    budget_stop = stats.budget_stop if stats is not None else False
-    outages = run_outages(stats) if stats is not None else {}
-    now = time.time()
-    reconciliations = dispatched.reconciliations if dispatched is not None else []
-    budget_lines = dispatched.budget_lines if dispatched is not None else []
-    append_log(
-        out / "run.log",
-        budget_lines
-        + [reconciliation_line(r) for r in reconciliations]
-        + [
-            outages_line(name, o, now=now, still_out="still out at the end, since")
-            for name, o in outages.items()
-        ],
-    )
+    ending = Ending.of(dispatched)
+    log_ending(out, ending)
     blocked = store.work.blocked_items()
     unproven = json.loads(store.get_meta("unproven_providers") or "[]")
     unsent = unsent_items(
         job,
         store,
-        stop_reason=stop_reason,
-        budget_stop=budget_stop,
+        stop_reason=ending.stop_reason,
+        budget_stop=ending.budget_stop,
         unassigned=prepared.unassigned,
         blocked=blocked,
         book=dispatched.book if dispatched is not None else None,
@@ -148,20 +138,60 @@ def end(
         datasets=store.work.dataset_progress(),
         exports=exports,
         errors=store.spend.failure_counts(),
-        stop_reason=stop_reason,
-        interrupted=stop_reason == "interrupted",
+        stop_reason=ending.stop_reason,
+        interrupted=ending.stop_reason == "interrupted",
         aborted=dispatched is None,
         unassigned=prepared.unassigned,
         blocked=blocked,
-        reconciliations=reconciliations,
-        budget_lines=budget_lines,
-        budget_stop=budget_stop,
-        outage=stats.outage if stats is not None else False,
-        outages=outages,
+        reconciliations=ending.reconciliations,
+        budget_lines=ending.budget_lines,
+        budget_stop=ending.budget_stop,
+        outage=ending.outage,
+        outages=ending.outages,
         endpoints=store.spend.by_endpoint() if len(job.endpoint_pool) > 1 else [],
         counted_usage=store.answers.usage_sources(),
         unsent=unsent,
         unproven=store.answers.answers_by_provider(unproven),
         row_notes=store.sources.bad_row_reasons(limit=5, table="row_notes"),
         export_left_out=left_out,
+    )
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How the sending ended, as dispatch left it (an aborted run: interrupted, nothing
+    reconciled)."""
+
+    stop_reason: str | None
+    budget_stop: bool
+    outage: bool
+    outages: dict[str, list[OutageRecord]]
+    reconciliations: list[Reconciliation]
+    budget_lines: list[str]
+
+    @classmethod
+    def of(cls, dispatched: Dispatched | None) -> Ending:
+        """The ending of a dispatch (None: aborted)."""
+        stats = dispatched.stats if dispatched is not None else None
+        return cls(
+            stop_reason=stats.stop_reason if stats is not None else "interrupted",
+            budget_stop=stats.budget_stop if stats is not None else False,
+            outage=stats.outage if stats is not None else False,
+            outages=run_outages(stats) if stats is not None else {},
+            reconciliations=dispatched.reconciliations if dispatched is not None else [],
+            budget_lines=dispatched.budget_lines if dispatched is not None else [],
+        )
+
+
+def log_ending(out: Path, ending: Ending) -> None:
+    """Log the budgets' lines, the accounts' reconciliations and the endpoints still out."""
+    now = time.time()
+    append_log(
+        out / "run.log",
+        ending.budget_lines
+        + [reconciliation_line(r) for r in ending.reconciliations]
+        + [
+            outages_line(name, o, now=now, still_out="still out at the end, since")
+            for name, o in ending.outages.items()
+        ],
     )

@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from regen.conversation import Charge, Outcome, Usage
+from regen.conversation import Attempt, Charge, Outcome, Result, Usage
 from regen.safe import printable, redact
 from regen.state.answers import pack_ids
 from regen.state.owner import Rows
@@ -35,100 +36,109 @@ def outcome_rows(outcomes: Iterable[Outcome], charges: Iterable[Charge], now: fl
     """The rows that record finished items (each one's result or failure, attempts and ledger
     charge) and charges learnt after the fact (`Charge.kind`)."""
     rows = OutcomeRows()
-    attempts, ledger, results = rows.attempts, rows.ledger, rows.results
-    done, moved, touched, failures = rows.done, rows.moved, rows.touched, rows.failures
     for o in outcomes:
-        attempts.extend(
-            (
-                o.item_id,
-                a.number,
-                a.started_at,
-                a.latency_s,
-                a.status,
-                a.failure_class,
-                _shown(a.message),
-                _shown(a.provider),
-                _shown(a.generation_id),
-                a.lane,
-                a.endpoint,
-            )
-            for a in o.attempts
-        )
+        rows.attempts.extend(_attempt_row(o.item_id, a) for a in o.attempts)
         r = o.result
         if r is not None:
             # Every answer is charged, a truncated one that moves on to another lane too.
-            u = r.usage
-            kind = "completion" if o.escalate_to is None else "escalated"
-            ledger.append(
-                (
-                    r.item_id,
-                    o.dataset,
-                    kind,
-                    u.prompt_tokens,
-                    u.completion_tokens,
-                    u.cost_usd,
-                    now,
-                    r.endpoint,
-                    _shown(r.provider),
-                    _shown(r.generation_id),
-                    o.attempts[-1].lane if o.attempts else None,
-                )
-            )
+            rows.ledger.append(_answer_charge_row(o, r, now))
         if o.escalate_to is not None and r is not None:
-            moved.append((len(o.attempts), o.escalate_to, now, o.item_id))
+            rows.moved.append((len(o.attempts), o.escalate_to, now, o.item_id))
         elif o.abandoned:
-            touched.append((len(o.attempts), now, o.item_id))
+            rows.touched.append((len(o.attempts), now, o.item_id))
         elif r is not None:
-            m = r.message
-            calls = json.dumps([tc.to_openai() for tc in m.tool_calls]) if m.tool_calls else None
-            # The answer stays as the model wrote it, but for a key a server echoed into it.
-            results.append(
-                (
-                    r.item_id,
-                    o.dataset,
-                    redact(m.content),
-                    None if m.reasoning is None else redact(m.reasoning),
-                    None if calls is None else redact(calls),
-                    _shown(r.finish_reason),
-                    u.prompt_tokens,
-                    u.completion_tokens,
-                    u.reasoning_tokens,
-                    u.cost_usd,
-                    _shown(r.provider),
-                    _shown(r.model),
-                    _shown(r.generation_id),
-                    r.latency_s,
-                    now,
-                    pack_ids(r.prompt_token_ids),
-                    pack_ids(r.completion_token_ids),
-                    None if u.source == "server" else u.source,
-                    r.endpoint,
-                    r.settings,
-                )
-            )
-            done.append((len(o.attempts), now, o.item_id))
+            rows.results.append(_result_row(o, r, now))
+            rows.done.append((len(o.attempts), now, o.item_id))
         else:
-            failures.append(
+            rows.failures.append(
                 (len(o.attempts), o.failure_class, _shown(o.failure_message), now, o.item_id)
             )
-    for c in charges:
-        u = c.usage
-        ledger.append(
-            (
-                c.item_id,
-                c.dataset,
-                c.kind,
-                u.prompt_tokens,
-                u.completion_tokens,
-                u.cost_usd,
-                now,
-                c.endpoint,
-                _shown(c.provider),
-                _shown(c.generation_id),
-                c.lane,
-            )
-        )
+    rows.ledger.extend(_charge_row(c, now) for c in charges)
     return rows
+
+
+def _attempt_row(item_id: str, a: Attempt) -> tuple[Any, ...]:
+    """An attempts row: how one attempt went, the server's words shown safely."""
+    return (
+        item_id,
+        a.number,
+        a.started_at,
+        a.latency_s,
+        a.status,
+        a.failure_class,
+        _shown(a.message),
+        _shown(a.provider),
+        _shown(a.generation_id),
+        a.lane,
+        a.endpoint,
+    )
+
+
+def _answer_charge_row(o: Outcome, r: Result, now: float) -> tuple[Any, ...]:
+    """The ledger row of an answer: `completion`, or `escalated` for one whose item goes on
+    to a longer lane."""
+    u = r.usage
+    return (
+        r.item_id,
+        o.dataset,
+        "completion" if o.escalate_to is None else "escalated",
+        u.prompt_tokens,
+        u.completion_tokens,
+        u.cost_usd,
+        now,
+        r.endpoint,
+        _shown(r.provider),
+        _shown(r.generation_id),
+        o.attempts[-1].lane if o.attempts else None,
+    )
+
+
+def _result_row(o: Outcome, r: Result, now: float) -> tuple[Any, ...]:
+    """A results row: the answer, its usage, and its exact ids packed."""
+    u = r.usage
+    m = r.message
+    calls = json.dumps([tc.to_openai() for tc in m.tool_calls]) if m.tool_calls else None
+    # The answer stays as the model wrote it, but for a key a server echoed into it.
+    return (
+        r.item_id,
+        o.dataset,
+        redact(m.content),
+        None if m.reasoning is None else redact(m.reasoning),
+        None if calls is None else redact(calls),
+        _shown(r.finish_reason),
+        u.prompt_tokens,
+        u.completion_tokens,
+        u.reasoning_tokens,
+        u.cost_usd,
+        _shown(r.provider),
+        _shown(r.model),
+        _shown(r.generation_id),
+        r.latency_s,
+        now,
+        pack_ids(r.prompt_token_ids),
+        pack_ids(r.completion_token_ids),
+        None if u.source == "server" else u.source,
+        r.endpoint,
+        r.settings,
+    )
+
+
+def _charge_row(c: Charge, now: float) -> tuple[Any, ...]:
+    """The ledger row of a charge learnt after the fact."""
+    u = c.usage
+    return (
+        c.item_id,
+        c.dataset,
+        c.kind,
+        u.prompt_tokens,
+        u.completion_tokens,
+        u.cost_usd,
+        now,
+        c.endpoint,
+        _shown(c.provider),
+        _shown(c.generation_id),
+        c.lane,
+    )
 
 
 def _shown(text: str | None) -> str | None:

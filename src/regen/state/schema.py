@@ -27,10 +27,7 @@ def _script(db: sqlite3.Connection, sql: str) -> None:
             db.execute(statement)
 
 
-def m001_initial(db: sqlite3.Connection) -> None:
-    _script(
-        db,
-        """
+M001_SQL = """
         CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
         CREATE TABLE datasets (
             name TEXT PRIMARY KEY,
@@ -111,8 +108,13 @@ def m001_initial(db: sqlite3.Connection) -> None:
             created_at REAL NOT NULL
         );
         CREATE INDEX ledger_dataset ON ledger (dataset);
-        """,
-    )
+        """
+"""m001's tables and indexes, as first released (the text stays as it was)."""
+
+
+def m001_initial(db: sqlite3.Connection) -> None:
+    """The first schema: datasets, their rows and items, results, attempts, the ledger."""
+    _script(db, M001_SQL)
 
 
 def m002_lanes(db: sqlite3.Connection) -> None:

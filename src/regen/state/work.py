@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
@@ -202,6 +202,42 @@ def _add_rows(batch: Iterable[NewConversation], conv_rows: Rows, item_rows: Rows
         )
 
 
+def _defer_indexes_if_empty(tx: sqlite3.Connection) -> bool:
+    """Into an empty items table, drop the DEFERRED_INDEXES (marked in meta, so that an
+    interrupted ingest's next open builds them) and say so; otherwise leave them."""
+    deferred = tx.execute("SELECT 1 FROM items LIMIT 1").fetchone() is None
+    if deferred:
+        for name in DEFERRED_INDEXES:
+            tx.execute(f"DROP INDEX IF EXISTS {name}")
+        tx.execute("INSERT OR REPLACE INTO meta VALUES (?, '1')", [DEFERRED_META])
+    return deferred
+
+
+def _insert_one_commit(
+    tx: sqlite3.Connection,
+    pending: Iterator[Iterable[NewConversation]],
+    commit_rows: int,
+    sort_rows: int,
+    seen: bool,
+) -> tuple[int, bool]:
+    """Insert batches from `pending`, `sort_rows` at a time, until one commit's worth
+    (`commit_rows`) is in or the batches run out: how many items are new, and whether
+    batches may be left."""
+    added = 0
+    rows = 0
+    conv_rows: Rows = []
+    item_rows: Rows = []
+    for batch in pending:
+        _add_rows(batch, conv_rows, item_rows)
+        if len(conv_rows) >= sort_rows:
+            added += _insert_sorted(tx, conv_rows, item_rows, seen)
+            rows += len(conv_rows)
+            conv_rows, item_rows = [], []
+        if rows >= commit_rows:
+            return added + _insert_sorted(tx, conv_rows, item_rows, seen), True
+    return added + _insert_sorted(tx, conv_rows, item_rows, seen), False
+
+
 def _insert_sorted(
     db: sqlite3.Connection, conv_rows: Rows, item_rows: Rows, seen: bool = False
 ) -> int:
@@ -328,29 +364,11 @@ class Work(Owner):
             pending = iter(batches)
             more = True
             while more:
-                more = False
                 with self._tx() as tx:
                     if deferred is None:
-                        deferred = tx.execute("SELECT 1 FROM items LIMIT 1").fetchone() is None
-                        if deferred:
-                            for name in DEFERRED_INDEXES:
-                                tx.execute(f"DROP INDEX IF EXISTS {name}")
-                            tx.execute(
-                                "INSERT OR REPLACE INTO meta VALUES (?, '1')", [DEFERRED_META]
-                            )
-                    rows = 0
-                    conv_rows: Rows = []
-                    item_rows: Rows = []
-                    for batch in pending:
-                        _add_rows(batch, conv_rows, item_rows)
-                        if len(conv_rows) >= sort_rows:
-                            added += _insert_sorted(tx, conv_rows, item_rows, seen)
-                            rows += len(conv_rows)
-                            conv_rows, item_rows = [], []
-                        if rows >= commit_rows:
-                            more = True
-                            break
-                    added += _insert_sorted(tx, conv_rows, item_rows, seen)
+                        deferred = _defer_indexes_if_empty(tx)
+                    new, more = _insert_one_commit(tx, pending, commit_rows, sort_rows, seen)
+                    added += new
             if deferred:
                 self.build_deferred_indexes()
         except BaseException:

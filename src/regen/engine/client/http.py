@@ -226,6 +226,8 @@ class ChatClient:
         on_generation: Callable[[str], None] | None,
         items: list[str] | None,
     ) -> Result | list[Result | EndpointError]:
+        """One attempt: send the body, read its answer, and give any failure its class and
+        whether it may have been billed."""
         assert self._session is not None, "use ChatClient as an async context manager"
         t = timeouts or self.default_timeouts
         if stream:
@@ -236,96 +238,99 @@ class ChatClient:
         data = bytes(memoryview(orjson.dumps(body)))
         limit = answer_bound(body, len(data))
         timeout = self._client_timeout(t, stream)
-        started = time.monotonic()
-        assembler: StreamAssembler | None = None
-        generation_id: str | None = None
-        status: int | None = None
-        resp: aiohttp.ClientResponse | None = None
+        at = _Attempt(t, time.monotonic())
         try:
-            request = self._send(self._session, "POST", self.url, data=data, timeout=timeout)
-            if stream:
-                # A stream's headers come at once; its first bytes only when generation
-                # starts. The time-to-first-byte limit covers both.
-                async with _Limit(t.ttfb_s, "timeout", f"no response within {t.ttfb_s:g} s"):
-                    resp = await request
-            else:
-                resp = await request
+            resp = await self._post(self._session, at, data, timeout, stream)
             async with resp:
-                status = resp.status
-                if status != 200:
-                    retry_after = parse_retry_after(resp.headers.get("Retry-After"))
-                    head, _ = await read_at_most(resp.content, ERROR_BODY_BYTES)
-                    if self._learn_refusal(status, head, body):
-                        raise _Refused
-                    raise _http_error(status, head, retry_after)
+                at.status = resp.status
+                if at.status != 200:
+                    await self._raise_for_status(at.status, resp, body)
                 # From here on a generation exists and may be billed, even if its body is cut.
-                generation_id = resp.headers.get("X-Generation-Id")
-                if generation_id and on_generation is not None:
-                    on_generation(generation_id)
+                at.generation_id = resp.headers.get("X-Generation-Id")
+                if at.generation_id and on_generation is not None:
+                    on_generation(at.generation_id)
                 if not stream:
                     raw = await read_answer(resp, limit, body)
-                    latency = time.monotonic() - started
+                    latency = time.monotonic() - at.started
                     if items is not None:
                         return parse_choices(items, raw, latency_s=latency)
                     return parse_chat_body(item_id, raw, status=200, latency_s=latency)
-                assembler = StreamAssembler(limit, body)
-                first_byte = t.ttfb_s - (time.monotonic() - started)
-                async with _Limit(first_byte, "timeout", f"no bytes within {t.ttfb_s:g} s"):
-                    piece = await resp.content.readany()
-                pace = min(t.read_interval_s, t.idle_s / 4)
-                conn = resp.connection
-                transport = conn.transport if conn is not None and pace > 0 else None
-                named = generation_id is not None or on_generation is None
-                stalled = f"no bytes for {t.idle_s:g} s"
-                while piece:
-                    self.stream_reads += 1
-                    assembler.feed(piece)
-                    if not named and assembler.meta.get("id"):
-                        named = True
-                        gen = assembler.meta["id"]
-                        if isinstance(gen, str) and on_generation is not None:
-                            on_generation(gen)
-                    async with _Limit(t.idle_s, "stalled", stalled):
-                        if transport is None or assembler.finish_reason is not None:
-                            piece = await resp.content.readany()
-                        else:
-                            piece = await read_later(transport, resp.content, pace)
-                self.chunks_received += assembler.chunks
+                at.assembler = StreamAssembler(limit, body)
+                streamed = await self._read_stream(at, at.assembler, resp, on_generation)
                 return result_from_body(
-                    item_id, assembler.body(), status=200, latency_s=time.monotonic() - started
+                    item_id, streamed, status=200, latency_s=time.monotonic() - at.started
                 )
         except EndpointError as exc:
-            if exc.failure_class == "oversized_answer" and resp is not None:
-                resp.close()  # the rest of the answer is not read: the connection cannot be reused
-            # An error status is not billed, nor is a whole error body; silence, a body cut
-            # short, a stream that broke off or an answer too big to read may be.
-            if status in (None, 200) and not (exc.unbilled and assembler is None):
-                _begun(exc, generation_id, assembler)
+            at.settle(exc)
             raise
-        except aiohttp.SocketTimeoutError as exc:
-            err = EndpointError("stalled", f"no bytes for {t.idle_s:g} s")
-            raise _begun(err, generation_id, assembler) from exc
-        except aiohttp.ConnectionTimeoutError as exc:
-            raise EndpointError("connection", f"connect timed out after {t.connect_s:g} s") from exc
-        except aiohttp.ClientConnectorCertificateError as exc:  # retrying cannot help
-            raise EndpointError(
-                "tls",
-                f"the TLS certificate of {exc.host} is not trusted ({exc.certificate_error}): "
-                "for a server behind a private CA, point SSL_CERT_FILE at its CA bundle",
-            ) from exc
-        except aiohttp.ClientConnectorError as exc:  # never reached the server: not billed
-            reason = exc.strerror or type(exc.os_error).__name__
-            raise EndpointError(
-                "connection",
-                f"cannot connect to {exc.host}:{exc.port}: {reason} (is the server running, "
-                "and is [endpoint].base_url right?)",
-            ) from exc
-        except TimeoutError as exc:
-            err = EndpointError("timeout", f"request took over {t.total_s:g} s")
-            raise _begun(err, generation_id, assembler) from exc
-        except aiohttp.ClientError as exc:
-            err = EndpointError("connection", type(exc).__name__ + _detail(exc))
-            raise _begun(err, generation_id, assembler) from exc
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _failure(exc, at) from exc
+
+    async def _post(
+        self,
+        session: aiohttp.ClientSession,
+        at: _Attempt,
+        data: bytes,
+        timeout: aiohttp.ClientTimeout,
+        stream: bool,
+    ) -> aiohttp.ClientResponse:
+        """POST the attempt's body and wait for the response's headers."""
+        t = at.limits
+        request = self._send(session, "POST", self.url, data=data, timeout=timeout)
+        if stream:
+            # A stream's headers come at once; its first bytes only when generation
+            # starts. The time-to-first-byte limit covers both.
+            async with _Limit(t.ttfb_s, "timeout", f"no response within {t.ttfb_s:g} s"):
+                at.resp = await request
+        else:
+            at.resp = await request
+        return at.resp
+
+    async def _raise_for_status(
+        self, status: int, resp: aiohttp.ClientResponse, body: dict[str, Any]
+    ) -> None:
+        """Raise for an error status: _Refused if it refuses a field regen can leave out (the
+        request is then sent again without it), else its EndpointError."""
+        retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+        head, _ = await read_at_most(resp.content, ERROR_BODY_BYTES)
+        if self._learn_refusal(status, head, body):
+            raise _Refused
+        raise _http_error(status, head, retry_after)
+
+    async def _read_stream(
+        self,
+        at: _Attempt,
+        assembler: StreamAssembler,
+        resp: aiohttp.ClientResponse,
+        on_generation: Callable[[str], None] | None,
+    ) -> dict[str, Any]:
+        """Read a streamed answer into `assembler`, within the first-byte and idle limits, and
+        return the answer it makes; the generation id is said as soon as a chunk names
+        it, if the headers did not."""
+        t = at.limits
+        first_byte = t.ttfb_s - (time.monotonic() - at.started)
+        async with _Limit(first_byte, "timeout", f"no bytes within {t.ttfb_s:g} s"):
+            piece = await resp.content.readany()
+        pace = min(t.read_interval_s, t.idle_s / 4)
+        conn = resp.connection
+        transport = conn.transport if conn is not None and pace > 0 else None
+        named = at.generation_id is not None or on_generation is None
+        stalled = f"no bytes for {t.idle_s:g} s"
+        while piece:
+            self.stream_reads += 1
+            assembler.feed(piece)
+            if not named and assembler.meta.get("id"):
+                named = True
+                gen = assembler.meta["id"]
+                if isinstance(gen, str) and on_generation is not None:
+                    on_generation(gen)
+            async with _Limit(t.idle_s, "stalled", stalled):
+                if transport is None or assembler.finish_reason is not None:
+                    piece = await resp.content.readany()
+                else:
+                    piece = await read_later(transport, resp.content, pace)
+        self.chunks_received += assembler.chunks
+        return assembler.body()
 
     def _side_session(self) -> aiohttp.ClientSession:
         assert self._session is not None, "use ChatClient as an async context manager"
@@ -504,6 +509,59 @@ def _begun(
         if isinstance(gen, str) and gen:
             err.generation_id = gen
     return err
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """How far one attempt got: its failure is read against it (whether it may have been
+    billed, and under which generation id)."""
+
+    limits: Timeouts
+    started: float
+    status: int | None = None
+    resp: aiohttp.ClientResponse | None = None
+    generation_id: str | None = None
+    """The `X-Generation-Id` header, once the response is in."""
+    assembler: StreamAssembler | None = None
+
+    def settle(self, exc: EndpointError) -> None:
+        """Mark an EndpointError of this attempt as maybe billed when it may have been, and
+        close a connection left with an answer not read to its end."""
+        if exc.failure_class == "oversized_answer" and self.resp is not None:
+            self.resp.close()  # the rest of the answer is not read: the connection cannot be reused
+        # An error status is not billed, nor is a whole error body; silence, a body cut
+        # short, a stream that broke off or an answer too big to read may be.
+        if self.status in (None, 200) and not (exc.unbilled and self.assembler is None):
+            _begun(exc, self.generation_id, self.assembler)
+
+
+def _failure(exc: aiohttp.ClientError | TimeoutError, at: _Attempt) -> EndpointError:
+    """The EndpointError of an aiohttp error or timeout in an attempt: one that never reached
+    the server is not billed; any other may have been."""
+    t = at.limits
+    if isinstance(exc, aiohttp.SocketTimeoutError):
+        err = EndpointError("stalled", f"no bytes for {t.idle_s:g} s")
+        return _begun(err, at.generation_id, at.assembler)
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return EndpointError("connection", f"connect timed out after {t.connect_s:g} s")
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):  # retrying cannot help
+        return EndpointError(
+            "tls",
+            f"the TLS certificate of {exc.host} is not trusted ({exc.certificate_error}): "
+            "for a server behind a private CA, point SSL_CERT_FILE at its CA bundle",
+        )
+    if isinstance(exc, aiohttp.ClientConnectorError):  # never reached the server: not billed
+        reason = exc.strerror or type(exc.os_error).__name__
+        return EndpointError(
+            "connection",
+            f"cannot connect to {exc.host}:{exc.port}: {reason} (is the server running, "
+            "and is [endpoint].base_url right?)",
+        )
+    if isinstance(exc, TimeoutError):
+        err = EndpointError("timeout", f"request took over {t.total_s:g} s")
+    else:
+        err = EndpointError("connection", type(exc).__name__ + _detail(exc))
+    return _begun(err, at.generation_id, at.assembler)
 
 
 def _detail(exc: BaseException) -> str:
