@@ -641,6 +641,20 @@ def _budget_shares(
 
 
 @dataclass
+class _LaneFlows:
+    """One lane's flows as they are planned, dataset by dataset."""
+
+    rows: list[FlowPlan] = field(default_factory=list)
+    elapsed: _Band = field(default_factory=lambda: _Band())
+    """Lane time from now to the end of the latest flow planned."""
+    total_n: float = 0.0
+    """Passages through the lane, all datasets."""
+    last: Profile | None = None
+    """The profile of the last dataset with passages (its latencies drain the lane)."""
+    escalated_in: list[Interval] = field(default_factory=list)
+
+
+@dataclass
 class _Timeline:
     """The lanes' timelines as they are planned, lane by lane in escalation order."""
 
@@ -670,41 +684,75 @@ class _Timeline:
         limit, limit_basis = on_wire_for(lane, capacity.get(lane.name))
         on_wire = min(float(lane.concurrency), limit) if limit else float(lane.concurrency)
         self.on_wire[lane.name] = on_wire
-        elapsed = _Band()
-        total_n = 0.0
-        last: Profile | None = None
-        lane_rows: list[FlowPlan] = []
-        escalated_in: list[Interval] = []
+        run = _LaneFlows()
         for ds in job.datasets:
             key = (lane.name, ds.name)
-            prof = profiles[key]
-            k = share[ds.name]
-            n = counts.mean[key] * k
-            if n <= 0 and not pending.get(key):
-                continue
-            lo, hi = (x * k for x in counts.band[key])
-            row, took = _flow_row(
-                lane,
-                ds.name,
-                pending.get(key, (0, 0))[0],
-                prof,
-                (n, math.sqrt(counts.var[key]) * k, lo, hi),
-                on_wire,
-                bool(limit),
+            self._add_flow(run, lane, key, counts, share[ds.name], profiles[key], pending, limit)
+        end = self._lane_end(lane, lanes, run)
+        # The lane's last dataset ends with the lane; an earlier one when the next begins.
+        final = next((r for r in reversed(run.rows) if r.passages > 0), None)
+        if final is not None:
+            self.flow_end[lane.name, final.dataset] = end
+        bases = sorted({r.basis for r in run.rows})
+        self.lanes.append(
+            LanePlan(
+                lane.name,
+                lane.concurrency,
+                limit,
+                limit_basis,
+                run.total_n,
+                sum(r.attempts for r in run.rows),
+                _sum(run.escalated_in),
+                _sum_intervals([r.cost_usd for r in run.rows]) if run.rows else None,
+                end.interval(),
+                "; ".join(bases),
             )
-            lane_rows.append(row)
-            elapsed += took
-            self.flow_end[key] = _paced(elapsed)
-            total_n += n
-            came = pending.get(key, (0, 0))[0] * k
-            escalated_in.append(
-                _Band.spread(
-                    n - came, math.sqrt(counts.var[key]) * k, lo - came, hi - came
-                ).interval()
-            )
-            if n > 0:
-                last = prof
-        end = self._drain(elapsed, last, on_wire, total_n)
+        )
+        self.flows.extend(run.rows)
+
+    def _add_flow(
+        self,
+        run: _LaneFlows,
+        lane: LaneConfig,
+        key: tuple[str, str],
+        counts: _Counts,
+        k: float,
+        prof: Profile,
+        pending: dict[tuple[str | None, str], tuple[int, int]],
+        limit: float | None,
+    ) -> None:
+        """One dataset's flow through the lane, after those before it: `k` is its share of
+        the passages; nothing when it has none and nothing is pending."""
+        on_wire = self.on_wire[lane.name]
+        n = counts.mean[key] * k
+        if n <= 0 and not pending.get(key):
+            return
+        lo, hi = (x * k for x in counts.band[key])
+        row, took = _flow_row(
+            lane,
+            key[1],
+            pending.get(key, (0, 0))[0],
+            prof,
+            (n, math.sqrt(counts.var[key]) * k, lo, hi),
+            on_wire,
+            bool(limit),
+        )
+        run.rows.append(row)
+        run.elapsed += took
+        self.flow_end[key] = _paced(run.elapsed)
+        run.total_n += n
+        came = pending.get(key, (0, 0))[0] * k
+        run.escalated_in.append(
+            _Band.spread(n - came, math.sqrt(counts.var[key]) * k, lo - came, hi - came).interval()
+        )
+        if n > 0:
+            run.last = prof
+
+    def _lane_end(self, lane: LaneConfig, lanes: list[LaneConfig], run: _LaneFlows) -> _Band:
+        """When the lane is through: its drain, and no sooner than one answer after the last
+        of the lanes that escalate into it."""
+        on_wire, last, total_n = self.on_wire[lane.name], run.last, run.total_n
+        end = self._drain(run.elapsed, last, on_wire, total_n)
         if last is not None and last.latency is not None and total_n > 0:
             slowest = last.latency.drain(max(1, round(min(on_wire, total_n))))[0]
             self.drain_s = max(self.drain_s, slowest)
@@ -716,26 +764,7 @@ class _Timeline:
                     end = _Band(fed.mean + one, fed.var, fed.down, fed.up)
         end = _paced(end)
         self.lane_end[lane.name] = end
-        # The lane's last dataset ends with the lane; an earlier one when the next begins.
-        final = next((r for r in reversed(lane_rows) if r.passages > 0), None)
-        if final is not None:
-            self.flow_end[lane.name, final.dataset] = end
-        bases = sorted({r.basis for r in lane_rows})
-        self.lanes.append(
-            LanePlan(
-                lane.name,
-                lane.concurrency,
-                limit,
-                limit_basis,
-                total_n,
-                sum(r.attempts for r in lane_rows),
-                _sum(escalated_in),
-                _sum_intervals([r.cost_usd for r in lane_rows]) if lane_rows else None,
-                end.interval(),
-                "; ".join(bases),
-            )
-        )
-        self.flows.extend(lane_rows)
+        return end
 
     @staticmethod
     def _drain(elapsed: _Band, last: Profile | None, on_wire: float, total_n: float) -> _Band:
