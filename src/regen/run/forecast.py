@@ -453,52 +453,27 @@ def plan(
     spent = {p.name: p for p in progress}
     counts = _passages(job, lanes, pending, profiles)
     share, stops = _budget_shares(job, lanes, spent, counts.mean, profiles)
-    timeline = _Timeline()
-    for lane in lanes:
-        timeline.add(job, lane, lanes, counts, share, profiles, pending, capacity)
+    timeline = _Timeline.of(job, lanes, counts, share, profiles, pending, capacity)
     last = max(timeline.lane_end.values(), key=lambda b: b.mean, default=_Band())
     job_end = last.mean
     room = _room(job, progress, credit_room_usd)
     margin = kill_margin(job, pending, prices)
     total = sum((f.cost_usd.mean for f in timeline.flows if f.cost_usd is not None), 0.0)
-    ending = None
-    last_fit = 0.0
+    ending, last_fit = None, 0.0
     if room is not None and total > room[0]:
-        # The run's last request is admitted only while its worst case fits: it ends with
-        # about one worst case of the room unspent.
-        last_fit = max((worst_cases(job, pending, prices) or {}).values(), default=0.0)
-        order = _run_order(job, lanes, pending, profiles, timeline)
-        ending = play(*order, max(0.0, room[0] - last_fit), _budgets_left(job, spent))
+        ending, last_fit = _room_ending(
+            job, lanes, pending, prices, profiles, timeline, spent, room
+        )
     stop, cut_at = _job_stop(total, room, job_end, margin, ending, timeline)
     datasets = [
         _dataset_plan(ds.name, spent[ds.name], share, stops, timeline, stop, ending, cut_at)
         for ds in job.datasets
         if ds.name in spent
     ]
-    unsent = 0
-    if ending is not None:
-        short = [d for d in datasets if round(ending.unsent.get(d.name, 0.0))]
-        unsent = round(sum(ending.unsent.values()))
-        paid = round(sum(ending.escalated.values()))
-        if short:
-            names = ", ".join(f"{d.name} ({round(ending.unsent[d.name])})" for d in short)
-            stop += f"; {unsent} items stay unsent: {names}"
-            if paid:
-                stop += (
-                    f"; {paid} of them escalated items whose cut-off first try is paid and "
-                    "never answered"
-                )
+    clause, unsent = _unsent(ending, datasets)
+    stop += clause
     total_cost = _sum_intervals([d.cost_usd for d in datasets])
-    time_s = last.interval() if timeline.flows else None
-    if cut_at is not None:
-        time_s = (
-            last.scaled(cut_at / job_end).interval()
-            if job_end
-            else Interval(cut_at, cut_at, cut_at)
-        )
-        if total_cost is not None and room is not None:
-            usd = max(0.0, room[0] - last_fit)
-            total_cost = Interval(usd, min(total_cost.p10, usd), room[0])
+    time_s, total_cost = _job_totals(timeline, last, cut_at, total_cost, room, last_fit)
     return JobPlan(
         timeline.flows,
         datasets,
@@ -511,6 +486,67 @@ def plan(
         _repay(timeline.flows, job),
         unsent,
     )
+
+
+def _room_ending(
+    job: Job,
+    lanes: list[LaneConfig],
+    pending: dict[tuple[str | None, str], tuple[int, int]],
+    prices: Prices | None,
+    profiles: dict[tuple[str, str], Profile],
+    timeline: _Timeline,
+    spent: dict[str, DatasetProgress],
+    room: tuple[float, str],
+) -> tuple[Ending | None, float]:
+    """How the run ends when the room runs out first, played out flow by flow, and the worst
+    case of one request (the room the run leaves unspent)."""
+    # The run's last request is admitted only while its worst case fits: it ends with
+    # about one worst case of the room unspent.
+    last_fit = max((worst_cases(job, pending, prices) or {}).values(), default=0.0)
+    order = _run_order(job, lanes, pending, profiles, timeline)
+    return play(*order, max(0.0, room[0] - last_fit), _budgets_left(job, spent)), last_fit
+
+
+def _unsent(ending: Ending | None, datasets: list[DatasetPlan]) -> tuple[str, int]:
+    """When the room ends the run first, the items it leaves unsent, and what the stop line
+    adds: them per dataset, and how many are escalated items whose first try is paid."""
+    if ending is None:
+        return "", 0
+    short = [d for d in datasets if round(ending.unsent.get(d.name, 0.0))]
+    unsent = round(sum(ending.unsent.values()))
+    paid = round(sum(ending.escalated.values()))
+    if not short:
+        return "", unsent
+    names = ", ".join(f"{d.name} ({round(ending.unsent[d.name])})" for d in short)
+    clause = f"; {unsent} items stay unsent: {names}"
+    if paid:
+        clause += (
+            f"; {paid} of them escalated items whose cut-off first try is paid and never answered"
+        )
+    return clause, unsent
+
+
+def _job_totals(
+    timeline: _Timeline,
+    last: _Band,
+    cut_at: float | None,
+    total_cost: Interval | None,
+    room: tuple[float, str] | None,
+    last_fit: float,
+) -> tuple[Interval | None, Interval | None]:
+    """The job's time and cost. When it stops at `cut_at`: the time scaled to the cut, the
+    cost what the room lets it spend (about one worst case short of the room)."""
+    time_s = last.interval() if timeline.flows else None
+    if cut_at is None:
+        return time_s, total_cost
+    job_end = last.mean
+    time_s = (
+        last.scaled(cut_at / job_end).interval() if job_end else Interval(cut_at, cut_at, cut_at)
+    )
+    if total_cost is not None and room is not None:
+        usd = max(0.0, room[0] - last_fit)
+        total_cost = Interval(usd, min(total_cost.p10, usd), room[0])
+    return time_s, total_cost
 
 
 def kill_margin(
@@ -667,6 +703,23 @@ class _Timeline:
     lane_end: dict[str, _Band] = field(default_factory=dict)
     flow_end: dict[tuple[str, str], _Band] = field(default_factory=dict)
     """When each lane is through with each dataset, from now."""
+
+    @classmethod
+    def of(
+        cls,
+        job: Job,
+        lanes: list[LaneConfig],
+        counts: _Counts,
+        share: dict[str, float],
+        profiles: dict[tuple[str, str], Profile],
+        pending: dict[tuple[str | None, str], tuple[int, int]],
+        capacity: dict[str, LaneCapacity],
+    ) -> _Timeline:
+        """Every lane planned, in escalation order (a lane's end waits on those feeding it)."""
+        timeline = cls()
+        for lane in lanes:
+            timeline.add(job, lane, lanes, counts, share, profiles, pending, capacity)
+        return timeline
 
     def add(
         self,
