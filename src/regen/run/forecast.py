@@ -937,21 +937,7 @@ def _dataset_plan(
             note += f", in ~{format_duration(done_in.mean)}"
     if ending is not None and cut_at is not None:
         # The run's order says what its own budget and the cap leave, in place of the shares.
-        met = round(ending.met.get(name, 0.0))
-        left = round(ending.unsent.get(name, 0.0))
-        sent = max(0, pending_n - met - left)
-        note = None
-        if met:
-            kept = pending_n - met
-            note = f"{why or 'its budget'} stops it after ~{kept} of its {pending_n} items"
-        if left:
-            paid = round(ending.escalated.get(name, 0.0))
-            note = (
-                f"{stop.split(':')[0]} stops it after ~{sent} of its {pending_n} items, "
-                f"in ~{format_duration(cut_at)}"
-                + (f" ({paid} of those left escalated, their first try paid)" if paid else "")
-                + (f"; its own budget leaves {met}" if met else "")
-            )
+        sent, note = _ended_short(name, pending_n, why, stop, ending, cut_at)
     cost = _sum_intervals([r.cost_usd for r in rows])
     bases = sorted({r.basis for r in rows if r.passages > 0}) or sorted({r.basis for r in rows})
     return DatasetPlan(
@@ -968,6 +954,29 @@ def _dataset_plan(
         done_in,
         note,
     )
+
+
+def _ended_short(
+    name: str, pending_n: int, why: str | None, stop: str, ending: Ending, cut_at: float
+) -> tuple[int, str | None]:
+    """A dataset's items sent when the run runs out of room at `cut_at`, and what stops it
+    short: its own budget (`why`), or the job's cap or credit (`stop`)."""
+    met = round(ending.met.get(name, 0.0))
+    left = round(ending.unsent.get(name, 0.0))
+    sent = max(0, pending_n - met - left)
+    note = None
+    if met:
+        kept = pending_n - met
+        note = f"{why or 'its budget'} stops it after ~{kept} of its {pending_n} items"
+    if left:
+        paid = round(ending.escalated.get(name, 0.0))
+        note = (
+            f"{stop.split(':')[0]} stops it after ~{sent} of its {pending_n} items, "
+            f"in ~{format_duration(cut_at)}"
+            + (f" ({paid} of those left escalated, their first try paid)" if paid else "")
+            + (f"; its own budget leaves {met}" if met else "")
+        )
+    return sent, note
 
 
 def _sum_intervals(maybe: Sequence[Interval | None]) -> Interval | None:
