@@ -400,6 +400,77 @@ def items_left(flow: Flow, tokens_left: float | None, usd_left: float | None) ->
     return n, bound
 
 
+def _pooled_model(flows: Sequence[tuple[Flow, int, str]], now: float) -> LatencyModel | None:
+    """The lane's latencies, all its datasets together: the model of a dataset too new for
+    its own."""
+    pooled_done: list[float] = []
+    pooled_censored: list[float] = []
+    answers = 0
+    for flow, _, _ in flows:
+        pooled_done.extend(flow.latencies)
+        pooled_censored.extend(flow.censored(now))
+        answers += flow.answers
+    return kaplan_meier(pooled_done, pooled_censored, len(pooled_done) / max(1, answers))
+
+
+def _flow_model(flow: Flow, now: float, pooled: LatencyModel | None) -> LatencyModel | None:
+    """A dataset's own latency model once it has MIN_SAMPLE answers, else the lane's."""
+    model = None
+    if len(flow.latencies) >= MIN_SAMPLE:
+        model = kaplan_meier(
+            flow.latencies,
+            flow.censored(now),
+            len(flow.latencies) / max(1, flow.answers),
+        )
+    return model or pooled
+
+
+@dataclass
+class _LaneWork:
+    """The lane's work summed over its datasets so far, in seconds of one slot."""
+
+    work: float = 0.0
+    var: float = 0.0
+    earlier_work: float = 0.0
+    """Resting on earlier runs' answers alone (datasets not reached yet)."""
+
+    def add(self, flow: Flow, n: int, model: LatencyModel) -> None:
+        """A dataset's items not on the wire yet, each its mean time (and a share of failed
+        attempts' time), with the variance of that sum."""
+        # Failed attempts' time on the wire is overhead on every answer.
+        overhead = flow.failed_wire_s / max(1, flow.answers)
+        unstarted = max(0, n - len(flow.on_wire))
+        self.work += unstarted * (model.mean + overhead)
+        if flow.finished < RUN_ANSWERS:
+            self.earlier_work += unstarted * (model.mean + overhead)
+        # The mean's standard error, scaled to the items left, their own spread, and how much
+        # of the mean rests on the extrapolated tail.
+        self.var += (
+            (unstarted * model.sd / math.sqrt(model.n)) ** 2
+            + unstarted * model.sd**2
+            + (unstarted * model.mean * model.extrapolated) ** 2
+        )
+
+    def sd(self, c: float, drain_sd: float, concurrency_rsd: float) -> float:
+        """The sd of the time to finish: the work's spread, the drain's, and the pace's."""
+        return SD_SCALE * math.sqrt(
+            self.var / (c * c)
+            + drain_sd**2
+            + (self.work / c * concurrency_rsd) ** 2
+            + (self.earlier_work / c * EARLIER_RSD) ** 2
+        )
+
+
+def _eta(seconds: float, sd: float, bound: str, drain: float, prior: bool) -> Eta:
+    """The ETA with its p10-p90 interval: symmetric when measured, log-normal when `prior`."""
+    if prior and seconds > 0:
+        # Not a point: a range, skewed as a guess at a pace is (never down to zero).
+        s = math.sqrt(math.log1p((sd / seconds) ** 2))
+        low, high = seconds * math.exp(-Z90 * s), seconds * math.exp(Z90 * s)
+        return Eta(seconds, low, high, bound, drain, prior=True)
+    return Eta(seconds, max(0.0, seconds - Z90 * sd), seconds + Z90 * sd, bound, drain)
+
+
 def lane_eta(
     flows: Sequence[tuple[Flow, int, str]],
     now: float,
@@ -417,17 +488,9 @@ def lane_eta(
     (`concurrency_rsd` below UNMEASURED_RSD: this run's, or an earlier run's), each ETA is
     `prior`: its interval, log-normal, is what to show.
     """
-    pooled_done: list[float] = []
-    pooled_censored: list[float] = []
-    answers = 0
-    for flow, _, _ in flows:
-        pooled_done.extend(flow.latencies)
-        pooled_censored.extend(flow.censored(now))
-        answers += flow.answers
-    pooled = kaplan_meier(pooled_done, pooled_censored, len(pooled_done) / max(1, answers))
+    pooled = _pooled_model(flows, now)
     out: list[Eta | None] = []
-    work = var = 0.0
-    earlier_work = 0.0  # resting on earlier runs' answers alone (datasets not reached yet)
+    lane = _LaneWork()
     known = True
     # Nothing on the wire yet and no pace known: no figure can be backed (not even a range).
     started = concurrency >= 1.0 or concurrency_rsd < UNMEASURED_RSD
@@ -435,46 +498,15 @@ def lane_eta(
     # Earlier runs' answers and pace are measurements too: only a lane with neither is a guess.
     prior = concurrency_rsd >= UNMEASURED_RSD or sum(f.answers for f, _, _ in flows) < RUN_ANSWERS
     for flow, n, bound in flows:
-        model = None
-        if len(flow.latencies) >= MIN_SAMPLE:
-            model = kaplan_meier(
-                flow.latencies,
-                flow.censored(now),
-                len(flow.latencies) / max(1, flow.answers),
-            )
-        model = model or pooled
+        model = _flow_model(flow, now, pooled)
         if model is None or not known or (n and not started):
             known = known and n == 0
             out.append(Eta(0.0, 0.0, 0.0, bound) if known else None)
             continue
-        # Failed attempts' time on the wire is overhead on every answer.
-        overhead = flow.failed_wire_s / max(1, flow.answers)
-        unstarted = max(0, n - len(flow.on_wire))
-        work += unstarted * (model.mean + overhead)
-        if flow.finished < RUN_ANSWERS:
-            earlier_work += unstarted * (model.mean + overhead)
-        # The mean's standard error, scaled to the items left, their own spread, and how much
-        # of the mean rests on the extrapolated tail.
-        var += (
-            (unstarted * model.sd / math.sqrt(model.n)) ** 2
-            + unstarted * model.sd**2
-            + (unstarted * model.mean * model.extrapolated) ** 2
-        )
+        lane.add(flow, n, model)
         drain, drain_sd = model.drain(min(n, round(c))) if n else (0.0, 0.0)
-        seconds = work / c + drain
-        sd = SD_SCALE * math.sqrt(
-            var / (c * c)
-            + drain_sd**2
-            + (work / c * concurrency_rsd) ** 2
-            + (earlier_work / c * EARLIER_RSD) ** 2
-        )
-        if prior and seconds > 0:
-            # Not a point: a range, skewed as a guess at a pace is (never down to zero).
-            s = math.sqrt(math.log1p((sd / seconds) ** 2))
-            low, high = seconds * math.exp(-Z90 * s), seconds * math.exp(Z90 * s)
-            out.append(Eta(seconds, low, high, bound, drain, prior=True))
-            continue
-        out.append(Eta(seconds, max(0.0, seconds - Z90 * sd), seconds + Z90 * sd, bound, drain))
+        seconds = lane.work / c + drain
+        out.append(_eta(seconds, lane.sd(c, drain_sd, concurrency_rsd), bound, drain, prior))
     return out
 
 
