@@ -215,6 +215,28 @@ def kaplan_meier(
         return None
     events = sorted([(t, 1.0) for t in done] + [(t, 0.0) for t in censored])
     at_risk = float(len(done)) + censored_weight * (len(events) - len(done))
+    survival, times, curve = _product_limit(events, at_risk, censored_weight)
+    # What was seen says nothing below a resolution of one answer in n: never claim less
+    # mass than that beyond the longest time seen (the slowest of many in flight lives there).
+    survival = max(survival, 1.0 / len(done))
+    curve[-1] = survival
+    extrapolated = survival
+    t_end = max(times[-1], events[-1][0])
+    if t_end > times[-1]:
+        # Requests still running are known to last at least as long as they have so far.
+        times.append(t_end)
+        curve.append(survival)
+    rate = _tail_hazard(events, times, curve, censored_weight, done)
+    _extend_tail(times, curve, survival, t_end, rate)
+    mean, var = _moments(times, curve)
+    return LatencyModel(mean, math.sqrt(var), len(done), tuple(times), tuple(curve), extrapolated)
+
+
+def _product_limit(
+    events: list[tuple[float, float]], at_risk: float, censored_weight: float
+) -> tuple[float, list[float], list[float]]:
+    """The Kaplan-Meier curve over the sorted events (time, 1.0 for an answer, 0.0 for a
+    request still running): the survival at the end, and S(t) just after each answer."""
     survival = 1.0
     times: list[float] = []
     curve: list[float] = []
@@ -226,19 +248,19 @@ def kaplan_meier(
             at_risk -= 1.0
         else:
             at_risk -= censored_weight
-    # What was seen says nothing below a resolution of one answer in n: never claim less
-    # mass than that beyond the longest time seen (the slowest of many in flight lives there).
-    survival = max(survival, 1.0 / len(done))
-    curve[-1] = survival
-    extrapolated = survival
-    t_end = max(times[-1], events[-1][0])
-    if t_end > times[-1]:
-        # Requests still running are known to last at least as long as they have so far.
-        times.append(t_end)
-        curve.append(survival)
-    # Complete the tail with a constant hazard, measured on the highest part of the curve
-    # that has enough answers (on a mixture, its long component decides how the tail goes on;
-    # a log-normal fitted to the whole overshoots there).
+    return survival, times, curve
+
+
+def _tail_hazard(
+    events: list[tuple[float, float]],
+    times: list[float],
+    curve: list[float],
+    censored_weight: float,
+    done: Sequence[float],
+) -> float:
+    """The constant hazard that completes the tail, measured on the highest part of the curve
+    that has enough answers (on a mixture, its long component decides how the tail goes on;
+    a log-normal fitted to the whole overshoots there); with none, one over the mean answer."""
     deaths, exposure = 0, 0.0
     for level in (0.05, 0.1, 0.25, 0.5, 1.0):
         t_h = next((t for t, s_after in zip(times, curve, strict=True) if s_after <= level), None)
@@ -250,7 +272,13 @@ def kaplan_meier(
         )
         if deaths >= 20:
             break
-    rate = deaths / exposure if deaths and exposure > 0 else 1.0 / max(1e-9, sum(done) / len(done))
+    return deaths / exposure if deaths and exposure > 0 else 1.0 / max(1e-9, sum(done) / len(done))
+
+
+def _extend_tail(
+    times: list[float], curve: list[float], survival: float, t_end: float, rate: float
+) -> None:
+    """The curve carried on past `t_end` at hazard `rate` until it is all but gone, then 0."""
     t, step = t_end, max(0.05 * t_end, 0.1 / rate, 1e-6)
     for _ in range(400):  # bounded whatever the floats do; the tail is gone well before
         t += step
@@ -259,6 +287,10 @@ def kaplan_meier(
         if curve[-1] <= 1e-4:
             break
     curve[-1] = 0.0
+
+
+def _moments(times: list[float], curve: list[float]) -> tuple[float, float]:
+    """The mean and variance of the time, from the areas under the step curve S."""
     mean = second = 0.0
     prev_t, prev_s = 0.0, 1.0
     for t, s_after in zip(times, curve, strict=True):
@@ -266,8 +298,7 @@ def kaplan_meier(
         mean += prev_s * (t - prev_t)
         second += prev_s * (t * t - prev_t * prev_t)
         prev_t, prev_s = t, s_after
-    var = max(0.0, second - mean * mean)
-    return LatencyModel(mean, math.sqrt(var), len(done), tuple(times), tuple(curve), extrapolated)
+    return mean, max(0.0, second - mean * mean)
 
 
 @dataclass(frozen=True)
