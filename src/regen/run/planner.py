@@ -213,6 +213,11 @@ def plan_tables(plan: Plan) -> list[Table]:
     """`regen plan`: per dataset and lane what is still to come (p10-p90 in brackets), then
     the lanes and the job."""
     p = plan.job
+    return [_flows_table(p), _datasets_table(p), _lanes_table(p)]
+
+
+def _flows_table(p: JobPlan) -> Table:
+    """A row per dataset and lane: passages, attempts, tokens, cost and time to come."""
     flows = Table(title="plan: per dataset and lane, from here (p10-p90)", title_justify="left")
     cols = ("dataset", "lane", "passages", "attempts", "escalate", "prompt tok", "compl tok")
     for col in (*cols, "$", "time", "from"):
@@ -230,6 +235,12 @@ def plan_tables(plan: Plan) -> list[Table]:
             _time(f.time_s),
             f.basis,
         )
+    return flows
+
+
+def _datasets_table(p: JobPlan) -> Table:
+    """A row per dataset (items, what will be sent, cost, when done, what stops it), then
+    the job's totals."""
     datasets = Table(title="per dataset", title_justify="left")
     for col in ("dataset", "items", "pending", "to send", "attempts", "$", "done in", "stops"):
         datasets.add_column(col, justify="left" if col in ("dataset", "stops") else "right")
@@ -256,6 +267,11 @@ def plan_tables(plan: Plan) -> list[Table]:
         "",
         style="bold",
     )
+    return datasets
+
+
+def _lanes_table(p: JobPlan) -> Table:
+    """A row per lane: its concurrency, what it may keep on the wire, passages, cost, time."""
     lanes = Table(title="per lane", title_justify="left")
     for col in ("lane", "concurrency", "on the wire", "passages", "escalated in", "$", "time"):
         lanes.add_column(col, justify="left" if col == "lane" else "right")
@@ -269,4 +285,4 @@ def plan_tables(plan: Plan) -> list[Table]:
             _usd(lane.cost_usd),
             _time(lane.time_s),
         )
-    return [flows, datasets, lanes]
+    return lanes
