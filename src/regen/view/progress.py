@@ -449,6 +449,32 @@ def _money_items(stats: RunStats, t: DatasetStats) -> list[str]:
     return money
 
 
+def _dataset_rows(
+    stats: RunStats,
+    t: DatasetStats,
+    rates: dict[str, tuple[float, float]],
+    etas: dict[str, Eta | None],
+    job_eta: Eta | None,
+) -> tuple[list[dict[str, str]], list[dict[str, int]]]:
+    """A row of cells per dataset, and the job's total when there are several; with each
+    row, its errors by class."""
+    rows = [
+        _dataset_cells(
+            name,
+            d,
+            rates[name],
+            etas.get(name),
+            stats.tokens_spent(name) if stats.tokens_spent and d.token_budget else None,
+        )
+        for name, d in stats.datasets.items()
+    ]
+    row_errors = [dict(d.errors) for d in stats.datasets.values()]
+    if len(stats.datasets) > 1:
+        rows.append(_dataset_cells("total", t, rates[""], job_eta))
+        row_errors.append(dict(t.errors))
+    return rows, row_errors
+
+
 def _lane_items(stats: RunStats, now: float) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
     """A lane's core figures (limit, in flight, escalated) and the detail dropped first."""
     lanes: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
@@ -489,20 +515,7 @@ def progress_view(
         _eta_item(stats, t, held, job_eta, elapsed, ended=ended),
     ]
     money = _money_items(stats, t)
-    rows = [
-        _dataset_cells(
-            name,
-            d,
-            rates[name],
-            etas.get(name),
-            stats.tokens_spent(name) if stats.tokens_spent and d.token_budget else None,
-        )
-        for name, d in stats.datasets.items()
-    ]
-    row_errors = [dict(d.errors) for d in stats.datasets.values()]
-    if len(stats.datasets) > 1:
-        rows.append(_dataset_cells("total", t, rates[""], job_eta))
-        row_errors.append(dict(t.errors))
+    rows, row_errors = _dataset_rows(stats, t, rates, etas, job_eta)
     lanes = _lane_items(stats, now)
     endpoints = []
     if len(stats.endpoints) > 1 or any(e.outages for e in stats.endpoints.values()):
