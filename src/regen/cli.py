@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from regen.outputs.audit import Checks
     from regen.outputs.export import ExportOptions
     from regen.reconstruct import Target, TargetSpec
+    from regen.run.planner import Plan
     from regen.run.summary import RunReport
     from regen.state.db import Store
 
@@ -664,25 +665,13 @@ def _record_exit(out_dir: Path, code: int) -> None:
 
 
 def _plan(args: argparse.Namespace, console: Console) -> int:
-    import dataclasses
     import json
 
     from regen.config import load_job
-    from regen.run.pilot import Bounds, pilot_lines
-    from regen.run.planner import plan_job, plan_tables, verdict_lines
-    from regen.view.progress import bad_rows_table
+    from regen.run.pilot import Bounds
+    from regen.run.planner import plan_job
 
-    if args.pilot < 0:
-        print("error: --pilot must be 0 or more", file=sys.stderr)
-        return EXIT_USAGE
-    if args.precision is not None and not (0 < args.precision < 1 and args.pilot > 0):
-        print(
-            "error: --precision takes a share between 0 and 1 (0.1: +/-10%) and needs "
-            "--pilot N (the most items per dataset)",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
-    bad = _pilot_bounds_error(args)
+    bad = _plan_args_error(args)
     if bad:
         print(f"error: {bad}", file=sys.stderr)
         return EXIT_USAGE
@@ -692,31 +681,57 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
     bounds = Bounds(args.pilot_time, args.pilot_usd, args.pilot_share)
     plan = plan_job(job, console=quiet, pilot=args.pilot, precision=args.precision, bounds=bounds)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "datasets": [dataclasses.asdict(d) for d in plan.job.datasets],
-                    "lanes": [dataclasses.asdict(lane) for lane in plan.job.lanes],
-                    "flows": [dataclasses.asdict(f) for f in plan.job.flows],
-                    "job": {
-                        "cost_usd": plan.job.cost_usd and dataclasses.asdict(plan.job.cost_usd),
-                        "time_s": plan.job.time_s and dataclasses.asdict(plan.job.time_s),
-                        "stop": plan.job.stop,
-                        "kill_margin_usd": plan.job.kill_margin_usd,
-                        "repay_usd": plan.job.repay_usd,
-                        "unsent": plan.job.unsent,
-                        "assumptions": plan.job.assumptions,
-                    },
-                    "bad_row_reasons": [dataclasses.asdict(g) for g in plan.bad_reasons],
-                    "coverage": plan.coverage,
-                    "credit_usd": plan.credit_usd,
-                    "spent_usd": plan.spent_usd,
-                    "pilot": [dataclasses.asdict(q) for q in plan.pilot],
-                    "pilot_notes": plan.pilot_notes,
-                }
-            )
-        )
+        print(json.dumps(_plan_json(plan)))
         return EXIT_OK
+    _print_plan(plan, console, args.precision)
+    return EXIT_OK
+
+
+def _plan_args_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with `regen plan`'s pilot options as given (None: nothing)."""
+    if args.pilot < 0:
+        return "--pilot must be 0 or more"
+    if args.precision is not None and not (0 < args.precision < 1 and args.pilot > 0):
+        return (
+            "--precision takes a share between 0 and 1 (0.1: +/-10%) and needs "
+            "--pilot N (the most items per dataset)"
+        )
+    return _pilot_bounds_error(args)
+
+
+def _plan_json(plan: Plan) -> dict[str, Any]:
+    """`regen plan --json`: the plan's rows, the job's totals and the pilot's measures."""
+    import dataclasses
+
+    return {
+        "datasets": [dataclasses.asdict(d) for d in plan.job.datasets],
+        "lanes": [dataclasses.asdict(lane) for lane in plan.job.lanes],
+        "flows": [dataclasses.asdict(f) for f in plan.job.flows],
+        "job": {
+            "cost_usd": plan.job.cost_usd and dataclasses.asdict(plan.job.cost_usd),
+            "time_s": plan.job.time_s and dataclasses.asdict(plan.job.time_s),
+            "stop": plan.job.stop,
+            "kill_margin_usd": plan.job.kill_margin_usd,
+            "repay_usd": plan.job.repay_usd,
+            "unsent": plan.job.unsent,
+            "assumptions": plan.job.assumptions,
+        },
+        "bad_row_reasons": [dataclasses.asdict(g) for g in plan.bad_reasons],
+        "coverage": plan.coverage,
+        "credit_usd": plan.credit_usd,
+        "spent_usd": plan.spent_usd,
+        "pilot": [dataclasses.asdict(q) for q in plan.pilot],
+        "pilot_notes": plan.pilot_notes,
+    }
+
+
+def _print_plan(plan: Plan, console: Console, precision: float | None) -> None:
+    """`regen plan` for a person: the tables, then what was spent, what stops the job, the
+    verdict, the notes and what the pilot measured."""
+    from regen.run.pilot import pilot_lines
+    from regen.run.planner import plan_tables, verdict_lines
+    from regen.view.progress import bad_rows_table
+
     for table in plan_tables(plan):
         console.print(table)
     if plan.bad_reasons:
@@ -731,9 +746,8 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
         console.print(plan.coverage, markup=False, soft_wrap=True)
     for line in plan.job.assumptions:
         console.print(f"note: {line}", markup=False, soft_wrap=True)
-    for line in [*pilot_lines(plan.pilot, args.precision), *plan.pilot_notes]:
+    for line in [*pilot_lines(plan.pilot, precision), *plan.pilot_notes]:
         console.print(line, markup=False, soft_wrap=True)
-    return EXIT_OK
 
 
 def _pilot_bounds_error(args: argparse.Namespace) -> str | None:

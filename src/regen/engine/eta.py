@@ -204,6 +204,28 @@ def kaplan_meier(
         return None
     events = sorted([(t, 1.0) for t in done] + [(t, 0.0) for t in censored])
     at_risk = float(len(done)) + censored_weight * (len(events) - len(done))
+    survival, times, curve = _product_limit(events, at_risk, censored_weight)
+    # What was seen says nothing below a resolution of one answer in n: never claim less
+    # mass than that beyond the longest time seen (the slowest of many in flight lives there).
+    survival = max(survival, 1.0 / len(done))
+    curve[-1] = survival
+    extrapolated = survival
+    t_end = max(times[-1], events[-1][0])
+    if t_end > times[-1]:
+        # Requests still running are known to last at least as long as they have so far.
+        times.append(t_end)
+        curve.append(survival)
+    rate = _tail_hazard(events, times, curve, censored_weight, done)
+    _extend_tail(times, curve, survival, t_end, rate)
+    mean, var = _moments(times, curve)
+    return LatencyModel(mean, math.sqrt(var), len(done), tuple(times), tuple(curve), extrapolated)
+
+
+def _product_limit(
+    events: list[tuple[float, float]], at_risk: float, censored_weight: float
+) -> tuple[float, list[float], list[float]]:
+    """The Kaplan-Meier curve over the sorted events (time, 1.0 for an answer, 0.0 for a
+    request still running): the survival at the end, and S(t) just after each answer."""
     survival = 1.0
     times: list[float] = []
     curve: list[float] = []
@@ -215,19 +237,19 @@ def kaplan_meier(
             at_risk -= 1.0
         else:
             at_risk -= censored_weight
-    # What was seen says nothing below a resolution of one answer in n: never claim less
-    # mass than that beyond the longest time seen (the slowest of many in flight lives there).
-    survival = max(survival, 1.0 / len(done))
-    curve[-1] = survival
-    extrapolated = survival
-    t_end = max(times[-1], events[-1][0])
-    if t_end > times[-1]:
-        # Requests still running are known to last at least as long as they have so far.
-        times.append(t_end)
-        curve.append(survival)
-    # Complete the tail with a constant hazard, measured on the highest part of the curve
-    # that has enough answers (on a mixture, its long component decides how the tail goes on;
-    # a log-normal fitted to the whole overshoots there).
+    return survival, times, curve
+
+
+def _tail_hazard(
+    events: list[tuple[float, float]],
+    times: list[float],
+    curve: list[float],
+    censored_weight: float,
+    done: Sequence[float],
+) -> float:
+    """The constant hazard that completes the tail, measured on the highest part of the curve
+    that has enough answers (on a mixture, its long component decides how the tail goes on;
+    a log-normal fitted to the whole overshoots there); with none, one over the mean answer."""
     deaths, exposure = 0, 0.0
     for level in (0.05, 0.1, 0.25, 0.5, 1.0):
         t_h = next((t for t, s_after in zip(times, curve, strict=True) if s_after <= level), None)
@@ -239,7 +261,13 @@ def kaplan_meier(
         )
         if deaths >= 20:
             break
-    rate = deaths / exposure if deaths and exposure > 0 else 1.0 / max(1e-9, sum(done) / len(done))
+    return deaths / exposure if deaths and exposure > 0 else 1.0 / max(1e-9, sum(done) / len(done))
+
+
+def _extend_tail(
+    times: list[float], curve: list[float], survival: float, t_end: float, rate: float
+) -> None:
+    """The curve carried on past `t_end` at hazard `rate` until it is all but gone, then 0."""
     t, step = t_end, max(0.05 * t_end, 0.1 / rate, 1e-6)
     for _ in range(400):  # bounded whatever the floats do; the tail is gone well before
         t += step
@@ -248,6 +276,10 @@ def kaplan_meier(
         if curve[-1] <= 1e-4:
             break
     curve[-1] = 0.0
+
+
+def _moments(times: list[float], curve: list[float]) -> tuple[float, float]:
+    """The mean and variance of the time, from the areas under the step curve S."""
     mean = second = 0.0
     prev_t, prev_s = 0.0, 1.0
     for t, s_after in zip(times, curve, strict=True):
@@ -255,8 +287,7 @@ def kaplan_meier(
         mean += prev_s * (t - prev_t)
         second += prev_s * (t * t - prev_t * prev_t)
         prev_t, prev_s = t, s_after
-    var = max(0.0, second - mean * mean)
-    return LatencyModel(mean, math.sqrt(var), len(done), tuple(times), tuple(curve), extrapolated)
+    return mean, max(0.0, second - mean * mean)
 
 
 @dataclass(frozen=True)
@@ -389,6 +420,77 @@ def items_left(flow: Flow, tokens_left: float | None, usd_left: float | None) ->
     return n, bound
 
 
+def _pooled_model(flows: Sequence[tuple[Flow, int, str]], now: float) -> LatencyModel | None:
+    """The lane's latencies, all its datasets together: the model of a dataset too new for
+    its own."""
+    pooled_done: list[float] = []
+    pooled_censored: list[float] = []
+    answers = 0
+    for flow, _, _ in flows:
+        pooled_done.extend(flow.latencies)
+        pooled_censored.extend(flow.censored(now))
+        answers += flow.answers
+    return kaplan_meier(pooled_done, pooled_censored, len(pooled_done) / max(1, answers))
+
+
+def _flow_model(flow: Flow, now: float, pooled: LatencyModel | None) -> LatencyModel | None:
+    """A dataset's own latency model once it has MIN_SAMPLE answers, else the lane's."""
+    model = None
+    if len(flow.latencies) >= MIN_SAMPLE:
+        model = kaplan_meier(
+            flow.latencies,
+            flow.censored(now),
+            len(flow.latencies) / max(1, flow.answers),
+        )
+    return model or pooled
+
+
+@dataclass
+class _LaneWork:
+    """The lane's work summed over its datasets so far, in seconds of one slot."""
+
+    work: float = 0.0
+    var: float = 0.0
+    earlier_work: float = 0.0
+    """Resting on earlier runs' answers alone (datasets not reached yet)."""
+
+    def add(self, flow: Flow, n: int, model: LatencyModel) -> None:
+        """A dataset's items not on the wire yet, each its mean time (and a share of failed
+        attempts' time), with the variance of that sum."""
+        # Failed attempts' time on the wire is overhead on every answer.
+        overhead = flow.failed_wire_s / max(1, flow.answers)
+        unstarted = max(0, n - len(flow.on_wire))
+        self.work += unstarted * (model.mean + overhead)
+        if flow.finished < RUN_ANSWERS:
+            self.earlier_work += unstarted * (model.mean + overhead)
+        # The mean's standard error, scaled to the items left, their own spread, and how much
+        # of the mean rests on the extrapolated tail.
+        self.var += (
+            (unstarted * model.sd / math.sqrt(model.n)) ** 2
+            + unstarted * model.sd**2
+            + (unstarted * model.mean * model.extrapolated) ** 2
+        )
+
+    def sd(self, c: float, drain_sd: float, concurrency_rsd: float) -> float:
+        """The sd of the time to finish: the work's spread, the drain's, and the pace's."""
+        return SD_SCALE * math.sqrt(
+            self.var / (c * c)
+            + drain_sd**2
+            + (self.work / c * concurrency_rsd) ** 2
+            + (self.earlier_work / c * EARLIER_RSD) ** 2
+        )
+
+
+def _eta(seconds: float, sd: float, bound: str, drain: float, prior: bool) -> Eta:
+    """The ETA with its p10-p90 interval: symmetric when measured, log-normal when `prior`."""
+    if prior and seconds > 0:
+        # Not a point: a range, skewed as a guess at a pace is (never down to zero).
+        s = math.sqrt(math.log1p((sd / seconds) ** 2))
+        low, high = seconds * math.exp(-Z90 * s), seconds * math.exp(Z90 * s)
+        return Eta(seconds, low, high, bound, drain, prior=True)
+    return Eta(seconds, max(0.0, seconds - Z90 * sd), seconds + Z90 * sd, bound, drain)
+
+
 def lane_eta(
     flows: Sequence[tuple[Flow, int, str]],
     now: float,
@@ -406,17 +508,9 @@ def lane_eta(
     (`concurrency_rsd` below UNMEASURED_RSD: this run's, or an earlier run's), each ETA is
     `prior`: its interval, log-normal, is what to show.
     """
-    pooled_done: list[float] = []
-    pooled_censored: list[float] = []
-    answers = 0
-    for flow, _, _ in flows:
-        pooled_done.extend(flow.latencies)
-        pooled_censored.extend(flow.censored(now))
-        answers += flow.answers
-    pooled = kaplan_meier(pooled_done, pooled_censored, len(pooled_done) / max(1, answers))
+    pooled = _pooled_model(flows, now)
     out: list[Eta | None] = []
-    work = var = 0.0
-    earlier_work = 0.0  # resting on earlier runs' answers alone (datasets not reached yet)
+    lane = _LaneWork()
     known = True
     # Nothing on the wire yet and no pace known: no figure can be backed (not even a range).
     started = concurrency >= 1.0 or concurrency_rsd < UNMEASURED_RSD
@@ -424,46 +518,15 @@ def lane_eta(
     # Earlier runs' answers and pace are measurements too: only a lane with neither is a guess.
     prior = concurrency_rsd >= UNMEASURED_RSD or sum(f.answers for f, _, _ in flows) < RUN_ANSWERS
     for flow, n, bound in flows:
-        model = None
-        if len(flow.latencies) >= MIN_SAMPLE:
-            model = kaplan_meier(
-                flow.latencies,
-                flow.censored(now),
-                len(flow.latencies) / max(1, flow.answers),
-            )
-        model = model or pooled
+        model = _flow_model(flow, now, pooled)
         if model is None or not known or (n and not started):
             known = known and n == 0
             out.append(Eta(0.0, 0.0, 0.0, bound) if known else None)
             continue
-        # Failed attempts' time on the wire is overhead on every answer.
-        overhead = flow.failed_wire_s / max(1, flow.answers)
-        unstarted = max(0, n - len(flow.on_wire))
-        work += unstarted * (model.mean + overhead)
-        if flow.finished < RUN_ANSWERS:
-            earlier_work += unstarted * (model.mean + overhead)
-        # The mean's standard error, scaled to the items left, their own spread, and how much
-        # of the mean rests on the extrapolated tail.
-        var += (
-            (unstarted * model.sd / math.sqrt(model.n)) ** 2
-            + unstarted * model.sd**2
-            + (unstarted * model.mean * model.extrapolated) ** 2
-        )
+        lane.add(flow, n, model)
         drain, drain_sd = model.drain(min(n, round(c))) if n else (0.0, 0.0)
-        seconds = work / c + drain
-        sd = SD_SCALE * math.sqrt(
-            var / (c * c)
-            + drain_sd**2
-            + (work / c * concurrency_rsd) ** 2
-            + (earlier_work / c * EARLIER_RSD) ** 2
-        )
-        if prior and seconds > 0:
-            # Not a point: a range, skewed as a guess at a pace is (never down to zero).
-            s = math.sqrt(math.log1p((sd / seconds) ** 2))
-            low, high = seconds * math.exp(-Z90 * s), seconds * math.exp(Z90 * s)
-            out.append(Eta(seconds, low, high, bound, drain, prior=True))
-            continue
-        out.append(Eta(seconds, max(0.0, seconds - Z90 * sd), seconds + Z90 * sd, bound, drain))
+        seconds = lane.work / c + drain
+        out.append(_eta(seconds, lane.sd(c, drain_sd, concurrency_rsd), bound, drain, prior))
     return out
 
 

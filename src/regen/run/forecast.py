@@ -453,52 +453,27 @@ def plan(
     spent = {p.name: p for p in progress}
     counts = _passages(job, lanes, pending, profiles)
     share, stops = _budget_shares(job, lanes, spent, counts.mean, profiles)
-    timeline = _Timeline()
-    for lane in lanes:
-        timeline.add(job, lane, lanes, counts, share, profiles, pending, capacity)
+    timeline = _Timeline.of(job, lanes, counts, share, profiles, pending, capacity)
     last = max(timeline.lane_end.values(), key=lambda b: b.mean, default=_Band())
     job_end = last.mean
     room = _room(job, progress, credit_room_usd)
     margin = kill_margin(job, pending, prices)
     total = sum((f.cost_usd.mean for f in timeline.flows if f.cost_usd is not None), 0.0)
-    ending = None
-    last_fit = 0.0
+    ending, last_fit = None, 0.0
     if room is not None and total > room[0]:
-        # The run's last request is admitted only while its worst case fits: it ends with
-        # about one worst case of the room unspent.
-        last_fit = max((worst_cases(job, pending, prices) or {}).values(), default=0.0)
-        order = _run_order(job, lanes, pending, profiles, timeline)
-        ending = play(*order, max(0.0, room[0] - last_fit), _budgets_left(job, spent))
+        ending, last_fit = _room_ending(
+            job, lanes, pending, prices, profiles, timeline, spent, room
+        )
     stop, cut_at = _job_stop(total, room, job_end, margin, ending, timeline)
     datasets = [
         _dataset_plan(ds.name, spent[ds.name], share, stops, timeline, stop, ending, cut_at)
         for ds in job.datasets
         if ds.name in spent
     ]
-    unsent = 0
-    if ending is not None:
-        short = [d for d in datasets if round(ending.unsent.get(d.name, 0.0))]
-        unsent = round(sum(ending.unsent.values()))
-        paid = round(sum(ending.escalated.values()))
-        if short:
-            names = ", ".join(f"{d.name} ({round(ending.unsent[d.name])})" for d in short)
-            stop += f"; {unsent} items stay unsent: {names}"
-            if paid:
-                stop += (
-                    f"; {paid} of them escalated items whose cut-off first try is paid and "
-                    "never answered"
-                )
+    clause, unsent = _unsent(ending, datasets)
+    stop += clause
     total_cost = _sum_intervals([d.cost_usd for d in datasets])
-    time_s = last.interval() if timeline.flows else None
-    if cut_at is not None:
-        time_s = (
-            last.scaled(cut_at / job_end).interval()
-            if job_end
-            else Interval(cut_at, cut_at, cut_at)
-        )
-        if total_cost is not None and room is not None:
-            usd = max(0.0, room[0] - last_fit)
-            total_cost = Interval(usd, min(total_cost.p10, usd), room[0])
+    time_s, total_cost = _job_totals(timeline, last, cut_at, total_cost, room, last_fit)
     return JobPlan(
         timeline.flows,
         datasets,
@@ -511,6 +486,67 @@ def plan(
         _repay(timeline.flows, job),
         unsent,
     )
+
+
+def _room_ending(
+    job: Job,
+    lanes: list[LaneConfig],
+    pending: dict[tuple[str | None, str], tuple[int, int]],
+    prices: Prices | None,
+    profiles: dict[tuple[str, str], Profile],
+    timeline: _Timeline,
+    spent: dict[str, DatasetProgress],
+    room: tuple[float, str],
+) -> tuple[Ending | None, float]:
+    """How the run ends when the room runs out first, played out flow by flow, and the worst
+    case of one request (the room the run leaves unspent)."""
+    # The run's last request is admitted only while its worst case fits: it ends with
+    # about one worst case of the room unspent.
+    last_fit = max((worst_cases(job, pending, prices) or {}).values(), default=0.0)
+    order = _run_order(job, lanes, pending, profiles, timeline)
+    return play(*order, max(0.0, room[0] - last_fit), _budgets_left(job, spent)), last_fit
+
+
+def _unsent(ending: Ending | None, datasets: list[DatasetPlan]) -> tuple[str, int]:
+    """When the room ends the run first, the items it leaves unsent, and what the stop line
+    adds: them per dataset, and how many are escalated items whose first try is paid."""
+    if ending is None:
+        return "", 0
+    short = [d for d in datasets if round(ending.unsent.get(d.name, 0.0))]
+    unsent = round(sum(ending.unsent.values()))
+    paid = round(sum(ending.escalated.values()))
+    if not short:
+        return "", unsent
+    names = ", ".join(f"{d.name} ({round(ending.unsent[d.name])})" for d in short)
+    clause = f"; {unsent} items stay unsent: {names}"
+    if paid:
+        clause += (
+            f"; {paid} of them escalated items whose cut-off first try is paid and never answered"
+        )
+    return clause, unsent
+
+
+def _job_totals(
+    timeline: _Timeline,
+    last: _Band,
+    cut_at: float | None,
+    total_cost: Interval | None,
+    room: tuple[float, str] | None,
+    last_fit: float,
+) -> tuple[Interval | None, Interval | None]:
+    """The job's time and cost. When it stops at `cut_at`: the time scaled to the cut, the
+    cost what the room lets it spend (about one worst case short of the room)."""
+    time_s = last.interval() if timeline.flows else None
+    if cut_at is None:
+        return time_s, total_cost
+    job_end = last.mean
+    time_s = (
+        last.scaled(cut_at / job_end).interval() if job_end else Interval(cut_at, cut_at, cut_at)
+    )
+    if total_cost is not None and room is not None:
+        usd = max(0.0, room[0] - last_fit)
+        total_cost = Interval(usd, min(total_cost.p10, usd), room[0])
+    return time_s, total_cost
 
 
 def kill_margin(
@@ -641,6 +677,20 @@ def _budget_shares(
 
 
 @dataclass
+class _LaneFlows:
+    """One lane's flows as they are planned, dataset by dataset."""
+
+    rows: list[FlowPlan] = field(default_factory=list)
+    elapsed: _Band = field(default_factory=lambda: _Band())
+    """Lane time from now to the end of the latest flow planned."""
+    total_n: float = 0.0
+    """Passages through the lane, all datasets."""
+    last: Profile | None = None
+    """The profile of the last dataset with passages (its latencies drain the lane)."""
+    escalated_in: list[Interval] = field(default_factory=list)
+
+
+@dataclass
 class _Timeline:
     """The lanes' timelines as they are planned, lane by lane in escalation order."""
 
@@ -653,6 +703,23 @@ class _Timeline:
     lane_end: dict[str, _Band] = field(default_factory=dict)
     flow_end: dict[tuple[str, str], _Band] = field(default_factory=dict)
     """When each lane is through with each dataset, from now."""
+
+    @classmethod
+    def of(
+        cls,
+        job: Job,
+        lanes: list[LaneConfig],
+        counts: _Counts,
+        share: dict[str, float],
+        profiles: dict[tuple[str, str], Profile],
+        pending: dict[tuple[str | None, str], tuple[int, int]],
+        capacity: dict[str, LaneCapacity],
+    ) -> _Timeline:
+        """Every lane planned, in escalation order (a lane's end waits on those feeding it)."""
+        timeline = cls()
+        for lane in lanes:
+            timeline.add(job, lane, lanes, counts, share, profiles, pending, capacity)
+        return timeline
 
     def add(
         self,
@@ -670,41 +737,75 @@ class _Timeline:
         limit, limit_basis = on_wire_for(lane, capacity.get(lane.name))
         on_wire = min(float(lane.concurrency), limit) if limit else float(lane.concurrency)
         self.on_wire[lane.name] = on_wire
-        elapsed = _Band()
-        total_n = 0.0
-        last: Profile | None = None
-        lane_rows: list[FlowPlan] = []
-        escalated_in: list[Interval] = []
+        run = _LaneFlows()
         for ds in job.datasets:
             key = (lane.name, ds.name)
-            prof = profiles[key]
-            k = share[ds.name]
-            n = counts.mean[key] * k
-            if n <= 0 and not pending.get(key):
-                continue
-            lo, hi = (x * k for x in counts.band[key])
-            row, took = _flow_row(
-                lane,
-                ds.name,
-                pending.get(key, (0, 0))[0],
-                prof,
-                (n, math.sqrt(counts.var[key]) * k, lo, hi),
-                on_wire,
-                bool(limit),
+            self._add_flow(run, lane, key, counts, share[ds.name], profiles[key], pending, limit)
+        end = self._lane_end(lane, lanes, run)
+        # The lane's last dataset ends with the lane; an earlier one when the next begins.
+        final = next((r for r in reversed(run.rows) if r.passages > 0), None)
+        if final is not None:
+            self.flow_end[lane.name, final.dataset] = end
+        bases = sorted({r.basis for r in run.rows})
+        self.lanes.append(
+            LanePlan(
+                lane.name,
+                lane.concurrency,
+                limit,
+                limit_basis,
+                run.total_n,
+                sum(r.attempts for r in run.rows),
+                _sum(run.escalated_in),
+                _sum_intervals([r.cost_usd for r in run.rows]) if run.rows else None,
+                end.interval(),
+                "; ".join(bases),
             )
-            lane_rows.append(row)
-            elapsed += took
-            self.flow_end[key] = _paced(elapsed)
-            total_n += n
-            came = pending.get(key, (0, 0))[0] * k
-            escalated_in.append(
-                _Band.spread(
-                    n - came, math.sqrt(counts.var[key]) * k, lo - came, hi - came
-                ).interval()
-            )
-            if n > 0:
-                last = prof
-        end = self._drain(elapsed, last, on_wire, total_n)
+        )
+        self.flows.extend(run.rows)
+
+    def _add_flow(
+        self,
+        run: _LaneFlows,
+        lane: LaneConfig,
+        key: tuple[str, str],
+        counts: _Counts,
+        k: float,
+        prof: Profile,
+        pending: dict[tuple[str | None, str], tuple[int, int]],
+        limit: float | None,
+    ) -> None:
+        """One dataset's flow through the lane, after those before it: `k` is its share of
+        the passages; nothing when it has none and nothing is pending."""
+        on_wire = self.on_wire[lane.name]
+        n = counts.mean[key] * k
+        if n <= 0 and not pending.get(key):
+            return
+        lo, hi = (x * k for x in counts.band[key])
+        row, took = _flow_row(
+            lane,
+            key[1],
+            pending.get(key, (0, 0))[0],
+            prof,
+            (n, math.sqrt(counts.var[key]) * k, lo, hi),
+            on_wire,
+            bool(limit),
+        )
+        run.rows.append(row)
+        run.elapsed += took
+        self.flow_end[key] = _paced(run.elapsed)
+        run.total_n += n
+        came = pending.get(key, (0, 0))[0] * k
+        run.escalated_in.append(
+            _Band.spread(n - came, math.sqrt(counts.var[key]) * k, lo - came, hi - came).interval()
+        )
+        if n > 0:
+            run.last = prof
+
+    def _lane_end(self, lane: LaneConfig, lanes: list[LaneConfig], run: _LaneFlows) -> _Band:
+        """When the lane is through: its drain, and no sooner than one answer after the last
+        of the lanes that escalate into it."""
+        on_wire, last, total_n = self.on_wire[lane.name], run.last, run.total_n
+        end = self._drain(run.elapsed, last, on_wire, total_n)
         if last is not None and last.latency is not None and total_n > 0:
             slowest = last.latency.drain(max(1, round(min(on_wire, total_n))))[0]
             self.drain_s = max(self.drain_s, slowest)
@@ -716,26 +817,7 @@ class _Timeline:
                     end = _Band(fed.mean + one, fed.var, fed.down, fed.up)
         end = _paced(end)
         self.lane_end[lane.name] = end
-        # The lane's last dataset ends with the lane; an earlier one when the next begins.
-        final = next((r for r in reversed(lane_rows) if r.passages > 0), None)
-        if final is not None:
-            self.flow_end[lane.name, final.dataset] = end
-        bases = sorted({r.basis for r in lane_rows})
-        self.lanes.append(
-            LanePlan(
-                lane.name,
-                lane.concurrency,
-                limit,
-                limit_basis,
-                total_n,
-                sum(r.attempts for r in lane_rows),
-                _sum(escalated_in),
-                _sum_intervals([r.cost_usd for r in lane_rows]) if lane_rows else None,
-                end.interval(),
-                "; ".join(bases),
-            )
-        )
-        self.flows.extend(lane_rows)
+        return end
 
     @staticmethod
     def _drain(elapsed: _Band, last: Profile | None, on_wire: float, total_n: float) -> _Band:
@@ -855,21 +937,7 @@ def _dataset_plan(
             note += f", in ~{format_duration(done_in.mean)}"
     if ending is not None and cut_at is not None:
         # The run's order says what its own budget and the cap leave, in place of the shares.
-        met = round(ending.met.get(name, 0.0))
-        left = round(ending.unsent.get(name, 0.0))
-        sent = max(0, pending_n - met - left)
-        note = None
-        if met:
-            kept = pending_n - met
-            note = f"{why or 'its budget'} stops it after ~{kept} of its {pending_n} items"
-        if left:
-            paid = round(ending.escalated.get(name, 0.0))
-            note = (
-                f"{stop.split(':')[0]} stops it after ~{sent} of its {pending_n} items, "
-                f"in ~{format_duration(cut_at)}"
-                + (f" ({paid} of those left escalated, their first try paid)" if paid else "")
-                + (f"; its own budget leaves {met}" if met else "")
-            )
+        sent, note = _ended_short(name, pending_n, why, stop, ending, cut_at)
     cost = _sum_intervals([r.cost_usd for r in rows])
     bases = sorted({r.basis for r in rows if r.passages > 0}) or sorted({r.basis for r in rows})
     return DatasetPlan(
@@ -886,6 +954,29 @@ def _dataset_plan(
         done_in,
         note,
     )
+
+
+def _ended_short(
+    name: str, pending_n: int, why: str | None, stop: str, ending: Ending, cut_at: float
+) -> tuple[int, str | None]:
+    """A dataset's items sent when the run runs out of room at `cut_at`, and what stops it
+    short: its own budget (`why`), or the job's cap or credit (`stop`)."""
+    met = round(ending.met.get(name, 0.0))
+    left = round(ending.unsent.get(name, 0.0))
+    sent = max(0, pending_n - met - left)
+    note = None
+    if met:
+        kept = pending_n - met
+        note = f"{why or 'its budget'} stops it after ~{kept} of its {pending_n} items"
+    if left:
+        paid = round(ending.escalated.get(name, 0.0))
+        note = (
+            f"{stop.split(':')[0]} stops it after ~{sent} of its {pending_n} items, "
+            f"in ~{format_duration(cut_at)}"
+            + (f" ({paid} of those left escalated, their first try paid)" if paid else "")
+            + (f"; its own budget leaves {met}" if met else "")
+        )
+    return sent, note
 
 
 def _sum_intervals(maybe: Sequence[Interval | None]) -> Interval | None:

@@ -205,15 +205,11 @@ def run_pilot(
     bounds = bounds or Bounds()
     start = time.monotonic()
     grace = bounds.time_s * GRACE_SHARE
-    names = [d.name for d in job.datasets]
-    lanes = [lane.name for lane in job.lane_list]
     first = {p.name: p for p in store.work.dataset_progress()}
     spent0 = sum(p.cost_usd for p in first.values())
     tokens = _token_limits(job, first, bounds.share)
     usd, usd_from = _money(job, bounds)
-    want = {ds: most if precision is None else min(most, FIRST) for ds in names}
-    if precision is not None and usd is None:
-        want = _first_round(want, first, bounds.share)
+    want = _first_want(job, first, most, precision, usd is None, bounds.share)
     _say(console, _bounds_line(bounds, usd, usd_from, tokens, want if usd is None else None))
     quantities: list[Quantity] = []
     notes: list[str] = []
@@ -225,11 +221,7 @@ def run_pilot(
             start + bounds.time_s - grace, grace, None if usd is None else spent0 + usd, tokens
         )
         sent = send(dict(want), limits)
-        progress = {p.name: p for p in store.work.dataset_progress() if p.name in want}
-        samples = store.spend.item_totals()
-        to_come = {ds: p.pending for ds, p in progress.items()}
-        names_q = [f"time in lane {lane}" for lane in lanes] if len(lanes) > 1 else ["time"]
-        quantities = [quantity(q, samples, to_come, precision or 1.0) for q in (*names_q, "cost")]
+        progress, to_come, quantities = _measure(job, store, want, precision)
         spent = sum(p.cost_usd for p in progress.values())
         if usd is None:  # no cap: a share of the expected cost, once a round has measured it
             usd, usd_from = bounds.share * (spent + quantities[-1].total), "the expected cost"
@@ -245,29 +237,82 @@ def run_pilot(
         # wait on earlier turns) would finish nothing the next round: it is not asked again.
         stuck |= met | {ds for ds in grow if done.get(ds, 0) <= before.get(ds, 0)}
         before = done
-        grow = {
-            ds: n
-            for ds, n in next_sizes(quantities, done, to_come, most).items()
-            if ds not in stuck
-        }
-        errors = ", ".join(f"{q.name} {_pm(q.error)}" for q in quantities)
-        sizes = ", ".join(f"{ds} {n}" for ds, n in done.items())
-        line = f"pilot round {round_no}: {sizes} items; {errors} (asked {_pm(precision)})"
-        if grow and round_no < ROUNDS:
-            line += "; next: " + ", ".join(f"{ds} to {n}" for ds, n in grow.items())
-        elif grow:
-            line += f"; stops there ({ROUNDS} rounds)"
-        elif any((q.error or 0.0) > precision for q in quantities):
-            why = f"--pilot {most} per dataset, or no items left"
-            if stuck:
-                why += f"; nothing more finished in {', '.join(sorted(stuck))} (a budget met?)"
-            line += f"; stops there ({why})"
-        _say(console, line)
+        grow = _grow(quantities, done, to_come, most, stuck)
+        _say(console, _round_line(round_no, done, quantities, precision, grow, stuck, most))
         if not grow:
             break
         want.update(grow)
     notes += _closing(quantities, precision, None)
     return Outcome(quantities, notes)
+
+
+def _first_want(
+    job: Job,
+    first: Mapping[str, DatasetProgress],
+    most: int,
+    precision: float | None,
+    no_money_bound: bool,
+    share: float,
+) -> dict[str, int]:
+    """Finished items per dataset the first round asks: `most`, or with `precision` FIRST at
+    most, fewer when the money bound is not known yet."""
+    want = {d.name: most if precision is None else min(most, FIRST) for d in job.datasets}
+    if precision is not None and no_money_bound:
+        want = _first_round(want, first, share)
+    return want
+
+
+def _measure(
+    job: Job, store: Store, want: Mapping[str, int], precision: float | None
+) -> tuple[dict[str, DatasetProgress], dict[str, int], list[Quantity]]:
+    """After a round: the piloted datasets' progress, their items to come, and the quantities
+    (time, per lane when there are several, and cost) with their errors as measured now."""
+    lanes = [lane.name for lane in job.lane_list]
+    progress = {p.name: p for p in store.work.dataset_progress() if p.name in want}
+    samples = store.spend.item_totals()
+    to_come = {ds: p.pending for ds, p in progress.items()}
+    names_q = [f"time in lane {lane}" for lane in lanes] if len(lanes) > 1 else ["time"]
+    quantities = [quantity(q, samples, to_come, precision or 1.0) for q in (*names_q, "cost")]
+    return progress, to_come, quantities
+
+
+def _grow(
+    quantities: Sequence[Quantity],
+    done: Mapping[str, int],
+    to_come: Mapping[str, int],
+    most: int,
+    stuck: set[str],
+) -> dict[str, int]:
+    """The next round's sizes for the datasets that need more, but none that is stuck."""
+    return {
+        ds: n for ds, n in next_sizes(quantities, done, to_come, most).items() if ds not in stuck
+    }
+
+
+def _round_line(
+    round_no: int,
+    done: Mapping[str, int],
+    quantities: Sequence[Quantity],
+    precision: float,
+    grow: Mapping[str, int],
+    stuck: set[str],
+    most: int,
+) -> str:
+    """What a round says: items finished, each quantity's error, and what comes next (or why
+    the pilot stops there)."""
+    errors = ", ".join(f"{q.name} {_pm(q.error)}" for q in quantities)
+    sizes = ", ".join(f"{ds} {n}" for ds, n in done.items())
+    line = f"pilot round {round_no}: {sizes} items; {errors} (asked {_pm(precision)})"
+    if grow and round_no < ROUNDS:
+        line += "; next: " + ", ".join(f"{ds} to {n}" for ds, n in grow.items())
+    elif grow:
+        line += f"; stops there ({ROUNDS} rounds)"
+    elif any((q.error or 0.0) > precision for q in quantities):
+        why = f"--pilot {most} per dataset, or no items left"
+        if stuck:
+            why += f"; nothing more finished in {', '.join(sorted(stuck))} (a budget met?)"
+        line += f"; stops there ({why})"
+    return line
 
 
 def _first_round(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from dataclasses import dataclass, field
 
 from rich.console import Console
@@ -29,6 +30,7 @@ from regen.run.pilot import TIME_UP, Bounds, Limits, Quantity, Sent, bounded, ru
 from regen.run.prepare import prepare
 from regen.state.db import Store
 from regen.state.sources import BadRowGroup
+from regen.state.work import DatasetProgress
 from regen.view.progress import format_tokens
 
 
@@ -79,6 +81,53 @@ async def _account_reads(
     return prices, credit
 
 
+def _send_pilot(
+    job: Job,
+    store: Store,
+    keys: dict[str, str | None],
+    console: Console,
+    want: dict[str, int],
+    limits: Limits,
+) -> Sent:
+    """One pilot round: dispatch until each dataset has `want` items finished or `limits`
+    stop it, and say how the round ended."""
+    stats = asyncio.run(
+        dispatch(
+            bounded(job, limits),
+            store,
+            keys,
+            console,
+            pilot=want,
+            stop_at=(limits.stop_at, TIME_UP),
+            as_filed=job,
+        )
+    ).stats
+    return Sent(stats.stop_reason, stats.budget_stop)
+
+
+def _estimate(
+    job: Job,
+    store: Store,
+    progress: list[DatasetProgress],
+    prices: Prices | None,
+    credit: float | None,
+) -> JobPlan:
+    """The forecast from what the store holds now, within the credit the account has left
+    above the job's credit floor."""
+    floor = job.budget.stop_when_credits_below
+    credit_room = None if credit is None else credit - (floor or 0.0)
+    return plan(
+        job,
+        progress,
+        store.spend.flow_entries(),
+        {lane.name: store.spend.answer_latencies(lane.name) for lane in job.lane_list},
+        store.work.pending_flows(),
+        prices,
+        store.runs.lane_capacity(),
+        credit_room,
+    )
+
+
 def plan_job(
     job: Job,
     *,
@@ -100,38 +149,13 @@ def plan_job(
             pilot_errors: list[Quantity] = []
             pilot_notes: list[str] = []
             if pilot > 0:
-
-                def send(want: dict[str, int], limits: Limits) -> Sent:
-                    stats = asyncio.run(
-                        dispatch(
-                            bounded(job, limits),
-                            store,
-                            keys,
-                            console,
-                            pilot=want,
-                            stop_at=(limits.stop_at, TIME_UP),
-                            as_filed=job,
-                        )
-                    ).stats
-                    return Sent(stats.stop_reason, stats.budget_stop)
-
+                send = functools.partial(_send_pilot, job, store, keys, console)
                 outcome = run_pilot(job, store, console, pilot, precision, send, bounds)
                 pilot_errors, pilot_notes = outcome.quantities, outcome.notes
             prices, credit = asyncio.run(_account_reads(job, keys))
             progress = store.work.dataset_progress()
             spent = sum(p.cost_usd for p in progress)
-            floor = job.budget.stop_when_credits_below
-            credit_room = None if credit is None else credit - (floor or 0.0)
-            estimate = plan(
-                job,
-                progress,
-                store.spend.flow_entries(),
-                {lane.name: store.spend.answer_latencies(lane.name) for lane in job.lane_list},
-                store.work.pending_flows(),
-                prices,
-                store.runs.lane_capacity(),
-                credit_room,
-            )
+            estimate = _estimate(job, store, progress, prices, credit)
             bad_reasons = store.sources.bad_row_reasons(limit=10)
             _, held_usd, _ = store.outstanding.held()
         finally:
@@ -189,6 +213,11 @@ def plan_tables(plan: Plan) -> list[Table]:
     """`regen plan`: per dataset and lane what is still to come (p10-p90 in brackets), then
     the lanes and the job."""
     p = plan.job
+    return [_flows_table(p), _datasets_table(p), _lanes_table(p)]
+
+
+def _flows_table(p: JobPlan) -> Table:
+    """A row per dataset and lane: passages, attempts, tokens, cost and time to come."""
     flows = Table(title="plan: per dataset and lane, from here (p10-p90)", title_justify="left")
     cols = ("dataset", "lane", "passages", "attempts", "escalate", "prompt tok", "compl tok")
     for col in (*cols, "$", "time", "from"):
@@ -206,6 +235,12 @@ def plan_tables(plan: Plan) -> list[Table]:
             _time(f.time_s),
             f.basis,
         )
+    return flows
+
+
+def _datasets_table(p: JobPlan) -> Table:
+    """A row per dataset (items, what will be sent, cost, when done, what stops it), then
+    the job's totals."""
     datasets = Table(title="per dataset", title_justify="left")
     for col in ("dataset", "items", "pending", "to send", "attempts", "$", "done in", "stops"):
         datasets.add_column(col, justify="left" if col in ("dataset", "stops") else "right")
@@ -232,6 +267,11 @@ def plan_tables(plan: Plan) -> list[Table]:
         "",
         style="bold",
     )
+    return datasets
+
+
+def _lanes_table(p: JobPlan) -> Table:
+    """A row per lane: its concurrency, what it may keep on the wire, passages, cost, time."""
     lanes = Table(title="per lane", title_justify="left")
     for col in ("lane", "concurrency", "on the wire", "passages", "escalated in", "$", "time"):
         lanes.add_column(col, justify="left" if col == "lane" else "right")
@@ -245,4 +285,4 @@ def plan_tables(plan: Plan) -> list[Table]:
             _usd(lane.cost_usd),
             _time(lane.time_s),
         )
-    return [flows, datasets, lanes]
+    return lanes

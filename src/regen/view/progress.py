@@ -24,6 +24,7 @@ from rich.text import Text
 from regen.engine.billing import Reconciliation
 from regen.engine.budget import per_mtok
 from regen.engine.eta import Eta, eta_text, format_duration
+from regen.engine.holds import HoldSummary
 from regen.engine.stats import DatasetStats, EndpointStats, RunStats
 from regen.errors import StateError
 from regen.safe import append, printable
@@ -409,38 +410,31 @@ def cap_left_usd(stats: RunStats) -> float | None:
     return max(0.0, stats.max_cost_usd - _job_spent_usd(stats))
 
 
-def progress_view(
-    stats: RunStats, now: float | None = None, *, ended: bool = False
-) -> ProgressView:
-    """The live view's figures now; it lays them out for the console's width when drawn. The
-    last frame (`ended`) says when the run ended, not an ETA it no longer has."""
-    now = time.monotonic() if now is None else now
-    elapsed = max(now - stats.started_at, 1e-9)
-    rates = stats.rolling(now)
-    etas, job_eta = stats.etas(now)
+def _eta_item(
+    stats: RunStats,
+    t: DatasetStats,
+    held: HoldSummary,
+    job_eta: Eta | None,
+    elapsed: float,
+    *,
+    ended: bool,
+) -> str:
+    """The header's ETA: how long the run took once ended, or what it waits on, if anything."""
     if ended:
-        etas, job_eta = {}, None
-    t = _totals(stats)
-    held = stats.holds()
-    eta = f"ETA {eta_text(job_eta)}"
-    if ended:
-        eta = f"ended after {format_duration(elapsed)}"
-    elif (since := pool_down_since(stats)) is not None:
+        return f"ended after {format_duration(elapsed)}"
+    if (since := pool_down_since(stats)) is not None:
         # Nothing can be answered until a server is back: an ETA would be a guess.
         when = time.strftime("%H:%M:%S", time.localtime(since))
-        eta = f"ETA: every server out of the pool since {when}, waiting for one to come back"
-    elif held.requests and not t.in_flight and held.until is not None and not stats.stop_reason:
+        return f"ETA: every server out of the pool since {when}, waiting for one to come back"
+    if held.requests and not t.in_flight and held.until is not None and not stats.stop_reason:
         # Nothing goes out while held bills stand between the job and a budget: say so.
-        eta = f"ETA: held for bills until {time.strftime('%H:%M:%S', time.localtime(held.until))}"
-    progress = [
-        f"regen {format_duration(elapsed)} elapsed",
-        f"done {t.done_before + t.done}/{t.items}",
-        f"failed {t.failed}",
-        f"in flight {t.in_flight}",
-        f"{rates[''][0]:.1f} req/s",
-        f"{format_tokens(round(rates[''][1]))} tok/s",
-        eta,
-    ]
+        return f"ETA: held for bills until {time.strftime('%H:%M:%S', time.localtime(held.until))}"
+    return f"ETA {eta_text(job_eta)}"
+
+
+def _money_items(stats: RunStats, t: DatasetStats) -> list[str]:
+    """The header's money: spent (and the job's, when earlier runs spent too), what is left
+    of the cap and of the credit, and the price per million completion tokens."""
     spent = f"spent ${t.cost_usd:,.4f}"
     job_spent = _job_spent_usd(stats)
     if job_spent > t.cost_usd:
@@ -452,6 +446,18 @@ def progress_view(
     if stats.credits_usd is not None:
         money.append(f"credit left ${stats.credits_usd:,.2f}")
     money.append(f"${per_mtok(t.cost_usd, t.completion_tokens):.2f}/Mtok")
+    return money
+
+
+def _dataset_rows(
+    stats: RunStats,
+    t: DatasetStats,
+    rates: dict[str, tuple[float, float]],
+    etas: dict[str, Eta | None],
+    job_eta: Eta | None,
+) -> tuple[list[dict[str, str]], list[dict[str, int]]]:
+    """A row of cells per dataset, and the job's total when there are several; with each
+    row, its errors by class."""
     rows = [
         _dataset_cells(
             name,
@@ -466,7 +472,12 @@ def progress_view(
     if len(stats.datasets) > 1:
         rows.append(_dataset_cells("total", t, rates[""], job_eta))
         row_errors.append(dict(t.errors))
-    lanes = []
+    return rows, row_errors
+
+
+def _lane_items(stats: RunStats, now: float) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+    """A lane's core figures (limit, in flight, escalated) and the detail dropped first."""
+    lanes: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
     for name, lane in stats.lanes.items():
         on_wire, _ = lane.wire.mean(now)
         core = [
@@ -478,6 +489,34 @@ def progress_view(
             core.append(f"{lane.escalated} escalated")
         detail = (f"{lane.done} done", f"mean {on_wire:.0f} on wire")
         lanes.append((tuple(core), detail))
+    return lanes
+
+
+def progress_view(
+    stats: RunStats, now: float | None = None, *, ended: bool = False
+) -> ProgressView:
+    """The live view's figures now; it lays them out for the console's width when drawn. The
+    last frame (`ended`) says when the run ended, not an ETA it no longer has."""
+    now = time.monotonic() if now is None else now
+    elapsed = max(now - stats.started_at, 1e-9)
+    rates = stats.rolling(now)
+    etas, job_eta = stats.etas(now)
+    if ended:
+        etas, job_eta = {}, None
+    t = _totals(stats)
+    held = stats.holds()
+    progress = [
+        f"regen {format_duration(elapsed)} elapsed",
+        f"done {t.done_before + t.done}/{t.items}",
+        f"failed {t.failed}",
+        f"in flight {t.in_flight}",
+        f"{rates[''][0]:.1f} req/s",
+        f"{format_tokens(round(rates[''][1]))} tok/s",
+        _eta_item(stats, t, held, job_eta, elapsed, ended=ended),
+    ]
+    money = _money_items(stats, t)
+    rows, row_errors = _dataset_rows(stats, t, rates, etas, job_eta)
+    lanes = _lane_items(stats, now)
     endpoints = []
     if len(stats.endpoints) > 1 or any(e.outages for e in stats.endpoints.values()):
         endpoints = [_endpoint_items(name, ep, now) for name, ep in stats.endpoints.items()]

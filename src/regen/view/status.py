@@ -227,41 +227,52 @@ def _endpoint_lines(s: Snapshot) -> list[Text]:
     return lines
 
 
-def snapshot_view(s: Snapshot) -> Group:
-    """The snapshot for a terminal: who runs it, per-dataset table, recent and top failures."""
+def _progress_clause(s: Snapshot) -> str:
+    """What run.log's last progress line said: rates, credit, and what the run waited on."""
+    p = s.progress
+    clause = (
+        f"; last progress {p.get('at', '?')}: in flight {p.get('in_flight', '?')}, "
+        f"{p.get('req_s', '?')} req/s, {p.get('out_tok_s', '?')} output tok/s"
+    )
+    if "credits_usd" in p:
+        clause += f", credit ${float(p['credits_usd']):,.2f}"
+    held_until = p.get("held_until")
+    down = p.get("pool_down_since")
+    if s.running_pid is not None and down:
+        when = datetime.fromtimestamp(float(down)).strftime("%H:%M:%S")
+        clause += f", every server out of the pool since {when} as of that line"
+    elif s.running_pid is not None and held_until and p.get("in_flight") == "0":
+        when = datetime.fromtimestamp(float(held_until)).strftime("%H:%M:%S")
+        clause += f", waiting for held bills (until {when} at the latest) as of that line"
+    elif p.get("eta_s", "-") != "-" and s.running_pid is not None:
+        eta = Eta(
+            float(p["eta_s"]),
+            float(p["eta_p10_s"]),
+            float(p["eta_p90_s"]),
+            p.get("eta_bound", "count"),
+            prior=p.get("eta_basis") == "prior",
+        )
+        clause += f", ETA {eta_text(eta)} as of that line"
+    if s.running_pid is not None and p.get("budget_wait"):
+        # Neither sent nor idle: a budget's room is held by requests not settled yet.
+        clause += f"; {p['budget_wait']} items waiting for budget room"
+    return clause
+
+
+def _head_line(s: Snapshot) -> str:
+    """The first line: whether a run holds the directory, then its last progress if any."""
     head = (
         f"{s.out_dir}: running (pid {s.running_pid})"
         if s.running_pid is not None
         else f"{s.out_dir}: not running"
     )
-    p = s.progress
-    if p:
-        head += (
-            f"; last progress {p.get('at', '?')}: in flight {p.get('in_flight', '?')}, "
-            f"{p.get('req_s', '?')} req/s, {p.get('out_tok_s', '?')} output tok/s"
-        )
-        if "credits_usd" in p:
-            head += f", credit ${float(p['credits_usd']):,.2f}"
-        held_until = p.get("held_until")
-        down = p.get("pool_down_since")
-        if s.running_pid is not None and down:
-            when = datetime.fromtimestamp(float(down)).strftime("%H:%M:%S")
-            head += f", every server out of the pool since {when} as of that line"
-        elif s.running_pid is not None and held_until and p.get("in_flight") == "0":
-            when = datetime.fromtimestamp(float(held_until)).strftime("%H:%M:%S")
-            head += f", waiting for held bills (until {when} at the latest) as of that line"
-        elif p.get("eta_s", "-") != "-" and s.running_pid is not None:
-            eta = Eta(
-                float(p["eta_s"]),
-                float(p["eta_p10_s"]),
-                float(p["eta_p90_s"]),
-                p.get("eta_bound", "count"),
-                prior=p.get("eta_basis") == "prior",
-            )
-            head += f", ETA {eta_text(eta)} as of that line"
-        if s.running_pid is not None and p.get("budget_wait"):
-            # Neither sent nor idle: a budget's room is held by requests not settled yet.
-            head += f"; {p['budget_wait']} items waiting for budget room"
+    if s.progress:
+        head += _progress_clause(s)
+    return head
+
+
+def _datasets_table(s: Snapshot) -> Table:
+    """A row per dataset; the cached and orphans columns only when some dataset has them."""
     table = Table(title="datasets", title_justify="left")
     cols = (
         "dataset",
@@ -274,7 +285,7 @@ def snapshot_view(s: Snapshot) -> Group:
         "completion tok",
     )
     # Answers to rows gone from a source: a column only when there are some.
-    orphans = ("orphans",) if any(d.orphans for d in s.datasets) else ()
+    orphans = ("orphans",) if _has_orphans(s) else ()
     # Prompt tokens read from providers' caches (billed at their cache price): when some were.
     cached = ("cached tok",) if any(d.cached_tokens for d in s.datasets) else ()
     for col in (*cols[:-1], *cached, cols[-1], *orphans, "cost $", "$/Mtok", "errors"):
@@ -296,42 +307,53 @@ def snapshot_view(s: Snapshot) -> Group:
             f"{per_mtok(d.cost_usd, d.completion_tokens):.2f}",
             errors_text(errs),
         )
-    parts: list[Any] = [Text(head), table, *run_lines(s), *_endpoint_lines(s)]
-    if orphans:
-        parts.append(
-            Text(
-                "orphans: answers to rows no longer in their dataset's source (as last read in "
-                "full): kept in state.db and in the cost, left out of exports unless `regen "
-                "export --keep-orphans` and of the other counts"
-            )
-        )
+    return table
+
+
+def _has_orphans(s: Snapshot) -> bool:
+    """Whether some dataset kept answers to rows no longer in its source."""
+    return any(d.orphans for d in s.datasets)
+
+
+def _held_line(s: Snapshot) -> Text | None:
+    """Requests of earlier runs whose bills may still come, and until when they are held."""
     n, usd, until = s.held
-    if n:
-        when = datetime.fromtimestamp(until).strftime("%H:%M:%S") if until else "-"
-        who = "earlier runs" if s.running_pid is not None else "runs that ended"
-        parts.append(
-            Text(
-                f"held: {n} requests of {who} may still be billed "
-                f"({f'up to ${usd:.4f}' if usd > 0 else 'unpriced'}); "
-                f"{'this' if s.running_pid is not None else 'the next'} run holds them against "
-                f"the budgets until their bills are known (until {when} at the latest)"
-            )
-        )
+    if not n:
+        return None
+    when = datetime.fromtimestamp(until).strftime("%H:%M:%S") if until else "-"
+    who = "earlier runs" if s.running_pid is not None else "runs that ended"
+    return Text(
+        f"held: {n} requests of {who} may still be billed "
+        f"({f'up to ${usd:.4f}' if usd > 0 else 'unpriced'}); "
+        f"{'this' if s.running_pid is not None else 'the next'} run holds them against "
+        f"the budgets until their bills are known (until {when} at the latest)"
+    )
+
+
+def _audit_lines(s: Snapshot) -> list[Text]:
+    """The live audit's tally (red while some answer fails it), then its recent drifts."""
     a = s.live_audit
-    if a:
-        line = (
-            f"live audit ({a.get('family')}): {a.get('checked', 0)} answers checked, "
-            f"{a.get('failed', 0)} failing, mean |diff| {a.get('mean_abs_diff', 0):.2f} "
-            f"completion / {a.get('prompt_mean_abs_diff', 0):.2f} prompt tokens"
-        )
-        parts.append(Text(line, style="red" if a.get("failed") else ""))
-        for d in a.get("recent_drifts") or []:
-            parts.append(
-                Text(
-                    f"  {d.get('dataset')} item {d.get('item_id')}: rebuilt {d.get('rebuilt')}, "
-                    f"billed {d.get('billed')} ({', '.join(d.get('problems') or [])})"
-                )
+    if not a:
+        return []
+    line = (
+        f"live audit ({a.get('family')}): {a.get('checked', 0)} answers checked, "
+        f"{a.get('failed', 0)} failing, mean |diff| {a.get('mean_abs_diff', 0):.2f} "
+        f"completion / {a.get('prompt_mean_abs_diff', 0):.2f} prompt tokens"
+    )
+    lines = [Text(line, style="red" if a.get("failed") else "")]
+    for d in a.get("recent_drifts") or []:
+        lines.append(
+            Text(
+                f"  {d.get('dataset')} item {d.get('item_id')}: rebuilt {d.get('rebuilt')}, "
+                f"billed {d.get('billed')} ({', '.join(d.get('problems') or [])})"
             )
+        )
+    return lines
+
+
+def _failure_tables(s: Snapshot) -> list[Table]:
+    """The last failed attempts and the commonest failure reasons, each when there are some."""
+    tables = []
     if s.recent_failures:
         recent = Table(title="last failed attempts", title_justify="left")
         for col in ("when (UTC)", "dataset", "item", "class", "status", "message"):
@@ -346,14 +368,35 @@ def snapshot_view(s: Snapshot) -> Group:
                 "" if f.status is None else str(f.status),
                 (f.message or "")[:100],
             )
-        parts.append(recent)
+        tables.append(recent)
     if s.top_failure_reasons:
         top = Table(title="top failure reasons", title_justify="left")
         for col in ("attempts", "class", "message"):
             top.add_column(col, justify="right" if col == "attempts" else "left")
         for c, m, n in s.top_failure_reasons:
             top.add_row(str(n), c, m[:120])
-        parts.append(top)
+        tables.append(top)
+    return tables
+
+
+_ORPHANS_NOTE = (
+    "orphans: answers to rows no longer in their dataset's source (as last read in "
+    "full): kept in state.db and in the cost, left out of exports unless `regen "
+    "export --keep-orphans` and of the other counts"
+)
+
+
+def snapshot_view(s: Snapshot) -> Group:
+    """The snapshot for a terminal: who runs it, per-dataset table, recent and top failures."""
+    parts: list[Any] = [Text(_head_line(s)), _datasets_table(s), *run_lines(s)]
+    parts += _endpoint_lines(s)
+    if _has_orphans(s):
+        parts.append(Text(_ORPHANS_NOTE))
+    held = _held_line(s)
+    if held is not None:
+        parts.append(held)
+    parts += _audit_lines(s)
+    parts += _failure_tables(s)
     if s.bad_row_reasons:
         parts.append(bad_rows_table(s.bad_row_reasons))
     if s.row_notes:

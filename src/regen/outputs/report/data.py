@@ -143,17 +143,22 @@ def _sort_by_time(times: array[float], *columns: array[int]) -> list[array[Any]]
     return [array(a.typecode, map(a.__getitem__, order)) for a in arrays]
 
 
-def gather(store: Store, live: bool = False) -> Report:
-    """Read everything the page shows, each table once, in one pass each. `live`: a process
-    holds the output directory, so its latest run without an end is running."""
+def _job_facts(store: Store, live: bool) -> JobFacts:
+    """The job's runs and timeline; with `live`, its latest run without an end is running."""
     recorded = store.records("runs")
     runs = store.runs.all() if recorded else []
     job = JobFacts(runs=runs, recorded=recorded)
     if live and runs and runs[-1].killed:
         job.live_run = runs[-1].id
     job.timeline = store.runs.timeline() if recorded else []
+    return job
 
-    reports = {p.name: DatasetReport(p) for p in store.work.dataset_progress()}
+
+def _read_answers(
+    store: Store, job: JobFacts, reports: dict[str, DatasetReport]
+) -> dict[str | None, EndpointReport]:
+    """Every answer, in one pass: into the job's, its endpoint's and its dataset's series, and
+    each dataset's providers and finish reasons. Returns the endpoints that answered."""
     endpoints: dict[str | None, EndpointReport] = {}
     served: dict[tuple[str, str | None, str | None], int] = {}
     current, r = None, None
@@ -183,37 +188,52 @@ def gather(store: Store, live: bool = False) -> Report:
         r.reasoning_tokens += fact.reasoning_tokens
         key = (fact.dataset, fact.provider, fact.finish_reason)
         served[key] = served.get(key, 0) + 1
+    _add_served(reports, served)
+    return endpoints
+
+
+def _add_served(
+    reports: dict[str, DatasetReport], served: dict[tuple[str, str | None, str | None], int]
+) -> None:
+    """Each dataset's answers by provider and by finish reason, with names for the unsaid."""
     for (ds, provider, finish), n in served.items():
         r = reports[ds]
         name = provider or "(not said)"
         r.providers[name] = r.providers.get(name, 0) + n
         reason = finish or "(none)"
         r.finish_reasons[reason] = r.finish_reasons.get(reason, 0) + n
-    for (ds, cls), n in store.spend.failure_counts().items():
-        if ds in reports:
-            reports[ds].errors[cls] = n
 
-    def failed(t: float, status: int | None, cls: str | None, lane: str | None) -> None:
-        if status == 429 or cls == RATE_LIMITED:
-            job.rate_limited.append((t, lane))
-            job.lane_429s[lane] = job.lane_429s.get(lane, 0) + 1
-        if cls is not None:
-            job.failures.append((t, cls, lane))
 
-    if recorded:
+def _note_failure(
+    job: JobFacts, t: float, status: int | None, cls: str | None, lane: str | None
+) -> None:
+    """A failed attempt (or a 429) into the job's rate-limited and failure series."""
+    if status == 429 or cls == RATE_LIMITED:
+        job.rate_limited.append((t, lane))
+        job.lane_429s[lane] = job.lane_429s.get(lane, 0) + 1
+    if cls is not None:
+        job.failures.append((t, cls, lane))
+
+
+def _read_attempts(store: Store, job: JobFacts) -> None:
+    """Every attempt's time and lane, and the failed ones, both sorted by time."""
+    if job.recorded:
         tried = job.lane_attempts
         for a in store.spend.attempt_facts():
             job.attempts.append(a.started_at)
             tried[a.lane] = tried.get(a.lane, 0) + 1
             if a.failure_class is not None or a.status == 429:
-                failed(a.started_at, a.status, a.failure_class, a.lane)
+                _note_failure(job, a.started_at, a.status, a.failure_class, a.lane)
     else:
         # Attempts made before lanes were recorded: only the failed ones carry what is drawn.
         for f in store.spend.recent_failures(limit=-1):
-            failed(f.started_at, f.status, f.failure_class, None)
+            _note_failure(job, f.started_at, f.status, f.failure_class, None)
     job.failures.sort()
     job.rate_limited.sort(key=lambda f: f[0])
 
+
+def _read_charges(store: Store, job: JobFacts, reports: dict[str, DatasetReport]) -> None:
+    """The ledger as cumulative spend over time, and the escalated charges counted."""
     charges: list[tuple[float, float]] = []
     for created, usd, kind, ds in store.spend.ledger_facts():
         charges.append((created, usd))
@@ -226,8 +246,29 @@ def gather(store: Store, live: bool = False) -> Report:
         charges.sort()
     job.charge_times = array("d", (t for t, _ in charges))
     job.charge_cum = array("d", itertools.accumulate(usd for _, usd in charges))
-    del charges
-    if recorded:
+
+
+def _read_outages(store: Store, endpoints: dict[str | None, EndpointReport]) -> None:
+    """Each endpoint's failures and outages, when the store records outages."""
+    if store.records("outages"):
+        for (name, cls), n in store.spend.endpoint_failures().items():
+            endpoints.setdefault(name, EndpointReport(name)).errors[cls] = n
+        for o in store.runs.outages():
+            endpoints.setdefault(o.endpoint, EndpointReport(o.endpoint)).outages.append(o)
+
+
+def gather(store: Store, live: bool = False) -> Report:
+    """Read everything the page shows, each table once, in one pass each. `live`: a process
+    holds the output directory, so its latest run without an end is running."""
+    job = _job_facts(store, live)
+    reports = {p.name: DatasetReport(p) for p in store.work.dataset_progress()}
+    endpoints = _read_answers(store, job, reports)
+    for (ds, cls), n in store.spend.failure_counts().items():
+        if ds in reports:
+            reports[ds].errors[cls] = n
+    _read_attempts(store, job)
+    _read_charges(store, job, reports)
+    if job.recorded:
         for (ds, lane, escalated), n in store.work.item_lanes().items():
             if ds in reports:
                 reports[ds].lanes[(lane, escalated)] = n
@@ -238,11 +279,7 @@ def gather(store: Store, live: bool = False) -> Report:
     job.attempts = _sorted(job.attempts)
     for r in reports.values():
         r.finished_at = _sorted(r.finished_at)
-    if store.records("outages"):
-        for (name, cls), n in store.spend.endpoint_failures().items():
-            endpoints.setdefault(name, EndpointReport(name)).errors[cls] = n
-        for o in store.runs.outages():
-            endpoints.setdefault(o.endpoint, EndpointReport(o.endpoint)).outages.append(o)
+    _read_outages(store, endpoints)
     for e in endpoints.values():
         e.finished_at, e.completion_tokens = _sort_by_time(e.finished_at, e.completion_tokens)
     _attribute(job)
