@@ -20,6 +20,7 @@ from regen.engine.budget import (
     Denial,
     Lease,
     Prices,
+    budget_lines,
     fill_cost,
 )
 from regen.sim import SimConfig, sim_in_thread
@@ -114,7 +115,7 @@ def test_a_token_budget_reserves_max_tokens_until_lengths_are_seen_then_their_p9
         b.settle(lease, Usage(0, 30))
     assert admit(b) == Denial("token budget met")
     assert b.datasets["ds"].met == "token budget met"
-    (line,) = b.report()
+    (line,) = budget_lines(b)
     assert line.startswith("dataset ds: token budget 4000: used 4410, 410 over (10.2%; bound: ")
 
 
@@ -124,7 +125,7 @@ def test_a_budget_met_in_an_earlier_run_is_met_at_start_and_says_so() -> None:
     b = BudgetBook([ds], [progress("ds", done=30, completion=1170)], recent_lengths={"ds": lengths})
     assert b.datasets["ds"].met == "token budget met"
     assert b.expected_tokens("ds", "any", 4000) == 62  # the earlier answers' p90: no ramp
-    (line,) = b.report()
+    (line,) = budget_lines(b)
     assert "670 over (134.0%, in an earlier run)" in line and "bound: 0" not in line
 
 

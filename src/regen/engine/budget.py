@@ -572,31 +572,6 @@ class BudgetBook:
         self._waiting.setdefault((dataset, lane), deque()).append(fut)
         return fut
 
-    def report(self) -> list[str]:
-        """One line per dataset with a budget: what it used, and the overshoot when met."""
-        lines = []
-        for name, s in self.datasets.items():
-            used = s.scope.spent_tokens
-            if s.token_budget is not None:
-                over = used - s.token_budget
-                line = f"dataset {name}: token budget {s.token_budget}: used {used}"
-                if s.met == "token budget met" and over > 0:
-                    if s.scope.bound_at_last_admission:
-                        line += (
-                            f", {over} over ({over / s.token_budget:.1%}; bound: "
-                            f"{s.scope.bound_at_last_admission}, the max_tokens of the "
-                            "requests in flight at the last admission)"
-                        )
-                    else:
-                        line += f", {over} over ({over / s.token_budget:.1%}, in an earlier run)"
-                lines.append(line + (f"; {s.met}" if s.met else ""))
-            if s.max_cost_usd is not None:
-                lines.append(
-                    f"dataset {name}: dollar cap {s.max_cost_usd:g}: spent "
-                    f"${s.scope.spent_usd:.4f}" + (f"; {s.met}" if s.met else "")
-                )
-        return lines
-
 
 def held_words(scope: _Scope) -> str:
     """How every scope (the job's cap, a dataset's cap or token budget) says that its room is
@@ -703,3 +678,29 @@ def learned_prices(
             out[name] = p.scaled(entry["factor"])
             factors[name] = entry["factor"]
     return out, factors
+
+
+def budget_lines(book: BudgetBook) -> list[str]:
+    """One line per dataset with a budget: what it used, and the overshoot when met."""
+    lines = []
+    for name, s in book.datasets.items():
+        used = s.scope.spent_tokens
+        if s.token_budget is not None:
+            over = used - s.token_budget
+            line = f"dataset {name}: token budget {s.token_budget}: used {used}"
+            if s.met == "token budget met" and over > 0:
+                if s.scope.bound_at_last_admission:
+                    line += (
+                        f", {over} over ({over / s.token_budget:.1%}; bound: "
+                        f"{s.scope.bound_at_last_admission}, the max_tokens of the "
+                        "requests in flight at the last admission)"
+                    )
+                else:
+                    line += f", {over} over ({over / s.token_budget:.1%}, in an earlier run)"
+            lines.append(line + (f"; {s.met}" if s.met else ""))
+        if s.max_cost_usd is not None:
+            lines.append(
+                f"dataset {name}: dollar cap {s.max_cost_usd:g}: spent "
+                f"${s.scope.spent_usd:.4f}" + (f"; {s.met}" if s.met else "")
+            )
+    return lines

@@ -27,7 +27,7 @@ from regen.engine.billing import (
     resolve_prices,
     take_baselines,
 )
-from regen.engine.budget import BudgetBook, Prices, learned_prices
+from regen.engine.budget import BudgetBook, Prices, budget_lines, learned_prices
 from regen.engine.client import ChatClient
 from regen.engine.client.keys import KeyApi
 from regen.engine.gate import Gate
@@ -182,7 +182,7 @@ async def dispatch(
         )
         reconciliations = await settle_accounts(store, ready, stats)
     book = ready.book
-    return Dispatched(stats, book.report() + end_lines(keeper, stats), reconciliations, book)
+    return Dispatched(stats, budget_lines(book) + end_lines(keeper, stats), reconciliations, book)
 
 
 @dataclass
