@@ -99,7 +99,7 @@ def test_status_and_report_say_how_each_run_ended(tmp_path: Path) -> None:
     from tests.conftest import kill_at, query
 
     write_rows(tmp_path / "chat.jsonl", chat_rows(60))
-    env = {**os.environ, "REGEN_TEST_KEY": SECRET_KEY, "REGEN_NO_BROWSER": "1"}
+    env = {**os.environ, "REGEN_TEST_KEY": SECRET_KEY}
     with sim_in_thread(SimConfig(seed=4, time_scale=0.0)) as sim:
         job = write_job(tmp_path, sim.base_url, datasets=[("chat", "chat.jsonl", "openai")])
         out = tmp_path / "out"
@@ -126,7 +126,7 @@ def test_status_and_report_say_how_each_run_ended(tmp_path: Path) -> None:
             if pilot.stderr:
                 pilot.stderr.close()
         assert kill_at(job, "start", 1, env=env) == 1
-        done = run_cli("run", str(job), env={"REGEN_NO_BROWSER": "1"})
+        done = run_cli("run", str(job))
         assert done.returncode == 0, done.stderr
     runs = status(out)["runs"]
     assert [(r["kind"], r["end_kind"]) for r in runs] == [  # type: ignore[index]
@@ -138,6 +138,9 @@ def test_status_and_report_say_how_each_run_ended(tmp_path: Path) -> None:
     assert query(out, "SELECT exit_code FROM runs WHERE kind = 'pilot'") == [(None,)]
     progress = status(out)["progress"]
     assert isinstance(progress["in_flight"], int) and isinstance(progress["req_s"], float)  # type: ignore[index]
+    # Read from state.db, where the run wrote them, not parsed back from run.log's text.
+    (out / "run.log").unlink()
+    assert status(out)["progress"] == progress
     text = run_cli("status", str(out)).stdout
     assert "pilot: started " in text and "; interrupted" in text, text
     assert "run 1: started " in text and "; killed (no end recorded" in text, text

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import gc
 import json
+import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -558,7 +559,11 @@ def start_side_tasks(
         tasks.append(asyncio.create_task(follow_key_limit(made, start, keeper)))
     tasks.append(asyncio.create_task(sample_timeline(store, run_id, stats)))
     reporter = ProgressReporter(
-        stats, console, job.run.progress_interval_s, job.output_path / "run.log"
+        stats,
+        console,
+        job.run.progress_interval_s,
+        job.output_path / "run.log",
+        publish=lambda fields: publish_progress(store, fields),
     )
     tasks.append(asyncio.create_task(reporter.run()))
     auditor = None
@@ -741,3 +746,11 @@ def reconstruct_meta(job: Job) -> dict[str, object]:
             if path.exists():
                 meta[key] = str(path.resolve())
     return meta
+
+
+def publish_progress(store: Store, fields: dict[str, str]) -> None:
+    """The run's last progress fields in state.db, where `regen status` reads them (rates and
+    requests in flight, which only the running process knows). A write that fails is left:
+    the next tick writes again, and progress is a view that never stops a run."""
+    with contextlib.suppress(StateError, sqlite3.Error):
+        store.set_meta("live_progress", json.dumps(fields))

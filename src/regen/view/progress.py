@@ -136,53 +136,71 @@ def _totals(stats: RunStats) -> DatasetStats:
     return total
 
 
-def _eta_fields(eta: Eta | None) -> str:
+def _eta_fields(eta: Eta | None) -> dict[str, str]:
     if eta is None:
-        return "eta_s=- eta_p10_s=- eta_p90_s=-"
-    return (
-        f"eta_s={eta.seconds:.0f} eta_p10_s={eta.p10:.0f} eta_p90_s={eta.p90:.0f}"
-        + (" eta_bound=budget" if eta.bound == "budget" else "")
-        + (" eta_basis=prior" if eta.prior else "")
-    )
+        return {"eta_s": "-", "eta_p10_s": "-", "eta_p90_s": "-"}
+    fields = {"eta_s": f"{eta.seconds:.0f}", "eta_p10_s": f"{eta.p10:.0f}"}
+    fields["eta_p90_s"] = f"{eta.p90:.0f}"
+    if eta.bound == "budget":
+        fields["eta_bound"] = "budget"
+    if eta.prior:
+        fields["eta_basis"] = "prior"
+    return fields
 
 
-def progress_line(stats: RunStats, now: float | None = None) -> str:
-    """One stable `key=value` line for logs and `tail -f` over SSH."""
+def progress_fields(stats: RunStats, now: float | None = None) -> list[tuple[str, str]]:
+    """Where the run stands, as the `key=value` fields of its progress line, in their order
+    (a dataset may be named like a field: both are kept): what run.log shows and what
+    `regen status` reads back from state.db (`live_progress`)."""
     now = time.monotonic() if now is None else now
     elapsed = max(now - stats.started_at, 1e-9)
     t = _totals(stats)
     rates = stats.rolling(now)
-    _, job_eta = stats.etas(now)
+    f = {"done": f"{t.done_before + t.done}/{t.items}", "failed": f"{t.failed}"}
+    f |= {"in_flight": f"{t.in_flight}", "req_s": f"{t.done / elapsed:.2f}"}
+    f |= {"req_s_1m": f"{rates[''][0]:.2f}", "out_tok_s": f"{t.completion_tokens / elapsed:.0f}"}
+    f |= {"out_tok_s_1m": f"{rates[''][1]:.0f}", **_eta_fields(stats.etas(now)[1])}
+    f |= {"completion_tokens": f"{t.completion_tokens}", "cost_usd": f"{t.cost_usd:.4f}"}
+    f["usd_per_mtok"] = f"{per_mtok(t.cost_usd, t.completion_tokens):.2f}"
+    f |= _money_fields(stats)
+    if out := [name for name, e in stats.endpoints.items() if e.health.drained]:
+        f["endpoints_out"] = f"{len(out)}/{len(stats.endpoints)}"
+    if n := sum(budget_waits(stats).values()):
+        f["budget_wait"] = f"{n}"
+    if (down := pool_down_since(stats)) is not None:
+        f["pool_down_since"] = f"{down:.0f}"
+    f |= {"errors": errors_text(t.errors), "elapsed_s": f"{elapsed:.0f}"}
+    pairs = list(f.items())
+    pairs += [(name, f"{d.done_before + d.done}/{d.items}") for name, d in stats.datasets.items()]
+    for name, lane in stats.lanes.items():
+        pairs.append((f"lane_{name}", f"{lane.in_flight}/{lane.limit}/{lane.concurrency}"))
+        if e := stats.lane_etas.get(name):
+            pairs.append((f"eta_{name}_s", f"{e.seconds:.0f}"))
+    return pairs
+
+
+def _money_fields(stats: RunStats) -> dict[str, str]:
+    """Credit, the cap's room and held bills, where there are any."""
+    f = {}
+    if stats.credits_usd is not None:
+        f["credits_usd"] = f"{stats.credits_usd:.4f}"
+    if (left := cap_left_usd(stats)) is not None:
+        f["cost_left_usd"] = f"{left:.4f}"
     held = stats.holds()
-    out = [name for name, e in stats.endpoints.items() if e.health.drained]
-    per_ds = " ".join(
-        f"{name}={d.done_before + d.done}/{d.items}" for name, d in stats.datasets.items()
-    )
-    per_lane = " ".join(
-        f"lane_{name}={lane.in_flight}/{lane.limit}/{lane.concurrency}"
-        + (f" eta_{name}_s={e.seconds:.0f}" if (e := stats.lane_etas.get(name)) else "")
-        for name, lane in stats.lanes.items()
-    )
-    stamp = log_stamp()
-    return (
-        f"{stamp} progress done={t.done_before + t.done}/{t.items} failed={t.failed} "
-        f"in_flight={t.in_flight} req_s={t.done / elapsed:.2f} req_s_1m={rates[''][0]:.2f} "
-        f"out_tok_s={t.completion_tokens / elapsed:.0f} out_tok_s_1m={rates[''][1]:.0f} "
-        f"{_eta_fields(job_eta)} completion_tokens={t.completion_tokens} "
-        f"cost_usd={t.cost_usd:.4f} usd_per_mtok={per_mtok(t.cost_usd, t.completion_tokens):.2f} "
-        + (f"credits_usd={stats.credits_usd:.4f} " if stats.credits_usd is not None else "")
-        + (f"cost_left_usd={left:.4f} " if (left := cap_left_usd(stats)) is not None else "")
-        + (
-            f"held={held.requests} held_usd={held.usd:.4f} held_until={held.until:.0f} "
-            if held.requests and held.until is not None
-            else ""
-        )
-        + (f"endpoints_out={len(out)}/{len(stats.endpoints)} " if out else "")
-        + (f"budget_wait={n} " if (n := sum(budget_waits(stats).values())) else "")
-        + (f"pool_down_since={down:.0f} " if (down := pool_down_since(stats)) is not None else "")
-        + f"errors={errors_text(t.errors)} "
-        f"elapsed_s={elapsed:.0f} {per_ds} {per_lane}"
-    ).rstrip()
+    if held.requests and held.until is not None:
+        f |= {"held": f"{held.requests}", "held_usd": f"{held.usd:.4f}"}
+        f["held_until"] = f"{held.until:.0f}"
+    return f
+
+
+def progress_line(stats: RunStats, now: float | None = None) -> str:
+    """One stable `key=value` line for logs and `tail -f` over SSH."""
+    return line_of(log_stamp(), progress_fields(stats, now))
+
+
+def line_of(stamp: str, fields: list[tuple[str, str]]) -> str:
+    """A progress line: its time, then its fields."""
+    return f"{stamp} progress " + " ".join(f"{k}={v}" for k, v in fields)
 
 
 def budget_waits(stats: RunStats) -> Counter[str]:
@@ -566,13 +584,29 @@ class ProgressReporter:
     """
 
     def __init__(
-        self, stats: RunStats, console: Console, interval_s: float, log_path: Path | None
+        self,
+        stats: RunStats,
+        console: Console,
+        interval_s: float,
+        log_path: Path | None,
+        publish: Callable[[dict[str, str]], None] | None = None,
     ) -> None:
         self._stats = stats
         self._console = console
         self._interval_s = interval_s
         self._log_path = log_path
         self._log_file: RunLog | None = None
+        self._publish = publish
+        """Where each line's fields also go, as data (state.db, for `regen status`)."""
+
+    def _line(self, now: float | None = None) -> str:
+        """The progress line of now, logged, and its fields published with its time."""
+        stamp, fields = log_stamp(), progress_fields(self._stats, now)
+        line = line_of(stamp, fields)
+        self._log(line)
+        if self._publish is not None:
+            self._publish({"at": stamp, **dict(fields)})
+        return line
 
     def _log(self, line: str) -> None:
         if self._log_file is None:
@@ -618,16 +652,14 @@ class ProgressReporter:
                 if live is not None:
                     live.update(progress_view(self._stats, now))
                 if now - last_line >= self._interval_s:
-                    line = progress_line(self._stats, now)
-                    self._log(line)
+                    line = self._line(now)
                     if live is None:
                         self._console.print(line, markup=False, highlight=False, soft_wrap=True)
                     last_line = now
                 await asyncio.sleep(0.25 if live is not None else min(self._interval_s, 1.0))
         finally:
             self._say_gate()
-            final = progress_line(self._stats)
-            self._log(final)
+            final = self._line()
             if live is not None:
                 live.update(progress_view(self._stats, ended=True))
                 live.stop()

@@ -1,14 +1,13 @@
 """`regen status`: where a job stands, read from its output directory by another process.
 
-Everything comes from state.db opened read-only (safe while a run writes it), from the last
-progress line of run.log (rates and requests in flight, which only the running process knows)
-and from run.lock (whether a run holds the directory, and its pid).
+Everything comes from state.db opened read-only (safe while a run writes it), including the
+progress fields the running process last wrote there (rates and requests in flight, which only
+it knows), and from run.lock (whether a run holds the directory, and its pid).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,7 +41,8 @@ class Snapshot:
     top_failure_reasons: list[tuple[str, str, int]]
     bad_row_reasons: list[BadRowGroup]
     progress: dict[str, str]
-    """The fields of run.log's last progress line (empty before the first)."""
+    """The fields of the last progress line, as the run wrote them to state.db (empty before
+    the first)."""
     live_audit: dict[str, Any] | None = None
     """The live audit's tally (`[reconstruct] live_audit`), as the run last wrote it."""
     held: tuple[int, float, float | None] = (0, 0.0, None)
@@ -78,7 +78,7 @@ def take_snapshot(out_dir: Path) -> Snapshot:
             store.spend.recent_failures(),
             store.spend.top_failure_reasons(),
             store.sources.bad_row_reasons(),
-            _last_progress(out_dir / "run.log"),
+            _progress(store.get_meta("live_progress")),
             _live_audit(store.get_meta("live_audit")),
             store.outstanding.held(live) if store.records("held") else (0, 0.0, None),
             store.sources.bad_row_reasons(table="row_notes") if store.records("row_notes") else [],
@@ -102,19 +102,16 @@ def _live_audit(raw: str | None) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _last_progress(log: Path, tail_bytes: int = 65536) -> dict[str, str]:
+def _progress(raw: str | None) -> dict[str, str]:
+    """The running (or last) run's progress fields, as it last wrote them to state.db (empty
+    before its first progress line, or from a regen that did not write them)."""
     try:
-        with log.open("rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
-            lines = f.read().decode("utf-8", "replace").splitlines()
-    except OSError:
+        data = json.loads(raw) if raw is not None else {}
+    except ValueError:
         return {}
-    for line in reversed(lines):
-        stamp, _, rest = line.partition(" progress ")
-        if rest:
-            fields = dict(kv.split("=", 1) for kv in rest.split() if "=" in kv)
-            return {"at": stamp, **fields}
-    return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): str(v) for k, v in data.items()}
 
 
 def snapshot_json(s: Snapshot) -> dict[str, Any]:
