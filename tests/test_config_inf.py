@@ -158,11 +158,20 @@ def test_a_number_that_is_not_finite_is_refused_naming_its_field(
     )
 
 
+# Fields that are read only beside others: a cache price is a share of the prompt price.
+COMPANIONS: dict[str, dict[str, float]] = {
+    "cache_read_usd_per_mtok": {"prompt_usd_per_mtok": 1.0, "completion_usd_per_mtok": 2.0},
+    "cache_write_usd_per_mtok": {"prompt_usd_per_mtok": 1.0, "completion_usd_per_mtok": 2.0},
+}
+
+
 def test_the_same_job_with_finite_numbers_loads(tmp_path: Path) -> None:
     """The jobs above fail for their number alone: with 2.0 in its place each one loads."""
     for loc, shape in CASES:
         raw = json.loads(json.dumps(BASE))
         value: Any = {"list": [0.5], "dict": {"x": 2.0}, "dict-list": {"x": [2.0]}}.get(shape, 0.5)
+        for name, companion in COMPANIONS.get(str(loc[-1]), {}).items():
+            _set(raw, (*loc[:-1], name), companion)
         _set(raw, loc, value)
         (tmp_path / "job.toml").write_text(_job_text(raw))
         load_job(tmp_path / "job.toml")
