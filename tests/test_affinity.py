@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from regen.config import RunConfig
 from regen.engine.runtime import EndpointRuntime, LaneRuntime
 from regen.engine.scheduler import RunStats
 from regen.engine.servers import AFFINITY_SLACK, ServerPool
 from regen.sim import SimConfig, sim_in_thread
+from regen.sim.prefix_cache import PrefixCache
 from regen.sim.server import RunningSim
 from tests.conftest import run_cli, write_rows
 from tests.test_cache_prices import conversations
@@ -73,25 +75,51 @@ mode = "each_turn"
     return job
 
 
-def computed(tmp: Path, affinity: bool) -> int:
-    """Prefill tokens a 4-server pool computes for 12 conversations of 6 turns each_turn."""
+def distinct(prompts: list[list[int]], block: int = 16) -> int:
+    """Prompt tokens one server with an unbounded cache would compute for these prompts: the
+    floor (every distinct prefix block once, and each prompt's last token)."""
+    seen: set[tuple[int, ...]] = set()
+    total = 0
+    for ids in prompts:
+        cached = 0
+        for k in range(block, len(ids) + 1, block):
+            if tuple(ids[:k]) in seen:
+                cached = k
+            seen.add(tuple(ids[:k]))
+        total += len(ids) - min(cached, len(ids) - 1)
+    return total
+
+
+def computed(tmp: Path, affinity: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[int, int]:
+    """Prefill tokens a 4-server pool computes for 12 conversations of 6 turns each_turn, and
+    the floor of the prompts its servers saw."""
     tmp.mkdir()
     write_rows(tmp / "chat.jsonl", conversations(12, 6))
+    seen: list[list[int]] = []
+    real = PrefixCache.use
+
+    def use(cache: PrefixCache, ids: list[int], now: float) -> Any:
+        seen.append(list(ids))
+        return real(cache, ids, now)
+
+    monkeypatch.setattr(PrefixCache, "use", use)
     with vllm_pool(SERVERS) as sims:
         done = run_cli("run", str(pool_job(tmp, sims, affinity)))
         assert done.returncode == 0, done.stdout + done.stderr
-        return sum(prefill(s) for s in sims)
+        return sum(prefill(s) for s in sims), distinct(seen)
 
 
 def test_a_conversations_turns_stay_on_the_server_that_caches_its_prefix(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With affinity each turn after the first reads its history from the server's cache:
-    the pool computes well under half the prefill it computes with affinity off."""
-    on = computed(tmp_path / "on", True)
-    off = computed(tmp_path / "off", False)
-    print(f"prefill computed: affinity on {on}, off {off}")
-    assert on * 2 < off, (on, off)
+    """With affinity each turn after the first reads its history from its server's cache: the
+    pool computes near the floor (each server computes the shared system prompt once), and
+    with affinity off far more."""
+    on, floor = computed(tmp_path / "on", True, monkeypatch)
+    off, _ = computed(tmp_path / "off", False, monkeypatch)
+    print(f"prefill computed: affinity on {on}, off {off}, floor {floor}")
+    assert on <= 1.25 * floor, (on, floor)
+    assert off >= 1.5 * on, (on, off)
 
 
 def endpoint(name: str) -> EndpointRuntime:
