@@ -416,6 +416,10 @@ class RunConfig(_Model):
     pool_down_timeout_s: float = Field(default=900.0, gt=0)
     """How long items wait for a self-hosted server to come back (its /health probed) when
     every server of their lane is down or loading; then the run stops, its items pending."""
+    prefix_affinity: bool = True
+    """On a lane of several vLLM/SGLang servers, a conversation's turns and a prompt's samples
+    go to the server of its last attempt (its prefix cached there) unless it is down or far
+    more loaded than the least loaded (engine/servers.py AFFINITY_SLACK)."""
     progress_interval_s: float = Field(default=10.0, gt=0)
     shuffle_seed: int = 0
     metrics_port: int | None = Field(default=None, ge=0, le=65535)

@@ -63,7 +63,7 @@ class Admission:
         if not await self._pool.back(lane):  # every server of the lane is down
             return None
         tally.number += 1
-        ep = self._pool.pick(lane)
+        ep = self._pool.pick(lane, item.conversation_id)
         limit = lane.limits[ep.name]
         ep.outstanding += 1
         try:
