@@ -24,7 +24,7 @@ from regen.sim import SimConfig, sim_in_thread
 from regen.sim.prefix_cache import PrefixCache
 from regen.sim.server import RunningSim
 from tests.conftest import run_cli, write_rows
-from tests.test_cache_prices import conversations
+from tests.engine.test_cache_prices import conversations
 
 MODEL = "qwen/qwen3-8b"
 SERVERS = 4
