@@ -16,7 +16,7 @@ import pytest
 from regen.config import Job, load_job
 from regen.conversation import Conversation
 from regen.sources import Source
-from regen.sources.ingest import conversation_place, ingest
+from regen.sources.ingest import ingest, order_key
 from regen.sources.modes import item_id, prompt_hash, target_turns
 from regen.state.db import Store
 from tests.conftest import query
@@ -215,12 +215,7 @@ def reference(conv: Conversation, mode: str, seed: int) -> list[tuple[str, str, 
     assert isinstance(turns, list)
     ids = [(t, item_id(conv.id, t)) for t in turns]
     return [
-        (
-            iid,
-            prompt_hash(conv, t),
-            conversation_place(seed, conv.id, turns[0], t),
-            conv.estimate_prompt_tokens(t),
-        )
+        (iid, prompt_hash(conv, t), order_key(seed, iid), conv.estimate_prompt_tokens(t))
         for t, iid in ids
     ]
 
@@ -379,39 +374,3 @@ def test_a_read_killed_before_its_indexes_are_built_is_mended_and_completed(
     assert store.get_meta("deferred_indexes") is None
     ingest(store, job)
     assert state(job.output_path) == state(clean.output_path)
-
-
-def test_a_conversations_turns_and_samples_go_out_together_in_prefix_order(
-    tmp_path: Path,
-) -> None:
-    """Each turn's prompt extends the one before it: in the dispatch order a conversation's
-    items are contiguous, turn after turn, each turn's samples right after it, while the
-    conversations themselves stay shuffled (issue 50)."""
-    convs = []
-    for c in range(12):
-        messages = []
-        for t in range(5):
-            messages += [
-                {"role": "user", "content": f"conversation {c} question {t}"},
-                {"role": "assistant", "content": f"conversation {c} answer {t}"},
-            ]
-        convs.append({"messages": messages})
-    (tmp_path / "chats.jsonl").write_text("".join(json.dumps(r) + "\n" for r in convs))
-    job = job_file(tmp_path, dataset("chats", "chats.jsonl", 'mode = "each_turn"\nsamples = 3'))
-    store = Store.open(job.output_path)
-    try:
-        ingest(store, job)
-    finally:
-        store.close()
-    order = query(
-        job.output_path,
-        "SELECT c.row_index, i.turn_index, i.sample FROM items i "
-        "JOIN conversations c ON c.id = i.conversation_id ORDER BY i.order_key",
-    )
-    assert len(order) == 12 * 5 * 3
-    runs = [order[i : i + 15] for i in range(0, len(order), 15)]
-    for run in runs:  # one conversation each, its turns in order, samples after their turn
-        assert {cid for cid, _, _ in run} == {run[0][0]}
-        assert [(t, k) for _, t, k in run] == sorted((t, k) for _, t, k in run)
-    rows_in_order = [run[0][0] for run in runs]
-    assert sorted(rows_in_order) == list(range(12)) and rows_in_order != list(range(12))

@@ -53,19 +53,6 @@ def order_key(seed: int, iid: str) -> int:
     return int.from_bytes(digest, "little") >> 2
 
 
-SAMPLES_STRIDE = 1024
-"""Room in the dispatch order after each turn for its samples (`samples` is at most this)."""
-
-
-def conversation_place(seed: int, cid: str, first: int, turn: int) -> int:
-    """A turn's dispatch position: its conversation's place in the seeded shuffle (`order_key`
-    of its first item, turn `first`: a one-item conversation keeps the place it always had),
-    then its turns in order with room for each one's samples. Conversations stay spread over
-    the dataset (early results represent it), while each one's prompts, which extend each
-    other, go out one after another (issue 50: what repeats is paid once)."""
-    return order_key(seed, item_id(cid, first)) + (turn - first) * SAMPLES_STRIDE
-
-
 def source_of(job: Job, ds: DatasetConfig) -> Source:
     """The dataset's rows as the job configures them (reader, format, selection, system)."""
     path = ds.path if ds.path.startswith(HUB_PREFIX) else job.resolve(ds.path)
@@ -237,11 +224,10 @@ def _turn_items(
             stable_hash(w.cid, t) if sequential else stable_hash(_history_json(w.parts, t, w.tools))
         )
         where = lane(estimate)
-        # A conversation's place in the dispatch order is shuffled; its turns follow it in turn
-        # order and each turn's samples follow the turn: each prompt extends the one before it,
-        # so they go out together and a provider's prefix cache serves all but the first
-        # (`conversation_place`).
-        place = conversation_place(seed, w.cid, turns[0], t)
+        # Each sample its own item, placed right after the first in the dispatch order (keys
+        # stay distinct for the keyset reads), so that a prompt's samples go out together and
+        # a server's prefix cache serves the later ones.
+        place = order_key(seed, iid)
         for k in range(samples):
             sid = iid if k == 0 else item_id(w.cid, t, k)
             items.append(
