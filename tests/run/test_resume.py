@@ -87,7 +87,9 @@ def test_sigkill_at_named_and_seeded_points_then_rerun_loses_nothing_and_sends_n
         committed[question] = float(created)
     assert len(committed) == n_items
     for entry in log:
-        assert entry.body is not None
+        if entry.body is None:  # killed while its body was on the way: never read, never billed
+            assert entry.status == 499 and entry.digest is None, entry
+            continue
         question = entry.body["messages"][-1]["content"]
         assert entry.at < committed[question], f"{question!r} sent after its result was committed"
 
