@@ -169,8 +169,9 @@ def _serve(
     dataset whose budget is met is passed over). The share of the step at which the room ran
     out, or None."""
     left = dt
-    backlog = {ds: n for ds, n in state.backlog[lane.name].items() if n > 1e-12}
-    backlog = {ds: n for ds, n in backlog.items() if not state.met(ds)}
+    backlog = {
+        ds: n for ds, n in state.backlog[lane.name].items() if n > 1e-12 and not state.met(ds)
+    }
     total = sum(backlog.values())
     if total > 1e-12:
         per = sum(n * flows[lane.name, ds].seconds for ds, n in backlog.items()) / total
