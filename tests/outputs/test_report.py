@@ -77,6 +77,11 @@ def job_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
         first = run_cli("run", str(job))
         assert first.returncode == 4, first.stderr  # stopped by the dollar cap
         job = job_file(tmp, sim.base_url, 0.15, ["a", "b"])
+        # a's own cap leaves b room under the job's, however far the first run got: without
+        # it, where the first cap stopped (timing) decided whether b was answered at all.
+        job.write_text(
+            job.read_text().replace('path = "a.jsonl"', 'path = "a.jsonl"\nmax_cost_usd = 0.1')
+        )
         second = run_cli("run", str(job))
         assert second.returncode in (0, 4), second.stderr
     return tmp / "out"
