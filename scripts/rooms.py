@@ -1,7 +1,8 @@
 """The house's layer rule, checked: each room (a folder or a top-level module of src/regen) may
 import only the rooms below it in docs/design.md's Rooms table, plus the few crossings
-CROSSINGS lists with their reasons. Also the sizes of the house: lines per room and the largest
-classes and functions.
+CROSSINGS lists with their reasons; only the views and the command draw on a terminal (rich),
+the modules STILL_DRAWING lists excepted. Also the sizes of the house: lines per room and the
+largest classes and functions.
 
     .venv/bin/python scripts/rooms.py [--src src/regen] [--design docs/design.md] [--top 12]
 
@@ -30,6 +31,24 @@ CROSSINGS: dict[tuple[str, str], str] = {
 }
 """The imports allowed across the rule, (importer, imported) as modules under `regen.`, each
 with why: the only place they are listed."""
+
+
+DRAWING = ("cli.py", "view/", "outputs/report/")
+"""Where the terminal's library (rich) may be imported: the command and the views. The
+pipeline's stages say what happens as events (`regen/events.py`), which the views show."""
+
+STILL_DRAWING: dict[str, str] = {
+    "run/pilot.py": (
+        "the pilot prints its bounds and rounds on the console it is handed; it is being changed "
+        "in parallel (issue 47) and is converted to events next"
+    ),
+    "run/planner.py": (
+        "`regen plan` hands its console to prepare, dispatch and the pilot and draws its tables "
+        "itself; it is being changed in parallel (issues 47, 50) and is converted next"
+    ),
+}
+"""Modules outside DRAWING that still import rich, (path under src/regen) with why: the only
+place they are listed."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +152,33 @@ def broken(
     return out
 
 
+def terminal_imports(
+    src: Path, drawing: tuple[str, ...] = DRAWING, still: dict[str, str] = STILL_DRAWING
+) -> list[str]:
+    """Each import of rich outside the rooms that draw (and the modules still drawing), as
+    one line naming it."""
+    out = []
+    for path in sorted(src.rglob("*.py")):
+        rel = path.relative_to(src).as_posix()
+        if rel.startswith(drawing) or rel in still:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            for name in names:
+                if name == "rich" or name.startswith("rich."):
+                    out.append(
+                        f"{path.relative_to(src.parent)}:{node.lineno}: imports {name}: say it "
+                        "as an event (regen/events.py) and draw it in view/"
+                    )
+    return out
+
+
 def sizes(src: Path, top: int) -> None:
     """Print the lines per room, what each imports from the others, the largest definitions."""
     lines: Counter[str] = Counter()
@@ -166,7 +212,7 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=12)
     args = ap.parse_args()
     sizes(args.src, args.top)
-    problems = broken(args.src, room_rows(args.design))
+    problems = broken(args.src, room_rows(args.design)) + terminal_imports(args.src)
     for line in problems:
         print(line, file=sys.stderr)
     return 1 if problems else 0

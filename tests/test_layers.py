@@ -92,6 +92,33 @@ def test_each_crossing_allowed_is_still_made_and_says_why() -> None:
         assert len(reason) > 40
 
 
+def test_only_the_command_and_the_views_draw_on_a_terminal() -> None:
+    assert rooms.terminal_imports(SRC) == []
+
+
+@pytest.mark.parametrize(
+    "statement", ["from rich.console import Console", "import rich", "import rich.table as t"]
+)
+def test_a_stage_that_draws_on_a_terminal_breaks_the_rule(tmp_path: Path, statement: str) -> None:
+    files = {"run/__init__.py": "", "run/stage.py": f"import logging\n{statement}\n"}
+    files["view/show.py"] = "from rich.console import Console\n"
+    files["outputs/report/page.py"] = "from rich.text import Text\n"
+    files["run/pilot.py"] = "from rich.console import Console\n"
+    src = _tree(tmp_path, files)
+    assert rooms.terminal_imports(src) == [
+        f"regen/run/stage.py:2: imports {statement.split()[1]}: say it as an event "
+        "(regen/events.py) and draw it in view/"
+    ]
+
+
+def test_each_module_still_drawing_is_listed_with_why_and_still_draws() -> None:
+    for module, reason in rooms.STILL_DRAWING.items():
+        assert not module.startswith(rooms.DRAWING)
+        text = (SRC / module).read_text()
+        assert "from rich" in text or "import rich" in text, f"{module} no longer draws"
+        assert len(reason) > 40
+
+
 SCHEMA_NUMBERS = ("schema_version", "stored_version")
 
 

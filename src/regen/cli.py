@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from regen.run.planner import Plan
     from regen.run.summary import RunReport
     from regen.state.db import Store
+    from regen.view.progress import Watch
 
 EXIT_OK, EXIT_USER, EXIT_USAGE, EXIT_FAILED_ITEMS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 EXIT_CAP, EXIT_ITEMS_LEFT = 4, 5
@@ -627,11 +628,24 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         if args.metrics_port is not None:
             overrides["run.metrics_port"] = args.metrics_port
         job = load_job(args.job, **overrides)
-        report = run_job(job, console=console, force=args.force)
+        with _watched(console) as watch:
+            report = run_job(job, shown=watch, force=args.force)
         code = _finish(report, console)
         _record_exit(job.output_path, code)
         _write_report(job.output_path, console)
         return code
+
+
+@contextlib.contextmanager
+def _watched(console: Console) -> Iterator[Watch]:
+    """The terminal as a listener of the pipeline's events, and a run's progress shown on
+    `console`, for the length of the block."""
+    from regen.events import listening
+    from regen.view.events import TerminalListener
+    from regen.view.progress import Watch
+
+    with listening(TerminalListener(console)):
+        yield Watch(console)
 
 
 def _write_report(out_dir: Path, console: Console) -> None:
@@ -670,6 +684,7 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
     from regen.config import load_job
     from regen.run.pilot import Bounds
     from regen.run.planner import plan_job
+    from regen.run.runner import run_log_kept
 
     bad = _plan_args_error(args)
     if bad:
@@ -679,7 +694,11 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
     job = load_job(args.job, **overrides)
     quiet = KeyFreeConsole(file=sys.stderr, width=160) if args.json else console
     bounds = Bounds(args.pilot_time, args.pilot_usd, args.pilot_share)
-    plan = plan_job(job, console=quiet, pilot=args.pilot, precision=args.precision, bounds=bounds)
+    # run/planner.py (issue 49's listed exception) keeps no run.log and hands its console on.
+    with _watched(quiet), run_log_kept(job):
+        plan = plan_job(
+            job, console=quiet, pilot=args.pilot, precision=args.precision, bounds=bounds
+        )
     if args.json:
         print(json.dumps(_plan_json(plan)))
         return EXIT_OK
@@ -1220,7 +1239,8 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
     import json
 
     from regen.config import load_job
-    from regen.run.inspection import inspect_dataset, inspection_json, inspection_view
+    from regen.run.inspection import inspect_dataset, inspection_json
+    from regen.view.inspection import inspection_view
 
     if args.rows < 1 or args.start < 0:
         print("error: --rows takes a number above 0 and --from one of 0 or more", file=sys.stderr)
@@ -1229,7 +1249,7 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         print(json.dumps(inspection_json(ins), ensure_ascii=False))
     else:
-        console.print(inspection_view(ins))
+        console.print(inspection_view(inspection_json(ins)))
     return EXIT_OK
 
 
@@ -1389,7 +1409,8 @@ def _demo(args: argparse.Namespace, console: Console) -> int:
         except FileExistsError as exc:
             print(f"error: {exc}; pass --out DIR", file=sys.stderr)
             return EXIT_USER
-        report = run_job(job, console=console, api_key=DEMO_KEY)
+        with _watched(console) as watch:
+            report = run_job(job, shown=watch, api_key=DEMO_KEY)
     code = _finish(report, console)
     _record_exit(job.output_path, code)
     _write_report(job.output_path, console)

@@ -16,11 +16,15 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from regen.config import load_job
+from regen.config import Job, load_job
+from regen.events import listening
 from regen.run.runner import run_job
+from regen.run.summary import RunReport
 from regen.sim import SimConfig, sim_in_thread
 from regen.sim.config import SimFaults
 from regen.state.answers import unpack_ids
+from regen.view.events import TerminalListener
+from regen.view.progress import Watch
 from tests.conftest import query, run_cli, write_rows
 
 MODEL = "qwen/qwen3-8b"
@@ -91,11 +95,20 @@ path = "chat.jsonl"
     return job
 
 
-def run(job: Path) -> str:
+def watched_run(job: Job) -> tuple[RunReport, str]:
+    """Run the job with the terminal listening, as `regen run` does; the report and what the
+    terminal showed."""
     out = io.StringIO()
-    report = run_job(load_job(job), console=Console(file=out, width=200))
-    assert report.failed == 0 and not report.stop_reason, out.getvalue()
-    return out.getvalue()
+    console = Console(file=out, width=200)
+    with listening(TerminalListener(console)):
+        report = run_job(job, shown=Watch(console))
+    return report, out.getvalue()
+
+
+def run(job: Path) -> str:
+    report, out = watched_run(load_job(job))
+    assert report.failed == 0 and not report.stop_reason, out
+    return out
 
 
 def sent_ids(log: list[Any]) -> dict[str, tuple[list[int], list[int]]]:
@@ -167,7 +180,7 @@ def test_a_stream_without_usage_is_counted_from_the_servers_ids(tmp_path: Path) 
         job.write_text(
             job.read_text().replace("token_ids = true", f"token_ids = true\n{extra_body}")
         )
-        report = run_job(load_job(job), console=Console(file=io.StringIO()))
+        report = run_job(load_job(job))
         sent = sent_ids(sim.simulator.chat_log())
     assert report.counted_usage == {("chat", "ids"): 24}
     results = query(
@@ -295,9 +308,8 @@ def test_gpu_hour_prices_add_up_to_the_servers_busy_time_and_a_cap_stops_it(
         )
         text = text.replace('name = "main"', 'name = "main"\nconcurrency = 2')
         job.write_text(text + f"\n[budget]\nmax_cost_usd = {cap}\n")
-        out = io.StringIO()
-        report = run_job(load_job(job), console=Console(file=out, width=200))
-    assert report.budget_stop, out.getvalue()
+        report, out = watched_run(load_job(job))
+    assert report.budget_stop, out
     spent = query(capped / "out", "SELECT SUM(cost_usd), COUNT(*) FROM results")[0]
     assert spent[1] < 24
     # Past the cap by at most what the requests in flight at the stop took to finish.

@@ -5,27 +5,22 @@ nothing stops, nothing is paid twice, no attempt fails over it after the first a
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
-from rich.console import Console
-
 from regen.config import load_job
-from regen.run.runner import run_job
 from regen.sim import SimConfig, sim_in_thread
 from regen.sim.config import SimFaults
 from tests.conftest import query, run_cli
-from tests.engine.test_selfhosted import MODEL, job_file
+from tests.engine.test_selfhosted import MODEL, job_file, watched_run
 
 
 def run_all(job: Path) -> str:
     """Run the job with 4 requests at most in flight; fail on any failed item or stop."""
     job.write_text(job.read_text().replace('name = "main"', 'name = "main"\nconcurrency = 4'))
-    out = io.StringIO()
-    report = run_job(load_job(job), console=Console(file=out, width=200))
-    assert report.failed == 0 and not report.stop_reason, out.getvalue()
-    return out.getvalue()
+    report, out = watched_run(load_job(job))
+    assert report.failed == 0 and not report.stop_reason, out
+    return out
 
 
 def failed_attempts(out: Path) -> int:

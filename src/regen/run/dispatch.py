@@ -8,13 +8,12 @@ import asyncio
 import contextlib
 import gc
 import json
+import logging
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-
-from rich.console import Console
 
 from regen.config import Job
 from regen.engine.billing import (
@@ -53,14 +52,12 @@ from regen.run.budgets import billed_after_gone, budget_book, hold_keeper
 from regen.run.lanes import build_lanes, check_routes, lane_settings
 from regen.run.pilot import TIME_UP
 from regen.run.signals import stop_signals
-from regen.safe import printable
 from regen.state.db import Store
 from regen.state.runs import OutageRecord, TimelinePoint
 from regen.state.work import DatasetProgress
-from regen.view.progress import (
-    ProgressReporter,
-    append_log,
-)
+from regen.view.progress import Shown, Watch
+
+log = logging.getLogger(__name__)
 
 TIMELINE_EVERY_S = 1.0
 """How often a run records each lane's requests on the wire and adaptive limit."""
@@ -72,17 +69,14 @@ class LiveAuditTask:
     and the tally is kept in state.db for `regen status`. It never stops a run: a tokenizer
     that cannot load turns it off with one line."""
 
-    def __init__(self, job: Job, store: Store, console: Console, excluded: frozenset[str]) -> None:
-        self.job, self.store, self.console, self.excluded = job, store, console, excluded
+    def __init__(self, job: Job, store: Store, excluded: frozenset[str]) -> None:
+        self.job, self.store, self.excluded = job, store, excluded
         self.live: LiveAudit | None = None
         self.off = False
         self._starting: asyncio.Future[LiveAudit] | None = None
 
     def _say(self, line: str) -> None:
-        # A failing sample's reason may quote a row or a server: control characters escaped.
-        self.console.print(printable(line), markup=False)
-        with contextlib.suppress(StateError):
-            append_log(self.job.output_path / "run.log", [line])
+        log.info(line)
 
     def _start(self) -> LiveAudit:
         assert self.job.reconstruct is not None
@@ -156,7 +150,7 @@ async def dispatch(
     job: Job,
     store: Store,
     keys: dict[str, str | None],
-    console: Console,
+    shown: Shown = None,
     *,
     pilot: Mapping[str, int] | None = None,
     progress: list[DatasetProgress] | None = None,
@@ -171,15 +165,24 @@ async def dispatch(
     `stop_at`: (time.monotonic(), reason): sending stops then, as on any stop (a pilot's
     time bound).
     `as_filed`: the job as its file says, when `job` is a pilot round's bounded copy: the run
-    is recorded with the file's dollar cap, not the pilot's."""
+    is recorded with the file's dollar cap, not the pilot's.
+    What it says goes out as events (`regen/events.py`); `shown` is how its progress is shown
+    (view/progress.py's Watch; nowhere without one)."""
     if progress is None:
         progress = store.work.dataset_progress()
     stats = run_stats(job, store, progress)
     await check_reachable(job)
     async with contextlib.AsyncExitStack() as stack:
-        ready = await open_and_check(job, store, keys, console, progress, stack, stats)
+        ready = await open_and_check(job, store, keys, progress, stack, stats)
         keeper = await send(
-            job, store, console, ready, stats, pilot=pilot, stop_at=stop_at, as_filed=as_filed
+            job,
+            store,
+            Watch.of(shown),
+            ready,
+            stats,
+            pilot=pilot,
+            stop_at=stop_at,
+            as_filed=as_filed,
         )
         reconciliations = await settle_accounts(store, ready, stats)
     book = ready.book
@@ -201,7 +204,6 @@ async def open_and_check(
     job: Job,
     store: Store,
     keys: dict[str, str | None],
-    console: Console,
     progress: list[DatasetProgress],
     stack: contextlib.AsyncExitStack,
     stats: RunStats,
@@ -209,21 +211,21 @@ async def open_and_check(
     """Open the run's accounts (closed with `stack`) and check what must hold before the
     first request: the credit floor, the accounts' spend so far, the budgets, the endpoints'
     prices and routes."""
-    accounts = await open_accounts(job, store, keys, console, progress, stack, stats.gate)
+    accounts = await open_accounts(job, store, keys, progress, stack, stats.gate)
     try:
         await check_credit_floor(job, accounts.billing, accounts.credit)
     finally:
-        say_gate(job, stats, console)
+        say_gate(stats)
     baselines = await take_baselines(store, accounts.billing, accounts.usage)
     book = budget_book(job, progress, store)
-    routes = await check_endpoints(job, store, accounts, console, book, stats)
+    routes = await check_endpoints(job, store, accounts, book, stats)
     return Ready(accounts, baselines, book, routes)
 
 
 async def send(
     job: Job,
     store: Store,
-    console: Console,
+    watch: Watch,
     ready: Ready,
     stats: RunStats,
     *,
@@ -246,7 +248,6 @@ async def send(
         ready.baselines,
         ready.book,
         stats,
-        console,
         pilot=pilot,
         run_id=run_id,
     )
@@ -255,7 +256,7 @@ async def send(
         await supervise(
             job,
             store,
-            console,
+            watch,
             scheduler,
             keeper,
             accounts,
@@ -348,7 +349,6 @@ async def open_accounts(
     job: Job,
     store: Store,
     keys: dict[str, str | None],
-    console: Console,
     progress: list[DatasetProgress],
     stack: contextlib.AsyncExitStack,
     gate: Gate | None = None,
@@ -376,8 +376,7 @@ async def open_accounts(
             if job_keys.current is not None and job_keys.limit_usd is not None
             else "key: made a key for this run (no credit limit: the job has no dollar cap)"
         )
-        console.print(note, markup=False, highlight=False, soft_wrap=True)
-        append_log(job.output_path / "run.log", [note])
+        log.info(note)
     pool_size: dict[str, int] = {}
     for lane in job.lane_list:
         for name in lane.endpoints or [e.name for e in job.endpoint_pool]:
@@ -406,7 +405,6 @@ async def check_endpoints(
     job: Job,
     store: Store,
     accounts: Accounts,
-    console: Console,
     book: BudgetBook,
     stats: RunStats,
 ) -> Routes:
@@ -414,10 +412,10 @@ async def check_endpoints(
     keep what `regen audit` and `regen export` need later, and refuse a dollar cap that has no
     prices to go by."""
     listed = await resolve_prices(job, accounts.clients, stats.gate)
-    say_gate(job, stats, console)
+    say_gate(stats)
     found, stats.repriced = learned_prices(listed, store)
     unproven: set[str] = set()
-    excluded = await check_routes(job, accounts.clients, console, unproven)
+    excluded = await check_routes(job, accounts.clients, unproven)
     store.set_meta("unproven_providers", json.dumps(sorted(unproven)))
     # What `regen audit` and `regen export` need to rebuild and check ids later.
     excluded_anywhere = frozenset(set().union(*excluded.values()))
@@ -444,7 +442,6 @@ def start_scheduler(
     baselines: dict[str, Baseline],
     book: BudgetBook,
     stats: RunStats,
-    console: Console,
     *,
     pilot: Mapping[str, int] | None,
     run_id: int,
@@ -481,9 +478,7 @@ def start_scheduler(
     held = keeper.load(store.outstanding.all(), billed_after_gone(job))
     scheduler.flush()  # requests to servers that bill nothing after a kill leave at once
     if held:
-        line = f"budget: {keeper.summary().line()}"
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
-        append_log(job.output_path / "run.log", [line])
+        log.info(f"budget: {keeper.summary().line()}")
     if book.job_cap_met():
         scheduler.stop(
             f"the job's dollar cap [budget].max_cost_usd = {job.budget.max_cost_usd:g} is "
@@ -496,7 +491,7 @@ def start_scheduler(
 async def supervise(
     job: Job,
     store: Store,
-    console: Console,
+    watch: Watch,
     scheduler: Scheduler,
     keeper: HoldKeeper,
     accounts: Accounts,
@@ -511,12 +506,12 @@ async def supervise(
     record the run's end."""
     stats = scheduler.stats
     tasks, auditor = start_side_tasks(
-        job, store, console, scheduler, keeper, accounts, routes, run_id
+        job, store, watch, scheduler, keeper, accounts, routes, run_id
     )
-    metrics_cleanup = await serve_run_metrics(job, stats, console)
+    metrics_cleanup = await serve_run_metrics(job, stats)
     main = asyncio.current_task()
     assert main is not None
-    signalled = Stopping(job, console, scheduler, main)
+    signalled = Stopping(job, scheduler, main)
     with (
         stop_signals() as signals,
         signals.sending(stop=signalled.stop, cut=signalled.cut, say=signalled.say),
@@ -541,7 +536,7 @@ async def supervise(
 def start_side_tasks(
     job: Job,
     store: Store,
-    console: Console,
+    watch: Watch,
     scheduler: Scheduler,
     keeper: HoldKeeper,
     accounts: Accounts,
@@ -558,9 +553,8 @@ def start_side_tasks(
         start = accounts.start_limits[account]
         tasks.append(asyncio.create_task(follow_key_limit(made, start, keeper)))
     tasks.append(asyncio.create_task(sample_timeline(store, run_id, stats)))
-    reporter = ProgressReporter(
+    reporter = watch.reporter(
         stats,
-        console,
         job.run.progress_interval_s,
         job.output_path / "run.log",
         publish=lambda fields: publish_progress(store, fields),
@@ -568,14 +562,12 @@ def start_side_tasks(
     tasks.append(asyncio.create_task(reporter.run()))
     auditor = None
     if job.reconstruct is not None and job.reconstruct.live_audit:
-        auditor = LiveAuditTask(job, store, console, routes.excluded_anywhere)
+        auditor = LiveAuditTask(job, store, routes.excluded_anywhere)
         tasks.append(asyncio.create_task(auditor.run()))
     return tasks, auditor
 
 
-async def serve_run_metrics(
-    job: Job, stats: RunStats, console: Console
-) -> Callable[[], Awaitable[None]] | None:
+async def serve_run_metrics(job: Job, stats: RunStats) -> Callable[[], Awaitable[None]] | None:
     """Serve `/metrics` when [run].metrics_port asks for it, and say where; return what
     stops it (None without a port)."""
     if job.run.metrics_port is None:
@@ -589,28 +581,20 @@ async def serve_run_metrics(
             f"[run].metrics_port: cannot listen on {job.run.metrics_host}:"
             f"{job.run.metrics_port}: {exc.strerror or exc}"
         ) from exc
-    console.print(
-        f"metrics: http://{job.run.metrics_host}:{job.run.metrics_port}/metrics",
-        markup=False,
-    )
+    log.info(f"metrics: http://{job.run.metrics_host}:{job.run.metrics_port}/metrics")
     return metrics.cleanup
 
 
 class Stopping:
     """What the signals do while the scheduler sends (`run/signals.py`): the first stops
-    sending, a Ctrl-C during the stop cuts requests in flight short; each says so on the
-    console and in run.log."""
+    sending, a Ctrl-C during the stop cuts requests in flight short; each says so."""
 
-    def __init__(
-        self, job: Job, console: Console, scheduler: Scheduler, main: asyncio.Task[object]
-    ) -> None:
-        self.job, self.console, self.scheduler, self.main = job, console, scheduler, main
+    def __init__(self, job: Job, scheduler: Scheduler, main: asyncio.Task[object]) -> None:
+        self.job, self.scheduler, self.main = job, scheduler, main
 
     def say(self, line: str) -> None:
-        """One line on the console and in run.log (a log that cannot be written is left)."""
-        self.console.print(line, markup=False, highlight=False)
-        with contextlib.suppress(StateError):
-            append_log(self.job.output_path / "run.log", [line])
+        """One line said (an event: the terminal and run.log)."""
+        log.info(line)
 
     def stop(self, name: str) -> None:
         """Stop sending: requests in flight may finish within the grace."""
@@ -649,14 +633,10 @@ def end_kind(store: Store, stats: RunStats, *, pilot: bool) -> str:
     return "finished"
 
 
-def say_gate(job: Job, stats: RunStats, console: Console) -> None:
-    """What the gate refused since it last said (`engine/gate.py`), on the console and in
-    run.log."""
-    lines = stats.gate.take_lines()
-    for line in lines:
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
-    if lines:
-        append_log(job.output_path / "run.log", lines)
+def say_gate(stats: RunStats) -> None:
+    """Say what the gate refused since it last said (`engine/gate.py`)."""
+    for line in stats.gate.take_lines():
+        log.info(line)
 
 
 def end_lines(keeper: HoldKeeper, stats: RunStats) -> list[str]:

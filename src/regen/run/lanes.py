@@ -3,11 +3,10 @@ probe and the providers its routing excludes."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
-
-from rich.console import Console
 
 from regen.config import EndpointConfig, GenerationConfig, Job
 from regen.conversation import (
@@ -21,6 +20,8 @@ from regen.engine.client.body import SAMPLES_KEY, sample_settings
 from regen.engine.providers import excluded_names, fetch_endpoints, shared_name_warning, verdicts
 from regen.engine.runtime import EndpointRuntime, LaneRuntime, Sender
 from regen.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 def _make_body(
@@ -68,7 +69,7 @@ def batches_samples(job: Job, endpoint: EndpointConfig) -> bool:
 
 
 async def check_routes(
-    job: Job, clients: Mapping[str, JsonGetter], console: Console, unproven: set[str]
+    job: Job, clients: Mapping[str, JsonGetter], unproven: set[str]
 ) -> dict[str, frozenset[str]]:
     """For each OpenRouter endpoint: the model's provider endpoints against the job's
     `provider` filters and max_tokens. Filters that leave nothing stop the run before it
@@ -96,13 +97,11 @@ async def check_routes(
         only_excluded, mixed = excluded_names(endpoints, verdict)
         if mixed:
             advice = shared_name_warning(endpoints, e.provider, verdict)
-            console.print(
+            log.info(
                 f"note: endpoint '{e.name}': {', '.join(sorted(mixed))} also serve(s) from an "
                 "excluded endpoint; an answer names only its provider, so those answers cannot "
                 "be proven to come from an allowed endpoint (routing honours the filters)"
-                + (f". {advice}" if advice else ""),
-                markup=False,
-                soft_wrap=True,
+                + (f". {advice}" if advice else "")
             )
             unproven.update(mixed)
         out[e.name] = frozenset(only_excluded)

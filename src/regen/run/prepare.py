@@ -4,9 +4,8 @@ re-queued, lanes assigned, and where each dataset stands."""
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
-
-from rich.console import Console
 
 from regen import __version__
 from regen.config import Job, fingerprint_changes
@@ -21,10 +20,9 @@ from regen.run.budgets import budget_book
 from regen.sources.ingest import ingest, lane_rules
 from regen.state.db import Store
 from regen.state.work import DatasetProgress
-from regen.view.progress import (
-    append_log,
-    dataset_start_line,
-)
+from regen.view.progress import Shown, dataset_start_line
+
+log = logging.getLogger(__name__)
 
 FORCED_NOTE = "resuming with changed settings (--force)"
 
@@ -39,10 +37,11 @@ class Prepared:
 
 
 def prepare(
-    job: Job, store: Store, console: Console, *, force: bool, stale_pid: int | None
+    job: Job, store: Store, shown: Shown = None, *, force: bool, stale_pid: int | None
 ) -> Prepared:
     """Before sending: check the fingerprint, ingest, re-queue transient failures, assign
-    lanes, and say where each dataset stands."""
+    lanes, and say where each dataset stands (events: `regen/events.py`). `shown` is not
+    used: run/planner.py still hands its console in (issue 49's listed exception)."""
     notes = check_samples(store, job) + check_fingerprint(store, job, force=force)
     notes += dialect_notes(job)
     stale = clean_stale_exports(job.output_path / "export")
@@ -67,8 +66,7 @@ def prepare(
         dataset_start_line(p, met.get(p.name), samples.get(p.name, 1)) for p in progress
     ]
     for line in lines:
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
-    append_log(job.output_path / "run.log", lines)
+        log.info(line)
     return Prepared(unassigned, progress)
 
 

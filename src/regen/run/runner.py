@@ -5,15 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
-
-from rich.console import Console
 
 from regen.config import Job
 from regen.engine.billing import Reconciliation
-from regen.errors import Interrupted, StateError
+from regen.errors import Interrupted
+from regen.events import listening
 from regen.lock import LOCK_FILE, RunLock
 from regen.outputs.export import export_specforge
 from regen.run.accounts import endpoint_keys
@@ -24,32 +24,40 @@ from regen.run.summary import RunReport, run_outages, unsent_items, unsent_line
 from regen.safe import confined
 from regen.state.db import PAST_JOB_SIGNS, STATE_FILES, Store
 from regen.state.runs import OutageRecord
-from regen.view.progress import (
-    append_log,
-    outages_line,
-    reconciliation_line,
-)
+from regen.view.events import RunLogListener
+from regen.view.progress import Shown, outages_line, reconciliation_line
+
+log = logging.getLogger(__name__)
 
 
 def run_job(
-    job: Job, *, console: Console, api_key: str | None = None, force: bool = False
+    job: Job, *, shown: Shown = None, api_key: str | None = None, force: bool = False
 ) -> RunReport:
     """Run the job, stage by stage, each stage's result handed down to the next: lock the
     output directory, open its state, prepare (fingerprint, sources, re-queued failures, lanes),
     dispatch (budgets, sending, reconciliation), then end (what is left unsent and why, the
     exports; the command writes report.html once it knows the exit code). `api_key` defaults
     to the job's env variable; `force` resumes even if the job's data-affecting settings
-    changed."""
+    changed. What it says goes out as events (`regen/events.py`), kept in run.log here;
+    `shown` is how its progress is shown (view/progress.py's Watch; nowhere without one)."""
     keys = endpoint_keys(job, api_key)
     refuse_links_out(job)
-    with stop_signals() as signals, RunLock(job.output_path) as lock:
+    with stop_signals() as signals, RunLock(job.output_path) as lock, run_log_kept(job):
         store = Store.open(job.output_path)
         try:
-            prepared = prepare(job, store, console, force=force, stale_pid=lock.stale_pid)
-            dispatched = send(job, store, keys, console, prepared, signals)
-            return end(job, store, console, prepared, dispatched)
+            prepared = prepare(job, store, force=force, stale_pid=lock.stale_pid)
+            dispatched = send(job, store, keys, shown, prepared, signals)
+            return end(job, store, prepared, dispatched)
         finally:
             store.close()
+
+
+@contextlib.contextmanager
+def run_log_kept(job: Job) -> Iterator[None]:
+    """run.log in the job's output directory as a listener of the run's events while the
+    block runs (the run's record, whoever watches or not)."""
+    with listening(RunLogListener(job.output_path / "run.log")):
+        yield
 
 
 def refuse_links_out(job: Job) -> None:
@@ -69,7 +77,7 @@ def send(
     job: Job,
     store: Store,
     keys: dict[str, str | None],
-    console: Console,
+    shown: Shown,
     prepared: Prepared,
     signals: StopSignals,
 ) -> Dispatched | None:
@@ -82,9 +90,7 @@ def send(
         assert main is not None
 
         def say(line: str) -> None:
-            console.print(line, markup=False, highlight=False, soft_wrap=True)
-            with contextlib.suppress(StateError):
-                append_log(job.output_path / "run.log", [line])
+            log.info(line)
 
         def stop(name: str) -> None:
             say(f"stopping: {name}: no request is sent after this (Ctrl-C again aborts at once)")
@@ -94,7 +100,7 @@ def send(
             main.cancel()
 
         with signals.sending(stop=stop, cut=cut, say=say):
-            return await dispatch(job, store, keys, console, progress=prepared.progress)
+            return await dispatch(job, store, keys, shown, progress=prepared.progress)
 
     try:
         with quiet_gc():
@@ -110,7 +116,6 @@ def send(
 def end(
     job: Job,
     store: Store,
-    console: Console,
     prepared: Prepared,
     dispatched: Dispatched | None,
 ) -> RunReport:
@@ -118,7 +123,7 @@ def end(
     it all up (`dispatched` None: aborted)."""
     out = job.output_path
     ending = Ending.of(dispatched)
-    log_ending(out, ending)
+    log_ending(ending)
     blocked = store.work.blocked_items()
     unproven = json.loads(store.get_meta("unproven_providers") or "[]")
     unsent = unsent_items(
@@ -130,7 +135,9 @@ def end(
         blocked=blocked,
         book=dispatched.book if dispatched is not None else None,
     )
-    append_log(out / "run.log", [unsent_line(u) for u in unsent if u.kind != "budget"])
+    for u in unsent:
+        if u.kind != "budget":  # a dataset whose own budget is met is done, not left
+            log.debug(unsent_line(u))
     exports, left_out = export_specforge(store, [d.name for d in job.datasets], out / "export")
     # report.html is written by the command once the run's exit code is known (it shows it).
     return RunReport(
@@ -183,15 +190,12 @@ class Ending:
         )
 
 
-def log_ending(out: Path, ending: Ending) -> None:
-    """Log the budgets' lines, the accounts' reconciliations and the endpoints still out."""
+def log_ending(ending: Ending) -> None:
+    """Keep the budgets' lines, the accounts' reconciliations and the endpoints still out in
+    run.log (the terminal shows them in the summary instead)."""
     now = time.time()
-    append_log(
-        out / "run.log",
-        ending.budget_lines
-        + [reconciliation_line(r) for r in ending.reconciliations]
-        + [
-            outages_line(name, o, now=now, still_out="still out at the end, since")
-            for name, o in ending.outages.items()
-        ],
-    )
+    lines = ending.budget_lines + [reconciliation_line(r) for r in ending.reconciliations]
+    for name, o in ending.outages.items():
+        lines.append(outages_line(name, o, now=now, still_out="still out at the end, since"))
+    for line in lines:
+        log.debug(line)

@@ -580,13 +580,14 @@ class ProgressReporter:
     """Shows progress until cancelled: live on a TTY (a ProgressView, taken four times a second
     and drawn at the terminal's width of the moment), a line every `interval_s` otherwise.
 
-    Every line also goes to `log_path` (run.log), whatever stdout is.
+    Every line also goes to `log_path` (run.log), whatever stdout is; without a console
+    (a run nobody watches), only there.
     """
 
     def __init__(
         self,
         stats: RunStats,
-        console: Console,
+        console: Console | None,
         interval_s: float,
         log_path: Path | None,
         publish: Callable[[dict[str, str]], None] | None = None,
@@ -616,13 +617,17 @@ class ProgressReporter:
         except StateError as exc:
             # A full disk must not end the run over its log: say so once, keep showing progress.
             self._close_log()
-            self._console.print(f"warning: cannot write progress lines: {exc}", markup=False)
+            self._say(f"warning: cannot write progress lines: {exc}")
+
+    def _say(self, line: str) -> None:
+        if self._console is not None:
+            self._console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def _say_gate(self) -> None:
         """What the gate refused since the last tick: each source and field once."""
         for line in self._stats.gate.take_lines():
             self._log(line)
-            self._console.print(line, markup=False, highlight=False, soft_wrap=True)
+            self._say(line)
 
     def _close_log(self) -> None:
         log, self._log_file = self._log_file, None
@@ -634,10 +639,10 @@ class ProgressReporter:
             try:
                 self._log_file = RunLog(self._log_path)
             except StateError as exc:
-                self._console.print(f"warning: {exc}", markup=False)
+                self._say(f"warning: {exc}")
         live: Live | None = None
         try:
-            if self._console.is_terminal:
+            if self._console is not None and self._console.is_terminal:
                 live = Live(
                     progress_view(self._stats),
                     console=self._console,
@@ -654,7 +659,7 @@ class ProgressReporter:
                 if now - last_line >= self._interval_s:
                     line = self._line(now)
                     if live is None:
-                        self._console.print(line, markup=False, highlight=False, soft_wrap=True)
+                        self._say(line)
                     last_line = now
                 await asyncio.sleep(0.25 if live is not None else min(self._interval_s, 1.0))
         finally:
@@ -664,8 +669,37 @@ class ProgressReporter:
                 live.update(progress_view(self._stats, ended=True))
                 live.stop()
             else:
-                self._console.print(final, markup=False, highlight=False, soft_wrap=True)
+                self._say(final)
             self._close_log()
+
+
+class Watch:
+    """How a run's progress is shown, handed down to run/ by the command: live or as lines on
+    its console, or nowhere without one (run.log gets the lines either way)."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console
+
+    @classmethod
+    def of(cls, shown: Shown) -> Watch:
+        """A Watch for what a caller handed in (a bare console while run/planner.py hands
+        one in: issue 49's listed exception)."""
+        return shown if isinstance(shown, Watch) else cls(shown)
+
+    def reporter(
+        self,
+        stats: RunStats,
+        interval_s: float,
+        log_path: Path | None,
+        publish: Callable[[dict[str, str]], None] | None = None,
+    ) -> ProgressReporter:
+        """The progress reporter of one dispatch."""
+        return ProgressReporter(stats, self.console, interval_s, log_path, publish)
+
+
+Shown = Watch | Console | None
+"""What a caller hands run/ for progress: a Watch, nothing, or (run/planner.py, for now) a
+console."""
 
 
 SUMMARY_COLUMNS = (
