@@ -214,7 +214,7 @@ def test_metrics_take_a_key_out_of_every_label_value() -> None:
 def test_the_console_redacts_and_escapes_before_it_folds_a_line() -> None:
     """rich folds a long word across lines, where a stream's redaction would no longer find
     the key: every command's console takes it out, and shows escapes, before the layout."""
-    from regen.cli import KeyFreeConsole
+    from regen.view.console import KeyFreeConsole
 
     key = "sk-unit-console-key-" + "9" * 60
     register_secret(key)

@@ -104,10 +104,20 @@ def test_a_stage_that_draws_on_a_terminal_breaks_the_rule(tmp_path: Path, statem
     files["view/show.py"] = "from rich.console import Console\n"
     files["outputs/report/page.py"] = "from rich.text import Text\n"
     files["run/pilot.py"] = "from rich.console import Console\n"
+    files["cli.py"] = "from rich.console import Console\n"
     src = _tree(tmp_path, files)
     assert rooms.terminal_imports(src) == [
         f"regen/run/stage.py:2: imports {statement.split()[1]}: say it as an event "
         "(regen/events.py) and draw it in view/"
+    ]
+
+
+def test_the_command_line_makes_the_console_and_draws_nothing(tmp_path: Path) -> None:
+    files = {"cli.py": "from rich.console import Console\nfrom rich.table import Table\n"}
+    src = _tree(tmp_path, files)
+    assert rooms.terminal_imports(src) == [
+        "regen/cli.py:2: imports rich.table: say it as an event (regen/events.py) and draw it "
+        "in view/"
     ]
 
 

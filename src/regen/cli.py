@@ -19,25 +19,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.markup import escape
-from rich.text import Text
 
 from regen import __version__
-from regen.engine.billing import Reconciliation
 from regen.errors import ConfigError, Interrupted, RegenError
-from regen.safe import REDACTED, printable, redact, redacted
+from regen.safe import printable, redacted
+from regen.view.console import KeyFreeConsole, command_console
 
 if TYPE_CHECKING:
-    from rich.table import Table
-
     from regen.config import EndpointConfig
     from regen.engine.providers import EndpointInfo
-    from regen.outputs.audit import Checks
     from regen.outputs.export import ExportOptions
-    from regen.reconstruct import Target, TargetSpec
     from regen.run.planner import Plan
-    from regen.run.summary import RunReport
-    from regen.state.db import Store
     from regen.view.progress import Watch
 
 EXIT_OK, EXIT_USER, EXIT_USAGE, EXIT_FAILED_ITEMS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -432,18 +424,6 @@ def _demo_parser(sub: Any) -> None:
     demo.add_argument("--out", type=Path, default=Path("demo-out"))
 
 
-class KeyFreeConsole(Console):
-    """The console every command prints with: text is redacted before rich lays it out (a key
-    folded across two lines would escape the stream's redaction), and its control characters
-    are shown as escapes (a server's or a dataset's words cannot act on the terminal)."""
-
-    def render_str(self, text: str, **kwargs: Any) -> Text:
-        markup = self._markup if kwargs.get("markup") is None else kwargs["markup"]
-        # As markup, REDACTED would read as a tag and vanish: it is written escaped there.
-        text = redact(text, escape(REDACTED)) if markup else text
-        return super().render_str(printable(text, newlines=True), **kwargs)
-
-
 @contextlib.contextmanager
 def key_free_output() -> Iterator[None]:
     """stdout and stderr for the length of a command: streams that take every registered key
@@ -478,10 +458,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
-    console = KeyFreeConsole()
-    if not console.is_terminal:
-        # Piped to a file or over a non-interactive SSH: do not squeeze tables into 80 columns.
-        console = KeyFreeConsole(width=160)
+    console = command_console()
     handlers = {
         "run": _run,
         "plan": _plan,
@@ -539,72 +516,14 @@ def _schema(args: argparse.Namespace, console: Console) -> int:
 def _families(args: argparse.Namespace, console: Console) -> int:
     import json
 
-    from rich.markup import escape
-    from rich.table import Table
+    from regen.view.families import family_rows, show_families
 
-    from regen.reconstruct.families import FAMILIES
-
-    rows: list[dict[str, Any]] = [
-        {
-            "family": f.name,
-            "completion": "hand-written grammar"
-            if f.layout is not None
-            else f"{f.encoder_package}, the publisher's encoder"
-            if f.encoder
-            else "chat template",
-            "why_grammar": " ".join(f.why_grammar.split()),
-            "stop": None
-            if f.layout is not None
-            else f.appended_stop(False) or (list(f.stop) or ["eos_token"])[0],
-            "stop_after_calls": f.append_stop_after_calls or None,
-            "arguments": f.arguments,
-            "parse_back": f.syntax,
-            "verified": " ".join(f.verified.split()),
-            "assumed": " ".join(f.assumed.split()),
-            "auto_detects": list(f.detect),
-        }
-        for f in FAMILIES.values()
-    ]
+    rows = family_rows()
     if args.json:
         print(json.dumps(rows, indent=2, ensure_ascii=False))
         return EXIT_OK
-    auto = (
-        'family = "auto" reads the model\'s chat template and takes the first family below '
-        "whose `auto looks for` texts it all holds; a template that holds none of them gets "
-        "the generic `template` family"
-    )
-    if not console.is_terminal:  # piped: one family a paragraph, wrapped at 80 columns
-        _families_text(rows, auto)
-        return EXIT_OK
-    console.print(auto, markup=False, highlight=False)
-    table = Table(title="model families ([reconstruct] family)")
-    for column in ("family", "completion", "verified against", "still assumed"):
-        table.add_column(column, overflow="fold")
-    for r in rows:
-        how = str(r["completion"]) + (f" ({r['why_grammar']})" if r["why_grammar"] else "")
-        cells = (how, r["verified"], r["assumed"] or "-")
-        table.add_row(r["family"], *(escape(c) for c in cells))
-    console.print(table)
+    show_families(console, rows)
     return EXIT_OK
-
-
-def _families_text(rows: list[dict[str, Any]], auto: str) -> None:
-    """`regen families` piped: plain paragraphs of at most 80 columns."""
-    import textwrap
-
-    print(textwrap.fill(auto, 80))
-    for r in rows:
-        how = str(r["completion"]) + (f" ({r['why_grammar']})" if r["why_grammar"] else "")
-        print(f"\n{r['family']}")
-        for label, text in (
-            ("completion", how),
-            ("auto looks for", ", ".join(repr(d) for d in r["auto_detects"]) or "-"),
-            ("verified against", r["verified"] or "-"),
-            ("still assumed", r["assumed"] or "-"),
-        ):
-            print(
-                textwrap.fill(f"{label}: {text}", 80, initial_indent="  ", subsequent_indent="    ")
-            )
 
 
 def _report(args: argparse.Namespace, console: Console) -> int:
@@ -842,7 +761,8 @@ def _target_overrides(args: argparse.Namespace) -> dict[str, Any]:
 def _audit(args: argparse.Namespace, console: Console) -> int:
     import json
 
-    from regen.outputs.audit import audit, audit_json
+    from regen.outputs.audit import audit, audit_json, broken_limits
+    from regen.view.audit import show_audit
 
     audits, target = audit(
         args.out,
@@ -859,100 +779,14 @@ def _audit(args: argparse.Namespace, console: Console) -> int:
     for warning in target.warnings:
         print(f"warning: {printable(warning)}", file=sys.stderr)
     data = audit_json(audits)
-    broken = _audit_broken(data["overall"], args)
+    broken = broken_limits(
+        data["overall"], args.max_mean_diff, args.max_prompt_mean_diff, args.max_problem_share
+    )
     if args.json:
         print(json.dumps({**data, "broken": broken}))
     else:
-        console.print(_audit_table(data, target.spec))
-        for d in data["datasets"]:
-            _print_audit_lines(d, console)
-        for b in broken:
-            console.print(f"audit failed: {b}", markup=False)
+        show_audit(console, data, target.spec, broken)
     return EXIT_FAILED_ITEMS if broken else EXIT_OK
-
-
-def _audit_broken(overall: dict[str, Any], args: argparse.Namespace) -> list[str]:
-    """The job-wide limits (--max-mean-diff and friends) the audit's totals break, one line each."""
-    broken = []
-    if overall["mean_abs_diff"] > args.max_mean_diff:
-        broken.append(f"mean abs diff {overall['mean_abs_diff']} > {args.max_mean_diff}")
-    if overall["prompt_mean_abs_diff"] > args.max_prompt_mean_diff:
-        broken.append(
-            f"prompt mean abs diff {overall['prompt_mean_abs_diff']} > {args.max_prompt_mean_diff}"
-        )
-    if overall["samples"] and overall["failed"] / overall["samples"] > args.max_problem_share:
-        broken.append(f"{overall['failed']} of {overall['samples']} samples fail a check")
-    return broken
-
-
-_AUDIT_COLUMNS = (
-    "dataset",
-    "samples",
-    "cut",
-    "exact ids",
-    "mean |diff|",
-    "max |diff|",
-    "matches",
-    "prompt |diff|",
-    "failed",
-)
-
-
-def _audit_table(data: dict[str, Any], spec: TargetSpec) -> Table:
-    """The audit's summary: one row per dataset, then the job's totals."""
-    from rich.table import Table
-
-    table = Table(title=f"audit ({spec.family}, tokenizer {spec.tokenizer})")
-    for col in (*_AUDIT_COLUMNS, "problems"):
-        table.add_column(col, justify="left" if col in ("dataset", "problems") else "right")
-    for d in (*data["datasets"], data["overall"]):
-        table.add_row(
-            d["name"],
-            str(d["samples"]),
-            str(d["truncated_left_out"]),
-            str(d["exact_ids"]),
-            f"{d['mean_abs_diff']:.3f}",
-            str(d["max_abs_diff"]),
-            f"{d['match_share']:.1%}",
-            f"{d['prompt_mean_abs_diff']:.3f}",
-            str(d["failed"]),
-            ", ".join(f"{k} {v}" for k, v in d["problems"].items()) or "-",
-        )
-    return table
-
-
-def _print_audit_lines(d: dict[str, Any], console: Console) -> None:
-    """One dataset's named samples under the table: worst, notes, failing, server-id checks."""
-    # An item id, a rebuild's reason or a divergence may quote a row or a server: one
-    # line each, control characters escaped.
-    for w in d["worst"][:3]:
-        console.print(
-            printable(
-                f"worst {d['name']}: {w['item_id']} rebuilt {w['rebuilt']} "
-                f"billed {w['billed']} (prompt {w['prompt_diff']:+d})"
-            ),
-            markup=False,
-        )
-    for n in d["notes"]:
-        line = f"note {d['name']}: {n['item_id']}: {n['note']}"
-        console.print(printable(line), markup=False, soft_wrap=True)
-    for f in d["failing"]:  # every failing sample, so none is failed unnamed
-        why = f" ({'; '.join(f['details'])})" if f["details"] else ""
-        line = f"failing {d['name']}: {f['item_id']}: {', '.join(f['problems'])}{why}"
-        console.print(printable(line), markup=False, soft_wrap=True)
-    if d["server_ids_checked"]:
-        console.print(
-            f"server ids {d['name']}: the rebuild equals the server's ids in "
-            f"{d['server_ids_match_share']:.1%} of {d['server_ids_checked']} answers",
-            markup=False,
-        )
-    for what, key, detail in (
-        ("rebuild fails its check", "reparse", "first_difference"),
-        ("rebuild differs from the server", "server_ids_divergences", "first_divergence"),
-    ):
-        for r in d[key][:3]:
-            line = f"{what} {d['name']}: {r['item_id']}: {r[detail]}"
-            console.print(printable(line), markup=False)
 
 
 def _pairs(values: list[str], flag: str, kind: type) -> dict[str, object]:
@@ -971,55 +805,35 @@ def _pairs(values: list[str], flag: str, kind: type) -> dict[str, object]:
     return out
 
 
-def _export_target(store: Store, overrides: dict[str, Any], *, optional: bool) -> Target | None:
-    """The target that rebuilds ids; for sharegpt, where it only decides which history
-    reasoning the template shows, one that cannot be loaded is said and gone without."""
-    from regen.outputs.audit import target_for
-
-    try:
-        return target_for(store, **overrides)
-    except ConfigError as exc:
-        if not optional:
-            raise
-        print(
-            f"warning: {exc}; the history's reasoning is written as it was stored",
-            file=sys.stderr,
-        )
-        return None
-
-
 def _export(args: argparse.Namespace, console: Console) -> int:
-    """`regen export`: check the flags, write the export, say what it holds, upload it."""
-    from regen.outputs.export import export_job
-    from regen.state.db import Store
+    """`regen export`: check the flags, write the export (outputs/exporting.py), say what it
+    holds, upload it."""
+    from regen.outputs.exporting import export_out_dir
+    from regen.view.export import show_export
 
     pairs = _export_pairs(args)
     if pairs is None:
         return EXIT_USAGE
-    weights, caps = pairs
-    store = Store.open_readonly(args.out)
-    try:
-        names = [p.name for p in store.work.dataset_progress()]
-        unknown = sorted((set(weights) | set(caps)) - set(names))
-        if unknown:
-            print(
-                f"error: no dataset {', '.join(unknown)} in {args.out} (have: {', '.join(names)})",
-                file=sys.stderr,
-            )
-            return EXIT_USAGE
-        opts = _export_options(args, weights, caps)
-        target, checks = _export_checks(store, args)
-        to = args.to or args.out / "export" / args.format
-        manifest = export_job(store, names, to, opts, target, checks)
-    finally:
-        store.close()
-    _print_export(console, args.format, to, manifest)
+    to = args.to or args.out / "export" / args.format
+    opts = _export_options(args, *pairs)
+    done = export_out_dir(
+        args.out, to, opts, _target_overrides(args), expect_reasoning=args.expect_reasoning
+    )
+    _say_on_stderr(done.notes, done.warnings)
+    show_export(console, args.format, to, done.manifest)
     if args.push_to_hub:
         from regen.outputs.hub import push_to_hub
 
         url = push_to_hub(to, args.push_to_hub, private=args.private)
         console.print(f"uploaded to the Hub: {url}", markup=False, highlight=False)
     return EXIT_OK
+
+
+def _say_on_stderr(notes: list[str], warnings: list[str]) -> None:
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def _export_pairs(
@@ -1067,64 +881,6 @@ def _export_options(
     )
 
 
-def _export_checks(store: Store, args: argparse.Namespace) -> tuple[Target | None, Checks | None]:
-    """The target the export rebuilds ids and text with, when it needs or can use one, and
-    the audit's checks with it; its notes and warnings said on stderr."""
-    from regen.outputs.audit import checks_for
-
-    target = None
-    overrides = _target_overrides(args)
-    recorded = store.get_meta("reconstruct") is not None
-    ids = args.format in ("tokenized", "specforge") and not args.train_source_turns
-    # Formats with text: the model's template decides which reasoning of the history is
-    # kept, and an answer's text is what its exact ids hold (outputs.audit.as_ids_hold).
-    text = args.format != "tokenized"
-    if args.drop_failed_audit or ((ids or text) and (recorded or args.family)):
-        optional = not ids and not args.drop_failed_audit
-        target = _export_target(store, overrides, optional=optional)
-    if target is None:
-        return None, None
-    for note in target.notes:
-        print(f"note: {note}", file=sys.stderr)
-    for warning in target.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    checks = checks_for(
-        store,
-        expect_reasoning=args.expect_reasoning,
-        max_sample_diff=args.max_sample_diff,
-        excluded_providers=tuple(args.exclude_provider),
-    )
-    return target, checks
-
-
-def _print_export(console: Console, fmt: str, to: Path, manifest: dict[str, Any]) -> None:
-    """What the export wrote, per dataset, its notes, and where to find and load it."""
-    from rich.table import Table
-
-    table = Table(title=f"export {fmt} -> {to}", title_justify="left")
-    for col in ("dataset", "train", "validation", "completion tok", "cost $", "dropped"):
-        table.add_column(col, justify="left" if col in ("dataset", "dropped") else "right")
-    for name, d in manifest["datasets"].items():
-        dropped = ", ".join(f"{k} {v}" for k, v in d["dropped"].items()) or "-"
-        table.add_row(
-            name,
-            str(d["samples"]["train"]),
-            str(d["samples"]["validation"]),
-            str(d["completion_tokens"]),
-            f"{d['cost_usd']:.4f}",
-            dropped,
-        )
-    console.print(table)
-    for note in manifest.get("notes", []):  # also on the card
-        console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
-    console.print(f"manifest: {to / 'manifest.json'}", markup=False)
-    console.print(
-        f"load it with datasets.load_dataset({str(to)!r}) (card: {to / 'README.md'})",
-        markup=False,
-        highlight=False,
-    )
-
-
 def _providers(args: argparse.Namespace, console: Console) -> int:
     import dataclasses
     import json
@@ -1132,6 +888,7 @@ def _providers(args: argparse.Namespace, console: Console) -> int:
     from regen.config import key_from_env
     from regen.engine.providers import verdicts, warnings
     from regen.safe import register_secret
+    from regen.view.providers import providers_table
 
     endpoint, max_tokens = _providers_endpoint(args)
     base_url = (args.base_url or endpoint.base_url).rstrip("/")
@@ -1160,7 +917,7 @@ def _providers(args: argparse.Namespace, console: Console) -> int:
             )
         )
         return EXIT_OK
-    console.print(_providers_table(args, eps, verdict))
+    console.print(providers_table(args.model, eps, verdict, job=args.job is not None))
     for note in notes:
         console.print(f"warning: {note}", markup=False, soft_wrap=True)
     return EXIT_OK
@@ -1198,43 +955,6 @@ async def _fetch_endpoint_list(
         return await fetch_endpoints(client, model)
 
 
-_PROVIDER_COLUMNS = ("provider", "tag", "quant", "$/Mtok in", "$/Mtok out", "context", "max out")
-
-
-def _dash_or(v: float | int | None, fmt: str) -> str:
-    """A number in `fmt`, or "-" when the catalogue does not say."""
-    return "-" if v is None else format(v, fmt)
-
-
-def _providers_table(
-    args: argparse.Namespace, eps: list[EndpointInfo], verdict: dict[str, str | None]
-) -> Table:
-    """One row per endpoint: its prices and limits, and whether the job uses it."""
-    from rich.table import Table
-
-    table = Table(title=f"{args.model}: {len(eps)} endpoints", title_justify="left")
-    for col in (*_PROVIDER_COLUMNS, "uptime %", "tok/s p50", "job"):
-        table.add_column(
-            col, justify="left" if col in ("provider", "tag", "quant", "job") else "right"
-        )
-    for e in eps:
-        reason = verdict[e.tag]
-        table.add_row(
-            e.provider_name,
-            e.tag,
-            e.quantization or "-",
-            _dash_or(e.prompt_usd_per_mtok, ".3f"),
-            _dash_or(e.completion_usd_per_mtok, ".3f"),
-            _dash_or(e.context_length, ","),
-            _dash_or(e.max_completion_tokens, ","),
-            _dash_or(e.uptime, ".1f"),
-            _dash_or(e.throughput_p50, ".0f"),
-            ("excluded: " + reason) if reason else ("used" if args.job is not None else ""),
-            style="dim" if reason else None,
-        )
-    return table
-
-
 def _inspect(args: argparse.Namespace, console: Console) -> int:
     import json
 
@@ -1253,112 +973,33 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
+_EXIT_OF_END = {
+    "aborted": EXIT_INTERRUPTED,
+    "cap": EXIT_CAP,
+    "left": EXIT_ITEMS_LEFT,
+    "error": EXIT_USER,
+    "failed": EXIT_FAILED_ITEMS,
+    "done": EXIT_OK,
+}
+"""The exit code of each way a run ends (run/summary.py's `Ended.kind`)."""
+
+
 def _finish(report: object, console: Console) -> int:
-    from regen.run.summary import RunReport
-    from regen.view.progress import endpoints_table, summary_table
+    """Show the run's end (view/finish.py) and return its exit code."""
+    from regen.run.summary import RunReport, how_it_ended, money_lines, note_lines
+    from regen.view.finish import show_run_end
+    from regen.view.progress import summary_table
 
     assert isinstance(report, RunReport)
-    console.print(summary_table(report.datasets, report.errors, report.exports))
-    console.print(f"output: {report.out_dir}  (state.db, run.log, report.html, export/*.jsonl)")
-    _print_lines([*report.budget_lines, *map(_spend_line, report.reconciliations)], console)
-    if report.endpoints:
-        console.print(endpoints_table(report.endpoints))
-    _print_lines(_run_note_lines(report), console)
-    return _finish_code(report, console)
-
-
-def _print_lines(lines: list[str], console: Console) -> None:
-    """Plain lines, as written: no markup, no highlighting, never cut."""
-    for line in lines:
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
-
-
-def _run_note_lines(report: RunReport) -> list[str]:
-    """What the run wants said under its tables: outages, usage counted by regen, answers
-    without proof, row notes, rows left out of exports, orphans, and what was not sent."""
-    import time
-
-    from regen.run.summary import (
-        counted_usage_line,
-        left_out_line,
-        orphans_line,
-        row_note_line,
-        unproven_line,
-        unsent_line,
+    ended = how_it_ended(report)
+    table = summary_table(report.datasets, report.errors, report.exports)
+    notes = note_lines(report)
+    show_run_end(
+        console, table, report.out_dir, money_lines(report), report.endpoints, notes + ended.lines
     )
-    from regen.view.progress import outages_line
-
-    now = time.time()
-    still_out = "still out at the end, since"
-    return [
-        *(outages_line(n, o, now=now, still_out=still_out) for n, o in report.outages.items()),
-        *(counted_usage_line(ds, src, n) for (ds, src), n in sorted(report.counted_usage.items())),
-        *(unproven_line(p, answers) for p, answers in sorted(report.unproven.items())),
-        *map(row_note_line, report.row_notes),
-        *(left_out_line(ds, n) for ds, n in sorted(report.export_left_out.items())),
-        *(orphans_line(d.name, d.orphans, report.out_dir) for d in report.datasets if d.orphans),
-        *map(unsent_line, report.unsent),
-    ]
-
-
-def _finish_code(report: RunReport, console: Console) -> int:
-    """The run's exit code, with the line that says why it stopped, if it did."""
-    left = sum(u.items for u in report.unsent if u.kind == "left")
-    capped = sum(u.items for u in report.unsent if u.kind == "cap")
-    if report.aborted:
-        console.print(
-            "aborted: requests in flight were cut short; run the same command again to resume"
-        )
-        return EXIT_INTERRUPTED
-    if report.interrupted:
-        # Everything that finished is kept; what is left is said, and so is the exit code.
-        console.print("stopped: interrupted; run the same command again to resume")
-        return EXIT_ITEMS_LEFT if left else EXIT_OK
-    if report.budget_stop:
-        console.print(
-            f"stopped: {printable(str(report.stop_reason))}", markup=False, soft_wrap=True
-        )
-        if capped:
-            return EXIT_CAP
-    elif capped and not report.outage and not report.stop_reason:
-        # A dataset's limit held by a killed run's requests: the job cap's words and code.
-        return EXIT_CAP
-    elif report.outage:
-        console.print(
-            f"stopped: {printable(str(report.stop_reason))}", markup=False, soft_wrap=True
-        )
-        return EXIT_ITEMS_LEFT
-    elif report.stop_reason:
-        print(f"error: run stopped: {printable(str(report.stop_reason))}", file=sys.stderr)
-        return EXIT_USER
-    if left:
-        console.print(
-            f"{left} items were not sent (above): run the same command again to send them",
-            markup=False,
-        )
-        return EXIT_ITEMS_LEFT
-    return EXIT_FAILED_ITEMS if report.failed else EXIT_OK
-
-
-def _spend_line(r: Reconciliation) -> str:
-    source = (
-        "the keys made for the job"
-        if r.account.management_key_env is not None
-        else f"{r.account.base_url}/key"
-    )
-    head = (
-        f"spend since the job started: ledger ${r.ledger_usd:.4f}, "
-        f"provider ${r.provider_usd:.4f} ({source})"
-    )
-    if r.agrees():
-        return f"{head}: they agree (difference ${abs(r.difference_usd):.8f})"
-    if r.difference_usd > 0:
-        return (
-            f"{head}: ${r.difference_usd:.8f} billed on the key beyond this job's ledger "
-            "(other jobs or clients using the same key, or requests of this job whose bills "
-            "regen never saw); it does not count against this job's caps"
-        )
-    return f"{head}: the ledger is ${-r.difference_usd:.8f} above the provider's usage"
+    if ended.error is not None:
+        print(ended.error, file=sys.stderr)
+    return _EXIT_OF_END[ended.kind]
 
 
 def _sim(args: argparse.Namespace, console: Console) -> int:
@@ -1415,16 +1056,8 @@ def _demo(args: argparse.Namespace, console: Console) -> int:
     _record_exit(job.output_path, code)
     _write_report(job.output_path, console)
     from regen.outputs.audit import audit, audit_json
+    from regen.view.finish import demo_audit_line, print_lines
 
     overall = audit_json(audit(args.out.resolve())[0])["overall"]
-    console.print(
-        f"audit: {overall['samples']} answers rebuilt as Kimi-K2.5 token ids; "
-        f"{overall['match_share']:.1%} match the billed completion tokens, "
-        f"{overall['prompt_match_share']:.1%} the prompt tokens, "
-        f"{overall['problems'].get('reparse_mismatch', 0)} do not parse back "
-        f"(the simulator bills from the published chat templates; "
-        f"regen audit {args.out}; regen export {args.out} --format tokenized)",
-        markup=False,
-        soft_wrap=True,
-    )
+    print_lines([demo_audit_line(overall, args.out)], console)
     return code

@@ -13,6 +13,12 @@ class RegenError(Exception):
     exit_code = 1
 
 
+class UsageError(RegenError):
+    """The command was given something it cannot take (exit code 2, as argparse's own)."""
+
+    exit_code = 2
+
+
 class ConfigError(RegenError):
     """A job or sim config is invalid: names the file and the field."""
 

@@ -305,15 +305,15 @@ def test_a_credit_floor_that_cannot_be_read_is_refused_before_sending(tmp_path: 
 
 def test_a_small_loss_is_not_hidden_by_the_reconciliation() -> None:
     """A $0.00005 answer lost out of $10 shows, with its exact size; float noise does not."""
-    from regen.cli import _spend_line
     from regen.engine.billing import Account, Reconciliation
+    from regen.run.summary import spend_line
 
     account = Account("https://openrouter.ai/api/v1", "K", ("default",))
     lost = Reconciliation(account, 10.00005, 10.0)
     assert not lost.agrees()
-    assert "$0.00005000 billed on the key beyond this job's ledger" in _spend_line(lost)
+    assert "$0.00005000 billed on the key beyond this job's ledger" in spend_line(lost)
     noise = Reconciliation(account, 0.1 + 0.2, 0.3)
-    assert noise.agrees() and "they agree" in _spend_line(noise)
+    assert noise.agrees() and "they agree" in spend_line(noise)
 
 
 def test_error_bodies_in_http_200_hold_nothing_against_the_cap(tmp_path: Path) -> None:

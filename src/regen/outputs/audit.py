@@ -536,6 +536,23 @@ def audit(
     return audits, tgt
 
 
+def broken_limits(
+    overall: dict[str, Any], max_mean_diff: float, max_prompt_mean_diff: float, max_share: float
+) -> list[str]:
+    """The job-wide limits (`regen audit --max-mean-diff` and friends) the audit's totals
+    (`audit_json`'s overall) break, one line each."""
+    broken = []
+    if overall["mean_abs_diff"] > max_mean_diff:
+        broken.append(f"mean abs diff {overall['mean_abs_diff']} > {max_mean_diff}")
+    if overall["prompt_mean_abs_diff"] > max_prompt_mean_diff:
+        broken.append(
+            f"prompt mean abs diff {overall['prompt_mean_abs_diff']} > {max_prompt_mean_diff}"
+        )
+    if overall["samples"] and overall["failed"] / overall["samples"] > max_share:
+        broken.append(f"{overall['failed']} of {overall['samples']} samples fail a check")
+    return broken
+
+
 def audit_json(audits: list[DatasetAudit]) -> dict[str, Any]:
     total = DatasetAudit("all")
     for a in audits:

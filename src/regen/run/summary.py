@@ -3,6 +3,7 @@ lines that explain the rest."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,11 +14,13 @@ from regen.engine.billing import (
 from regen.engine.budget import BudgetBook
 from regen.engine.stats import RunStats
 from regen.run.budgets import budget_book
+from regen.safe import printable
 from regen.state.db import Store
 from regen.state.runs import OutageRecord
 from regen.state.sources import BadRowGroup
 from regen.state.spend import EndpointTotals
 from regen.state.work import DatasetProgress
+from regen.view.progress import outages_line
 
 
 @dataclass
@@ -193,3 +196,87 @@ def run_outages(stats: RunStats) -> dict[str, list[OutageRecord]]:
         if kept := [o for o in records if o.is_outage]:
             out[name] = kept
     return out
+
+
+@dataclass(frozen=True)
+class Ended:
+    """How a run ended, for its exit code (`cli.py` maps `kind` to one) and the lines that
+    say why: `aborted`, `cap` (the job's dollar cap or the credit floor), `left` (items the
+    next run sends), `error` (said on stderr), `failed` (finished with failed items), `done`."""
+
+    kind: str
+    lines: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+def how_it_ended(report: RunReport) -> Ended:
+    """The run's ending, from its report."""
+    left = sum(u.items for u in report.unsent if u.kind == "left")
+    capped = sum(u.items for u in report.unsent if u.kind == "cap")
+    stopped = f"stopped: {printable(str(report.stop_reason))}"
+    if report.aborted:
+        again = "run the same command again to resume"
+        return Ended("aborted", [f"aborted: requests in flight were cut short; {again}"])
+    if report.interrupted:
+        # Everything that finished is kept; what is left is said, and so is the exit code.
+        line = "stopped: interrupted; run the same command again to resume"
+        return Ended("left" if left else "done", [line])
+    lines = []
+    if report.budget_stop:
+        lines.append(stopped)
+        if capped:
+            return Ended("cap", lines)
+    elif capped and not report.outage and not report.stop_reason:
+        # A dataset's limit held by a killed run's requests: the job cap's words and code.
+        return Ended("cap")
+    elif report.outage:
+        return Ended("left", [stopped])
+    elif report.stop_reason:
+        return Ended("error", error=f"error: run stopped: {printable(str(report.stop_reason))}")
+    if left:
+        lines.append(f"{left} items were not sent (above): run the same command again to send them")
+        return Ended("left", lines)
+    return Ended("failed" if report.failed else "done", lines)
+
+
+def money_lines(report: RunReport) -> list[str]:
+    """The budgets' lines, then each account's spend against the ledger."""
+    return [*report.budget_lines, *map(spend_line, report.reconciliations)]
+
+
+def note_lines(report: RunReport) -> list[str]:
+    """What the run wants said under its tables: outages, usage counted by regen, answers
+    without proof, row notes, rows left out of exports, orphans, and what was not sent."""
+    now = time.time()
+    still_out = "still out at the end, since"
+    return [
+        *(outages_line(n, o, now=now, still_out=still_out) for n, o in report.outages.items()),
+        *(counted_usage_line(ds, src, n) for (ds, src), n in sorted(report.counted_usage.items())),
+        *(unproven_line(p, answers) for p, answers in sorted(report.unproven.items())),
+        *map(row_note_line, report.row_notes),
+        *(left_out_line(ds, n) for ds, n in sorted(report.export_left_out.items())),
+        *(orphans_line(d.name, d.orphans, report.out_dir) for d in report.datasets if d.orphans),
+        *map(unsent_line, report.unsent),
+    ]
+
+
+def spend_line(r: Reconciliation) -> str:
+    """One account's spend since the job started, by the provider and by the ledger."""
+    source = (
+        "the keys made for the job"
+        if r.account.management_key_env is not None
+        else f"{r.account.base_url}/key"
+    )
+    head = (
+        f"spend since the job started: ledger ${r.ledger_usd:.4f}, "
+        f"provider ${r.provider_usd:.4f} ({source})"
+    )
+    if r.agrees():
+        return f"{head}: they agree (difference ${abs(r.difference_usd):.8f})"
+    if r.difference_usd > 0:
+        return (
+            f"{head}: ${r.difference_usd:.8f} billed on the key beyond this job's ledger "
+            "(other jobs or clients using the same key, or requests of this job whose bills "
+            "regen never saw); it does not count against this job's caps"
+        )
+    return f"{head}: the ledger is ${-r.difference_usd:.8f} above the provider's usage"
