@@ -12,7 +12,7 @@ from rich.console import Console
 
 from regen.config import load_job
 from regen.errors import StateError
-from regen.events import listening
+from regen.events import fields_of, listening
 from regen.run.runner import run_job
 from regen.sim import SimConfig, sim_in_thread
 from regen.view.events import RunLogListener, TerminalListener
@@ -86,3 +86,48 @@ def test_a_run_started_from_code_keeps_its_run_log_and_prints_nothing(
     log = (tmp_path / "out" / "run.log").read_text()
     assert re.search(f"^{STAMP} dataset chat: new, 24 items$", log, re.M)
     assert re.search(f"^{STAMP} progress ", log, re.M)
+
+
+class Collected(logging.Handler):
+    """A listener that keeps each event's level, line and fields, as a program embedding regen
+    might."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.events: list[tuple[int, str, dict[str, object]]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.events.append((record.levelno, record.getMessage(), fields_of(record)))
+
+
+def test_a_listener_gets_each_events_level_line_and_fields(tmp_path: Path) -> None:
+    config = SimConfig(dialect="vllm", served_model=MODEL, seed=3, time_scale=0.0)
+    collected = Collected()
+    with sim_in_thread(config) as sim, listening(collected):
+        job = job_file(tmp_path, sim.base_url, "vllm", stream=False, token_ids=False)
+        # No prompt is this short: every item is left unsent, and the end says why.
+        job.write_text(
+            job.read_text().replace('name = "main"', 'name = "main"\nmax_prompt_tokens = 1')
+        )
+        run_job(load_job(job))
+    starts = [e for e in collected.events if e[2].get("event") == "dataset_start"]
+    assert starts == [
+        (
+            logging.INFO,
+            "dataset chat: new, 24 items",
+            {
+                "event": "dataset_start",
+                "dataset": "chat",
+                "items": 24,
+                "done": 0,
+                "failed": 0,
+                "pending": 24,
+            },
+        )
+    ]
+    log = (tmp_path / "out" / "run.log").read_text()
+    unsent = [e for e in collected.events if e[2].get("event") == "unsent"]
+    assert [(level, about["items"], about["kind"]) for level, _, about in unsent] == [
+        (logging.DEBUG, 24, "left")
+    ]
+    assert f" {unsent[0][1]}\n" in log and "no lane selects them" in unsent[0][1]

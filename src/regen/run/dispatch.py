@@ -36,6 +36,7 @@ from regen.engine.job_keys import JobKeys
 from regen.engine.scheduler import Scheduler
 from regen.engine.stats import DatasetStats, JobTotals, RunStats
 from regen.errors import ConfigError, StateError, one_line
+from regen.events import fields
 from regen.outputs.audit import Checks, LiveAudit, server_kwargs
 from regen.reconstruct import Target, spec_from_store
 from regen.run.accounts import (
@@ -581,7 +582,8 @@ async def serve_run_metrics(job: Job, stats: RunStats) -> Callable[[], Awaitable
             f"[run].metrics_port: cannot listen on {job.run.metrics_host}:"
             f"{job.run.metrics_port}: {exc.strerror or exc}"
         ) from exc
-    log.info(f"metrics: http://{job.run.metrics_host}:{job.run.metrics_port}/metrics")
+    url = f"http://{job.run.metrics_host}:{job.run.metrics_port}/metrics"
+    log.info(f"metrics: {url}", extra=fields("metrics", url=url))
     return metrics.cleanup
 
 

@@ -15,6 +15,7 @@ from regen.conversation import (
 from regen.engine.client import RETRYABLE, STOPS_RUN
 from regen.engine.failures import CLIENT_ERRORS
 from regen.errors import ConfigError
+from regen.events import fields
 from regen.outputs.export import clean_stale_exports
 from regen.run.budgets import budget_book
 from regen.sources.ingest import ingest, lane_rules
@@ -62,11 +63,12 @@ def prepare(
     refuse_unusable_datasets(job, store, progress)
     met = {name: d.met for name, d in budget_book(job, progress).datasets.items()}
     samples = {d.name: job.dataset_samples(d) for d in job.datasets}
-    lines = notes + [
-        dataset_start_line(p, met.get(p.name), samples.get(p.name, 1)) for p in progress
-    ]
-    for line in lines:
-        log.info(line)
+    for note in notes:
+        log.info(note)
+    for p in progress:
+        line = dataset_start_line(p, met.get(p.name), samples.get(p.name, 1))
+        done = {"done": p.done, "failed": p.failed, "pending": p.pending}
+        log.info(line, extra=fields("dataset_start", dataset=p.name, items=p.items, **done))
     return Prepared(unassigned, progress)
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from regen.config import Job
 from regen.engine.billing import Reconciliation
 from regen.errors import Interrupted
-from regen.events import listening
+from regen.events import fields, listening
 from regen.lock import LOCK_FILE, RunLock
 from regen.outputs.export import export_specforge
 from regen.run.accounts import endpoint_keys
@@ -137,7 +137,8 @@ def end(
     )
     for u in unsent:
         if u.kind != "budget":  # a dataset whose own budget is met is done, not left
-            log.debug(unsent_line(u))
+            about = {"dataset": u.dataset, "items": u.items, "reason": u.reason, "kind": u.kind}
+            log.debug(unsent_line(u), extra=fields("unsent", **about))
     exports, left_out = export_specforge(store, [d.name for d in job.datasets], out / "export")
     # report.html is written by the command once the run's exit code is known (it shows it).
     return RunReport(
@@ -194,8 +195,11 @@ def log_ending(ending: Ending) -> None:
     """Keep the budgets' lines, the accounts' reconciliations and the endpoints still out in
     run.log (the terminal shows them in the summary instead)."""
     now = time.time()
-    lines = ending.budget_lines + [reconciliation_line(r) for r in ending.reconciliations]
-    for name, o in ending.outages.items():
-        lines.append(outages_line(name, o, now=now, still_out="still out at the end, since"))
-    for line in lines:
+    for line in ending.budget_lines:
         log.debug(line)
+    for r in ending.reconciliations:
+        spend = {"provider_usd": r.provider_usd, "ledger_usd": r.ledger_usd}
+        about = fields("reconcile", account=r.account.base_url, **spend)
+        log.debug(reconciliation_line(r), extra=about)
+    for name, o in ending.outages.items():
+        log.debug(outages_line(name, o, now=now, still_out="still out at the end, since"))
