@@ -333,11 +333,8 @@ def test_error_bodies_in_http_200_hold_nothing_against_the_cap(tmp_path: Path) -
         whole = sim.simulator.billed_usd()
     faults = SimFaults(error_200=0.4)
     with sim_in_thread(SimConfig(seed=3, time_scale=0.0, faults=faults)) as sim:
-        job = write_job(tmp_path, sim.base_url, datasets=CHAT, concurrency=16)
-        job.write_text(
-            job.read_text().replace("[run]", "[run]\nmax_attempts = 10\n", 1)
-            + f"\n[budget]\nmax_cost_usd = {whole * 1.3:.6f}\n"
-        )
+        cap = f"max_attempts = 10\n[budget]\nmax_cost_usd = {whole * 1.3:.6f}"
+        job = write_job(tmp_path, sim.base_url, datasets=CHAT, concurrency=16, extra=cap)
         proc = run_cli("run", str(job))
         errors = sum(1 for e in sim.simulator.chat_log() if "error_200" in e.faults)
     assert errors > 60

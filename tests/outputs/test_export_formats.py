@@ -225,8 +225,7 @@ def add_answer(store: Store, item_id: str, n: int, ids: bool) -> None:
 
 def test_tokenized_parquet_loads_with_datasets_and_incremental_parts(tmp_path: Path) -> None:
     datasets = pytest.importorskip("datasets")
-    write_rows(tmp_path / "chat.jsonl", chat_rows(30))
-    job = write_job(tmp_path, "http://127.0.0.1:9/v1", datasets=[("chat", "chat.jsonl", "openai")])
+    job = write_job(tmp_path, "http://127.0.0.1:9/v1", rows=30)
     from regen.config import load_job
     from regen.sources.ingest import ingest
 
