@@ -103,3 +103,31 @@ def test_fish_offers_commands_and_an_options_choices(tmp_path: Path) -> None:
     )
     assert {"run", "export", "completion"} <= before
     assert after == {"openrouter", "sglang", "vllm"}
+
+
+ZSH_STUBS = """
+compdef() { :; }
+compadd() { shift; print -l -- "$@"; }
+_describe() { print -l -- "${(@P)4}"; }
+_files() { print -- "<files>"; }
+"""
+"""zsh's completion builtins as plain functions that print what they are given, so that the
+script's own choice of words can be read without a terminal."""
+
+
+def test_zsh_offers_commands_options_choices_and_files(tmp_path: Path) -> None:
+    if shutil.which("zsh") is None:
+        pytest.skip("zsh is not installed here")
+    path = tmp_path / "_regen"
+    path.write_text(script("zsh"))
+    lines = ["regen export --format ", "regen ", "regen completion ", "regen run job.toml --out "]
+    probe = ZSH_STUBS + f"source {path}\n"
+    for line in lines:
+        words = " ".join(f"'{w}'" for w in line.split(" "))
+        probe += f'words=({words}); CURRENT=${{#words}}; _regen; print -- "---"\n'
+    out = subprocess.run(["zsh", "-f", "-c", probe], capture_output=True, text=True, check=True)
+    formats, commands, shells, files = (p.split() for p in out.stdout.split("---")[:4])
+    assert formats == ["specforge", "openai", "sharegpt", "tokenized"]
+    assert {"run:regenerate", "export:write", "completion:print"} <= set(commands)
+    assert [s.split(":")[0] for s in shells if ":" in s] == ["bash", "zsh", "fish"]
+    assert files == ["<files>"]
