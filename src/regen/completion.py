@@ -118,7 +118,8 @@ def _value_cases(cmds: list[Command], indent: str, choices: str, files: str) -> 
 
 def _bash(cmds: list[Command], prog: str) -> str:
     lines = [
-        f'# bash completion for {prog}: eval "$({prog} completion bash)" in ~/.bashrc',
+        f"# bash completion for {prog}: {prog} completion bash > "
+        f"~/.local/share/bash-completion/completions/{prog}",
         f"_{prog}() {{",
         "    local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}",
         f"    local cmd={prog} opts='' subs='' i",
