@@ -23,6 +23,8 @@ from rich.markup import escape
 from rich.text import Text
 
 from regen import __version__
+from regen.completion import SHELLS
+from regen.completion import script as completion_script
 from regen.engine.billing import Reconciliation
 from regen.errors import ConfigError, Interrupted, RegenError
 from regen.safe import REDACTED, printable, redact, redacted
@@ -80,6 +82,7 @@ def _parser() -> argparse.ArgumentParser:
         _inspect_parser,
         _sim_parser,
         _demo_parser,
+        _completion_parser,
     ):
         add(sub)
     return p
@@ -431,6 +434,18 @@ def _demo_parser(sub: Any) -> None:
     demo.add_argument("--out", type=Path, default=Path("demo-out"))
 
 
+def _completion_parser(sub: Any) -> None:
+    """`regen completion`."""
+    comp = sub.add_parser("completion", help="print a shell completion script for regen")
+    comp.add_argument("shell", choices=SHELLS, help="the shell it is for")
+
+
+def _completion(args: argparse.Namespace, console: Console) -> int:
+    """The script goes to stdout as it is (rich would read its brackets as markup)."""
+    sys.stdout.write(completion_script(_parser(), args.shell))
+    return EXIT_OK
+
+
 class KeyFreeConsole(Console):
     """The console every command prints with: text is redacted before rich lays it out (a key
     folded across two lines would escape the stream's redaction), and its control characters
@@ -494,6 +509,7 @@ def _main(argv: list[str] | None) -> int:
         "inspect": _inspect,
         "sim": _sim,
         "demo": _demo,
+        "completion": _completion,
     }
     try:
         return handlers[args.command](args, console)
