@@ -59,9 +59,9 @@ def _recording_use() -> None:
     """Record the ids each prompt brings to a simulated cache (the simulator has no hook)."""
     real = PrefixCache.use
 
-    def use(self: PrefixCache, ids: list[int], now: float) -> Any:
+    def use(self: PrefixCache, ids: list[int], now: float, ready: Any = None) -> Any:
         SEEN.append(list(ids))
-        return real(self, ids, now)
+        return real(self, ids, now, ready)
 
     PrefixCache.use = use  # type: ignore[method-assign]
 

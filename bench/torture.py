@@ -95,7 +95,9 @@ def job_text(
     run: str = "",
     generation: str = "",
     third_mode: str = "sequential",
+    datasets: str = "",
 ) -> str:
+    """The job file: three datasets (`datasets`: lines added to each), two lanes by default."""
     lanes = (
         lanes
         if lanes is not None
@@ -136,16 +138,19 @@ progress_interval_s = 1
 name = "single"
 path = "{tmp / (prefix + "single.jsonl")}"
 {single}
+{datasets}
 
 [[datasets]]
 name = "each"
 path = "{tmp / (prefix + "each.jsonl")}"
 mode = "each_turn"
+{datasets}
 
 [[datasets]]
 name = "seq"
 path = "{tmp / (prefix + "seq.jsonl")}"
 mode = "{third_mode}"
+{datasets}
 """
 
 
@@ -204,6 +209,20 @@ def managed(name: str, prices: str = "") -> Scenario:
     )
 
 
+SHARED_SYSTEM = " ".join(f"Rule {i}: answer step by step and cite the step." for i in range(30))
+"""A long system prompt every request starts with: most of each prompt is a prefix the
+provider's cache has seen (the caching scenario)."""
+
+
+def cached_job(tmp: Path, url: str) -> str:
+    """A $12 job cap where every prompt opens with the same long system prompt, sent only to
+    Moonshot, whose cache reads cost a quarter (priced from the endpoint's listing, a session
+    id per conversation)."""
+    system = f'system = "replace"\nsystem_prompt = "{SHARED_SYSTEM}"'
+    endpoint = 'api_key_env = "TORTURE_KEY"\nprovider = {only = ["moonshotai"]}'
+    return job_text(tmp, url, job_cap=12.0, datasets=system, endpoint=endpoint)
+
+
 SCENARIOS = {
     "mixed": Scenario(
         "mixed",
@@ -255,6 +274,13 @@ SCENARIOS = {
         {"job": 12.0},
         samples=4,
         rows_div=4,
+    ),
+    "caching": Scenario(
+        "caching",
+        lambda seed: calm(seed, prompt_caching=True),
+        cached_job,
+        (1, 6),
+        {"job": 12.0},
     ),
     "managed": managed("managed"),
     "managed-stale": managed(
@@ -474,6 +500,10 @@ def torture(s: Scenario, kills: int, seed: int, n_rows: int) -> dict[str, Any]:
                 billed_by[ds] += e.cost_usd
                 tokens_by[ds] += e.completion_tokens
         billed_ours = sum(billed_by.values())
+        prompt_tokens = sum(e.prompt_tokens for e in ours if e.billed)
+        report["cached_share"] = round(
+            sum(e.cached_tokens for e in ours if e.billed) / max(1, prompt_tokens), 4
+        )
         highest = max(highest, sim.simulator.billed_usd())
         status = dict(watch.query("SELECT status, COUNT(*) FROM items GROUP BY status"))
         total = sum(status.values())
@@ -574,6 +604,8 @@ def torture(s: Scenario, kills: int, seed: int, n_rows: int) -> dict[str, Any]:
             failures.append(f"stopped at ${billed_ours:.2f} of its own: {stop}")
         if report["neighbour_billed_usd"] <= 0:
             failures.append("the neighbour spent nothing: the scenario proves nothing")
+    if s.name == "caching" and not report["cached_share"]:
+        failures.append("no prompt token was read from a cache: the scenario proves nothing")
     if s.managed and abs(report.get("keys_usage_usd", 0.0) - billed_ours) > 1e-6:
         failures.append(
             f"the job's keys used ${report.get('keys_usage_usd')}, the job was billed "

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
+from regen.conversation import Conversation
 from regen.sim import RunningSim, SimConfig, sim_in_thread
 
 # `datasets` caches what it loads under keys of the files' paths: a cache shared across runs can
@@ -126,10 +127,13 @@ def write_job(
     datasets: list[tuple[str, str, str]] | None = None,
     extra: str = "",
     concurrency: int = 16,
+    rows: int = 20,
 ) -> Path:
-    """A job file in `tmp` whose output goes to `tmp/out`; datasets are (name, path, format)."""
+    """A job file in `tmp` whose output goes to `tmp/out`; datasets are (name, path, format),
+    else one, `chat`, of `rows` chat rows. `extra` goes into [run] (and may open sections
+    after it); add_to_section changes another section."""
     if datasets is None:
-        write_rows(tmp / "chat.jsonl", chat_rows(20))
+        write_rows(tmp / "chat.jsonl", chat_rows(rows))
         datasets = [("chat", "chat.jsonl", "openai")]
     blocks = "".join(
         f'\n[[datasets]]\nname = "{n}"\npath = "{p}"\nformat = "{f}"\n' for n, p, f in datasets
@@ -174,6 +178,21 @@ def kill_at(job: Path, point: str, times: int, env: dict[str, str] | None = None
         )
         kills += proc.returncode == -signal.SIGKILL
     return kills
+
+
+def add_to_section(job: Path, section: str, lines: str) -> Path:
+    """`lines` added to the job file's `[section]`, under its header: how a test changes a
+    section of a job file write_job made (its [endpoint], its [run] after the fact)."""
+    text = job.read_text()
+    header = f"\n[{section}]\n"
+    assert header in text, f"{job} has no [{section}]"
+    job.write_text(text.replace(header, f"{header}{lines}\n", 1))
+    return job
+
+
+def roles(conversation: Conversation) -> list[str]:
+    """The roles of a conversation's messages, in order."""
+    return [m.role for m in conversation.messages]
 
 
 def run_cli(

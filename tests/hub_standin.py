@@ -83,10 +83,33 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp import web
+
+PLAYED = ((1, 31), (2, 5))
+"""The huggingface_hub versions whose private upload requests this stand-in plays, from the
+first to before the second: read from 2.4.0's source, run at 1.31 (the lowest pyproject.toml
+allows) and 2.4.0. regen's own hub code is tested at the public API (tests/hub_api.py); the
+tests that drive the real client on this stand-in run only here."""
+
+
+def _minor(text: str) -> tuple[int, int]:
+    major, minor = (re.match(r"\d+", part) for part in text.split(".")[:2])
+    return (int(major.group()) if major else 0, int(minor.group()) if minor else 0)
+
+
+HUB_VERSION = version("huggingface_hub")
+PLAYED_CLIENT = pytest.mark.skipif(
+    not PLAYED[0] <= _minor(HUB_VERSION) < PLAYED[1],
+    reason=f"huggingface_hub {HUB_VERSION} is outside the versions tests/hub_standin.py plays "
+    f"({'.'.join(map(str, PLAYED[0]))} to before {'.'.join(map(str, PLAYED[1]))}): read the "
+    "new client's upload requests into it, then widen PLAYED",
+)
+"""Marks a test that drives the real client on the stand-in."""
 
 DEFAULT_TOKEN = "hf_test"
 DEFAULT_REVISION = "main"

@@ -7,7 +7,15 @@ import sqlite3
 from pathlib import Path
 
 from regen.sim import RunningSim
-from tests.conftest import SECRET_KEY, chat_rows, query, run_cli, write_job, write_rows
+from tests.conftest import (
+    SECRET_KEY,
+    add_to_section,
+    chat_rows,
+    query,
+    run_cli,
+    write_job,
+    write_rows,
+)
 
 
 def three_datasets(tmp: Path) -> list[tuple[str, str, str]]:
@@ -103,11 +111,8 @@ def test_rerun_sends_nothing_and_an_added_row_sends_one(tmp_path: Path, sim: Run
 
 def failing(job: Path, fault: str = "500") -> None:
     """Every request of the job gets this fault from the simulator, and is tried once."""
-    text = job.read_text().replace(
-        'api_key_env = "REGEN_TEST_KEY"',
-        f'api_key_env = "REGEN_TEST_KEY"\nheaders = {{ "X-Sim-Fault" = "{fault}" }}',
-    )
-    job.write_text(text.replace("[run]", "[run]\nmax_attempts = 1", 1))
+    add_to_section(job, "endpoint", f'headers = {{ "X-Sim-Fault" = "{fault}" }}')
+    add_to_section(job, "run", "max_attempts = 1")
 
 
 def test_run_with_failed_items_exits_3_and_keeps_them_out_of_the_export(
@@ -122,12 +127,7 @@ def test_run_with_failed_items_exits_3_and_keeps_them_out_of_the_export(
 
 
 def test_a_high_error_rate_stops_the_run(tmp_path: Path, sim: RunningSim) -> None:
-    from tests.conftest import write_rows
-
-    write_rows(tmp_path / "chat.jsonl", chat_rows(300))
-    job = write_job(
-        tmp_path, sim.base_url, datasets=[("chat", "chat.jsonl", "openai")], concurrency=4
-    )
+    job = write_job(tmp_path, sim.base_url, rows=300, concurrency=4)
     failing(job)
     proc = run_cli("run", str(job))
     assert proc.returncode == 1
@@ -141,12 +141,7 @@ def test_an_error_every_request_gets_stops_the_run_and_leaves_the_items_pending(
     """A wrong model name failed every item for good within 60 ms, and the fixed job then
     sent nothing. The server's error stops the run; the items stay pending; the fixed job
     (a changed model needs --force) sends them all."""
-    from tests.conftest import write_rows
-
-    write_rows(tmp_path / "chat.jsonl", chat_rows(300))
-    job = write_job(
-        tmp_path, sim.base_url, datasets=[("chat", "chat.jsonl", "openai")], concurrency=8
-    )
+    job = write_job(tmp_path, sim.base_url, rows=300, concurrency=8)
     right = job.read_text()
     job.write_text(right.replace('"moonshotai/kimi-k2.5"', '"no/such-model"'))
     proc = run_cli("run", str(job))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from regen.sim import RunningSim
-from tests.conftest import chat_rows, run_cli, write_job, write_rows
+from tests.conftest import add_to_section, run_cli, write_job
 
 SECRET = "sk-or-v1-0123456789abcdef"
 BAD = [
@@ -21,14 +21,7 @@ BAD = [
 
 
 def _job(tmp: Path, url: str, endpoint_extra: str = "") -> Path:
-    write_rows(tmp / "chat.jsonl", chat_rows(3))
-    job = write_job(tmp, url, datasets=[("chat", "chat.jsonl", "openai")])
-    if endpoint_extra:
-        text = job.read_text().replace(
-            'api_key_env = "REGEN_TEST_KEY"', 'api_key_env = "REGEN_TEST_KEY"\n' + endpoint_extra
-        )
-        job.write_text(text)
-    return job
+    return add_to_section(write_job(tmp, url, rows=3), "endpoint", endpoint_extra)
 
 
 def _assert_refused(proc: object, variable: str, what: str, setting: str) -> None:

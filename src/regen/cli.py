@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from regen import __version__
+from regen.completion import SHELLS
+from regen.completion import script as completion_script
 from regen.errors import ConfigError, Interrupted, RegenError
 from regen.safe import printable, redacted
 from regen.view.console import KeyFreeConsole, command_console
@@ -73,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
         _inspect_parser,
         _sim_parser,
         _demo_parser,
+        _completion_parser,
     ):
         add(sub)
     return p
@@ -424,6 +427,18 @@ def _demo_parser(sub: Any) -> None:
     demo.add_argument("--out", type=Path, default=Path("demo-out"))
 
 
+def _completion_parser(sub: Any) -> None:
+    """`regen completion`."""
+    comp = sub.add_parser("completion", help="print a shell completion script for regen")
+    comp.add_argument("shell", choices=SHELLS, help="the shell it is for")
+
+
+def _completion(args: argparse.Namespace, console: Console) -> int:
+    """The script goes to stdout as it is (rich would read its brackets as markup)."""
+    sys.stdout.write(completion_script(_parser(), args.shell))
+    return EXIT_OK
+
+
 @contextlib.contextmanager
 def key_free_output() -> Iterator[None]:
     """stdout and stderr for the length of a command: streams that take every registered key
@@ -472,6 +487,7 @@ def _main(argv: list[str] | None) -> int:
         "inspect": _inspect,
         "sim": _sim,
         "demo": _demo,
+        "completion": _completion,
     }
     try:
         return handlers[args.command](args, console)

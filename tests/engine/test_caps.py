@@ -15,7 +15,16 @@ import aiohttp
 import pytest
 
 from regen.sim import SimConfig, sim_in_thread
-from tests.conftest import SECRET_KEY, chat_rows, kill_at, query, run_cli, write_job, write_rows
+from tests.conftest import (
+    SECRET_KEY,
+    add_to_section,
+    chat_rows,
+    kill_at,
+    query,
+    run_cli,
+    write_job,
+    write_rows,
+)
 
 TWO = [("chat", "chat.jsonl", "openai"), ("more", "more.jsonl", "openai")]
 
@@ -207,12 +216,9 @@ def test_answers_billed_above_the_job_files_prices_raise_them_for_the_cap(
         job = write_job(
             tmp_path, sim.base_url, datasets=[TWO[0]], extra="initial_limit = 96", concurrency=96
         )
-        text = job.read_text().replace(
-            'api_key_env = "REGEN_TEST_KEY"',
-            'api_key_env = "REGEN_TEST_KEY"\nprompt_usd_per_mtok = 0.06\n'
-            "completion_usd_per_mtok = 0.25",
-        )
-        job.write_text(text + f"\n[budget]\nmax_cost_usd = {cap}\n")
+        prices = "prompt_usd_per_mtok = 0.06\ncompletion_usd_per_mtok = 0.25"
+        add_to_section(job, "endpoint", prices)
+        job.write_text(job.read_text() + f"\n[budget]\nmax_cost_usd = {cap}\n")
         final = run_cli("run", str(job), timeout=120)
         assert sim.simulator.wait_billed(60)
         billed, _ = billed_by_dataset(sim.simulator.chat_log(), "Question")

@@ -76,11 +76,10 @@ def test_transient_faults_at_high_rates_end_with_every_item_done(tmp_path: Path)
 
 def test_sigterm_stops_dispatch_commits_what_finished_and_exits_0(tmp_path: Path) -> None:
     with sim_in_thread(SimConfig(seed=2, time_scale=0.0)) as sim:
-        write_rows(tmp_path / "chat.jsonl", chat_rows(400))
         job = write_job(
             tmp_path,
             sim.base_url,
-            datasets=[("chat", "chat.jsonl", "openai")],
+            rows=400,
             concurrency=20,
             extra="initial_limit = 20\nstop_grace_s = 60",
         )
@@ -112,10 +111,7 @@ def test_sigterm_stops_dispatch_commits_what_finished_and_exits_0(tmp_path: Path
 
 def test_insufficient_credits_stops_the_run_cleanly(tmp_path: Path) -> None:
     with sim_in_thread(SimConfig(time_scale=0, credits_usd=0.01)) as sim:
-        write_rows(tmp_path / "chat.jsonl", chat_rows(200))
-        job = write_job(
-            tmp_path, sim.base_url, datasets=[("chat", "chat.jsonl", "openai")], concurrency=4
-        )
+        job = write_job(tmp_path, sim.base_url, rows=200, concurrency=4)
         proc = run_cli("run", str(job))
         billed = sim.simulator.billed_usd()
     assert proc.returncode == 1

@@ -9,7 +9,7 @@ from pathlib import Path
 from regen.engine.providers import EndpointInfo, excluded_names, verdicts, warnings
 from regen.sim import SimConfig, sim_in_thread
 from regen.sim.config import SimFaults
-from tests.conftest import chat_rows, query, run_cli, write_job, write_rows
+from tests.conftest import add_to_section, query, run_cli, write_job
 
 
 def ep(name: str, tag: str, quant: str | None, max_out: int = 65536) -> EndpointInfo:
@@ -61,13 +61,7 @@ def test_quantization_allow_list_price_and_max_tokens() -> None:
 
 def seed_job(tmp: Path, base_url: str, provider: str, rows: int = 30) -> Path:
     tmp.mkdir(parents=True, exist_ok=True)
-    write_rows(tmp / "chat.jsonl", chat_rows(rows))
-    job = write_job(tmp, base_url, datasets=[("chat", "chat.jsonl", "openai")])
-    text = job.read_text().replace(
-        'api_key_env = "REGEN_TEST_KEY"', f'api_key_env = "REGEN_TEST_KEY"\nprovider = {provider}'
-    )
-    job.write_text(text)
-    return job
+    return add_to_section(write_job(tmp, base_url, rows=rows), "endpoint", f"provider = {provider}")
 
 
 def test_regen_providers_lists_and_marks_what_the_job_excludes(tmp_path: Path) -> None:

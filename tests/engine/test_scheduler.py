@@ -227,10 +227,7 @@ name = "long"
 concurrency = 2
 max_tokens = 1000
 """
-    write_rows(tmp_path / "chat.jsonl", chat_rows(10))
-    job_file = write_job(
-        tmp_path, "http://127.0.0.1:9/v1", datasets=[("chat", "chat.jsonl", "openai")]
-    )
+    job_file = write_job(tmp_path, "http://127.0.0.1:9/v1", rows=10)
     job_file.write_text(job_file.read_text().replace("[[datasets]]", lanes + "\n[[datasets]]", 1))
     job = load_job(job_file)
     store = Store.open(job.output_path)
@@ -283,10 +280,7 @@ name = "good"
 base_url = "http://127.0.0.1:9/v1"
 api_key_env = "X"
 """
-    write_rows(tmp_path / "chat.jsonl", chat_rows(100))
-    job_file = write_job(
-        tmp_path, "http://x", datasets=[("chat", "chat.jsonl", "openai")], concurrency=1
-    )
+    job_file = write_job(tmp_path, "http://x", rows=100, concurrency=1)
     text = job_file.read_text()
     text = text[: text.index("[endpoint]")] + endpoints + text[text.index("[generation]") :]
     job_file.write_text(text)

@@ -17,8 +17,10 @@ from regen.reconstruct import Target, TargetSpec
 from regen.sim import SimConfig, sim_in_thread
 from regen.state.db import Store
 from tests.conftest import chat_rows, query, run_cli, write_job, write_rows
+from tests.hub_api import patch_public_hub
 from tests.hub_standin import (
     IGNORE_HTTPX_DATA_DEPRECATION,
+    PLAYED_CLIENT,
     hub_standin_in_thread,
     isolate_hub_client,
 )
@@ -225,8 +227,7 @@ def add_answer(store: Store, item_id: str, n: int, ids: bool) -> None:
 
 def test_tokenized_parquet_loads_with_datasets_and_incremental_parts(tmp_path: Path) -> None:
     datasets = pytest.importorskip("datasets")
-    write_rows(tmp_path / "chat.jsonl", chat_rows(30))
-    job = write_job(tmp_path, "http://127.0.0.1:9/v1", datasets=[("chat", "chat.jsonl", "openai")])
+    job = write_job(tmp_path, "http://127.0.0.1:9/v1", rows=30)
     from regen.config import load_job
     from regen.sources.ingest import ingest
 
@@ -456,12 +457,43 @@ def test_every_export_folder_loads_with_load_dataset_and_no_arguments(
         )
 
 
-@pytest.mark.filterwarnings(IGNORE_HTTPX_DATA_DEPRECATION)
 def test_push_to_hub_uploads_the_export_folder(
     job_out: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Against a local stand-in of the Hub's upload endpoints (tests/hub_standin.py): the real
-    Hub was not used here."""
+    """At huggingface_hub's public API (HfApi's create_repo and upload_folder, tests/hub_api.py):
+    the export folder as it was written, and a refused token as one line."""
+    to = tmp_path / "tok"
+    hub = patch_public_hub(monkeypatch, "hf_secret")
+    env = {"HF_ENDPOINT": "http://hub.test", "HF_TOKEN": "hf_secret"}
+    res = run_cli(
+        "export", str(job_out), "--to", str(to), "--format", "tokenized",
+        "--family", "kimi-k2.5", "--push-to-hub", "me/regen-out", env=env,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "uploaded to the Hub" in res.stdout and "datasets/me/regen-out/commit/" in res.stdout
+    sent = hub.files["me/regen-out"]
+    assert sent == {
+        p.relative_to(to).as_posix(): p.read_bytes() for p in to.rglob("*") if p.is_file()
+    }
+    assert any(f.endswith(".parquet") for f in sent) and "README.md" in sent
+    assert hub.repos["me/regen-out"]["repo_type"] == "dataset"
+    res = run_cli(
+        "export", str(job_out), "--to", str(to), "--format", "openai",
+        "--push-to-hub", "me/regen-out", env={**env, "HF_TOKEN": "hf_wrong"},
+    )  # fmt: skip
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert "cannot upload" in res.stderr and "HTTP 401" in res.stderr
+    assert "hf_wrong" not in res.stderr and res.stderr.count("\n") == 1
+    assert (to / "README.md").exists()
+
+
+@PLAYED_CLIENT
+@pytest.mark.filterwarnings(IGNORE_HTTPX_DATA_DEPRECATION)
+def test_push_to_hub_end_to_end_on_the_hub_standin(
+    job_out: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real client against a local stand-in of the Hub's upload endpoints
+    (tests/hub_standin.py), for the client versions it plays: the real Hub was not used here."""
     from huggingface_hub.utils import close_session
 
     isolate_hub_client(monkeypatch, tmp_path)

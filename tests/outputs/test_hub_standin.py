@@ -1,4 +1,5 @@
-"""`huggingface_hub`'s real upload client against the local Hub stand-in (no network)."""
+"""`huggingface_hub`'s real upload client against the local Hub stand-in (no network), for the
+client versions the stand-in plays (hub_standin.PLAYED; skipped by name outside them)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from huggingface_hub.utils import close_session
 from tests.hub_standin import (
     IGNORE_HTTPX_DATA_DEPRECATION,
     INVALID_CREDENTIALS,
+    PLAYED_CLIENT,
     HubStandin,
     hub_standin_in_thread,
     isolate_hub_client,
@@ -25,7 +27,7 @@ from tests.hub_standin import (
 )
 
 # huggingface_hub 2.4.0's own LFS PUT triggers an httpx2 DeprecationWarning (see hub_standin).
-pytestmark = pytest.mark.filterwarnings(IGNORE_HTTPX_DATA_DEPRECATION)
+pytestmark = [pytest.mark.filterwarnings(IGNORE_HTTPX_DATA_DEPRECATION), PLAYED_CLIENT]
 
 REPO = "regen-test/exported"
 TOKEN = "hf_test"

@@ -14,14 +14,11 @@ from regen.config import load_job
 from regen.run.summary import RunReport, unsent_items
 from regen.sources.ingest import ingest, lane_rules
 from regen.state.db import Store
-from tests.conftest import chat_rows, write_job, write_rows
+from tests.conftest import write_job
 
 
 def pending_job(tmp: Path, extra: str = "") -> tuple[object, Store]:
-    write_rows(tmp / "chat.jsonl", chat_rows(12))
-    job = load_job(
-        write_job(tmp, "http://127.0.0.1:9/v1", datasets=[("chat", "chat.jsonl", "openai")])
-    )
+    job = load_job(write_job(tmp, "http://127.0.0.1:9/v1", rows=12))
     store = Store.open(job.output_path)
     ingest(store, job)
     store.work.assign_lanes(lane_rules(job))

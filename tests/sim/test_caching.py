@@ -16,7 +16,7 @@ import pytest
 from regen.sim import RunningSim, SimConfig, SimEndpoint, SimModel
 from regen.sim.config import SimCache
 from regen.sim.prefix_cache import PrefixCache
-from regen.sim.server import Simulator, start_sim
+from regen.sim.server import Simulator, computed_by, start_sim
 from tests.sim.helpers import get, post, stream, turns
 
 KIMI = "moonshotai/kimi-k2.5"
@@ -248,6 +248,31 @@ def test_expired_blocks_are_dropped_not_kept_until_the_capacity_is_full() -> Non
     assert len(cache) == 20
     cache.use(list(range(200, 240)), now=400)  # the first prompt's blocks outlived 300 s
     assert len(cache) == 20
+
+
+def test_a_prefix_still_being_computed_is_not_read_and_is_paid_again() -> None:
+    """A block is readable once the request that wrote it has computed its prompt: one sent
+    meanwhile computes (and writes) it again; one sent after reads it; the earlier of two
+    writers makes it readable."""
+    cache = PrefixCache(block_tokens=4, capacity_tokens=10_000, ttl_s=300)
+    prompt = list(range(40))
+    first = cache.use(prompt, now=0, ready=lambda computed: 0 + computed / 10)  # at 4.0
+    assert (first.cached, first.written) == (0, 40)
+    meanwhile = cache.use(prompt, now=1, ready=lambda computed: 1 + computed / 2)  # at 21.0
+    assert (meanwhile.cached, meanwhile.written) == (0, 40)
+    after = cache.use([*prompt, 99], now=4, ready=lambda computed: 4.0)
+    assert (after.cached, after.written) == (40, 0)
+    at_once = cache.use(list(range(50, 90)), now=5)  # no `ready`: readable at once
+    assert at_once.written == 40 and cache.use(list(range(50, 90)), now=5).cached == 36
+
+
+def test_a_prompt_is_computed_after_its_time_to_first_token_on_the_sim_clock() -> None:
+    endpoint = SimEndpoint(provider_name="A", tag="a", ttft_s=0.5, prefill_tokens_per_s=100.0)
+    moving = Simulator(SimConfig(time_scale=1.0))
+    start = moving.clock.now()
+    assert computed_by(moving.clock, endpoint)(200) >= start + 2.5
+    still = Simulator(SimConfig(time_scale=0))  # the clock stands still: work takes no time
+    assert computed_by(still.clock, endpoint)(200) == still.clock.now()
 
 
 async def test_a_hit_shortens_the_time_to_first_token() -> None:

@@ -11,6 +11,7 @@ import pytest
 from regen.conversation import BadRow, Conversation
 from regen.errors import SourceError
 from regen.sources import Source, detect_format
+from tests.conftest import roles
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -21,10 +22,6 @@ def read(name: str, fmt: str = "auto", **kw: object) -> tuple[list[Conversation]
     return [c for c in out if isinstance(c, Conversation)], [
         b for b in out if isinstance(b, BadRow)
     ]
-
-
-def roles(c: Conversation) -> list[str]:
-    return [m.role for m in c.messages]
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from regen.conversation import BadRow, Conversation, Message, ToolCall
 from regen.sources import Source
 from regen.sources.adapters import adapt_row
 from regen.sources.modes import build_request, row_notes, target_turns
-from tests.conftest import fuzz_examples
+from tests.conftest import fuzz_examples, roles
 
 REAL = Path(__file__).parent / "fixtures" / "real"
 
@@ -26,10 +26,6 @@ def read(name: str, fmt: str = "auto") -> tuple[list[Conversation], list[BadRow]
     out = list(src)
     convs = [c for c in out if isinstance(c, Conversation)]
     return convs, [b for b in out if isinstance(b, BadRow)], src.format
-
-
-def roles(c: Conversation) -> list[str]:
-    return [m.role for m in c.messages]
 
 
 def test_glaive_row_25475_as_the_file_holds_it() -> None:

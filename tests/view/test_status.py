@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from regen.sim import SimConfig, sim_in_thread
-from tests.conftest import SECRET_KEY, chat_rows, run_cli, write_job, write_rows
+from tests.conftest import SECRET_KEY, add_to_section, chat_rows, run_cli, write_job, write_rows
 
 
 def status(out: Path) -> dict[str, object]:
@@ -21,12 +21,11 @@ def status(out: Path) -> dict[str, object]:
 
 
 def test_status_json_of_a_running_job_and_then_of_the_finished_one(tmp_path: Path) -> None:
-    write_rows(tmp_path / "chat.jsonl", chat_rows(300))
     with sim_in_thread(SimConfig(seed=2, time_scale=0.0)) as sim:
         job = write_job(
             tmp_path,
             sim.base_url,
-            datasets=[("chat", "chat.jsonl", "openai")],
+            rows=300,
             extra="initial_limit = 16",
         )
         out = tmp_path / "out"
@@ -70,7 +69,7 @@ def test_status_json_of_a_running_job_and_then_of_the_finished_one(tmp_path: Pat
 
         # The same job with a model the provider does not know: every attempt fails.
         job.write_text(job.read_text().replace("kimi-k2.5", "no-such-model") + "limit = 3\n")
-        job.write_text(job.read_text().replace("[run]", "[run]\nstop_error_rate = 1.0", 1))
+        add_to_section(job, "run", "stop_error_rate = 1.0")
         failed = run_cli("run", str(job), "--out", str(tmp_path / "out2"))
     # Every request gets the same error: the run stops, the items stay pending.
     assert failed.returncode == 1, failed.stderr

@@ -43,6 +43,7 @@ from regen.config import DatasetConfig, EndpointConfig
 from regen.conversation import Usage
 from regen.engine.gate import BILL_CEILING
 from regen.errors import StateError
+from regen.measures import quantile
 from regen.state.db import Store
 from regen.state.work import DatasetProgress
 
@@ -247,7 +248,9 @@ class BudgetBook:
         the sorted copy is kept up to date one answer at a time, since sorting the window
         at every answer cost more than the rest of settling it."""
         self._p90: dict[tuple[str, str], float] = {}
-        """Their 90th percentile, once RAMP_ANSWERS are in."""
+        """Their 90th percentile, once RAMP_ANSWERS are in: `measures.quantile`, the report's
+        rule too, interpolated and so never below the observed length under it (a reservation
+        that errs high leaves fewer requests in flight to overshoot a budget)."""
         self._prior: dict[str, float] = {}
         """A dataset's p90 over its answers from earlier runs (a resumed dataset needs no
         ramp)."""
@@ -259,7 +262,7 @@ class BudgetBook:
                 state.scope.spent_usd = p.cost_usd
                 earlier = sorted((recent_lengths or {}).get(d.name, ()))
                 if len(earlier) >= RAMP_ANSWERS:
-                    self._prior[d.name] = float(earlier[int(0.9 * (len(earlier) - 1))])
+                    self._prior[d.name] = quantile(earlier, 0.9)
             self.datasets[d.name] = state
             state.met = self._met_before_start(state)
         self.stopped: str | None = None
@@ -478,7 +481,7 @@ class BudgetBook:
             latest.append(usage.completion_tokens)
             bisect.insort(ordered, usage.completion_tokens)
             if len(ordered) >= RAMP_ANSWERS:
-                self._p90[key] = float(ordered[int(0.9 * (len(ordered) - 1))])
+                self._p90[key] = quantile(ordered, 0.9)
         self._notify()
 
     def _spend(self, dataset: str | None, usage: Usage) -> None:

@@ -26,6 +26,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
+from regen.measures import format_duration as format_duration  # view/, run/ import it here
+
 NORMAL = NormalDist()
 """The standard normal, whose quantiles the ETA's intervals and tail fits read."""
 Z90 = NORMAL.inv_cdf(0.9)
@@ -575,17 +577,6 @@ def cut_at(eta: Eta, stop: float) -> Eta:
         return eta
     k = seconds / eta.seconds
     return Eta(seconds, eta.p10 * k, eta.p90 * k, "budget", eta.drain, eta.prior)
-
-
-def format_duration(seconds: float) -> str:
-    """`42s`, `13m`, `2.4h`, `3.1d`: short enough for a table cell."""
-    if seconds < 90:
-        return f"{seconds:.0f}s"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.0f}m"
-    if seconds < 48 * 3600:
-        return f"{seconds / 3600:.1f}h"
-    return f"{seconds / 86400:.1f}d"
 
 
 def eta_text(eta: Eta | None) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,15 +85,22 @@ class ProviderCaches:
         self._sticky_s = sticky_s
 
     def use(
-        self, model: str, endpoint: SimEndpoint, cache: SimCache, ids: list[int], now: float
+        self,
+        model: str,
+        endpoint: SimEndpoint,
+        cache: SimCache,
+        ids: list[int],
+        now: float,
+        ready: Callable[[int], float] | None = None,
     ) -> CacheUse:
+        """The endpoint's cache read and written by one prompt (`PrefixCache.use`)."""
         key = (model, endpoint.tag)
         store = self._caches.get(key)
         if store is None:
             store = self._caches[key] = PrefixCache(
                 cache.block_tokens, cache.capacity_tokens, cache.ttl_s
             )
-        return store.use(ids, now)
+        return store.use(ids, now, ready)
 
     def sticky(self, model: str, conversation: str | None, now: float) -> str | None:
         """The endpoint tag the conversation sticks to, if it still does."""

@@ -2,6 +2,11 @@
 `block_tokens`, each block named by a hash of everything up to its end, so a block is found
 only after the same whole prefix. Blocks live `ttl_s` after their last use (None: until
 evicted) and the least recently used go first when the cache holds more than its capacity.
+A block is readable only once the request that wrote it has computed its prompt (its time to
+first token): a request that comes while the same prefix is still being computed computes it
+again and pays for it again, as a provider's cache entry exists only after the first response
+begins (Anthropic's and OpenAI's prompt-caching guides say so; vLLM shares a block once its
+KV is computed).
 
 One mechanism for every simulated server: an OpenRouter provider endpoint (server.py) and a
 self-hosted vLLM or SGLang server (selfhosted.py) each own one.
@@ -11,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -30,6 +36,11 @@ class SimClock:
 
     def advance(self, seconds: float) -> None:
         self._skew += seconds
+
+    def after(self, seconds: float) -> float:
+        """The simulated time `seconds` from now; now at time_scale 0, where the clock stands
+        still and work takes no time."""
+        return self.now() + (seconds if self._scale > 0 else 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +63,9 @@ class PrefixCache:
         self.block_tokens = block_tokens
         self.capacity_blocks = max(1, capacity_tokens // block_tokens)
         self.ttl_s = ttl_s
-        self._blocks: OrderedDict[int, float] = OrderedDict()
-        """Block hash -> when it was last used (sim seconds); oldest first."""
+        self._blocks: OrderedDict[int, tuple[float, float]] = OrderedDict()
+        """Block hash -> (when it was last used, when it is readable), sim seconds; oldest
+        use first."""
 
     def _hashes(self, ids: list[int]) -> list[int]:
         # Python's hash of a tuple of ints is not salted per process, and fast enough for
@@ -66,14 +78,15 @@ class PrefixCache:
             out.append(prev)
         return out
 
-    def _alive(self, h: int, now: float) -> bool:
-        used = self._blocks.get(h)
-        if used is None:
-            return False
-        if self.ttl_s is not None and now - used > self.ttl_s:
+    def _stored(self, h: int, now: float) -> tuple[float, float] | None:
+        """The block's (last use, readable from), None if it is not held or has expired."""
+        entry = self._blocks.get(h)
+        if entry is None:
+            return None
+        if self.ttl_s is not None and now - entry[0] > self.ttl_s:
             del self._blocks[h]
-            return False
-        return True
+            return None
+        return entry
 
     def _expired_first(self, now: float) -> bool:
         """Whether the least recently used block has outlived its lifetime (blocks are kept in
@@ -81,25 +94,35 @@ class PrefixCache:
         fill the capacity)."""
         if self.ttl_s is None or not self._blocks:
             return False
-        oldest = next(iter(self._blocks.values()))
+        oldest = next(iter(self._blocks.values()))[0]
         return now - oldest > self.ttl_s
 
     def __len__(self) -> int:
         """Blocks held."""
         return len(self._blocks)
 
-    def use(self, ids: list[int], now: float) -> CacheUse:
-        """Read the longest cached prefix of `ids` (whole blocks, never the last token: a
-        server computes at least one), then store the prompt's blocks, all marked used now."""
+    def use(
+        self, ids: list[int], now: float, ready: Callable[[int], float] | None = None
+    ) -> CacheUse:
+        """Read the longest readable cached prefix of `ids` (whole blocks, never the last
+        token: a server computes at least one), then store the prompt's blocks, all marked used
+        now. `ready(computed)` is when this request's blocks become readable, given how many
+        tokens it computes (None: at once); a block another request is still computing stays
+        theirs, readable when the first of them is done."""
         hashes = self._hashes(ids)
         hit = 0
-        while hit < len(hashes) and self._alive(hashes[hit], now):
+        while hit < len(hashes):
+            entry = self._stored(hashes[hit], now)
+            if entry is None or entry[1] > now:
+                break
             hit += 1
         n = self.block_tokens
-        cached = min(hit * n, (len(ids) - 1) // n * n)
+        cached = max(0, min(hit * n, (len(ids) - 1) // n * n))
+        done = ready(len(ids) - cached) if ready is not None else now
         for h in hashes:
-            self._blocks[h] = now
+            entry = self._stored(h, now)
+            self._blocks[h] = (now, done if entry is None else min(entry[1], done))
             self._blocks.move_to_end(h)
         while len(self._blocks) > self.capacity_blocks or self._expired_first(now):
             self._blocks.popitem(last=False)
-        return CacheUse(cached=max(0, cached), written=(len(hashes) - hit) * self.block_tokens)
+        return CacheUse(cached=cached, written=(len(hashes) - hit) * self.block_tokens)

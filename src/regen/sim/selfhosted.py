@@ -39,7 +39,7 @@ from regen.sim.faults import draw_faults, forced_faults
 from regen.sim.generate import Completion, generate, request_digest, rng_for
 from regen.sim.grammar import sim_tokenizer
 from regen.sim.prefix_cache import NO_CACHE, PrefixCache
-from regen.sim.server import LoggedRequest, Simulator, prefill_s
+from regen.sim.server import LoggedRequest, Simulator, computed_by, prefill_s
 from regen.sim.stream import pieces
 
 # The kinds of fault a self-hosted server can show (no routing, billing or proxy quirks).
@@ -438,7 +438,8 @@ class SelfHostedSim(Simulator):
         speed = ask.model.endpoints[0]
         use = NO_CACHE
         if self.prefix_cache is not None:
-            use = self.prefix_cache.use(ask.prompt, self.clock.now())
+            ready = computed_by(self.clock, speed)
+            use = self.prefix_cache.use(ask.prompt, self.clock.now(), ready)
         self.count_prefill(speed.tag, len(ask.prompt), use)
         entry.cached_tokens = use.cached
         ttft_s = entry.ttft_s = speed.ttft_s + prefill_s(speed, len(ask.prompt) - use.cached)

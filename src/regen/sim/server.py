@@ -471,7 +471,8 @@ class Simulator:
         cache = self.config.cache_of(endpoint)
         use = NO_CACHE
         if cache is not None:
-            use = self.caches.use(model.id, endpoint, cache, chat.prompt_ids, now)
+            ready = computed_by(self.clock, endpoint)
+            use = self.caches.use(model.id, endpoint, cache, chat.prompt_ids, now, ready)
             self.caches.stick(model.id, chat.conversation, endpoint, cache, now)
         self.count_prefill(endpoint.tag, entry.prompt_tokens, use)
         prompt = prompt_bill(entry.prompt_tokens, endpoint, cache, use)
@@ -628,6 +629,12 @@ def prefill_s(endpoint: SimEndpoint, computed_tokens: int) -> float:
     """Simulated seconds to compute a prompt's uncached tokens (0 without a prefill speed)."""
     rate = endpoint.prefill_tokens_per_s
     return computed_tokens / rate if rate > 0 else 0.0
+
+
+def computed_by(clock: SimClock, endpoint: SimEndpoint) -> Callable[[int], float]:
+    """When a prompt that computes so many tokens on the endpoint has been computed (its time
+    to first token from now): what it writes to a prefix cache is readable from then on."""
+    return lambda computed: clock.after(endpoint.ttft_s + prefill_s(endpoint, computed))
 
 
 @dataclass

@@ -34,7 +34,7 @@ from regen.outputs import audit
 from regen.reconstruct import ReconstructError
 from regen.sim import SimConfig, sim_in_thread
 from regen.state.answers import ExportRow
-from tests.conftest import chat_rows, fuzz_examples, query, run_cli, write_job, write_rows
+from tests.conftest import fuzz_examples, query, run_cli, write_job
 from tests.engine.test_scheduler import make_job, rows, run
 from tests.scripted_server import Reply, scripted_server
 
@@ -348,11 +348,10 @@ def test_oversized_answers_are_retried_never_stored_and_their_bills_reach_the_le
             return application
 
         with serve_in_thread(app) as url:
-            write_rows(tmp_path / "chat.jsonl", chat_rows(3))
             job = write_job(
                 tmp_path,
                 url,
-                datasets=[("chat", "chat.jsonl", "openai")],
+                rows=3,
                 extra="max_attempts = 2\nstop_error_rate = 1.0",
             )
             res = run_cli("run", str(job))

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from regen.engine.client import ChatClient
 from regen.errors import EndpointError
-from tests.conftest import SECRET_KEY, chat_rows, query, run_cli, write_job, write_rows
+from tests.conftest import SECRET_KEY, add_to_section, query, run_cli, write_job
 from tests.scripted_server import OK_BODY
 
 BODY = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
@@ -175,14 +175,9 @@ async def test_account_reads_do_not_follow_another_host_either() -> None:
 
 
 def _job(tmp: Path, first: Server, dialect: str) -> Path:
-    write_rows(tmp / "chat.jsonl", chat_rows(30))
     url = f"http://127.0.0.1:{first.port}/v1"
-    job = write_job(tmp, url, datasets=[("chat", "chat.jsonl", "openai")], extra="stop_grace_s = 5")
-    text = job.read_text().replace(
-        'api_key_env = "REGEN_TEST_KEY"', f'api_key_env = "REGEN_TEST_KEY"\ndialect = "{dialect}"'
-    )
-    job.write_text(text)
-    return job
+    job = write_job(tmp, url, rows=30, extra="stop_grace_s = 5")
+    return add_to_section(job, "endpoint", f'dialect = "{dialect}"')
 
 
 async def test_a_run_whose_endpoint_redirects_elsewhere_stops_once_and_keeps_nothing(
@@ -251,11 +246,7 @@ def test_follow_redirects_to_takes_hosts_only(tmp_path: Path, entry: str) -> Non
     from regen.errors import ConfigError
 
     job = write_job(tmp_path, "http://127.0.0.1:9/v1", datasets=[("chat", "c.jsonl", "openai")])
-    text = job.read_text().replace(
-        'api_key_env = "REGEN_TEST_KEY"',
-        f'api_key_env = "REGEN_TEST_KEY"\nfollow_redirects_to = ["10.0.0.2:8000", "{entry}"]',
-    )
-    job.write_text(text)
+    add_to_section(job, "endpoint", f'follow_redirects_to = ["10.0.0.2:8000", "{entry}"]')
     with pytest.raises(ConfigError) as info:
         load_job(job)
     assert f"field 'endpoint.follow_redirects_to': {entry!r} is not a host name" in str(info.value)

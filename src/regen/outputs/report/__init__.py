@@ -29,7 +29,6 @@ from regen.outputs.report.data import (
     JobFacts,
     Report,
     gather,
-    percentile,
     run_labels,
     run_windows,
 )
@@ -46,7 +45,6 @@ __all__ = [
     "gather",
     "nice_step",
     "nice_ticks",
-    "percentile",
     "render",
     "run_labels",
     "run_windows",

@@ -59,14 +59,6 @@ def fmt_step(s: float) -> str:
     return f"{s / 60:g} min" if s < 3600 else f"{s / 3600:g} h"
 
 
-def fmt_duration(s: float) -> str:
-    if s < 90:
-        return f"{s:.1f} s" if s < 10 else f"{s:.0f} s"
-    if s < 5400:
-        return f"{s / 60:.1f} min"
-    return f"{s / 3600:.1f} h"
-
-
 def utc(t: float, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
     return datetime.fromtimestamp(t, UTC).strftime(fmt)
 

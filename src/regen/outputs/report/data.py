@@ -13,7 +13,6 @@ import math
 import operator
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -307,16 +306,6 @@ def _attribute(job: JobFacts) -> None:
         job.run_last.append(last)
     for k, times in enumerate(events):
         job.outside.update(map(int, times[after[k] :]))
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks (as numpy's default)."""
-    if not sorted_values:
-        return 0.0
-    pos = q * (len(sorted_values) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
 def run_labels(runs: list[RunRecord]) -> list[str]:

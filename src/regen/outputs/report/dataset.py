@@ -9,8 +9,9 @@ import html
 from collections.abc import Sequence
 
 from regen.engine.budget import per_mtok
+from regen.measures import quantile
 from regen.outputs.report.axes import TimeAxis, fmt_tick, nice_step, nice_ticks
-from regen.outputs.report.data import DatasetReport, JobFacts, percentile, run_labels
+from regen.outputs.report.data import DatasetReport, JobFacts, run_labels
 from regen.outputs.report.markup import html_esc, html_table
 from regen.outputs.report.svg import PALETTE, Plot, chart_frame, coord, rate_series, time_chart
 from regen.state.runs import RunRecord
@@ -168,7 +169,7 @@ def dataset_section(r: DatasetReport, axis: TimeAxis | None, job: JobFacts) -> s
         ),
     )
     latency = html_table(
-        [tuple(f"{percentile(lat, q):.2f} s" for q in (0.5, 0.9, 0.99)) + (f"{lat[-1]:.2f} s",)]
+        [tuple(f"{quantile(lat, q):.2f} s" for q in (0.5, 0.9, 0.99)) + (f"{lat[-1]:.2f} s",)]
         if lat
         else [("-", "-", "-", "-")],
         ("p50", "p90", "p99", "max"),

@@ -7,8 +7,9 @@ Attempts and outages name their endpoint from schema 12 on; older ones are not s
 
 from __future__ import annotations
 
+from regen.measures import quantile
 from regen.outputs.report.axes import RATE_STEP_S, Span, TimeAxis
-from regen.outputs.report.data import EndpointReport, JobFacts, percentile, run_labels
+from regen.outputs.report.data import EndpointReport, JobFacts, run_labels
 from regen.outputs.report.job_charts import JOB_WIDTH
 from regen.outputs.report.markup import chart_legend, html_esc, html_table
 from regen.outputs.report.svg import PALETTE, Plot, Series, rate_series, time_chart
@@ -42,8 +43,8 @@ def _row(e: EndpointReport) -> tuple[str, ...]:
         f"{completion - e.reasoning_tokens:,}",
         f"${e.cost_usd:,.4f}",
         f"{mean:.2f} s",
-        f"{percentile(lat, 0.5):.2f} s",
-        f"{percentile(lat, 0.9):.2f} s",
+        f"{quantile(lat, 0.5):.2f} s",
+        f"{quantile(lat, 0.9):.2f} s",
         f"{failed:,}" + (f" ({by_class})" if by_class else ""),
         _outages(e),
     )

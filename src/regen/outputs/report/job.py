@@ -4,7 +4,8 @@ over time (`job_charts`).
 
 from __future__ import annotations
 
-from regen.outputs.report.axes import IDLE_GAP_S, activity_spans, fmt_duration, utc
+from regen.measures import format_duration
+from regen.outputs.report.axes import IDLE_GAP_S, activity_spans, utc
 from regen.outputs.report.data import DatasetReport, JobFacts, Report, run_labels
 from regen.outputs.report.job_charts import job_charts
 from regen.outputs.report.markup import html_table
@@ -26,7 +27,7 @@ def _runs_table(job: JobFacts) -> str:
             (
                 label,
                 utc(r.started_at) + " UTC",
-                fmt_duration(max(0.0, end - r.started_at)),
+                format_duration(max(0.0, end - r.started_at), "prose"),
                 f"{answers:,}",
                 f"${usd:,.4f}",
                 "-" if r.max_cost_usd is None else f"${r.max_cost_usd:,.2f}",

@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from regen.outputs.report.axes import TimeAxis, fmt_duration, fmt_tick, nice_ticks, utc
+from regen.measures import format_duration
+from regen.outputs.report.axes import TimeAxis, fmt_tick, nice_ticks, utc
 from regen.outputs.report.data import JobFacts
 from regen.outputs.report.markup import html_esc
 from regen.state.runs import RunRecord
@@ -143,7 +144,8 @@ def _time_marks(axis: TimeAxis, plot: Plot, runs: list[RunRecord], labels: list[
     for x0, x1, secs in axis.gaps():
         a, b = plot.xa(x0), plot.xa(x1)
         out.append(
-            f'<g class="gap"><title>{html_esc(fmt_duration(secs))} between runs, left out</title>'
+            f'<g class="gap"><title>{html_esc(format_duration(secs, "prose"))} between runs, '
+            "left out</title>"
             f'<rect x="{coord(a)}" y="{top}" width="{coord(b - a)}" height="{coord(plot.ph)}"/>'
             f'<path d="M{coord(a + 2)},{coord(base + 5)}l4,-10'
             f'M{coord(a + 7)},{coord(base + 5)}l4,-10"/></g>'
