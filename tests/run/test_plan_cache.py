@@ -5,6 +5,7 @@ cost with the cache, the kill margin and worst cases without any discount."""
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -164,3 +165,31 @@ def test_what_other_conversations_serve_adds_to_the_part_paid_in_full() -> None:
         prompt_tokens=900, cached_tokens=500, first_prompt_tokens=500, first_cached_tokens=100
     )
     assert expected_share(shape, used) == pytest.approx(inner + (1 - inner) * 0.2)
+
+
+def test_a_rerun_counts_only_the_prompts_left(tmp_path: Path) -> None:
+    with sim_in_thread(SimConfig(seed=3)) as sim:
+        job = cache_job(tmp_path, sim.base_url, read=READ)
+        before = plan_json(job)["job"]["caching"]["by_dataset"]["turns"]
+        out = tmp_path / "out"
+        # The longest turn of the 3-turn conversation answered: its other two are left, the
+        # longer of them now paid in full.
+        db = sqlite3.connect(out / "state.db")
+        with db:
+            db.execute(
+                "UPDATE items SET status = 'done' WHERE id = (SELECT id FROM items WHERE "
+                "dataset = 'turns' ORDER BY prompt_tokens_est DESC LIMIT 1)"
+            )
+        db.close()
+        after = plan_json(job)["job"]["caching"]["by_dataset"]["turns"]
+    left: dict[str, list[int]] = {}
+    for conv, est in query(
+        out,
+        "SELECT conversation_id, prompt_tokens_est FROM items "
+        "WHERE dataset = 'turns' AND status = 'pending'",
+    ):
+        left.setdefault(conv, []).append(int(est))
+    assert sorted(len(e) for e in left.values()) == [2, 2]
+    read = sum(sum(e) - max(e) - (len(e) - 1) * BLOCK_LOSS for e in left.values())
+    assert after == pytest.approx(read * (PROMPT - READ) / 1e6)
+    assert 0 < after < before
