@@ -217,8 +217,9 @@ def cache_line(c: CacheSaving) -> str:
     return (
         f"prompt cache: ${c.with_usd:.4f} expected for every item to come with it, "
         f"${c.without_usd:.4f} without: it saves ${c.saved_usd:.4f} "
-        f"({c.share:.0%} of the prompt tokens read from cache at the listed price; the caps' "
-        "worst cases and the kill margin take no discount)"
+        f"({c.share:.0%} of the prompt tokens read from cache at the listed price, if each "
+        "conversation's turns reach the provider within its cache's lifetime; the caps' worst "
+        "cases and the kill margin take no discount)"
     )
 
 
