@@ -166,9 +166,15 @@ def openrouter_sim(seed: int, ttl_s: float) -> SimConfig:
 
 
 def regen_run(
-    tmp: Path, base_url: str, rows: list[dict[str, Any]], samples: int, concurrency: int
-) -> float:
-    """Run regen on the rows (each_turn, Moonshot only); its ledger's total."""
+    tmp: Path,
+    base_url: str,
+    rows: list[dict[str, Any]],
+    samples: int,
+    concurrency: int,
+    pilot: int = 0,
+) -> tuple[float, dict[str, Any] | None]:
+    """Run regen on the rows (each_turn, Moonshot only); its ledger's total, and with
+    `pilot` the plan made first (`regen plan --pilot`, whose answers the run keeps)."""
     data = tmp / "rows.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     job = tmp / "job.toml"
@@ -179,21 +185,39 @@ def regen_run(
         f"[run]\nconcurrency = {concurrency}\nadaptive = false\nprogress_interval_s = 5\n\n"
         f'[[datasets]]\nname = "d"\npath = "{data}"\nmode = "each_turn"\n'
     )
-    env = {**os.environ, "REGEN_BENCH_KEY": "sk-bench"}
-    done = subprocess.run(
-        [sys.executable, "-m", "regen", "run", str(job)],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"regen run failed ({done.returncode}): {done.stderr[-2000:]}")
+    planned = regen_plan(job, pilot) if pilot else None
+    regen("run", str(job))
     db = sqlite3.connect(tmp / "out" / "state.db")
     try:
-        return float(db.execute("SELECT SUM(cost_usd) FROM ledger").fetchone()[0] or 0.0)
+        total = float(db.execute("SELECT SUM(cost_usd) FROM ledger").fetchone()[0] or 0.0)
     finally:
         db.close()
+    return total, planned
+
+
+def regen(*args: str) -> str:
+    """`regen ARGS` in a subprocess; its stdout (a failure ends the bench, said)."""
+    env = {**os.environ, "REGEN_BENCH_KEY": "sk-bench"}
+    done = subprocess.run(
+        [sys.executable, "-m", "regen", *args], capture_output=True, text=True, env=env, check=False
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"regen {args[0]} failed ({done.returncode}): {done.stderr[-2000:]}")
+    return done.stdout
+
+
+def regen_plan(job: Path, pilot: int) -> dict[str, Any]:
+    """`regen plan --pilot N --json`: the job's cost as planned, with the prompt cache and
+    without it (what the pilot spent and every item to come)."""
+    plan = json.loads(regen("plan", str(job), "--pilot", str(pilot), "--json"))
+    cache = plan["job"]["caching"]
+    spent = float(plan["spent_usd"])
+    return {
+        "pilot_usd": spent,
+        "with_usd": spent + cache["with_usd"],
+        "without_usd": spent + cache["without_usd"],
+        "share": cache["share"],
+    }
 
 
 async def peer(base_url: str, prompts: list[list[dict[str, Any]]], concurrency: int) -> None:
@@ -240,7 +264,9 @@ def bill(sim: RunningSim, start: int) -> dict[str, Any]:
     }
 
 
-def cost_rows(seeds: list[int], tmp: Path, concurrency: int, ttl_s: float) -> list[dict[str, Any]]:
+def cost_rows(
+    seeds: list[int], tmp: Path, concurrency: int, ttl_s: float, pilot: int = 0
+) -> list[dict[str, Any]]:
     out = []
     for seed in seeds:
         for name, (make, samples) in JOBS.items():
@@ -250,8 +276,13 @@ def cost_rows(seeds: list[int], tmp: Path, concurrency: int, ttl_s: float) -> li
                 start = len(SEEN)
                 work = tmp / f"{name}-{seed}"
                 work.mkdir(parents=True)
-                row["regen_ledger_usd"] = regen_run(work, sim.base_url, rows, samples, concurrency)
+                row["regen_ledger_usd"], row["plan"] = regen_run(
+                    work, sim.base_url, rows, samples, concurrency, pilot
+                )
                 row["regen"] = bill(sim, start)
+            if pilot:  # the plan against the bill: the peers are not needed
+                out.append(row)
+                continue
             for order in ("file", "shuffled"):
                 prompts = requests(rows, samples)
                 if order == "shuffled":
@@ -328,7 +359,9 @@ def pool_rows(seeds: list[int], tmp: Path) -> list[dict[str, Any]]:
 
 def show(cost: list[dict[str, Any]], pool: list[dict[str, Any]]) -> None:
     """The tables (markdown), each only when it has rows."""
-    if cost:
+    if cost and cost[0]["plan"] is not None:
+        show_plan(cost)
+    elif cost:
         show_cost(cost)
     if pool:
         show_pool(pool)
@@ -350,6 +383,24 @@ def show_cost(cost: list[dict[str, Any]]) -> None:
             f"{g['floor_usd']:.4f} | {g['billed_usd'] / g['floor_usd']:.2f} | "
             f"{f['billed_usd']:.4f} | {s['billed_usd']:.4f} | {best / g['billed_usd']:.2f} | "
             f"{g['cached_share']:.0%} / {f['cached_share']:.0%} |"
+        )
+    print()
+
+
+def show_plan(cost: list[dict[str, Any]]) -> None:
+    """The plan's cost with the prompt cache (and without it) against the run's bill."""
+    print(
+        "| job | ttl s | seed | pilot $ | plan $ with cache | plan $ without | "
+        "plan cached share | actual $ | actual cached share | plan/actual |"
+    )
+    print("| --- " * 10 + "|")
+    for r in cost:
+        p, g = r["plan"], r["regen"]
+        print(
+            f"| {r['job']} | {r['ttl_s']:g} | {r['seed']} | {p['pilot_usd']:.4f} | "
+            f"{p['with_usd']:.4f} | {p['without_usd']:.4f} | {p['share']:.0%} | "
+            f"{r['regen_ledger_usd']:.4f} | {g['cached_share']:.0%} | "
+            f"{p['with_usd'] / r['regen_ledger_usd']:.3f} |"
         )
     print()
 
@@ -389,6 +440,14 @@ def main() -> None:
         help="Moonshot's cache lifetime in simulated s: 300 as simulated; 20 stands for a "
         "job 15x longer (10^5 requests), whose turns of one conversation come further apart",
     )
+    ap.add_argument(
+        "--plan",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run `regen plan --pilot N` before each regen run and compare its cost with the "
+        "cache to the bill (the peers and the pool are skipped)",
+    )
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     args = ap.parse_args()
     _recording_use()
@@ -399,11 +458,11 @@ def main() -> None:
             {**r, "concurrency": c, "ttl_s": t}
             for t in args.ttl
             for c in args.concurrency
-            for r in cost_rows(args.seeds, Path(tmp) / f"{c}-{t}", c, t)
+            for r in cost_rows(args.seeds, Path(tmp) / f"{c}-{t}", c, t, args.plan)
         ]
         if not args.json:
             show(cost, [])
-        pool = pool_rows(args.seeds, Path(tmp))
+        pool = [] if args.plan else pool_rows(args.seeds, Path(tmp))
     if args.json:
         print(json.dumps({"cost": cost, "pool": pool}, indent=1))
         return

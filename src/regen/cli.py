@@ -668,6 +668,7 @@ def _plan_json(plan: Plan) -> dict[str, Any]:
             "kill_margin_usd": plan.job.kill_margin_usd,
             "repay_usd": plan.job.repay_usd,
             "unsent": plan.job.unsent,
+            "caching": plan.job.caching and dataclasses.asdict(plan.job.caching),
             "assumptions": plan.job.assumptions,
         },
         "bad_row_reasons": [dataclasses.asdict(g) for g in plan.bad_reasons],

@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from regen.config import Job, LaneConfig
 from regen.engine.budget import Prices
@@ -50,6 +50,7 @@ from regen.engine.eta import (
     format_duration,
     kaplan_meier,
 )
+from regen.run.caching import FlowCache, per_passage
 from regen.run.ending import Budget, Ending, Flow, Lane, play
 from regen.state.runs import LaneCapacity
 from regen.state.spend import FlowEntry
@@ -155,6 +156,8 @@ class Profile:
     """How unsure the share escalated is (its sd): a share of a few passages is a wide one."""
     band: PriorBand | None = None
     """A prior's p10 and p90 per passage (None: measured, its spread is in its stats)."""
+    uncached_usd: float | None = None
+    """Its dollars per passage without a prompt cache, where `cost_usd` prices one in."""
 
     @classmethod
     def measured(
@@ -359,6 +362,26 @@ class JobPlan:
     lane (paid again there)."""
     unsent: int = 0
     """Items the job's cap or the credit is expected to leave unsent."""
+    caching: CacheSaving | None = None
+    """Every item to come with the provider's prompt cache and without it (None: no price)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CacheSaving:
+    """What every item to come is expected to cost with the provider's prompt cache and
+    without it, and the share of its prompt tokens expected to be read from the cache."""
+
+    with_usd: float
+    without_usd: float
+    share: float
+    listed: bool
+    """The endpoint lists a cache read price (without one, no saving is assumed)."""
+    by_dataset: dict[str, float] = field(default_factory=dict)
+    """What it saves per dataset."""
+
+    @property
+    def saved_usd(self) -> float:
+        return self.without_usd - self.with_usd
 
 
 def _order(job: Job) -> list[LaneConfig]:
@@ -373,8 +396,10 @@ def _profiles(
     latencies: dict[str, list[float]],
     pending: dict[tuple[str | None, str], tuple[int, int]],
     prices: Prices | None,
+    caching: dict[tuple[str, str], FlowCache] | None = None,
 ) -> dict[tuple[str, str], Profile]:
-    """A profile for every (lane, dataset) of the job."""
+    """A profile for every (lane, dataset) of the job, its dollars with what a prompt cache
+    is expected to serve of it (`caching`)."""
     by_flow: dict[tuple[str, str], list[FlowEntry]] = {}
     by_lane: dict[str, list[FlowEntry]] = {}
     for e in entries:
@@ -414,7 +439,59 @@ def _profiles(
                     job.lane_max_tokens(lane), to or 0.0, prices, lane.escalate_to is not None
                 )
             out[lane.name, ds.name] = prof
+    return _cache_priced(out, caching, prices)
+
+
+def _cache_priced(
+    profiles: dict[tuple[str, str], Profile],
+    caching: dict[tuple[str, str], FlowCache] | None,
+    prices: Prices | None,
+) -> dict[tuple[str, str], Profile]:
+    """Each profile's dollars per passage with the prompt cache's expected share at the
+    listed cache prices, and without the cache (regen.run.caching)."""
+    if prices is None or caching is None:
+        return profiles
+    out = {}
+    for key, prof in profiles.items():
+        if prof.cost_usd is None:
+            out[key] = prof
+            continue
+        usd = prof.cost_usd
+        cached, plain = per_passage(
+            usd.mean, prof.prompt_tokens.mean, caching.get(key), prices, prof.band is not None
+        )
+        shift = cached - usd.mean
+        band = prof.band
+        if band is not None and band.cost_usd is not None:
+            lo, hi = band.cost_usd
+            band = replace(band, cost_usd=(max(0.0, lo + shift), max(0.0, hi + shift)))
+        out[key] = replace(prof, cost_usd=replace(usd, mean=cached), band=band, uncached_usd=plain)
     return out
+
+
+def _cache_saving(
+    flows: Sequence[FlowPlan],
+    profiles: dict[tuple[str, str], Profile],
+    caching: dict[tuple[str, str], FlowCache] | None,
+    prices: Prices | None,
+) -> CacheSaving | None:
+    """Every item to come with the cache and without it, the share of prompt tokens read
+    from it, and per dataset what it saves."""
+    if prices is None or caching is None or any(f.cost_usd is None for f in flows):
+        return None
+    with_usd = plain = tokens = read = 0.0
+    saved: dict[str, float] = {}
+    for f in flows:
+        cost = f.cost_usd.mean if f.cost_usd is not None else 0.0
+        key = (f.lane, f.dataset)
+        uncached = profiles[key].uncached_usd
+        off = 0.0 if uncached is None else f.passages * uncached - cost
+        with_usd, plain = with_usd + cost, plain + cost + off
+        saved[f.dataset] = saved.get(f.dataset, 0.0) + off
+        share = caching[key].share if key in caching else 0.0
+        tokens, read = tokens + f.prompt_tokens, read + f.prompt_tokens * share
+    listed = prices.cache_read is not None and not prices.usd_per_s
+    return CacheSaving(with_usd, plain, read / tokens if tokens else 0.0, listed, saved)
 
 
 def _differs(own: Profile, pool: Profile) -> bool:
@@ -440,15 +517,17 @@ def plan(
     prices: Prices | None,
     capacity: dict[str, LaneCapacity],
     credit_room_usd: float | None = None,
+    caching: dict[tuple[str, str], FlowCache] | None = None,
 ) -> JobPlan:
     """The plan from here. `pending`: items and their estimated prompt tokens per (lane,
     dataset); `capacity`: what providers let lanes keep on the wire; `credit_room_usd`: what
-    the account can still spend before its credit (or the job's credit floor) stops the job.
+    the account can still spend before its credit (or the job's credit floor) stops the job;
+    `caching`: what a prompt cache serves of each flow (regen.run.caching; None: nothing).
 
     In steps: the passages each flow will take (escalations included), the share of them the
     datasets' budgets let through, each lane's timeline, what stops the job (its cap or the
     credit) and when, then each dataset's rows and the totals."""
-    profiles = _profiles(job, entries, latencies, pending, prices)
+    profiles = _profiles(job, entries, latencies, pending, prices, caching)
     lanes = _order(job)
     spent = {p.name: p for p in progress}
     counts = _passages(job, lanes, pending, profiles)
@@ -485,6 +564,7 @@ def plan(
         margin,
         _repay(timeline.flows, job),
         unsent,
+        _cache_saving(timeline.flows, profiles, caching, prices),
     )
 
 

@@ -24,8 +24,9 @@ from regen.engine.client import ChatClient
 from regen.engine.eta import format_duration
 from regen.lock import RunLock
 from regen.run.accounts import check_reachable, endpoint_keys
+from regen.run.caching import flow_caches
 from regen.run.dispatch import dispatch
-from regen.run.forecast import Interval, JobPlan, coverage, plan
+from regen.run.forecast import CacheSaving, Interval, JobPlan, coverage, plan
 from regen.run.pilot import TIME_UP, Bounds, Limits, Quantity, Sent, bounded, run_pilot
 from regen.run.prepare import prepare
 from regen.state.db import Store
@@ -71,14 +72,23 @@ async def _account_reads(
             for e in job.endpoint_pool
         }
         known = [p for p in (await resolve_prices(job, clients)).values() if p is not None]
-        prices = (
-            Prices(max(p.prompt for p in known), max(p.completion for p in known))
-            if known
-            else None
-        )
+        prices = highest(known) if known else None
         accounts = billing_accounts(job)
         credit = await remaining_credit(clients[accounts[0].endpoints[0]]) if accounts else None
     return prices, credit
+
+
+def highest(known: list[Prices]) -> Prices:
+    """The highest of the endpoints' prices; a cache read price only where every endpoint
+    lists one (a request may go to any of them: no discount one does not list)."""
+    reads = [p.cache_read for p in known]
+    writes = [p.cache_write for p in known if p.cache_write is not None]
+    return Prices(
+        max(p.prompt for p in known),
+        max(p.completion for p in known),
+        cache_read=None if None in reads else max(r for r in reads if r is not None),
+        cache_write=max(writes) if writes else None,
+    )
 
 
 def _send_pilot(
@@ -125,6 +135,7 @@ def _estimate(
         prices,
         store.runs.lane_capacity(),
         credit_room,
+        flow_caches(store.work.prompt_shapes(), store.spend.cache_use()),
     )
 
 
@@ -185,12 +196,31 @@ def verdict_lines(p: JobPlan) -> list[str]:
             "leave in flight to be billed (each lane's concurrency at max_tokens and its prompts' "
             "bound, at the highest prices)"
         )
+    if p.caching is not None:
+        out.append(cache_line(p.caching))
     if p.repay_usd:
         out.append(
             f"escalation re-pay: ${p.repay_usd:.2f} of the expected cost pays first tries cut at "
             "max_tokens, whose items are paid again on a longer lane"
         )
     return out
+
+
+def cache_line(c: CacheSaving) -> str:
+    """The verdict's line on the provider's prompt cache: every item to come with it and
+    without it, and the saving (none where no cache read price is listed)."""
+    if not c.listed:
+        return (
+            f"prompt cache: no saving expected (${c.without_usd:.4f} for every item to come): "
+            "the endpoint lists no cache read price, so every prompt token is priced in full"
+        )
+    return (
+        f"prompt cache: ${c.with_usd:.4f} expected for every item to come with it, "
+        f"${c.without_usd:.4f} without: it saves ${c.saved_usd:.4f} "
+        f"({c.share:.0%} of the prompt tokens read from cache at the listed price, if each "
+        "conversation's turns reach the provider within its cache's lifetime; the caps' worst "
+        "cases and the kill margin take no discount)"
+    )
 
 
 def _usd(iv: Interval | None) -> str:
@@ -242,7 +272,8 @@ def _datasets_table(p: JobPlan) -> Table:
     """A row per dataset (items, what will be sent, cost, when done, what stops it), then
     the job's totals."""
     datasets = Table(title="per dataset", title_justify="left")
-    for col in ("dataset", "items", "pending", "to send", "attempts", "$", "done in", "stops"):
+    cols = ("dataset", "items", "pending", "to send", "attempts", "$", "cache saves", "done in")
+    for col in (*cols, "stops"):
         datasets.add_column(col, justify="left" if col in ("dataset", "stops") else "right")
     for d in p.datasets:
         datasets.add_row(
@@ -252,6 +283,7 @@ def _datasets_table(p: JobPlan) -> Table:
             str(d.sent),
             f"{d.attempts:.0f}",
             _usd(d.cost_usd),
+            "?" if p.caching is None else f"{p.caching.by_dataset.get(d.name, 0.0):.4f}",
             _time(d.done_in_s),
             d.stop or "",
         )
@@ -263,6 +295,7 @@ def _datasets_table(p: JobPlan) -> Table:
         str(sum(d.sent for d in p.datasets)),
         f"{sum(d.attempts for d in p.datasets):.0f}",
         _usd(p.cost_usd),
+        "?" if p.caching is None else f"{p.caching.saved_usd:.4f}",
         _time(p.time_s),
         "",
         style="bold",

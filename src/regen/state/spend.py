@@ -47,6 +47,19 @@ class FlowEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class CacheUse:
+    """The prompt tokens charged in one (lane, dataset), and how many a provider's cache
+    served (read) or stored (written)."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0
+    first_prompt_tokens: int = 0
+    """Of each conversation's first answer: what only other conversations could have cached."""
+    first_cached_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class FailedAttempt:
     """One failed attempt, as `regen status` lists it."""
 
@@ -212,6 +225,29 @@ class Spend(Owner):
                 """
             )
         )
+
+    def cache_use(self) -> dict[tuple[str | None, str], CacheUse]:
+        """Per (lane, dataset), the prompt tokens charged, cached and written (m015), over
+        every charge and over each conversation's first answered charge."""
+        rows = self._db.execute(
+            """
+            WITH l AS (
+                SELECT l.id, COALESCE(l.lane, i.lane) AS lane, i.dataset, i.conversation_id,
+                       l.kind, l.prompt_tokens, l.cached_tokens, l.cache_write_tokens
+                FROM ledger l JOIN items i ON i.id = l.item_id
+            ),
+            firsts AS (
+                SELECT MIN(id) AS id FROM l WHERE kind IN ('completion', 'escalated')
+                GROUP BY conversation_id
+            )
+            SELECT lane, dataset, SUM(prompt_tokens), SUM(cached_tokens),
+                   SUM(cache_write_tokens),
+                   SUM(CASE WHEN id IN firsts THEN prompt_tokens ELSE 0 END),
+                   SUM(CASE WHEN id IN firsts THEN cached_tokens ELSE 0 END)
+            FROM l GROUP BY lane, dataset
+            """
+        ).fetchall()
+        return {(lane, ds): CacheUse(*map(int, rest)) for lane, ds, *rest in rows}
 
     def answer_latencies(self, lane: str, limit: int = 4096) -> list[float]:
         """Times on the wire of a lane's latest successful attempts."""

@@ -147,6 +147,19 @@ def first_lane(rules: Sequence[LaneRule], dataset: str, prompt_tokens_est: int) 
 
 
 @dataclass(frozen=True, slots=True)
+class PromptShape:
+    """The pending prompts of one (lane, dataset), by conversation: what a prompt cache can
+    serve of them (a conversation's turns extend each other; a prompt's samples repeat it)."""
+
+    items: int
+    conversations: int
+    est: int
+    """Their estimated prompt tokens."""
+    longest: int
+    """Over conversations, the estimated tokens of each one's longest pending prompt."""
+
+
+@dataclass(frozen=True, slots=True)
 class PendingItem:
     """An item to send, with the conversation it comes from."""
 
@@ -620,6 +633,17 @@ class Work(Owner):
             "GROUP BY dataset, lane, escalated"
         ).fetchall()
         return {(d, lane, bool(e)): n for d, lane, e, n in rows}
+
+    def prompt_shapes(self) -> dict[tuple[str | None, str], PromptShape]:
+        """Per (lane, dataset), its pending prompts in view grouped by conversation."""
+        rows = self._db.execute(
+            "SELECT lane, dataset, SUM(n), COUNT(*), SUM(est), SUM(longest) FROM ("
+            " SELECT lane, dataset, COUNT(*) AS n, SUM(prompt_tokens_est) AS est,"
+            " MAX(prompt_tokens_est) AS longest FROM items WHERE status = 'pending'"
+            f"{self._gone(' AND gone = 0')} GROUP BY lane, dataset, conversation_id"
+            ") GROUP BY lane, dataset"
+        ).fetchall()
+        return {(lane, ds): PromptShape(*map(int, rest)) for lane, ds, *rest in rows}
 
     def pending_flows(self) -> dict[tuple[str | None, str], tuple[int, int]]:
         """Pending items in view per (lane, dataset): how many, and their estimated prompt
