@@ -125,6 +125,7 @@ def _estimate(
         prices,
         store.runs.lane_capacity(),
         credit_room,
+        store.outstanding.cut_short(),
     )
 
 
