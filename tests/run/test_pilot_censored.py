@@ -169,3 +169,31 @@ def test_a_lane_fed_only_by_escalations_is_measured_from_the_pilots_start(
         n.startswith("pilot: lane long is fed only by escalations: a 10, b 10 items sent")
         for n in got["pilot_notes"]
     ), got["pilot_notes"]
+
+
+def test_a_lane_whose_every_answer_was_cut_off_is_planned_no_shorter_than_they_ran(
+    tmp_path: Path,
+) -> None:
+    """The long lane has no answer, only 6 cut off after 200 s each: its prior (4096 x 0.25
+    tokens at 50 tok/s, about 21 s) would plan it ten times shorter than they are known to
+    last; it is lifted to their mean, and says so."""
+    from tests.conftest import two_lanes
+
+    job = offline_job(tmp_path, two_lanes(4096))
+    entries = [
+        passage("short", ds, "escalated" if i < 6 else "done", 1.0, 0.001)
+        for ds in ("a", "b")
+        for i in range(30)
+    ]
+    pending = {("short", "a"): (1000, 100_000), ("short", "b"): (1000, 100_000)}
+    ps = [progress("a", 1000), progress("b", 1000)]
+    cut = {("long", "a"): [200.0] * 3, ("long", "b"): [200.0] * 3}
+    before = plan(job, ps, entries, {}, pending, PRICES, {})
+    after = plan(job, ps, entries, {}, pending, PRICES, {}, None, cut)
+    (long_before,) = [x for x in before.lanes if x.name == "long"]
+    (long_after,) = [x for x in after.lanes if x.name == "long"]
+    assert long_before.time_s is not None and long_after.time_s is not None
+    # 400 escalations expected (6 of 30), 4 at once: at least 400 x 200 s / 4.
+    assert long_after.time_s.mean >= long_after.passages * 200.0 / 4 * 0.95
+    assert long_before.time_s.mean < long_after.time_s.mean / 5
+    assert "at least 3m, as 6 cut off" in long_after.basis, long_after.basis

@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from regen.config import Job, LaneConfig
 from regen.engine.budget import Prices
@@ -273,6 +273,28 @@ def censored_factor(done: Sequence[float], censored: Sequence[float]) -> float:
     return max(1.0, with_cut.mean / without.mean)
 
 
+def at_least(prior: Profile, censored: Sequence[float]) -> Profile:
+    """A prior for a lane whose every answer was cut off still running: its time per answer
+    is no less than theirs on average (each lasted at least as long as it ran), its band
+    stretched alike."""
+    if not censored:
+        return prior
+    floor = sum(censored) / len(censored)
+    k = floor / prior.wire_s.mean if prior.wire_s.mean > 0 else 1.0
+    if k <= 1.0:
+        return prior
+    band = prior.band
+    if band is not None:
+        band = replace(band, seconds=(band.seconds[0] * k, band.seconds[1] * k))
+    return replace(
+        prior,
+        basis=f"{prior.basis}; at least {format_duration(floor)}, as {len(censored)} cut off",
+        wire_s=Stat(prior.wire_s.mean * k, prior.wire_s.sd * k, 0),
+        held_s=Stat(prior.held_s.mean * k, prior.held_s.sd * k, 0),
+        band=band,
+    )
+
+
 def censored_stat(st: Stat, factor: float) -> Stat:
     """A time per passage lengthened by `factor` (censored_factor). What the correction adds
     rests on times never seen to their end: it is unsure by as much as it adds (its error
@@ -448,6 +470,7 @@ def _profiles(
                 prof = Profile.prior(
                     job.lane_max_tokens(lane), to or 0.0, prices, lane.escalate_to is not None
                 )
+                prof = at_least(prof, cut)
             out[lane.name, ds.name] = prof
     return out
 
