@@ -244,7 +244,9 @@ def run_pilot(
     usd, usd_from = _money(job, bounds)
     want = _first_want(job, first, most, precision, usd is None, bounds.share)
     _say(console, _bounds_line(bounds, usd, usd_from, tokens, want if usd is None else None))
-    early, notes = send_early(job, store, want)  # said with the pilot's closing lines
+    early, notes = send_early(job, store, want)
+    for line in notes:
+        _say(console, line)
     quantities: list[Quantity] = []
     before: dict[str, int] = {}
     grow: dict[str, int] = {}
