@@ -131,46 +131,6 @@ def test_the_plans_time_per_answer_counts_answers_cut_off_still_running(
     assert censored_stat(st, 3.0).se >= 2.0  # what it adds is unsure by as much
 
 
-def test_a_lane_fed_only_by_escalations_is_measured_from_the_pilots_start(
-    tmp_path: Path,
-) -> None:
-    """Two lanes, the long one fed only by the short one's truncated answers: a third of the
-    first round's items of each dataset go straight to the long lane (the round's total stays
-    30 each), and the pilot says so. Those whose answers fit the short lane's 256 tokens count
-    as the short lane's, not as long-lane passages: the plan's long lane rests on the truly
-    escalated items and the early ones whose answers are longer than 256 tokens."""
-    from tests.conftest import two_lanes
-
-    for name in ("a", "b"):
-        write_rows(tmp_path / f"{name}.jsonl", chat_rows(120, name))
-    datasets = [("a", "a.jsonl", "openai"), ("b", "b.jsonl", "openai")]
-    with sim_in_thread(SimConfig(seed=5, time_scale=0.0)) as sim:
-        job = write_job(tmp_path, sim.base_url, datasets=datasets, extra=two_lanes(4096))
-        out = run_cli("plan", str(job), "--pilot", "30", "--json")
-    assert out.returncode == 0, out.stderr
-    got = json.loads(out.stdout)
-    db = tmp_path / "out"
-    early = query(
-        db,
-        "SELECT i.dataset, r.completion_tokens FROM items i JOIN results r ON r.item_id = i.id "
-        "WHERE i.lane = 'long' AND i.id NOT IN (SELECT item_id FROM attempts WHERE lane = 'short')",
-    )
-    assert sorted(ds for ds, _ in early) == ["a"] * 10 + ["b"] * 10, early
-    (done,) = query(db, "SELECT COUNT(*) FROM items WHERE status != 'pending'")
-    assert done[0] == 60  # 20 through the short lane and 10 early, each dataset
-    escalated = query(db, "SELECT COUNT(*) FROM ledger WHERE kind = 'escalated'")[0][0]
-    longer = sum(1 for _, tokens in early if tokens > 256)
-    assert 0 < longer < 20, early  # the test needs both kinds
-    lane = {x["name"]: x for x in got["lanes"]}["long"]
-    # Each dataset's own ("22 answers; 25 answers"): together every long-lane passage counted.
-    counted = sum(int(n) for n in re.findall(r"(\d+) answers", lane["basis"]))
-    assert counted == escalated + longer, (lane["basis"], escalated, longer)
-    assert any(
-        n.startswith("pilot: lane long is fed only by escalations: a 10, b 10 items sent")
-        for n in got["pilot_notes"]
-    ), got["pilot_notes"]
-
-
 def test_a_lane_whose_every_answer_was_cut_off_is_planned_no_shorter_than_they_ran(
     tmp_path: Path,
 ) -> None:

@@ -428,13 +428,8 @@ def _profiles(
     only as lower bounds."""
     by_flow: dict[tuple[str, str], list[FlowEntry]] = {}
     by_lane: dict[str, list[FlowEntry]] = {}
-    fits = early_fits(job)
     for e in entries:
         if e.lane is None:
-            continue
-        # An item a pilot sent early whose answer fits the feeding lane's max_tokens would
-        # have been answered there: not a passage of the lane fed by escalations.
-        if e.early and e.lane in fits and e.completion_tokens <= fits[e.lane][1]:
             continue
         by_flow.setdefault((e.lane, e.dataset), []).append(e)
         by_lane.setdefault(e.lane, []).append(e)
@@ -472,19 +467,6 @@ def _profiles(
                 )
                 prof = at_least(prof, cut)
             out[lane.name, ds.name] = prof
-    return out
-
-
-def early_fits(job: Job) -> dict[str, tuple[str, int]]:
-    """Per lane fed by escalations, the lane feeding it and that lane's max_tokens (the
-    largest, when several feed it): an answer within it was not truncated there."""
-    out: dict[str, tuple[str, int]] = {}
-    for lane in job.lane_list:
-        if lane.escalate_to is None:
-            continue
-        cap = job.lane_max_tokens(lane)
-        if lane.escalate_to not in out or cap > out[lane.escalate_to][1]:
-            out[lane.escalate_to] = (lane.name, cap)
     return out
 
 

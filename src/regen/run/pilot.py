@@ -30,14 +30,6 @@ it ran (state's `cut_short`), a time its answer would have taken at least. A lan
 counts them as the ETA does (Kaplan-Meier, censored at that time: forecast.censored_factor),
 less sure by as much as they add, and the pilot says per lane how many of its times are
 censored, the least its time per answer can be, and whether that pinned it down.
-
-A lane fed only by escalations would get its first items only once a feeding lane's answer is
-cut at its max_tokens, and be measured last and least: a third of the first round's items go
-straight to it (`send_early`; the round's total is the same). Their answers within the feeding
-lane's max_tokens count as that lane's and no passage of the fed lane; the longer ones as the
-fed lane's passages, as escalated items are. The run still tries every other item on the
-feeding lane first and pays for the cut-off try: the plan's re-pay is measured on the items
-the feeding lane answered.
 """
 
 from __future__ import annotations
@@ -51,7 +43,7 @@ from rich.console import Console
 
 from regen.config import DatasetConfig, Job
 from regen.engine.eta import Z90, Stat, format_duration, kaplan_meier
-from regen.run.forecast import by_lane, censored_factor, early_fits
+from regen.run.forecast import by_lane, censored_factor
 from regen.state.db import Store
 from regen.state.work import DatasetProgress
 
@@ -72,9 +64,6 @@ TIME_S = 600.0
 """By default a pilot ends within 10 minutes: a wait the user sees, not hours."""
 GRACE_SHARE = 0.1
 """The share of the pilot's time kept for requests in flight once sending stops."""
-EARLY_SHARE = 1 / 3
-"""The share of a first round's items per dataset sent straight to a lane fed only by
-escalations, so that the pilot measures it from its start rather than last and least."""
 TIME_UP = "pilot time limit"
 """The stop reason of a round stopped by the pilot's time bound."""
 
@@ -244,10 +233,8 @@ def run_pilot(
     usd, usd_from = _money(job, bounds)
     want = _first_want(job, first, most, precision, usd is None, bounds.share)
     _say(console, _bounds_line(bounds, usd, usd_from, tokens, want if usd is None else None))
-    early, notes = send_early(job, store, want)
-    for line in notes:
-        _say(console, line)
     quantities: list[Quantity] = []
+    notes: list[str] = []
     before: dict[str, int] = {}
     grow: dict[str, int] = {}
     stuck: set[str] = set()
@@ -255,8 +242,7 @@ def run_pilot(
         limits = Limits(
             start + bounds.time_s - grace, grace, None if usd is None else spent0 + usd, tokens
         )
-        # The items sent early are among the first round's (the feeder counts only its own).
-        sent = send({ds: n - early.pop(ds, 0) for ds, n in want.items()}, limits)
+        sent = send(dict(want), limits)
         progress, to_come, quantities, cuts = _measure(job, store, want, precision)
         spent = sum(p.cost_usd for p in progress.values())
         if usd is None:  # no cap: a share of the expected cost, once a round has measured it
@@ -298,36 +284,6 @@ def _first_want(
     return want
 
 
-def send_early(job: Job, store: Store, want: Mapping[str, int]) -> tuple[dict[str, int], list[str]]:
-    """A lane fed only by escalations gets its first items late in a pilot (a feeding lane's
-    answer must first be cut at its max_tokens): EARLY_SHARE of the first round's items of
-    each dataset go straight to it, the first in dispatch order (the pilot's sample all the
-    same). An answer within the feeding lane's max_tokens counts as that lane's; the others
-    measure the fed lane as escalations do. The items moved per dataset, and what it did, a
-    line per lane."""
-    out = []
-    total: dict[str, int] = {}
-    for target, (source, cap) in early_fits(job).items():
-        # A lane with items of its own, or answers already, is measured from its start.
-        if store.work.own_pending(target) or store.spend.answer_latencies(target, limit=1):
-            continue
-        moved = {}
-        for ds, n in want.items():
-            k = math.floor(n * EARLY_SHARE)
-            if k > 0 and (sent := store.work.send_early(ds, source, target, k)):
-                moved[ds] = sent
-                total[ds] = total.get(ds, 0) + sent
-        if moved:
-            each = ", ".join(f"{ds} {n}" for ds, n in moved.items())
-            out.append(
-                f"pilot: lane {target} is fed only by escalations: {each} items sent straight "
-                f"to it, so that it is measured from the start (an answer within lane "
-                f"{source}'s {cap} tokens counts as lane {source}'s; the run tries the others "
-                f"on lane {source} first and pays for the cut-off try, which the plan counts)"
-            )
-    return total, out
-
-
 def _measure(
     job: Job, store: Store, want: Mapping[str, int], precision: float | None
 ) -> tuple[dict[str, DatasetProgress], dict[str, int], list[Quantity], list[LaneCut]]:
@@ -336,7 +292,7 @@ def _measure(
     each lane's answers cut off still running. A lane's time counts those (`censored`)."""
     lanes = [lane.name for lane in job.lane_list]
     progress = {p.name: p for p in store.work.dataset_progress() if p.name in want}
-    samples = store.spend.item_totals(early_fits(job))
+    samples = store.spend.item_totals()
     to_come = {ds: p.pending for ds, p in progress.items()}
     cut = by_lane(store.outstanding.cut_short())
     times = {lane: store.spend.answer_latencies(lane) for lane in lanes}

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
 from regen.state.owner import Owner, Rows
@@ -21,11 +21,6 @@ class AttemptFact:
     failure_class: str | None
     dataset: str
     lane: str | None
-
-
-_NOT_EARLY = "(i.escalated = 0 OR i.id IN (SELECT item_id FROM ledger WHERE kind = 'escalated'))"
-"""Not an item a pilot sent early to a lane fed by escalations (`Work.send_early`): its time
-there is that of any item, not of a truncated one (FlowEntry.early)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,9 +44,6 @@ class FlowEntry:
     completion_tokens: int
     cost_usd: float
     """Everything charged for it there: its answer and any billed failed attempt."""
-    early: bool = False
-    """Sent straight to a lane fed by escalations (a pilot's `send_early`), never tried on
-    the lane that escalates to it: a sample of every item, not only of the truncated ones."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +184,7 @@ class Spend(Owner):
         truncated answer that sent it on to a longer lane), with what it took there. Charges
         and attempts recorded before lanes were (lane NULL) count in the item's lane now."""
         yield from (
-            replace(FlowEntry(*r[:-1]), early=True) if r[-1] else FlowEntry(*r[:-1])
+            FlowEntry(*r)
             for r in self._db.execute(
                 """
                 WITH a AS (
@@ -202,7 +194,7 @@ class Spend(Owner):
                                 THEN i.status ELSE 'escalated' END AS outcome,
                            COUNT(*) AS attempts, SUM(a.latency_s) AS wire_s,
                            MAX(a.started_at + a.latency_s) - MIN(a.started_at) AS span_s,
-                           SUM(a.failure_class IS NULL) AS ok, i.escalated AS escalated
+                           SUM(a.failure_class IS NULL) AS ok
                     FROM attempts a JOIN items i ON i.id = a.item_id
                     WHERE i.status != 'pending' OR COALESCE(a.lane, i.lane) != i.lane
                     GROUP BY a.item_id, COALESCE(a.lane, i.lane)
@@ -213,14 +205,10 @@ class Spend(Owner):
                            SUM(COALESCE(l.cost_usd, 0)) AS usd
                     FROM ledger l JOIN items i ON i.id = l.item_id
                     GROUP BY l.item_id, COALESCE(l.lane, i.lane)
-                ),
-                -- an item escalated without a truncated answer was sent early (`send_early`)
-                truncated AS (SELECT DISTINCT item_id FROM ledger WHERE kind = 'escalated')
+                )
                 SELECT a.lane, a.dataset, a.outcome, a.est, a.attempts, a.ok, a.wire_s,
-                       a.span_s, COALESCE(l.pt, 0), COALESCE(l.ct, 0), COALESCE(l.usd, 0.0),
-                       a.escalated = 1 AND t.item_id IS NULL
+                       a.span_s, COALESCE(l.pt, 0), COALESCE(l.ct, 0), COALESCE(l.usd, 0.0)
                 FROM a LEFT JOIN l ON l.item_id = a.item_id AND l.lane = a.lane
-                LEFT JOIN truncated t ON t.item_id = a.item_id
                 """
             )
         )
@@ -229,31 +217,21 @@ class Spend(Owner):
         """Times on the wire of a lane's latest successful attempts."""
         rows = self._db.execute(
             "SELECT a.latency_s FROM attempts a JOIN items i ON i.id = a.item_id "
-            f"WHERE COALESCE(a.lane, i.lane) = ? AND a.failure_class IS NULL AND {_NOT_EARLY} "
+            "WHERE COALESCE(a.lane, i.lane) = ? AND a.failure_class IS NULL "
             "ORDER BY a.id DESC LIMIT ?",
             (lane, limit),
         ).fetchall()
         return [float(r[0]) for r in rows]
 
-    def item_totals(
-        self, early: Mapping[str, tuple[str, int]] | None = None
-    ) -> dict[str, list[tuple[dict[str, float], float]]]:
+    def item_totals(self) -> dict[str, list[tuple[dict[str, float], float]]]:
         """Per dataset, each finished item's time on the wire in each lane it passed through
-        (every attempt) and what was charged for it: what one more item of it takes. `early`:
-        per lane fed by escalations, the lane feeding it and that lane's max_tokens: an item
-        a pilot sent there early (`Work.send_early`) whose answer fits that max_tokens counts
-        its time in the feeding lane, where the run would have answered it."""
-        early = early or {}
+        (every attempt) and what was charged for it: what one more item of it takes."""
         wire: dict[int, tuple[str, dict[str, float]]] = {}
-        for item, ds, lane, wire_s, sent_early, tokens in self._db.execute(
-            "SELECT i.id, i.dataset, COALESCE(a.lane, i.lane, ''), SUM(a.latency_s), "
-            f"NOT {_NOT_EARLY}, (SELECT SUM(completion_tokens) FROM results r "
-            "WHERE r.item_id = i.id) "
+        for item, ds, lane, wire_s in self._db.execute(
+            "SELECT i.id, i.dataset, COALESCE(a.lane, i.lane, ''), SUM(a.latency_s) "
             "FROM attempts a JOIN items i ON i.id = a.item_id WHERE i.status != 'pending' "
             "GROUP BY i.id, 3"
         ):
-            if sent_early and lane in early and (tokens or 0) <= early[lane][1]:
-                lane = early[lane][0]
             wire.setdefault(item, (ds, {}))[1][lane] = float(wire_s)
         usd = dict(
             self._db.execute(
@@ -268,13 +246,11 @@ class Spend(Owner):
 
     def lane_answers(self) -> dict[tuple[str, str], tuple[int, int, float]]:
         """Answers per (lane, dataset) charged so far, how many of them were truncated and
-        sent on to a longer lane, and what they cost; none of the items a pilot sent early
-        (their cost is any item's, not a truncated one's)."""
+        sent on to a longer lane, and what they cost."""
         rows = self._db.execute(
             "SELECT lane, dataset, COUNT(*), SUM(kind = 'escalated'), "
             "COALESCE(SUM(cost_usd), 0) FROM ledger "
             "WHERE lane IS NOT NULL AND kind IN ('completion', 'escalated') "
-            f"AND item_id NOT IN (SELECT i.id FROM items i WHERE NOT {_NOT_EARLY}) "
             "GROUP BY lane, dataset"
         ).fetchall()
         return {(lane, ds): (n, e, float(usd)) for lane, ds, n, e, usd in rows}
@@ -288,7 +264,7 @@ class Spend(Owner):
         for lane, ds, t, est in self._db.execute(
             "SELECT COALESCE(a.lane, i.lane), i.dataset, a.latency_s, i.prompt_tokens_est "
             "FROM attempts a JOIN items i ON i.id = a.item_id WHERE a.failure_class IS NULL "
-            f"AND {_NOT_EARLY} ORDER BY a.id DESC LIMIT ?",
+            "ORDER BY a.id DESC LIMIT ?",
             (limit,),
         ):
             out.setdefault((lane, ds), []).append((float(t), int(est)))

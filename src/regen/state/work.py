@@ -542,29 +542,6 @@ class Work(Owner):
         ).fetchall()
         return [_pending(r) for r in rows]
 
-    def own_pending(self, lane: str) -> int:
-        """Pending items in view a lane has of its own (not escalated to it)."""
-        row = self._db.execute(
-            "SELECT COUNT(*) FROM items WHERE lane = ? AND escalated = 0 AND status = 'pending' "
-            "AND gone = 0",
-            (lane,),
-        ).fetchone()
-        return int(row[0])
-
-    def send_early(self, dataset: str, from_lane: str, to_lane: str, n: int) -> int:
-        """Move a dataset's first `n` pending items of `from_lane` in dispatch order (none
-        waiting on an earlier turn) to `to_lane` as if escalated there: a pilot measures a lane
-        fed only by escalations from its start. How many moved."""
-        with self._tx() as db:
-            cur = db.execute(
-                "UPDATE items SET lane = ?, escalated = 1 WHERE id IN ("
-                " SELECT id FROM items WHERE dataset = ? AND lane = ? AND escalated = 0"
-                " AND status = 'pending' AND gone = 0 AND after_item IS NULL"
-                " ORDER BY order_key, id LIMIT ?)",
-                (to_lane, dataset, from_lane, n),
-            )
-            return cur.rowcount
-
     def is_pending(self, item_id: str) -> bool:
         row = self._db.execute("SELECT status FROM items WHERE id = ?", (item_id,)).fetchone()
         return row is not None and row[0] == "pending"
