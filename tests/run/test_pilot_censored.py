@@ -51,7 +51,8 @@ def test_a_pilot_cut_off_by_its_time_counts_the_answers_still_running(tmp_path: 
     # The 8 slots filled with held requests at once; nothing came back to free them.
     assert len(cut) == 8, cut
     assert all(lane == "default" and status == "pending" for lane, _, status in cut), cut
-    assert all(2.0 < elapsed <= 4.5 for _, elapsed, _ in cut), cut
+    # A second of slack each way for a loaded machine (as the time-bound test allows).
+    assert all(2.0 < elapsed <= 5.0 for _, elapsed, _ in cut), cut
     got = json.loads(out.stdout)
     (line,) = [n for n in got["pilot_notes"] if n.startswith("pilot: lane default:")]
     assert re.match(
