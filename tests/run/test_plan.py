@@ -383,10 +383,15 @@ def test_a_pilot_shares_its_items_as_the_datasets_spreads_say() -> None:
 
 
 def fake_store(
-    finished: dict[str, int], values: dict[str, list[Any]], usd: float = 0.0, items: int = 2000
+    finished: dict[str, int],
+    values: dict[str, list[Any]],
+    usd: float = 0.0,
+    items: int = 2000,
+    cut: dict[tuple[str, str], list[float]] | None = None,
 ) -> Any:
     """A store as the pilot reads it: `finished` items of `items` per dataset, their (time per
-    lane, dollars) in `values`, `usd` spent per finished item."""
+    lane, dollars) in `values`, `usd` spent per finished item; `cut`: per (lane, dataset) the
+    times of answers cut off still running."""
     from types import SimpleNamespace
 
     return SimpleNamespace(
@@ -404,7 +409,13 @@ def fake_store(
                 for ds, n in finished.items()
             ]
         ),
-        spend=SimpleNamespace(item_totals=lambda: values),
+        spend=SimpleNamespace(
+            item_totals=lambda: values,
+            answer_latencies=lambda lane: [
+                t[lane] for rows in values.values() for t, _ in rows if lane in t
+            ],
+        ),
+        outstanding=SimpleNamespace(cut_short=lambda: dict(cut or {})),
     )
 
 

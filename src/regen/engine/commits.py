@@ -18,6 +18,7 @@ from regen import failpoints
 from regen.conversation import Charge, Outcome
 from regen.errors import StateError, StateGone
 from regen.state.db import Store
+from regen.state.outstanding import CutShort
 from regen.state.work import PendingItem
 
 
@@ -46,6 +47,8 @@ class CommitBuffer:
         ended unbilled)."""
         self._requeue: list[str] = []
         """Items recorded as failed by the job's own error, to be pending again."""
+        self._cut: list[CutShort] = []
+        """Attempts cut short on the wire, with how long they had run."""
         self._error: StateError | None = None
         self._recorded: Counter[str] = Counter()
         """Outcomes recorded per dataset (a sequential rescan waits for a new one)."""
@@ -76,6 +79,11 @@ class CommitBuffer:
     def requeue(self, item_id: str) -> None:
         """An item recorded as failed that goes back to pending with the next commit."""
         self._requeue.append(item_id)
+
+    def cut(self, cut: CutShort) -> None:
+        """An attempt cut short on the wire (its answer's time is at least its elapsed time),
+        for the next commit."""
+        self._cut.append(cut)
 
     def handed_out(self, item: PendingItem) -> None:
         """An item of a sequential dataset was handed out: it is not pending for a rescan until
@@ -110,14 +118,15 @@ class CommitBuffer:
         # Group commit: one transaction for many finished items, each complete in itself. A
         # batch that cannot be written (a full disk) stays in memory and is tried again at each
         # tick while the run stops, so that space freed meanwhile saves it.
-        if not self._pending and not self._charges and not self._settled and not self._requeue:
+        if not (self._pending or self._charges or self._settled or self._requeue or self._cut):
             return
         batch, self._pending = self._pending, []
         charges, self._charges = self._charges, []
         settled, self._settled = self._settled, []
         requeue, self._requeue = self._requeue, []
+        cut, self._cut = self._cut, []
         try:
-            self._store.commit_outcomes(batch, charges, settled, requeue)
+            self._store.commit_outcomes(batch, charges, settled, requeue, cut)
             self._commits += 1
             self._committed += len(batch)
             failpoints.reached("commit", count=self._committed)
@@ -128,6 +137,7 @@ class CommitBuffer:
             self._charges = charges + self._charges
             self._settled = settled + self._settled
             self._requeue = requeue + self._requeue
+            self._cut = cut + self._cut
             if self._error is None:
                 self._stop(f"cannot write state: {exc}")
             self._error = exc

@@ -57,6 +57,7 @@ from regen.engine.stats import (
 from regen.errors import EndpointError, StateGone
 from regen.sources.modes import build_request
 from regen.state.db import Store
+from regen.state.outstanding import CutShort
 from regen.state.work import PendingItem
 
 BILL_WAIT_S = 21.0
@@ -130,6 +131,7 @@ class Scheduler:
         keeper: HoldKeeper | None = None,
     ) -> None:
         self._store = store
+        self._run_id = run_id
         self._budget = budget
         self.keeper = keeper
         """Finds the bills of held requests (None: nothing is held, as without budgets)."""
@@ -405,6 +407,9 @@ class Scheduler:
             raise
         finally:
             off_wire(self.stats, lane, item, att, flow)
+            if att.end == "cut":  # its answer, had it come, took at least this long
+                elapsed = time.monotonic() - att.t0
+                self._commits.cut(CutShort(self._run_id, item.id, item.dataset, lane.name, elapsed))
             self._admission.settle(att)
             # What the client learned of its server (a refused field, `n` ignored): said once.
             learned = getattr(ep.sender, "learned", None)

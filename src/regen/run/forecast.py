@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from regen.config import Job, LaneConfig
@@ -166,9 +166,12 @@ class Profile:
         entries: Sequence[FlowEntry],
         latencies: Sequence[float],
         prompt_est: float | None,
+        censored: Sequence[float] = (),
     ) -> Profile:
         """From finished passages; `prompt_est`: the mean estimated prompt tokens of the
-        passages to come (None: unknown), which adjusts each mean for prompt size."""
+        passages to come (None: unknown), which adjusts each mean for prompt size;
+        `censored`: the lane's times known only as lower bounds (answers still running when
+        their attempt was cut short), which lengthen its times (`censored_stat`)."""
         n = len(entries)
         xs = [float(e.prompt_tokens_est) for e in entries]
 
@@ -186,18 +189,19 @@ class Profile:
             plain = sum(x for x, y in zip(xs, escalated, strict=True) if y) / sum(escalated)
             escalated_prompt = weighted / share if share > 0 and weighted > 0 else plain
 
+        factor = censored_factor(latencies, censored)
         return cls(
             basis,
             n,
             stat([e.cost_usd for e in entries]),
             stat([float(e.completion_tokens) for e in entries]),
             stat([float(e.prompt_tokens) for e in entries]),
-            stat([max(e.span_s, e.wire_s) for e in entries]),
-            stat([e.wire_s for e in entries]),
+            censored_stat(stat([max(e.span_s, e.wire_s) for e in entries]), factor),
+            censored_stat(stat([e.wire_s for e in entries]), factor),
             sum(e.attempts for e in entries) / n,
             min(1.0, max(0.0, share_stat.mean)),
             sum(e.outcome == "failed" for e in entries) / n,
-            kaplan_meier(latencies, []) if latencies else None,
+            kaplan_meier(latencies, censored) if latencies else None,
             escalated_prompt,
             max(share_stat.se, share_sd(int(sum(escalated)), n)),
         )
@@ -257,6 +261,51 @@ class Profile:
             kaplan_meier(sample, []),
             band=band,
         )
+
+
+def censored_factor(done: Sequence[float], censored: Sequence[float]) -> float:
+    """How much longer a lane's answers take than its finished ones say, once the answers
+    cut short while still running count as lasting at least as long as they ran: the mean of
+    the Kaplan-Meier curve with them over the mean without (the ETA's one estimator, its
+    fitted tail included). 1.0 without censored times."""
+    if not done or not censored:
+        return 1.0
+    with_cut, without = kaplan_meier(done, censored), kaplan_meier(done, [])
+    if with_cut is None or without is None or without.mean <= 0:
+        return 1.0
+    return max(1.0, with_cut.mean / without.mean)
+
+
+def at_least(prior: Profile, censored: Sequence[float]) -> Profile:
+    """A prior for a lane whose every answer was cut off still running: its time per answer
+    is no less than theirs on average (each lasted at least as long as it ran), its band
+    stretched alike."""
+    if not censored:
+        return prior
+    floor = sum(censored) / len(censored)
+    k = floor / prior.wire_s.mean if prior.wire_s.mean > 0 else 1.0
+    if k <= 1.0:
+        return prior
+    band = prior.band
+    if band is not None:
+        band = replace(band, seconds=(band.seconds[0] * k, band.seconds[1] * k))
+    return replace(
+        prior,
+        basis=f"{prior.basis}; at least {format_duration(floor)}, as {len(censored)} cut off",
+        wire_s=Stat(prior.wire_s.mean * k, prior.wire_s.sd * k, 0),
+        held_s=Stat(prior.held_s.mean * k, prior.held_s.sd * k, 0),
+        band=band,
+    )
+
+
+def censored_stat(st: Stat, factor: float) -> Stat:
+    """A time per passage lengthened by `factor` (censored_factor). What the correction adds
+    rests on times never seen to their end: it is unsure by as much as it adds (its error
+    joins the mean's)."""
+    if factor <= 1.0:
+        return st
+    added = (factor - 1.0) * st.mean
+    return Stat(st.mean * factor, st.sd * factor, st.n, math.hypot(st.se * factor, added))
 
 
 @dataclass(frozen=True, slots=True)
@@ -396,10 +445,12 @@ def _profiles(
     latencies: dict[str, list[float]],
     pending: dict[tuple[str | None, str], tuple[int, int]],
     prices: Prices | None,
+    censored: Mapping[str, Sequence[float]],
     caching: dict[tuple[str, str], FlowCache] | None = None,
 ) -> dict[tuple[str, str], Profile]:
-    """A profile for every (lane, dataset) of the job, its dollars with what a prompt cache
-    is expected to serve of it (`caching`)."""
+    """A profile for every (lane, dataset) of the job; `censored`: per lane, its times known
+    only as lower bounds; its dollars with what a prompt cache is expected to serve of it
+    (`caching`)."""
     by_flow: dict[tuple[str, str], list[FlowEntry]] = {}
     by_lane: dict[str, list[FlowEntry]] = {}
     for e in entries:
@@ -413,6 +464,7 @@ def _profiles(
         for ds in job.datasets:
             own = by_flow.get((lane.name, ds.name), [])
             lat = latencies.get(lane.name, [])
+            cut = censored.get(lane.name, ())
             # The prompts to come: those pending here, and those the lanes escalating here
             # are expected to send on (the truncated ones, whose prompts run longer).
             n, est = pending.get((lane.name, ds.name), (0, 0))
@@ -427,17 +479,18 @@ def _profiles(
                     total += k * source.escalated * source.escalated_prompt
             to: float | None = total / weight if weight > 0 else None
             if len(own) >= MIN_PASSAGES:
-                prof = Profile.measured(f"{len(own)} answers", own, lat, to)
+                prof = Profile.measured(f"{len(own)} answers", own, lat, to, cut)
             elif pooled:
                 basis = f"{len(pooled)} answers of lane {lane.name}"
-                prof = Profile.measured(basis, pooled, lat, to)
+                prof = Profile.measured(basis, pooled, lat, to, cut)
                 if len(own) >= MIN_OWN:
-                    mine = Profile.measured(f"{len(own)} answers", own, lat, to)
+                    mine = Profile.measured(f"{len(own)} answers", own, lat, to, cut)
                     prof = mine if _differs(mine, prof) else prof
             else:
                 prof = Profile.prior(
                     job.lane_max_tokens(lane), to or 0.0, prices, lane.escalate_to is not None
                 )
+                prof = at_least(prof, cut)
             out[lane.name, ds.name] = prof
     return _cache_priced(out, caching, prices)
 
@@ -494,6 +547,14 @@ def _cache_saving(
     return CacheSaving(with_usd, plain, read / tokens if tokens else 0.0, listed, saved)
 
 
+def by_lane(censored: Mapping[tuple[str, str], Sequence[float]]) -> dict[str, list[float]]:
+    """Times known only as lower bounds, per (lane, dataset), pooled per lane."""
+    out: dict[str, list[float]] = {}
+    for (lane, _), ages in censored.items():
+        out.setdefault(lane, []).extend(ages)
+    return out
+
+
 def _differs(own: Profile, pool: Profile) -> bool:
     """Whether a dataset's few passages show it unlike its lane's pool: its mean dollars or
     time on the wire more than DIFFERS_SE of its own standard errors from the pool's, and
@@ -518,16 +579,16 @@ def plan(
     capacity: dict[str, LaneCapacity],
     credit_room_usd: float | None = None,
     caching: dict[tuple[str, str], FlowCache] | None = None,
+    censored: Mapping[tuple[str, str], Sequence[float]] | None = None,
 ) -> JobPlan:
     """The plan from here. `pending`: items and their estimated prompt tokens per (lane,
     dataset); `capacity`: what providers let lanes keep on the wire; `credit_room_usd`: what
     the account can still spend before its credit (or the job's credit floor) stops the job;
-    `caching`: what a prompt cache serves of each flow (regen.run.caching; None: nothing).
-
-    In steps: the passages each flow will take (escalations included), the share of them the
+    `caching`: what a prompt cache serves of each flow (None: nothing); `censored`: per (lane,
+    dataset), times known only as lower bounds (`cut_short`). In steps: the passages each flow will take (escalations included), the share of them the
     datasets' budgets let through, each lane's timeline, what stops the job (its cap or the
     credit) and when, then each dataset's rows and the totals."""
-    profiles = _profiles(job, entries, latencies, pending, prices, caching)
+    profiles = _profiles(job, entries, latencies, pending, prices, by_lane(censored or {}), caching)
     lanes = _order(job)
     spent = {p.name: p for p in progress}
     counts = _passages(job, lanes, pending, profiles)

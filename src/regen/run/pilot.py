@@ -24,6 +24,12 @@ it; that first round sends half of SHARE of each dataset's items, MIN_FIRST at l
 random sample of them costs about half the bound), and it uses at most SHARE of each
 dataset's token budget; the dataset stops there and the
 pilot says so. Its last line says which bound ended it and what it left wider than asked.
+
+Answers the time bound cuts off still running are not thrown away: each is kept with how long
+it ran (state's `cut_short`), a time its answer would have taken at least. A lane's time then
+counts them as the ETA does (Kaplan-Meier, censored at that time: forecast.censored_factor),
+less sure by as much as they add, and the pilot says per lane how many of its times are
+censored, the least its time per answer can be, and whether that pinned it down.
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ from dataclasses import dataclass
 from rich.console import Console
 
 from regen.config import DatasetConfig, Job
-from regen.engine.eta import Z90, Stat, format_duration
+from regen.engine.eta import Z90, Stat, format_duration, kaplan_meier
+from regen.run.forecast import by_lane, censored_factor
 from regen.state.db import Store
 from regen.state.work import DatasetProgress
 
@@ -107,6 +114,21 @@ class Sent:
 
     stop_reason: str | None
     cap: bool = False
+
+
+@dataclass(frozen=True)
+class LaneCut:
+    """A lane's times as the pilot left them: its answers, and the answers cut off still
+    running (times known only as lower bounds)."""
+
+    lane: str
+    answers: int
+    cut: tuple[float, ...]
+    """How long each answer cut off had run."""
+    at_least_s: float
+    """The mean time per answer with each cut-off one at its time so far: a lower bound."""
+    estimate_s: float | None
+    """The mean from the Kaplan-Meier curve with them censored (None: no answer finished)."""
 
 
 @dataclass
@@ -221,7 +243,7 @@ def run_pilot(
             start + bounds.time_s - grace, grace, None if usd is None else spent0 + usd, tokens
         )
         sent = send(dict(want), limits)
-        progress, to_come, quantities = _measure(job, store, want, precision)
+        progress, to_come, quantities, cuts = _measure(job, store, want, precision)
         spent = sum(p.cost_usd for p in progress.values())
         if usd is None:  # no cap: a share of the expected cost, once a round has measured it
             usd, usd_from = bounds.share * (spent + quantities[-1].total), "the expected cost"
@@ -231,7 +253,7 @@ def run_pilot(
             sent, start if precision else None, bounds, spent - spent0, usd, usd_from
         )
         if precision is None or (sent.stop_reason and not ended) or ended:
-            notes += _closing(quantities, precision, ended)
+            notes += _closing(quantities, precision, ended) + cut_lines(cuts, quantities, precision)
             return Outcome(quantities, notes)
         # A dataset asked for more that finished nothing more (its budget is met, its items
         # wait on earlier turns) would finish nothing the next round: it is not asked again.
@@ -242,7 +264,7 @@ def run_pilot(
         if not grow:
             break
         want.update(grow)
-    notes += _closing(quantities, precision, None)
+    notes += _closing(quantities, precision, None) + cut_lines(cuts, quantities, precision)
     return Outcome(quantities, notes)
 
 
@@ -264,16 +286,46 @@ def _first_want(
 
 def _measure(
     job: Job, store: Store, want: Mapping[str, int], precision: float | None
-) -> tuple[dict[str, DatasetProgress], dict[str, int], list[Quantity]]:
-    """After a round: the piloted datasets' progress, their items to come, and the quantities
-    (time, per lane when there are several, and cost) with their errors as measured now."""
+) -> tuple[dict[str, DatasetProgress], dict[str, int], list[Quantity], list[LaneCut]]:
+    """After a round: the piloted datasets' progress, their items to come, the quantities
+    (time, per lane when there are several, and cost) with their errors as measured now, and
+    each lane's answers cut off still running. A lane's time counts those (`censored`)."""
     lanes = [lane.name for lane in job.lane_list]
     progress = {p.name: p for p in store.work.dataset_progress() if p.name in want}
     samples = store.spend.item_totals()
     to_come = {ds: p.pending for ds, p in progress.items()}
-    names_q = [f"time in lane {lane}" for lane in lanes] if len(lanes) > 1 else ["time"]
-    quantities = [quantity(q, samples, to_come, precision or 1.0) for q in (*names_q, "cost")]
-    return progress, to_come, quantities
+    cut = by_lane(store.outstanding.cut_short())
+    times = {lane: store.spend.answer_latencies(lane) for lane in lanes}
+    cuts = [lane_cut(lane, times[lane], cut.get(lane, [])) for lane in lanes]
+    several = len(lanes) > 1
+    quantities = []
+    for name in [f"time in lane {lane}" for lane in lanes] if several else ["time"]:
+        q = quantity(name, samples, to_come, precision or 1.0)
+        of = [lane for lane in lanes if name in ("time", f"time in lane {lane}")]
+        done = [t for lane in of for t in times[lane]]
+        late = [t for lane in of for t in cut.get(lane, [])]
+        quantities.append(censored(q, censored_factor(done, late)))
+    quantities.append(quantity("cost", samples, to_come, precision or 1.0))
+    return progress, to_come, quantities, [c for c in cuts if c.cut]
+
+
+def censored(q: Quantity, factor: float) -> Quantity:
+    """A time lengthened by `factor` for the answers cut off still running (censored_factor):
+    its total grows by as much, and what it adds rests on times never seen to their end, so
+    its error grows by the share added (as forecast.censored_stat has it)."""
+    if factor <= 1.0 or q.error is None:
+        return q
+    error = math.hypot(q.error, Z90 * (factor - 1.0) / factor)
+    return Quantity(q.name, error, q.needs, q.total * factor)
+
+
+def lane_cut(lane: str, done: Sequence[float], cut: Sequence[float]) -> LaneCut:
+    """A lane's answers and its answers cut off still running, with its time per answer:
+    at least (every cut-off one at its time so far) and as the Kaplan-Meier curve has it."""
+    every = [*done, *cut]
+    at_least = sum(every) / len(every) if every else 0.0
+    model = kaplan_meier(done, cut) if done else None
+    return LaneCut(lane, len(done), tuple(cut), at_least, model.mean if model else None)
 
 
 def _grow(
@@ -463,9 +515,40 @@ def _closing(
         # short, by more than the spreads above say (bench/plan.py: cost -30% on `skewed`).
         out.append(
             "note: the pilot's time ran out with answers still running, the longest ones: its "
-            "figures lean short (costs and times low); a larger --pilot-time measures them"
+            "costs lean low (their times count, as at least as long as they ran); a larger "
+            "--pilot-time measures them"
         )
     return out
+
+
+def cut_lines(
+    cuts: Sequence[LaneCut], quantities: Sequence[Quantity], precision: float | None
+) -> list[str]:
+    """Per lane with answers cut off still running: how many of its times are censored, the
+    least its time per answer can be, the estimate with a fitted tail, and whether that
+    pins it down (its time's error within `precision`)."""
+    out = []
+    errors = {q.name.removeprefix("time in lane "): q.error for q in quantities}
+    for c in cuts:
+        error = errors.get(c.lane, errors.get("time"))
+        pinned = precision is not None and error is not None and error <= precision
+        line = (
+            f"pilot: lane {c.lane}: {c.answers} answers, {len(c.cut)} more still running when "
+            f"cut off (after {_span(c.cut)}): its time per answer is at least "
+            f"{format_duration(c.at_least_s)}"
+        )
+        if c.estimate_s is not None:
+            line += f", about {format_duration(c.estimate_s)} with a fitted tail"
+        line += f" ({_pm(error)}), pinned down" if pinned else f" ({_pm(error)}), not pinned down"
+        out.append(line)
+    return out
+
+
+def _span(xs: Sequence[float]) -> str:
+    low, high = min(xs), max(xs)
+    if format_duration(low) == format_duration(high):
+        return format_duration(high)
+    return f"{format_duration(low)} to {format_duration(high)}"
 
 
 def pilot_lines(quantities: Sequence[Quantity], precision: float | None) -> list[str]:

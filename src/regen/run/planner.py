@@ -135,7 +135,8 @@ def _estimate(
         prices,
         store.runs.lane_capacity(),
         credit_room,
-        flow_caches(store.work.prompt_shapes(), store.spend.cache_use()),
+        caching=flow_caches(store.work.prompt_shapes(), store.spend.cache_use()),
+        censored=store.outstanding.cut_short(),
     )
 
 

@@ -21,7 +21,7 @@ from regen.errors import StateError, StateGone
 from regen.safe import confined, has_key, holds_keys, redact
 from regen.state.answers import Answers
 from regen.state.outcomes import outcome_rows, with_cache_use
-from regen.state.outstanding import Outstanding
+from regen.state.outstanding import CutShort, Outstanding
 from regen.state.runs import Runs
 from regen.state.schema import (
     MIGRATIONS,
@@ -309,12 +309,13 @@ class Store:
         charges: Iterable[Charge] = (),
         settled: Iterable[int] = (),
         requeued: Iterable[str] = (),
+        cut: Iterable[CutShort] = (),
     ) -> None:
         """Commit finished items (each one's result or failure, attempts and ledger charge) and
         charges learnt after the fact (`Charge.kind`), in one transaction, with the requests
         whose bills these are leaving `outstanding` (`settled`: their ids) in it too.
         `requeued`: items recorded as failed (in this batch or before) that are pending again
-        (their error was the job's, not theirs)."""
+        (their error was the job's, not theirs). `cut`: attempts cut short on the wire."""
         outcomes, charges = list(outcomes), list(charges)
         rows = outcome_rows(outcomes, charges, time.time())
         # Cache use has columns since m015 (a test may write a state.db of an older schema).
@@ -326,3 +327,4 @@ class Store:
             Answers.insert_in(db, rows.results, cache_use=cache)
             Work.finish_in(db, rows, requeued)
             Outstanding.write_in(db, (), (), settled)
+            Outstanding.record_cut_in(db, cut)

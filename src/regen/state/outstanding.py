@@ -66,6 +66,36 @@ def m009_outstanding(db: sqlite3.Connection) -> None:
     db.execute("DELETE FROM meta WHERE key = 'exposure_usd'")
 
 
+def m017_cut_short(db: sqlite3.Connection) -> None:
+    """Attempts cut short while on the wire (abandoned at a stop's end, a pilot's time bound):
+    how long each had run. An answer still running then lasts at least that long, a censored
+    time the forecast and the ETA count (a killed run's requests are in `outstanding`)."""
+    db.execute(
+        """
+        CREATE TABLE cut_short (
+            id INTEGER PRIMARY KEY,
+            run_id INTEGER NOT NULL,
+            item_id TEXT NOT NULL,
+            dataset TEXT NOT NULL,
+            lane TEXT NOT NULL,
+            elapsed_s REAL NOT NULL
+        )
+        """
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class CutShort:
+    """An attempt cut short on the wire: its run, item, dataset and lane, and how long it had
+    run (a lower bound on its answer's time)."""
+
+    run_id: int
+    item_id: str
+    dataset: str
+    lane: str
+    elapsed_s: float
+
+
 @dataclass(frozen=True, slots=True)
 class Sent:
     """One request that may be billed: what it may cost, and where that counts."""
@@ -157,17 +187,48 @@ class Outstanding(Owner):
         ).fetchone()
         return int(n), float(usd), None if until is None else float(until)
 
+    @staticmethod
+    def record_cut_in(db: sqlite3.Connection, cut: Iterable[CutShort]) -> None:
+        """Attempts cut short on the wire, inside a transaction someone else holds."""
+        rows = list(cut)
+        if not rows:  # nothing to write: a state.db from before m017 is not touched
+            return
+        db.executemany(
+            "INSERT INTO cut_short (run_id, item_id, dataset, lane, elapsed_s) VALUES (?,?,?,?,?)",
+            [(c.run_id, c.item_id, c.dataset, c.lane, c.elapsed_s) for c in rows],
+        )
+
     def cut_short(self) -> dict[tuple[str, str], list[float]]:
-        """Per (lane, dataset), how long each request an earlier run left here had been on the
-        wire when that run ended (a killed run: at its last timeline point): the ETA counts
-        them as answers known to last at least that long."""
+        """Per (lane, dataset), times known only as lower bounds: how long each attempt cut
+        short on the wire had run (`cut_short`), and each request an earlier run left here had
+        been on the wire when that run ended (a killed run: at its last timeline point). One
+        per item and lane, the longest, and none for an item since answered in that lane (its
+        time is known). The ETA and the plan count them as answers lasting at least that."""
         out: dict[tuple[str, str], list[float]] = {}
-        for lane, ds, age in self._db.execute(
-            "SELECT o.lane, o.dataset, COALESCE(r.ended_at, "
-            "(SELECT MAX(t) FROM timeline WHERE run_id = o.run_id)) - o.sent_at "
-            "FROM outstanding o JOIN runs r ON r.id = o.run_id "
-            "WHERE o.lane IS NOT NULL AND o.dataset IS NOT NULL"
-        ):
+        for lane, ds, age in self._db.execute(_CENSORED):
             if age is not None and age > 0:
                 out.setdefault((lane, ds), []).append(float(age))
         return out
+
+
+_CENSORED = """
+WITH cut AS (
+    SELECT run_id, item_id, lane, dataset, elapsed_s AS age FROM cut_short
+    UNION ALL
+    SELECT o.run_id, o.item_id, o.lane, o.dataset,
+           COALESCE(r.ended_at, (SELECT MAX(t) FROM timeline WHERE run_id = o.run_id))
+           - o.sent_at
+    FROM outstanding o JOIN runs r ON r.id = o.run_id
+    WHERE o.lane IS NOT NULL AND o.dataset IS NOT NULL
+      -- a request cut at a stop is in both: its time on the wire is the one measured
+      AND NOT EXISTS (SELECT 1 FROM cut_short c WHERE c.run_id = o.run_id
+                      AND c.item_id = o.item_id AND c.lane = o.lane)
+)
+SELECT cut.lane, cut.dataset, MAX(cut.age) FROM cut
+WHERE NOT EXISTS (
+    SELECT 1 FROM attempts a JOIN items i ON i.id = a.item_id
+    WHERE a.item_id = cut.item_id AND COALESCE(a.lane, i.lane) = cut.lane
+      AND a.failure_class IS NULL
+)
+GROUP BY cut.item_id, cut.lane
+"""

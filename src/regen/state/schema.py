@@ -11,7 +11,7 @@ from typing import Literal
 from regen import __version__
 from regen.conversation import estimate_prompt_tokens
 from regen.errors import StateError
-from regen.state.outstanding import m009_outstanding
+from regen.state.outstanding import m009_outstanding, m017_cut_short
 
 
 def has_column(db: sqlite3.Connection, table: str, column: str) -> bool:
@@ -363,6 +363,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m013_source_view,
     m014_run_ends,
     m015_cache_use,
+    m017_cut_short,
 ]
 
 
