@@ -157,12 +157,15 @@ def with_endpoint(config: SimConfig, model: str, **changes: Any) -> SimConfig:
     return config.model_copy(update={"models": models})
 
 
-def openrouter_sim(seed: int, ttl_s: float) -> SimConfig:
-    """The OpenRouter sim, Moonshot's cache living `ttl_s` simulated seconds after last use."""
+def openrouter_sim(seed: int, ttl_s: float, prefill: float = 0.0) -> SimConfig:
+    """The OpenRouter sim, Moonshot's cache living `ttl_s` simulated seconds after last use,
+    computing `prefill` prompt tokens a second before the first token (0: the sim's default,
+    no prefill time): a prompt's blocks are readable only once it is computed."""
     config = SimConfig(
         seed=seed, time_scale=TIME_SCALE, prompt_caching=True, faults=NO_FAULTS, credits_usd=None
     )
-    return with_endpoint(config, MODEL, cache=SimCache(read_multiplier=0.25, ttl_s=ttl_s))
+    cache = SimCache(read_multiplier=0.25, ttl_s=ttl_s)
+    return with_endpoint(config, MODEL, cache=cache, prefill_tokens_per_s=prefill)
 
 
 def regen_run(
@@ -265,14 +268,14 @@ def bill(sim: RunningSim, start: int) -> dict[str, Any]:
 
 
 def cost_rows(
-    seeds: list[int], tmp: Path, concurrency: int, ttl_s: float, pilot: int = 0
+    seeds: list[int], tmp: Path, concurrency: int, ttl_s: float, pilot: int = 0, prefill: float = 0
 ) -> list[dict[str, Any]]:
     out = []
     for seed in seeds:
         for name, (make, samples) in JOBS.items():
             rows = make(random.Random(seed))
             row: dict[str, Any] = {"job": name, "seed": seed}
-            with sim_in_thread(openrouter_sim(seed, ttl_s)) as sim:
+            with sim_in_thread(openrouter_sim(seed, ttl_s, prefill)) as sim:
                 start = len(SEEN)
                 work = tmp / f"{name}-{seed}"
                 work.mkdir(parents=True)
@@ -287,7 +290,7 @@ def cost_rows(
                 prompts = requests(rows, samples)
                 if order == "shuffled":
                     random.Random(seed).shuffle(prompts)
-                with sim_in_thread(openrouter_sim(seed, ttl_s)) as sim:
+                with sim_in_thread(openrouter_sim(seed, ttl_s, prefill)) as sim:
                     start = len(SEEN)
                     asyncio.run(peer(sim.base_url, prompts, concurrency))
                     row[f"peer_{order}"] = bill(sim, start)
@@ -448,21 +451,32 @@ def main() -> None:
         help="run `regen plan --pilot N` before each regen run and compare its cost with the "
         "cache to the bill (the peers and the pool are skipped)",
     )
+    ap.add_argument(
+        "--prefill",
+        type=float,
+        default=0.0,
+        help="Moonshot's prefill speed, simulated prompt tokens a second (0: none beyond its "
+        "time to first token); a prompt's blocks are readable once it is computed",
+    )
+    ap.add_argument(
+        "--pool", action=argparse.BooleanOptionalAction, default=True, help="the vLLM pool part"
+    )
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     args = ap.parse_args()
     _recording_use()
     if not args.json:
         print(machine_line(), flush=True)
+        print(f"Moonshot's prefill: {args.prefill:g} simulated tokens/s", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         cost = [
             {**r, "concurrency": c, "ttl_s": t}
             for t in args.ttl
             for c in args.concurrency
-            for r in cost_rows(args.seeds, Path(tmp) / f"{c}-{t}", c, t, args.plan)
+            for r in cost_rows(args.seeds, Path(tmp) / f"{c}-{t}", c, t, args.plan, args.prefill)
         ]
         if not args.json:
             show(cost, [])
-        pool = [] if args.plan else pool_rows(args.seeds, Path(tmp))
+        pool = pool_rows(args.seeds, Path(tmp)) if args.pool and not args.plan else []
     if args.json:
         print(json.dumps({"cost": cost, "pool": pool}, indent=1))
         return
