@@ -64,6 +64,7 @@ def test_migrations_are_recorded_once(tmp_path: Path) -> None:
         (13, "m013_source_view"),
         (14, "m014_run_ends"),
         (15, "m015_cache_use"),
+        (16, "m016_pilot_key"),
     ]
     assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 

@@ -105,7 +105,8 @@ class _LaneFeed:
     gates: dict[str, Gate]
     claimed: dict[str, deque[PendingItem]]
     after: dict[str, int]
-    """The order key each dataset was claimed up to (-1: nothing claimed yet)."""
+    """The key each dataset was claimed up to (order key, or pilot key in a pilot; -1:
+    nothing claimed yet)."""
     exhausted: set[str] = field(default_factory=set)
     """Datasets the store has no more pending items of."""
     finished: set[str] = field(default_factory=set)
@@ -258,12 +259,17 @@ class Feeder:
         if not feed.claimed[name]:
             if feed.after[name] == -1:
                 failpoints.reached("dataset", name)
-            batch = self._store.work.claim_batch(name, feed.after[name], batch_size, lane=lane)
+            # A pilot takes each dataset's items in its shuffle, not in dispatch order (which
+            # keeps a conversation's items together): its sample is spread over conversations.
+            pilot = self._pilot is not None
+            batch = self._store.work.claim_batch(
+                name, feed.after[name], batch_size, lane=lane, pilot=pilot
+            )
             if not batch:
                 feed.exhausted.add(name)
                 return None
             feed.claimed[name].extend(batch)
-            feed.after[name] = batch[-1].order_key
+            feed.after[name] = batch[-1].pilot_key if pilot else batch[-1].order_key
         return feed.claimed[name].popleft()
 
     async def _feed_sequential(
