@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from regen.sim import SimConfig, sim_in_thread
-from tests.conftest import query, run_cli, write_job, write_rows
+from tests.conftest import query, run_cli, start_cli, write_job, write_rows
 
 
 def turns_rows(n: int, turns: int) -> list[dict[str, object]]:
@@ -48,3 +48,67 @@ def test_a_pilot_samples_items_spread_over_the_conversations(tmp_path: Path) -> 
     )[0]
     assert answered == 20
     assert conversations >= 16, conversations
+
+
+def conversation_turn(body: dict[str, object]) -> tuple[str, int]:
+    """A logged request's conversation (its first question) and turn (messages sent)."""
+    messages = body["messages"]
+    assert isinstance(messages, list)
+    return str(messages[0]["content"]).split(",")[0], len(messages)
+
+
+def held_then_released(
+    tmp: Path, rows: list[dict[str, object]], concurrency: int, leaders: int
+) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """Run the job with every request held on the server until `leaders` of them wait, and no
+    more come; then release them. The (conversation, messages) of the requests held, and of
+    every request of the run."""
+    with sim_in_thread(SimConfig(seed=5, time_scale=0.0, log_bodies=True)) as sim:
+        job = each_turn_job(tmp, sim.base_url, rows, concurrency=concurrency)
+        sim.simulator.hold()
+        running = start_cli("run", str(job))
+        try:
+            assert sim.simulator.wait_until(lambda: sim.simulator.held >= leaders, timeout=60)
+            # No later turn comes while the leaders are held (it would come at once).
+            assert not sim.simulator.wait_until(lambda: sim.simulator.held > leaders, timeout=1)
+            first = [conversation_turn(e.body or {}) for e in sim.simulator.chat_log()]
+            sim.simulator.release()
+            _, err = running.communicate(timeout=60)
+            assert running.returncode == 0, err
+        finally:
+            if running.poll() is None:
+                running.kill()
+                running.communicate()
+        return first, [conversation_turn(e.body or {}) for e in sim.simulator.chat_log()]
+
+
+def test_a_conversations_later_turns_wait_until_its_first_one_is_answered(
+    tmp_path: Path,
+) -> None:
+    """3 conversations of 4 turns and 10 single questions, 32 at once: with every request held
+    on the server, each conversation's first item (its longest prompt) and the single
+    questions reach it, and none of the conversations' other turns (a provider would compute
+    their history again); released, they all go."""
+    rows = turns_rows(3, 4) + [
+        {"messages": [{"role": "user", "content": f"single {i}, question"}]} for i in range(10)
+    ]
+    first, log = held_then_released(tmp_path, rows, concurrency=32, leaders=13)
+    conversations = {c for c, _ in first if c.startswith("conversation")}
+    assert len(first) == 13 and len(conversations) == 3
+    # Each conversation led by its last turn (7 messages before it); the others after.
+    assert sorted(t for c, t in first if c in conversations) == [7, 7, 7]
+    assert len(log) == 22 and sorted(log[13:]) == sorted(
+        (c, t) for c in conversations for t in (1, 3, 5)
+    )
+
+
+def test_a_conversation_longer_than_the_lanes_bound_still_waits(tmp_path: Path) -> None:
+    """A conversation of 12 turns on a lane of 4 at once: its 11 later turns are more than
+    the 2 x 4 items a lane may set aside, yet they wait (the bound counts conversations, whose
+    items share their data), while a free worker takes the single questions."""
+    rows = turns_rows(1, 12) + [
+        {"messages": [{"role": "user", "content": f"single {i}, question"}]} for i in range(2)
+    ]
+    first, log = held_then_released(tmp_path, rows, concurrency=4, leaders=3)
+    assert sorted(first) == [("conversation 0", 23), ("single 0", 1), ("single 1", 1)]
+    assert len(log) == 14

@@ -290,10 +290,18 @@ def _insert_rows(
     return added
 
 
-def _pending(r: tuple[Any, ...]) -> PendingItem:
-    return PendingItem(
-        r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6], r[7], r[8], r[9], r[10]
-    )
+def _pending(rows: list[tuple[Any, ...]]) -> list[PendingItem]:
+    """Claimed rows as items. Items of one conversation share its data, read once: they are
+    claimed together, and a long conversation's turns would each hold a copy (the feeder keeps
+    some in memory while their first turn is computed)."""
+    parsed: dict[str, dict[str, Any]] = {}
+    items = []
+    for r in rows:
+        data = parsed.get(r[6])
+        if data is None:
+            data = parsed[r[6]] = json.loads(r[4])
+        items.append(PendingItem(r[0], r[1], r[2], r[3], data, r[5], r[6], r[7], r[8], r[9], r[10]))
+    return items
 
 
 class Work(Owner):
@@ -539,7 +547,7 @@ class Work(Owner):
             f"{lane_sql}ORDER BY i.{key} LIMIT ?",
             args,
         ).fetchall()
-        return [_pending(r) for r in rows]
+        return _pending(rows)
 
     def blocked_items(self) -> dict[str, int]:
         """Pending turns of sequential conversations whose earlier turn failed, per dataset."""
@@ -565,7 +573,7 @@ class Work(Owner):
             "AND (i.order_key, i.id) > (?, ?) ORDER BY i.order_key, i.id LIMIT ?",
             (lane, key, item, limit),
         ).fetchall()
-        return [_pending(r) for r in rows]
+        return _pending(rows)
 
     def is_pending(self, item_id: str) -> bool:
         row = self._db.execute("SELECT status FROM items WHERE id = ?", (item_id,)).fetchone()
