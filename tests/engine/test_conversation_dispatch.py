@@ -102,13 +102,12 @@ def test_a_conversations_later_turns_wait_until_its_first_one_is_answered(
     )
 
 
-def test_a_conversation_longer_than_the_lanes_bound_still_waits(tmp_path: Path) -> None:
-    """A conversation of 12 turns on a lane of 4 at once: its 11 later turns are more than
-    the 2 x 4 items a lane may set aside, yet they wait (the bound counts conversations, whose
-    items share their data), while a free worker takes the single questions."""
-    rows = turns_rows(1, 12) + [
-        {"messages": [{"role": "user", "content": f"single {i}, question"}]} for i in range(2)
-    ]
-    first, log = held_then_released(tmp_path, rows, concurrency=4, leaders=3)
-    assert sorted(first) == [("conversation 0", 23), ("single 0", 1), ("single 1", 1)]
-    assert len(log) == 14
+def test_a_lane_full_of_waiting_turns_opens_no_new_conversation(tmp_path: Path) -> None:
+    """Two conversations of 6 turns on a lane of 4 at once: the first one's 5 later turns
+    fill the lane once its leader is answered, so the second conversation does not start
+    meanwhile (its turns would wait for the lane longer than a provider keeps its cache)."""
+    first, log = held_then_released(tmp_path, turns_rows(2, 6), concurrency=4, leaders=1)
+    assert [t for _, t in first] == [11]
+    # Released, every turn goes; the second conversation's last turn first.
+    second = [t for c, t in log if c != first[0][0]]
+    assert len(log) == 12 and log[0] == first[0] and len(second) == 6 and second[0] == 11

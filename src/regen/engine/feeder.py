@@ -128,11 +128,11 @@ class _Followers:
     """A lane's conversations whose first item handed out in this run (their leader) has not
     ended its first attempt, and their later items set aside meanwhile: a provider caches a
     prompt only once its request is computed, so each later turn would pay the history again.
-    At most `bound` conversations wait (their items share its data, `Work.claim_batch`): past
-    it, the longest-waiting leader's items go anyway (it is likely computed by then), so
-    memory stays bounded. Leaders in flight or queued are at most twice the lane's
-    concurrency, so the bound is a guard: the lane takes new conversations' leaders meanwhile
-    and never idles."""
+    Once `bound` items (the lane's concurrency) wait, the lane opens no new conversation until
+    a leader ends (`full`): those items fill it then, and each new conversation opened
+    meanwhile would only wait longer for the lane, past the provider's cache lifetime (on
+    bench/cache_cost.py at a 20 s lifetime, filling the lane with new leaders instead paid
+    1.07-1.11x the floor). Memory holds at most `bound` items and a claimed batch."""
 
     bound: int
     leading: dict[str, PendingItem] = field(default_factory=dict)
@@ -163,9 +163,13 @@ class _Followers:
             return False
         self.aside.setdefault(cid, []).append(item)
         self.waiting[item.dataset] += 1
-        if len(self.aside) > self.bound:
-            self.let_go(next(iter(self.aside)), seq)
         return True
+
+    @property
+    def full(self) -> bool:
+        """Enough items wait behind leaders in flight to fill the lane when they end: open no
+        new conversation meanwhile."""
+        return sum(self.waiting.values()) >= self.bound
 
     def let_go(self, cid: str, seq: int) -> bool:
         """The conversation's set-aside items go (before new claims); whether there were any."""
@@ -226,9 +230,7 @@ class Feeder:
         self._wake = {name: asyncio.Event() for name in lanes}
         """Set when a lane's feeder may have something new to hand out."""
         self._seq = itertools.count()
-        self._followers = {
-            name: _Followers(bound=2 * lane.concurrency) for name, lane in lanes.items()
-        }
+        self._followers = {name: _Followers(bound=lane.concurrency) for name, lane in lanes.items()}
 
     @property
     def stopping(self) -> bool:
@@ -333,12 +335,13 @@ class Feeder:
                 gate.deferred.clear()
                 followers.drop(name)
                 continue
-            has_items = (
-                bool(gate.deferred or feed.claimed[name] or followers.ready.get(name))
-                or name not in feed.exhausted
+            unclaimed = bool(feed.claimed[name]) or name not in feed.exhausted
+            # No new claim while the lane is full of items waiting for their leaders.
+            has_items = bool(gate.deferred or followers.ready.get(name)) or (
+                unclaimed and not followers.full
             )
-            # Items waiting for their leaders keep the dataset live, not ready.
-            if not has_items and not gate.undecided and not followers.waiting[name]:
+            # Items waiting for their leaders, or for the lane, keep the dataset live.
+            if not (has_items or unclaimed or gate.undecided or followers.waiting[name]):
                 feed.finished.add(name)
                 continue
             live = True
@@ -358,13 +361,15 @@ class Feeder:
         ready = self._followers[lane].ready.get(name)
         if ready:
             return heapq.heappop(ready)[2]
-        while True:
+        followers = self._followers[lane]
+        while not followers.full:
             item = self._claimed_item(feed, lane, name, batch_size)
             # A pilot's items are spread over conversations: none waits.
             if item is None or self._pilot is not None:
                 return item
-            if not self._followers[lane].set_aside(item, next(self._seq)):
+            if not followers.set_aside(item, next(self._seq)):
                 return item
+        return None
 
     def _claimed_item(
         self, feed: _LaneFeed, lane: str, name: str, batch_size: int
