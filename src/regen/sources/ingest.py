@@ -350,8 +350,7 @@ def read_dataset(
     """Read one dataset into the store (new rows add items, known rows change nothing);
     returns its first bad rows (as many as Sources keeps), the first notes on rows it used
     (modes.row_notes, as BadRows), the turns read and the count of every bad row. Memory
-    stays bounded whatever share of the file is bad. Rows read before a source error are
-    kept."""
+    stays bounded whatever share of the file is bad. Rows read before an error are kept."""
     bad: list[BadRow] = []
     notes: list[BadRow] = []
     failed: list[Exception] = []
