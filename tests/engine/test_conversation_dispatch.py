@@ -111,3 +111,31 @@ def test_a_lane_full_of_waiting_turns_opens_no_new_conversation(tmp_path: Path) 
     # Released, every turn goes; the second conversation's last turn first.
     second = [t for c, t in log if c != first[0][0]]
     assert len(log) == 12 and log[0] == first[0] and len(second) == 6 and second[0] == 11
+
+
+def test_a_prompts_later_samples_wait_for_its_first_on_a_hosted_lane(tmp_path: Path) -> None:
+    """Two prompts of 3 samples each on an OpenRouter lane, which sends each sample as its own
+    request: with every request held, one sample of each prompt reaches the server (the
+    others would compute the same prompt again meanwhile); released, all 6 go."""
+    rows = [{"messages": [{"role": "user", "content": f"single {i}, question"}]} for i in range(2)]
+    write_rows(tmp_path / "chats.jsonl", rows)
+    with sim_in_thread(SimConfig(seed=5, time_scale=0.0, log_bodies=True)) as sim:
+        job = write_job(tmp_path, sim.base_url, datasets=[("chats", "chats.jsonl", "openai")])
+        job.write_text(
+            job.read_text().replace('format = "openai"\n', 'format = "openai"\nsamples = 3\n')
+        )
+        sim.simulator.hold()
+        running = start_cli("run", str(job))
+        try:
+            assert sim.simulator.wait_until(lambda: sim.simulator.held >= 2, timeout=60)
+            assert not sim.simulator.wait_until(lambda: sim.simulator.held > 2, timeout=1)
+            first = sorted(conversation_turn(e.body or {}) for e in sim.simulator.chat_log())
+            sim.simulator.release()
+            _, err = running.communicate(timeout=60)
+            assert running.returncode == 0, err
+        finally:
+            if running.poll() is None:
+                running.kill()
+                running.communicate()
+        assert first == [("single 0", 1), ("single 1", 1)]
+        assert len(sim.simulator.chat_log()) == 6

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from regen import failpoints
 from regen.engine.budget import BudgetBook
+from regen.engine.client.batch import SampleBatcher
 from regen.engine.commits import CommitBuffer
 from regen.state.db import Store
 from regen.state.work import PendingItem
@@ -135,6 +136,9 @@ class _Followers:
     1.07-1.11x the floor). Memory holds at most `bound` items and a claimed batch."""
 
     bound: int
+    samples_together: bool = False
+    """The lane's servers answer a prompt's samples from one prefill (`n`, client/batch.py):
+    the leader's samples go with it rather than wait."""
     leading: dict[str, PendingItem] = field(default_factory=dict)
     """Each conversation's leader in flight, by conversation id."""
     aside: OrderedDict[str, list[PendingItem]] = field(default_factory=OrderedDict)
@@ -148,8 +152,8 @@ class _Followers:
 
     def set_aside(self, item: PendingItem, seq: int) -> bool:
         """Whether `item` waits for its conversation's leader (else it goes now, and leads
-        its conversation if none did in this run). A leader's samples go with it: a server
-        that takes `n` answers them from one prefill (client/batch.py)."""
+        its conversation if none did in this run). A prompt's samples are one conversation:
+        the later ones wait too, unless the lane sends them as one request."""
         cid = item.conversation_id
         leader = self.leading.get(cid)
         if leader is None:
@@ -159,7 +163,7 @@ class _Followers:
                 if len(self.led) > LED_MEMORY:
                     self.led.popitem(last=False)
             return False
-        if leader.turn_index == item.turn_index:
+        if self.samples_together and leader.turn_index == item.turn_index:
             return False
         self.aside.setdefault(cid, []).append(item)
         self.waiting[item.dataset] += 1
@@ -230,7 +234,13 @@ class Feeder:
         self._wake = {name: asyncio.Event() for name in lanes}
         """Set when a lane's feeder may have something new to hand out."""
         self._seq = itertools.count()
-        self._followers = {name: _Followers(bound=lane.concurrency) for name, lane in lanes.items()}
+        self._followers = {
+            name: _Followers(
+                bound=lane.concurrency,
+                samples_together=any(isinstance(e.sender, SampleBatcher) for e in lane.endpoints),
+            )
+            for name, lane in lanes.items()
+        }
 
     @property
     def stopping(self) -> bool:
