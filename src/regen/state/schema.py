@@ -350,8 +350,9 @@ def m015_cache_use(db: sqlite3.Connection) -> None:
 def m016_pilot_key(db: sqlite3.Connection) -> None:
     """Each item's own place in its dataset's seeded shuffle (`pilot_key`), apart from its
     dispatch place (`order_key`, which keeps a conversation's items together): a pilot takes
-    its items by it, so that its sample is spread over the conversations. Items stored before
-    were dispatched in that shuffle: their order key is it."""
+    its items by it, so that its sample is spread over the conversations (its index is built
+    by the first pilot, `Work.claim_batch`). Items stored before were dispatched in that
+    shuffle: their order key is it."""
     _script(
         db,
         """
@@ -359,7 +360,6 @@ def m016_pilot_key(db: sqlite3.Connection) -> None:
         UPDATE items SET pilot_key = order_key
         """,
     )
-    db.execute("CREATE INDEX items_pilot ON items (lane, dataset, status, escalated, pilot_key)")
 
 
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
