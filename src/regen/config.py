@@ -420,6 +420,10 @@ class RunConfig(_Model):
     """On a lane of several vLLM/SGLang servers, a conversation's turns and a prompt's samples
     go to the server of its last attempt (its prefix cached there) unless it is down or far
     more loaded than the least loaded (engine/servers.py AFFINITY_SLACK)."""
+    cache_order: bool = True
+    """A conversation's items (its turns, a prompt's samples) go out one after another, the
+    longest prompt first, so that a provider's prefix cache serves all but the first; off:
+    each item at its own place in the seeded shuffle. Decided when items are first read."""
     progress_interval_s: float = Field(default=10.0, gt=0)
     shuffle_seed: int = 0
     metrics_port: int | None = Field(default=None, ge=0, le=65535)

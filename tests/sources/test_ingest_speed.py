@@ -209,14 +209,26 @@ def test_run_log_says_a_source_was_not_read_again(tmp_path: Path, sim: Any) -> N
     assert log.count("not read again, their files unchanged since the last read") == 1
 
 
-def reference(conv: Conversation, mode: str, seed: int) -> list[tuple[str, str, int, int]]:
-    """(item id, prompt hash, order key, estimate) of each turn, from the definitions."""
+def reference(
+    conv: Conversation, mode: str, seed: int, limit: int | None
+) -> list[tuple[str, str, int, int, int]]:
+    """(item id, prompt hash, order key, pilot key, estimate) of each turn under `limit`, from
+    the definitions: a turn's pilot key is its own place in the shuffle; its order key is its
+    conversation's place (its first turn's), then its turns from the last to the first."""
     turns = target_turns(conv, mode)
     assert isinstance(turns, list)
-    ids = [(t, item_id(conv.id, t)) for t in turns]
+    kept = [t for t in turns if limit is None or conv.estimate_prompt_tokens(t) <= limit]
+    ids = [(t, item_id(conv.id, t)) for t in kept]
+    place = order_key(seed, ids[0][1]) if ids else 0
     return [
-        (iid, prompt_hash(conv, t), order_key(seed, iid), conv.estimate_prompt_tokens(t))
-        for t, iid in ids
+        (
+            iid,
+            prompt_hash(conv, t),
+            place + (len(ids) - 1 - j) * 1024,
+            order_key(seed, iid),
+            conv.estimate_prompt_tokens(t),
+        )
+        for j, (t, iid) in enumerate(ids)
     ]
 
 
@@ -232,17 +244,16 @@ def test_ingested_ids_and_bad_rows_are_the_definitions(tmp_path: Path, mode: str
     ingest(store, job)
     for ds in job.datasets:
         source = Source(ds.name, job.resolve(ds.path), "auto" if ds.name != "m" else "openai")
-        want_items: dict[str, tuple[str, str, int, int]] = {}
+        want_items: dict[str, tuple[str, str, int, int, int]] = {}
         for conv in source:
             if conv.row_index == 4 and ds.name == "m":
                 continue  # the lone surrogate: a bad row (the definitions cannot hash it)
             if isinstance(conv, Conversation) and not isinstance(target_turns(conv, mode), str):
-                for ref in reference(conv, mode, job.dataset_seed(ds)):
-                    if ds.max_prompt_tokens is None or ref[3] <= ds.max_prompt_tokens:
-                        want_items.setdefault(ref[1], ref)  # the first row with a prompt
+                for ref in reference(conv, mode, job.dataset_seed(ds), ds.max_prompt_tokens):
+                    want_items.setdefault(ref[1], ref)  # the first row with a prompt
         got = query(
             job.output_path,
-            f"SELECT id, prompt_hash, order_key, prompt_tokens_est FROM items "
+            f"SELECT id, prompt_hash, order_key, pilot_key, prompt_tokens_est FROM items "
             f"WHERE dataset = '{ds.name}'",
         )
         assert sorted(got) == sorted(want_items.values()), ds.name

@@ -64,7 +64,8 @@ def test_migrations_are_recorded_once(tmp_path: Path) -> None:
         (13, "m013_source_view"),
         (14, "m014_run_ends"),
         (15, "m015_cache_use"),
-        (16, "m017_cut_short"),
+        (16, "m016_pilot_key"),
+        (17, "m017_cut_short"),
     ]
     assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 

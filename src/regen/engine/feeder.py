@@ -11,6 +11,10 @@ the lane's queue hands out items by rank, escalated items first (their answers w
 once), then the lane's datasets in dispatch order, so an item let back in goes before the next
 dataset's. Without this, a token-budgeted dataset's last requests held every slot of the lane
 idle until they returned (12-20 s of a 2-minute run in bench/plan.py's lanes workload).
+
+A conversation's later items wait for its first one (`_Followers`): a provider's prefix cache
+holds a prompt only once the request that wrote it is computed, so turns of one conversation
+sent at the same moment each pay their whole history (issue 50).
 """
 
 from __future__ import annotations
@@ -18,13 +22,14 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from regen import failpoints
 from regen.engine.budget import BudgetBook
+from regen.engine.client.batch import SampleBatcher
 from regen.engine.commits import CommitBuffer
 from regen.state.db import Store
 from regen.state.work import PendingItem
@@ -100,15 +105,100 @@ class _LaneFeed:
     """Where the feeder stands in one lane's datasets: their ranks and gates, the items
     claimed and not yet handed out, how far each was claimed, and which are done."""
 
+    lane: str
     names: list[str]
     rank: dict[str, int]
     gates: dict[str, Gate]
     claimed: dict[str, deque[PendingItem]]
     after: dict[str, int]
-    """The order key each dataset was claimed up to (-1: nothing claimed yet)."""
+    """The key each dataset was claimed up to (order key, or pilot key in a pilot; -1:
+    nothing claimed yet)."""
     exhausted: set[str] = field(default_factory=set)
     """Datasets the store has no more pending items of."""
     finished: set[str] = field(default_factory=set)
+
+
+LED_MEMORY = 10_000
+"""Conversations a lane remembers having led in this run: its items are contiguous in the
+dispatch order, so a conversation's items come in a row (an item of one forgotten only
+waits for a leader of its own)."""
+
+
+@dataclass
+class _Followers:
+    """A lane's conversations whose first item handed out in this run (their leader) has not
+    ended its first attempt, and their later items set aside meanwhile: a provider caches a
+    prompt only once its request is computed, so each later turn would pay the history again.
+    Once `bound` items (the lane's concurrency) wait, the lane opens no new conversation until
+    a leader ends (`full`): those items fill it then, and each new conversation opened
+    meanwhile would only wait longer for the lane, past the provider's cache lifetime (on
+    bench/cache_cost.py at a 20 s lifetime, filling the lane with new leaders instead paid
+    1.07-1.11x the floor). Memory holds at most `bound` items and a claimed batch."""
+
+    bound: int
+    samples_together: bool = False
+    """The lane's servers answer a prompt's samples from one prefill (`n`, client/batch.py):
+    the leader's samples go with it rather than wait."""
+    leading: dict[str, PendingItem] = field(default_factory=dict)
+    """Each conversation's leader in flight, by conversation id."""
+    aside: OrderedDict[str, list[PendingItem]] = field(default_factory=OrderedDict)
+    """Items waiting for their conversation's leader, by conversation, oldest leader first."""
+    waiting: Counter[str] = field(default_factory=Counter)
+    """Items set aside, per dataset."""
+    ready: dict[str, list[tuple[int, int, PendingItem]]] = field(default_factory=dict)
+    """Items let go, per dataset, as heaps by order key: they go before new claims."""
+    led: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    """Conversations led in this run, the most recent last (LED_MEMORY of them)."""
+
+    def set_aside(self, item: PendingItem, seq: int) -> bool:
+        """Whether `item` waits for its conversation's leader (else it goes now, and leads
+        its conversation if none did in this run). A prompt's samples are one conversation:
+        the later ones wait too, unless the lane sends them as one request."""
+        cid = item.conversation_id
+        leader = self.leading.get(cid)
+        if leader is None:
+            if cid not in self.led:
+                self.leading[cid] = item
+                self.led[cid] = None
+                if len(self.led) > LED_MEMORY:
+                    self.led.popitem(last=False)
+            return False
+        if self.samples_together and leader.turn_index == item.turn_index:
+            return False
+        self.aside.setdefault(cid, []).append(item)
+        self.waiting[item.dataset] += 1
+        return True
+
+    @property
+    def full(self) -> bool:
+        """Enough items wait behind leaders in flight to fill the lane when they end: open no
+        new conversation meanwhile."""
+        return sum(self.waiting.values()) >= self.bound
+
+    def let_go(self, cid: str, seq: int) -> bool:
+        """The conversation's set-aside items go (before new claims); whether there were any."""
+        items = self.aside.pop(cid, [])
+        for item in items:
+            self.waiting[item.dataset] -= 1
+            heapq.heappush(self.ready.setdefault(item.dataset, []), (item.order_key, seq, item))
+        return bool(items)
+
+    def ended(self, item: PendingItem, seq: int) -> bool:
+        """A leader's first attempt ended (answered, failed, escalated, refused, abandoned):
+        its conversation's items go. Whether any were waiting."""
+        cid = item.conversation_id
+        leader = self.leading.get(cid)
+        if leader is None or leader.id != item.id:
+            return False
+        del self.leading[cid]
+        return self.let_go(cid, seq)
+
+    def drop(self, dataset: str) -> None:
+        """The dataset is held back: its waiting items stay pending in the store."""
+        for cid in [c for c, items in self.aside.items() if items[0].dataset == dataset]:
+            del self.aside[cid]
+        self.waiting[dataset] = 0
+        self.ready.pop(dataset, None)
 
 
 class Feeder:
@@ -144,6 +234,13 @@ class Feeder:
         self._wake = {name: asyncio.Event() for name in lanes}
         """Set when a lane's feeder may have something new to hand out."""
         self._seq = itertools.count()
+        self._followers = {
+            name: _Followers(
+                bound=lane.concurrency,
+                samples_together=any(isinstance(e.sender, SampleBatcher) for e in lane.endpoints),
+            )
+            for name, lane in lanes.items()
+        }
 
     @property
     def stopping(self) -> bool:
@@ -179,6 +276,13 @@ class Feeder:
         gate.probing = False
         self._wake[lane].set()
 
+    def attempt_ended(self, lane: str, item: PendingItem) -> None:
+        """A worker's attempt at an item ended, however: if the item leads its conversation,
+        the conversation's items set aside go (a provider's cache now holds its prompt)."""
+        followers = self._followers.get(lane)
+        if followers is not None and followers.ended(item, next(self._seq)):
+            self._wake[lane].set()
+
     async def feed(self, lane: LaneRuntime, queue: LaneQueue) -> None:
         """Fill the lane's queue with its pending items, then an end marker per worker."""
         batch_size = max(64, min(2 * lane.concurrency, 4096))
@@ -197,6 +301,7 @@ class Feeder:
         back, going on to the next while its room is held by requests in flight."""
         names = list(lane.datasets)
         feed = _LaneFeed(
+            lane=lane.name,
             names=names,
             rank={name: i + 1 for i, name in enumerate(names)},
             gates={name: self._gates.setdefault((lane.name, name), Gate()) for name in names},
@@ -229,6 +334,7 @@ class Feeder:
         none), and whether any is still live (items left, or some handed out undecided).
         Datasets found sent or held back are marked finished on the way."""
         live = False
+        followers = self._followers[feed.lane]
         for name in feed.names:
             if name in feed.finished:
                 continue
@@ -237,9 +343,15 @@ class Feeder:
                 # Its set-aside items stay pending; those handed out are refused in turn.
                 feed.finished.add(name)
                 gate.deferred.clear()
+                followers.drop(name)
                 continue
-            has_items = bool(gate.deferred or feed.claimed[name]) or name not in feed.exhausted
-            if not has_items and not gate.undecided:
+            unclaimed = bool(feed.claimed[name]) or name not in feed.exhausted
+            # No new claim while the lane is full of items waiting for their leaders.
+            has_items = bool(gate.deferred or followers.ready.get(name)) or (
+                unclaimed and not followers.full
+            )
+            # Items waiting for their leaders, or for the lane, keep the dataset live.
+            if not (has_items or unclaimed or gate.undecided or followers.waiting[name]):
                 feed.finished.add(name)
                 continue
             live = True
@@ -250,20 +362,44 @@ class Feeder:
     def _next_item(
         self, feed: _LaneFeed, lane: str, name: str, batch_size: int
     ) -> PendingItem | None:
-        """The dataset's next item: a set-aside one first, else the next claimed from the
-        store (a batch at a time); None once the store has no more (it is marked exhausted)."""
+        """The dataset's next item: a set-aside one first, then one its conversation's leader
+        let go, else the next claimed from the store (a batch at a time) that need not wait
+        for its leader; None once the store has no more (it is marked exhausted)."""
         gate = feed.gates[name]
         if gate.deferred:
             return heapq.heappop(gate.deferred)[2]
+        ready = self._followers[lane].ready.get(name)
+        if ready:
+            return heapq.heappop(ready)[2]
+        followers = self._followers[lane]
+        while not followers.full:
+            item = self._claimed_item(feed, lane, name, batch_size)
+            # A pilot's items are spread over conversations: none waits.
+            if item is None or self._pilot is not None:
+                return item
+            if not followers.set_aside(item, next(self._seq)):
+                return item
+        return None
+
+    def _claimed_item(
+        self, feed: _LaneFeed, lane: str, name: str, batch_size: int
+    ) -> PendingItem | None:
+        """The dataset's next item claimed from the store (a batch at a time); None once the
+        store has no more (it is marked exhausted)."""
         if not feed.claimed[name]:
             if feed.after[name] == -1:
                 failpoints.reached("dataset", name)
-            batch = self._store.work.claim_batch(name, feed.after[name], batch_size, lane=lane)
+            # A pilot takes each dataset's items in its shuffle, not in dispatch order (which
+            # keeps a conversation's items together): its sample is spread over conversations.
+            pilot = self._pilot is not None
+            batch = self._store.work.claim_batch(
+                name, feed.after[name], batch_size, lane=lane, pilot=pilot
+            )
             if not batch:
                 feed.exhausted.add(name)
                 return None
             feed.claimed[name].extend(batch)
-            feed.after[name] = batch[-1].order_key
+            feed.after[name] = batch[-1].pilot_key if pilot else batch[-1].order_key
         return feed.claimed[name].popleft()
 
     async def _feed_sequential(

@@ -300,7 +300,10 @@ class Scheduler:
             item = await queue.get()
             if item is None or self.stopping:
                 return
-            outcome = await self._process(lane, item)
+            try:
+                outcome = await self._process(lane, item)
+            finally:  # set aside, or ended unsent: its conversation's next turns need not wait
+                self._feeder.attempt_ended(lane.name, item)
             if outcome is not None:  # None: set aside until its dataset's budget has room
                 self._record(lane, outcome)
 
@@ -372,6 +375,9 @@ class Scheduler:
         finally:
             if signal != "released":
                 att.limit.release(signal, epoch=att.epoch, latency_s=latency)
+            # The provider has computed its prompt (or will not): its conversation's next
+            # turns go (Feeder.attempt_ended; only a leader's first attempt matters).
+            self._feeder.attempt_ended(lane.name, item)
         return self._verdicts.classify_answer(lane, item, att, tally, result)
 
     async def _send(self, lane: LaneRuntime, item: PendingItem, req: Request, att: Try) -> Result:

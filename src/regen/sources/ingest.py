@@ -141,10 +141,16 @@ def lane_of(rules: list[LaneRule], dataset: str) -> LaneOf:
 
 
 def plan_items(
-    conv: Conversation, ds: DatasetConfig, seed: int, lane: LaneOf = no_lane, samples: int = 1
+    conv: Conversation,
+    ds: DatasetConfig,
+    seed: int,
+    lane: LaneOf = no_lane,
+    samples: int = 1,
+    cache_order: bool = True,
 ) -> tuple[NewConversation | None, BadRow | None]:
     """The conversation and its items as the store takes them, and the reason for any turn
-    left out (a row with no turn left is only a BadRow).
+    left out (a row with no turn left is only a BadRow). `cache_order`: a conversation's
+    items are placed together in the dispatch order (`[run] cache_order`).
 
     Ids, prompt hashes and estimates are those of conversation.py and modes.py
     (Conversation.id, prompt_hash_of, estimate_prompt_tokens on Conversation.to_dict()),
@@ -156,7 +162,7 @@ def plan_items(
     written = _write_conversation(conv, ds)
     if isinstance(written, BadRow):
         return None, written
-    items, too_long = _turn_items(conv, ds, written, turns, seed, lane, samples)
+    items, too_long = _turn_items(conv, ds, written, turns, seed, lane, samples, cache_order)
     bad = _too_long_row(conv, ds, len(turns), too_long) if too_long else None
     if not items:
         return None, bad
@@ -201,16 +207,15 @@ def _turn_items(
     seed: int,
     lane: LaneOf,
     samples: int,
+    cache_order: bool = True,
 ) -> tuple[list[NewItem], list[tuple[int, int]]]:
     """Each turn's items (one per sample) in turn order, and the turns left out for a prompt
     over max_prompt_tokens, each with its estimate."""
     tool_chars = len(json.dumps(list(conv.tools))) if conv.tools else 0
-    items: list[NewItem] = []
+    kept: list[tuple[int, str, str, int, str | None]] = []
     too_long: list[tuple[int, int]] = []
-    previous: str | None = None
     sequential = ds.mode == "sequential"
     for t in turns:
-        iid = item_id(w.cid, t)
         # estimate_prompt_tokens(conv.to_dict(), t)
         estimate = (tool_chars + sum(w.chars[:t])) // 4 + 4 * min(t, len(w.chars)) + 2
         if ds.max_prompt_tokens is not None and estimate > ds.max_prompt_tokens:
@@ -223,16 +228,18 @@ def _turn_items(
         key = (
             stable_hash(w.cid, t) if sequential else stable_hash(_history_json(w.parts, t, w.tools))
         )
-        where = lane(estimate)
-        # Each sample its own item, placed right after the first in the dispatch order (keys
-        # stay distinct for the keyset reads), so that a prompt's samples go out together and
-        # a server's prefix cache serves the later ones.
-        place = order_key(seed, iid)
+        kept.append((t, item_id(w.cid, t), key, estimate, lane(estimate)))
+    # Sequential turns wait on each other's answers: they keep their own places.
+    places = _places(seed, [iid for _, iid, *_ in kept], cache_order and not sequential)
+    items: list[NewItem] = []
+    previous: str | None = None
+    for (t, iid, key, estimate, where), (place, own) in zip(kept, places, strict=True):
+        # Each sample its own item, placed right after the first in both orders (keys stay
+        # distinct for the keyset reads), so that a prompt's samples go out together.
         for k in range(samples):
-            sid = iid if k == 0 else item_id(w.cid, t, k)
             items.append(
                 NewItem(
-                    sid,
+                    iid if k == 0 else item_id(w.cid, t, k),
                     t,
                     sample_prompt_hash(key, k),
                     place + k,
@@ -240,10 +247,28 @@ def _turn_items(
                     after_item=previous if sequential else None,
                     lane=where,
                     sample=k,
+                    pilot_key=own + k,
                 )
             )
         previous = iid
     return items, too_long
+
+
+SAMPLES_STRIDE = 1024
+"""Room in the dispatch order after each turn for its samples (`samples` is at most this)."""
+
+
+def _places(seed: int, iids: list[str], grouped: bool) -> list[tuple[int, int]]:
+    """Each turn's dispatch place and its own place in the seeded shuffle (`order_key`, which
+    a pilot claims by). Grouped, a conversation's turns follow one another at its first
+    turn's place (a one-turn conversation keeps the place it always had), the longest prompt
+    first: every earlier turn's prompt is a prefix of it, so once it is computed a provider's
+    prefix cache holds them all (issue 50)."""
+    own = [order_key(seed, iid) for iid in iids]
+    if not grouped or len(iids) < 2:
+        return list(zip(own, own, strict=True))
+    last = len(iids) - 1
+    return [(own[0] + (last - j) * SAMPLES_STRIDE, o) for j, o in enumerate(own)]
 
 
 def _too_long_row(
@@ -320,12 +345,12 @@ def read_dataset(
     lane: LaneOf,
     reasons: bool = True,
     samples: int = 1,
+    cache_order: bool = True,
 ) -> tuple[list[BadRow], list[BadRow], int, int]:
     """Read one dataset into the store (new rows add items, known rows change nothing);
     returns its first bad rows (as many as Sources keeps), the first notes on rows it used
     (modes.row_notes, as BadRows), the turns read and the count of every bad row. Memory
-    stays bounded whatever share of the file is bad. Rows read before a source error are
-    kept."""
+    stays bounded whatever share of the file is bad. Rows read before an error are kept."""
     bad: list[BadRow] = []
     notes: list[BadRow] = []
     failed: list[Exception] = []
@@ -346,7 +371,7 @@ def read_dataset(
                 if isinstance(conv, BadRow):
                     count_bad(conv)
                     continue
-                new, reason = plan_items(conv, ds, seed, lane, samples)
+                new, reason = plan_items(conv, ds, seed, lane, samples, cache_order)
                 if reason is not None:
                     count_bad(reason)
                 if new is not None and len(notes) < KEPT_BAD_ROWS:
@@ -398,6 +423,7 @@ def ingest(store: Store, job: Job) -> list[str]:
                 lane_of(rules, ds.name),
                 target_reasons(job),
                 job.dataset_samples(ds),
+                job.run.cache_order,
             )
         except BaseException:
             store.work.forget_read()  # not a complete read: the last one's view stands

@@ -347,6 +347,21 @@ def m015_cache_use(db: sqlite3.Connection) -> None:
     )
 
 
+def m016_pilot_key(db: sqlite3.Connection) -> None:
+    """Each item's own place in its dataset's seeded shuffle (`pilot_key`), apart from its
+    dispatch place (`order_key`, which keeps a conversation's items together): a pilot takes
+    its items by it, so that its sample is spread over the conversations (its index is built
+    by the first pilot, `Work.claim_batch`). Items stored before were dispatched in that
+    shuffle: their order key is it."""
+    _script(
+        db,
+        """
+        ALTER TABLE items ADD COLUMN pilot_key INTEGER NOT NULL DEFAULT 0;
+        UPDATE items SET pilot_key = order_key
+        """,
+    )
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m001_initial,
     m002_lanes,
@@ -363,6 +378,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m013_source_view,
     m014_run_ends,
     m015_cache_use,
+    m016_pilot_key,
     m017_cut_short,
 ]
 

@@ -45,6 +45,14 @@ ones decide which rows are new."""
 DEFERRED_META = "deferred_indexes"
 
 
+PILOT_INDEX = (
+    "CREATE INDEX IF NOT EXISTS items_pilot ON items (lane, dataset, status, escalated, pilot_key)"
+)
+"""A pilot's claims (Work.claim_batch), built by the first pilot rather than at every read:
+a million random keys took 3-4 s of a 55 s read (bench/ingest.py), and most jobs never
+pilot."""
+
+
 @dataclass(frozen=True, slots=True)
 class DatasetProgress:
     """Counts and totals for one dataset, all read from state.db."""
@@ -105,6 +113,9 @@ class NewItem:
     """The lane that takes it (first_lane), as Work.assign_lanes would give it."""
     sample: int = 0
     """Which of its prompt's samples it is."""
+    pilot_key: int | None = None
+    """Its own place in the dataset's seeded shuffle, which a pilot claims by (None: its
+    order key, when that is the shuffle)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,11 +184,14 @@ class PendingItem:
     prompt_tokens_est: int = 0
     after_item: str | None = None
     sample: int = 0
+    pilot_key: int = 0
+    """Its own place in its dataset's seeded shuffle (a pilot's claims go by it)."""
 
 
 _PENDING_COLUMNS = (
     "i.id, i.dataset, i.turn_index, i.order_key, c.data, c.row_index, c.id, i.prompt_tokens_est, "
-    "i.after_item, i.sample FROM items i JOIN conversations c ON c.id = i.conversation_id"
+    "i.after_item, i.sample, i.pilot_key "
+    "FROM items i JOIN conversations c ON c.id = i.conversation_id"
 )
 
 
@@ -210,6 +224,7 @@ def _add_rows(batch: Iterable[NewConversation], conv_rows: Rows, item_rows: Rows
                 it.after_item,
                 it.lane,
                 it.sample,
+                it.order_key if it.pilot_key is None else it.pilot_key,
             )
             for it in conv.items
         )
@@ -277,11 +292,16 @@ def _insert_rows(
             conv_rows,
         )
     mid = db.total_changes
+    # The pilot key has a column since m016 (a test may write a state.db of an older schema).
+    if has_column(db, "items", "pilot_key"):
+        columns, marks, rows = ", pilot_key", ", ?", item_rows
+    else:
+        columns, marks, rows = "", "", [r[:-1] for r in item_rows]
     db.executemany(
-        "INSERT OR IGNORE INTO items (id, dataset, conversation_id, turn_index, "
-        "prompt_hash, order_key, prompt_tokens_est, after_item, lane, sample) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        item_rows,
+        "INSERT OR IGNORE INTO items (id, dataset, conversation_id, turn_index, prompt_hash, "
+        f"order_key, prompt_tokens_est, after_item, lane, sample{columns}) "
+        f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?{marks})",
+        rows,
     )
     added = db.total_changes - mid
     if seen:
@@ -289,8 +309,18 @@ def _insert_rows(
     return added
 
 
-def _pending(r: tuple[Any, ...]) -> PendingItem:
-    return PendingItem(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6], r[7], r[8], r[9])
+def _pending(rows: list[tuple[Any, ...]]) -> list[PendingItem]:
+    """Claimed rows as items. Items of one conversation share its data, read once: they are
+    claimed together, and a long conversation's turns would each hold a copy (the feeder keeps
+    some in memory while their first turn is computed)."""
+    parsed: dict[str, dict[str, Any]] = {}
+    items = []
+    for r in rows:
+        data = parsed.get(r[6])
+        if data is None:
+            data = parsed[r[6]] = json.loads(r[4])
+        items.append(PendingItem(r[0], r[1], r[2], r[3], data, r[5], r[6], r[7], r[8], r[9], r[10]))
+    return items
 
 
 class Work(Owner):
@@ -512,22 +542,34 @@ class Work(Owner):
         return {ds: n for ds, n in rows}
 
     def claim_batch(
-        self, dataset: str, after_key: int, limit: int, lane: str | None = None
+        self,
+        dataset: str,
+        after_key: int,
+        limit: int,
+        lane: str | None = None,
+        *,
+        pilot: bool = False,
     ) -> list[PendingItem]:
         """The next pending items of a dataset (in a lane) in dispatch order (keyset on
-        order_key). Escalated items are claimed separately."""
+        order_key), or for a pilot in the dataset's shuffle (keyset on pilot_key: a sample
+        spread over the conversations, not a few whole ones). Escalated items are claimed
+        separately."""
+        key = "pilot_key" if pilot else "order_key"
+        if pilot:  # a few claims a pilot: nothing to build after its first
+            with self._tx() as tx:
+                tx.execute(PILOT_INDEX)
         lane_sql = "AND i.lane = ? AND i.escalated = 0 " if lane is not None else ""
         args: tuple[Any, ...] = (dataset, after_key, *((lane,) if lane else ()), limit)
         # An item of a sequential conversation waits until its previous turn is done.
         rows = self._db.execute(
             f"SELECT {_PENDING_COLUMNS} "
-            "WHERE i.dataset = ? AND i.status = 'pending' AND i.order_key > ? AND i.gone = 0 "
+            f"WHERE i.dataset = ? AND i.status = 'pending' AND i.{key} > ? AND i.gone = 0 "
             "AND (i.after_item IS NULL OR "
             "(SELECT p.status FROM items p WHERE p.id = i.after_item) = 'done') "
-            f"{lane_sql}ORDER BY i.order_key LIMIT ?",
+            f"{lane_sql}ORDER BY i.{key} LIMIT ?",
             args,
         ).fetchall()
-        return [_pending(r) for r in rows]
+        return _pending(rows)
 
     def blocked_items(self) -> dict[str, int]:
         """Pending turns of sequential conversations whose earlier turn failed, per dataset."""
@@ -553,7 +595,7 @@ class Work(Owner):
             "AND (i.order_key, i.id) > (?, ?) ORDER BY i.order_key, i.id LIMIT ?",
             (lane, key, item, limit),
         ).fetchall()
-        return [_pending(r) for r in rows]
+        return _pending(rows)
 
     def is_pending(self, item_id: str) -> bool:
         row = self._db.execute("SELECT status FROM items WHERE id = ?", (item_id,)).fetchone()
