@@ -98,9 +98,9 @@ def computed(tmp: Path, affinity: bool, monkeypatch: pytest.MonkeyPatch) -> tupl
     seen: list[list[int]] = []
     real = PrefixCache.use
 
-    def use(cache: PrefixCache, ids: list[int], now: float) -> Any:
+    def use(cache: PrefixCache, ids: list[int], now: float, ready: Any = None) -> Any:
         seen.append(list(ids))
-        return real(cache, ids, now)
+        return real(cache, ids, now, ready)
 
     monkeypatch.setattr(PrefixCache, "use", use)
     with vllm_pool(SERVERS) as sims:
