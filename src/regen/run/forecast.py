@@ -585,10 +585,8 @@ def plan(
     dataset); `capacity`: what providers let lanes keep on the wire; `credit_room_usd`: what
     the account can still spend before its credit (or the job's credit floor) stops the job;
     `caching`: what a prompt cache serves of each flow (None: nothing); `censored`: per (lane,
-    dataset), times known only as lower bounds (`cut_short`). In steps: the passages each
-    flow will take (escalations included), the share of them the datasets' budgets let
-    through, each lane's timeline, what stops the job (its cap or the credit) and when, then
-    each dataset's rows and the totals."""
+    dataset), times known only as lower bounds. In steps: each flow's passages, the share the
+    budgets let through, each lane's timeline, what stops the job and when, the rows."""
     profiles = _profiles(job, entries, latencies, pending, prices, by_lane(censored or {}), caching)
     lanes = _order(job)
     spent = {p.name: p for p in progress}

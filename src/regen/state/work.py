@@ -323,18 +323,58 @@ def _pending(rows: list[tuple[Any, ...]]) -> list[PendingItem]:
     return items
 
 
-class Work(Owner):
+class ItemShapes(Owner):
+    """What the plan reads of the items: their lanes, prompts and conversations (read only)."""
+
+    def _gone(self, sql: str) -> str:
+        """`sql`, which reads the items gone from view, or nothing in a state.db from before
+        m013 (read-only readers do not migrate it: every item is in view there)."""
+        return sql if has_column(self._db, "items", "gone") else ""
+
+    def item_lanes(self) -> dict[tuple[str, str | None, bool], int]:
+        """Done items by (dataset, the lane that answered, whether a shorter lane's truncated
+        answer was escalated to it)."""
+        rows = self._db.execute(
+            "SELECT dataset, lane, escalated, COUNT(*) FROM items WHERE status = 'done' "
+            "GROUP BY dataset, lane, escalated"
+        ).fetchall()
+        return {(d, lane, bool(e)): n for d, lane, e, n in rows}
+
+    def prompt_shapes(self) -> dict[tuple[str | None, str], PromptShape]:
+        """Per (lane, dataset), its pending prompts in view grouped by conversation."""
+        rows = self._db.execute(
+            "SELECT lane, dataset, SUM(n), COUNT(*), SUM(est), SUM(longest) FROM ("
+            " SELECT lane, dataset, COUNT(*) AS n, SUM(prompt_tokens_est) AS est,"
+            " MAX(prompt_tokens_est) AS longest FROM items WHERE status = 'pending'"
+            f"{self._gone(' AND gone = 0')} GROUP BY lane, dataset, conversation_id"
+            ") GROUP BY lane, dataset"
+        ).fetchall()
+        return {(lane, ds): PromptShape(*map(int, rest)) for lane, ds, *rest in rows}
+
+    def pending_flows(self) -> dict[tuple[str | None, str], tuple[int, int]]:
+        """Pending items in view per (lane, dataset): how many, and their estimated prompt
+        tokens."""
+        gone = self._gone(
+            " UNION ALL SELECT lane, dataset, -COUNT(*), -COALESCE(SUM(prompt_tokens_est), 0)"
+            " FROM items INDEXED BY items_gone WHERE status = 'pending' AND gone = 1"
+            " GROUP BY lane, dataset"
+        )
+        rows = self._db.execute(
+            "SELECT lane, dataset, SUM(n), SUM(est) FROM ("
+            " SELECT lane, dataset, COUNT(*) AS n, COALESCE(SUM(prompt_tokens_est), 0) AS est"
+            f" FROM items WHERE status = 'pending' GROUP BY lane, dataset{gone}"
+            ") GROUP BY lane, dataset HAVING SUM(n) > 0"
+        ).fetchall()
+        return {(lane, ds): (int(n), int(est)) for lane, ds, n, est in rows}
+
+
+class Work(ItemShapes):
     """The `conversations` and `items` tables."""
 
     _reading: str | None = None
     """The dataset whose read is under way and remembered (start_read), if any."""
     _temp_cache: int = -2000
     """The temporary tables' page cache before a read enlarged it."""
-
-    def _gone(self, sql: str) -> str:
-        """`sql`, which reads the items gone from view, or nothing in a state.db from before
-        m013 (read-only readers do not migrate it: every item is in view there)."""
-        return sql if has_column(self._db, "items", "gone") else ""
 
     @staticmethod
     def finish_in(db: sqlite3.Connection, rows: OutcomeRows, requeued: Iterable[str]) -> None:
@@ -666,39 +706,3 @@ class Work(Owner):
             """
         ).fetchall()
         return {r[0]: DatasetSample(*r) for r in rows}
-
-    def item_lanes(self) -> dict[tuple[str, str | None, bool], int]:
-        """Done items by (dataset, the lane that answered, whether a shorter lane's truncated
-        answer was escalated to it)."""
-        rows = self._db.execute(
-            "SELECT dataset, lane, escalated, COUNT(*) FROM items WHERE status = 'done' "
-            "GROUP BY dataset, lane, escalated"
-        ).fetchall()
-        return {(d, lane, bool(e)): n for d, lane, e, n in rows}
-
-    def prompt_shapes(self) -> dict[tuple[str | None, str], PromptShape]:
-        """Per (lane, dataset), its pending prompts in view grouped by conversation."""
-        rows = self._db.execute(
-            "SELECT lane, dataset, SUM(n), COUNT(*), SUM(est), SUM(longest) FROM ("
-            " SELECT lane, dataset, COUNT(*) AS n, SUM(prompt_tokens_est) AS est,"
-            " MAX(prompt_tokens_est) AS longest FROM items WHERE status = 'pending'"
-            f"{self._gone(' AND gone = 0')} GROUP BY lane, dataset, conversation_id"
-            ") GROUP BY lane, dataset"
-        ).fetchall()
-        return {(lane, ds): PromptShape(*map(int, rest)) for lane, ds, *rest in rows}
-
-    def pending_flows(self) -> dict[tuple[str | None, str], tuple[int, int]]:
-        """Pending items in view per (lane, dataset): how many, and their estimated prompt
-        tokens."""
-        gone = self._gone(
-            " UNION ALL SELECT lane, dataset, -COUNT(*), -COALESCE(SUM(prompt_tokens_est), 0)"
-            " FROM items INDEXED BY items_gone WHERE status = 'pending' AND gone = 1"
-            " GROUP BY lane, dataset"
-        )
-        rows = self._db.execute(
-            "SELECT lane, dataset, SUM(n), SUM(est) FROM ("
-            " SELECT lane, dataset, COUNT(*) AS n, COALESCE(SUM(prompt_tokens_est), 0) AS est"
-            f" FROM items WHERE status = 'pending' GROUP BY lane, dataset{gone}"
-            ") GROUP BY lane, dataset HAVING SUM(n) > 0"
-        ).fetchall()
-        return {(lane, ds): (int(n), int(est)) for lane, ds, n, est in rows}
