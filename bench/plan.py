@@ -444,6 +444,15 @@ def one(
         db.execute("SELECT dataset, COUNT(*) FROM items WHERE status = 'pending' GROUP BY 1")
     )
     actual = measured(db, pilot_end, started)
+    run_per_item = {
+        f"{lane}/{ds}": usd / n
+        for lane, ds, usd, n in db.execute(
+            "SELECT l.lane, i.dataset, SUM(COALESCE(l.cost_usd, 0)), COUNT(DISTINCT l.item_id) "
+            "FROM ledger l JOIN items i ON i.id = l.item_id WHERE l.created_at > ? GROUP BY 1, 2",
+            (pilot_end,),
+        )
+        if n
+    }
     db.close()
     wall = ended - started
     lines = progress_lines(work / "out" / "run.log")
@@ -473,6 +482,15 @@ def one(
         "exit": code,
         "plan_left": {d["name"]: d["pending"] - d["sent"] for d in plan["datasets"]},
         "left": left,
+        # What drives the items left: each flow's dollars per passage, as planned and as run.
+        "per_item": {
+            f"{f['lane']}/{f['dataset']}": [
+                interval(f["cost_usd"])[0] / f["passages"] if f["passages"] else None,
+                run_per_item.get(f"{f['lane']}/{f['dataset']}"),
+            ]
+            for f in plan["flows"]
+            if f["cost_usd"] is not None
+        },
         "kill_margin_usd": plan["job"].get("kill_margin_usd"),
         "wall": wall,
         # "At 10% of the run", two ways: when 10% of its items are finished (a fast short
@@ -599,6 +617,15 @@ def endings(results: list[dict[str, Any]]) -> None:
             f"{r.get('exit')}, {n_left} {left} | {err} |"
         )
     print(f"\nthe plan's ending right (how, and items left within 20%): {right} of {len(results)}")
+    print("\n| workload | seed | $ per passage: plan / run (error), per lane/dataset |")
+    print("|---|---|---|")
+    for r in results:
+        cells = [
+            f"{k} {p:.6f} / {a:.6f} ({p / a - 1:+.0%})"
+            for k, (p, a) in r.get("per_item", {}).items()
+            if p is not None and a
+        ]
+        print(f"| {r['workload']} | {r['seed']} | {'; '.join(cells) or '-'} |")
     print()
     print("| workload | seed | pilot time bound s | took s | money bound $ | spent $ | within |")
     print("|---|---|---|---|---|---|---|")
