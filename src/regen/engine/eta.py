@@ -144,6 +144,10 @@ class Flow:
         """The share of this flow's answers that go on to a longer lane."""
         return self.escalated / self.answered if self.answered else 0.0
 
+    coming_var: float = 0.0
+    """The variance of the count of escalated items still to come into this flow (set with
+    them, from the sending flow's share and how many answers it rests on)."""
+
 
 @dataclass(frozen=True)
 class LatencyModel:
@@ -424,6 +428,15 @@ def escalation_order(escalate_to: Mapping[str, str | None]) -> list[str]:
     return out
 
 
+def escalations_var(flow: Flow, items: float, items_var: float = 0.0) -> float:
+    """The variance of how many of `items` (itself unsure by `items_var`) the flow sends on:
+    its escalation share is measured on its answers so far, a pilot's few at the start, and
+    each item escalates or not on its own."""
+    p = flow.escalation_share
+    share_var = p * (1.0 - p) / max(1, flow.answered)
+    return items * items * share_var + items * p * (1.0 - p) + items_var * (p * p + share_var)
+
+
 def items_left(flow: Flow, tokens_left: float | None, usd_left: float | None) -> tuple[int, str]:
     """Items this run will still finish: pending ones, or fewer when a budget stops first.
     A budget already met (earlier runs' spend counts) leaves none, answers of this run or not:
@@ -476,7 +489,8 @@ class _LaneWork:
     earlier_work: float = 0.0
     """Resting on earlier runs' answers alone (datasets not reached yet)."""
     earlier_var: float = 0.0
-    """The part of the work's variance that the earlier answers' means bring."""
+    """The part of the work's variance that measured means and shares bring as they are (the
+    earlier answers' means, the escalations still to come): kept out of SD_SCALE."""
 
     def add(self, flow: Flow, n: int, model: LatencyModel, own: bool) -> None:
         """A dataset's items not on the wire yet, each its mean time (and a share of failed
@@ -493,7 +507,7 @@ class _LaneWork:
         # is measured as it is (Stat.regressed holds the true mean ~4 times in 5), so it
         # stays out of the modelled run's SD_SCALE.
         earlier_se, se = flow.mean_errors(model) if own else (0.0, model.sd / math.sqrt(model.n))
-        self.earlier_var += (unstarted * earlier_se) ** 2
+        self.earlier_var += (unstarted * earlier_se) ** 2 + flow.coming_var * model.mean**2
         self.var += (
             (unstarted * se) ** 2
             + unstarted * model.sd**2

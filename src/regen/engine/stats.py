@@ -21,6 +21,7 @@ from regen.engine.eta import (
     combine,
     cut_at,
     escalation_order,
+    escalations_var,
     items_left,
     lane_eta,
     spend_reaches,
@@ -218,6 +219,7 @@ class RunStats:
         # A lane that escalates goes first: what it will still send on is work for the lane
         # it sends to, which cannot end before it does.
         coming: dict[tuple[str, str], float] = {}
+        coming_var: dict[tuple[str, str], float] = {}
         left: dict[str, tuple[int, str]] = {}
         out: dict[str, list[tuple[Flow, int, str]]] = {}
         for name in escalation_order({n: lane.escalate_to for n, lane in self.lanes.items()}):
@@ -228,12 +230,16 @@ class RunStats:
                 tokens_left, usd_left = self.budget_left(ds) if self.budget_left else (None, None)
                 n, bound = items_left(flow, tokens_left, usd_left)
                 more = coming.get((name, ds), 0.0)
+                flow.coming_var = coming_var.get((name, ds), 0.0)
                 work = n + round(more) + len(flow.on_wire)
                 left[ds] = (left.get(ds, (0, bound))[0] + work, bound)
                 rows.append((flow, n + round(more), bound))
                 if lane.escalate_to is not None:
                     key = (lane.escalate_to, ds)
                     coming[key] = coming.get(key, 0.0) + (n + more) * flow.escalation_share
+                    coming_var[key] = coming_var.get(key, 0.0) + escalations_var(
+                        flow, n + more, flow.coming_var
+                    )
         return out, left, coming
 
     def _cap_binds(
