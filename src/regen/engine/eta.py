@@ -607,14 +607,37 @@ def spend_reaches(pieces: Sequence[tuple[float, float, float]], room: float) -> 
     return hi
 
 
-def cut_at(eta: Eta, stop: float) -> Eta:
+def cut_at(eta: Eta, stop: float, stop_sd: float = 0.0) -> Eta:
     """An ETA that a stop at `stop` seconds cuts short: then the requests on the wire end (its
-    drain), its interval scaled with it. What ends before is left as it is."""
+    drain), its interval scaled with it and widened by how unsure the stop is (`stop_sd`: the
+    dollars per item it rests on), never past the uncut one's. What ends before is left."""
     seconds = min(eta.seconds, stop + eta.drain)
     if eta.seconds <= stop or seconds >= eta.seconds:
         return eta
     k = seconds / eta.seconds
-    return Eta(seconds, eta.p10 * k, eta.p90 * k, "budget", eta.drain, eta.prior)
+    low = math.hypot((eta.seconds - eta.p10) * k, Z90 * stop_sd)
+    high = math.hypot((eta.p90 - eta.seconds) * k, Z90 * stop_sd)
+    return Eta(
+        seconds,
+        max(0.0, seconds - low),
+        min(max(eta.p90, seconds), seconds + high),
+        "budget",
+        eta.drain,
+        eta.prior,
+    )
+
+
+def spend_rse(flow: Flow) -> float:
+    """How unsure a flow's dollars per item are, relative: as unsure as its time on the wire
+    (both follow its answers' tokens), from earlier runs' answers while this run has few."""
+    if flow.finished < RUN_ANSWERS and flow.earlier_rse is not None:
+        return flow.earlier_rse
+    n = len(flow.latencies)
+    if n < 2:
+        return PRIOR_REL_SD
+    mean = sum(flow.latencies) / n
+    var = sum((x - mean) ** 2 for x in flow.latencies) / (n - 1)
+    return math.sqrt(var / n) / mean if mean > 0 else 0.0
 
 
 def format_duration(seconds: float) -> str:
