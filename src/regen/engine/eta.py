@@ -45,10 +45,12 @@ UNMEASURED_RSD = 1.0
 """The relative sd Concurrency.mean gives a pace it has not measured yet: lane_eta reads it
 as such (its ETA is then `prior`)."""
 EARLIER_RSD = 0.12
-"""How far this run's pace may be from the one earlier runs' answers (a pilot's) measured,
-beyond their sampling error: a pilot starts cold, the machine's load and the provider's speed
-move. On bench/plan.py's workloads a dataset's mean time in the run was 0.74 to 1.27 times its
-pilot's, the pilot's own sampling error included."""
+"""How far this run's pace (its mean requests on the wire) may be from the one an earlier run
+measured, or from a lane's limit before its own is measured: a pilot starts cold, the
+machine's load and the provider's speed move."""
+EARLIER_DRIFT = 0.12
+"""How far the time of an answer may move between an earlier run (a pilot) and this one beyond
+the earlier mean's own error (`Flow.earlier_rse`): the machine's load, the provider's speed."""
 FILL_S = 5.0
 """A lane not yet full after this long is measured as it is (fed slowly, or few items)."""
 RUN_ANSWERS = 20
@@ -102,6 +104,26 @@ class Flow:
         factor = scale.mean / (sum(times) / len(times)) if sum(times) > 0 else 1.0
         for seconds in reversed(times):
             self.add_latency(seconds * factor)
+        self.earlier_n = len(times)
+        self.earlier_rse = scale.se / scale.mean if scale.mean > 0 else None
+
+    earlier_n: int = 0
+    """Latencies that came from earlier runs' answers (`start_from`)."""
+    earlier_rse: float | None = None
+    """Their mean's relative error as `Stat.regressed` measures it: skewed times from few
+    answers (Cox), and the prompt sizes accounted for (where answer lengths follow prompt
+    lengths, a mean adjusted to the prompts to come is known better than the plain one)."""
+
+    def mean_errors(self, model: LatencyModel) -> tuple[float, float]:
+        """The standard error of the flow's own model's mean, in two parts: what its earlier
+        runs' answers bring (their `earlier_rse`) and what this run's do (the spread of one
+        over their number), each weighted by its share of the answers."""
+        n = max(model.n, 1)
+        earlier = min(self.earlier_n, n) if self.earlier_rse is not None else 0
+        return (
+            earlier * (self.earlier_rse or 0.0) * model.mean / n,
+            math.sqrt(n - earlier) * model.sd / n,
+        )
 
     tokens: int = 0
     """Tokens that count against the dataset's budget, over the answers finished this run."""
@@ -123,6 +145,10 @@ class Flow:
     def escalation_share(self) -> float:
         """The share of this flow's answers that go on to a longer lane."""
         return self.escalated / self.answered if self.answered else 0.0
+
+    coming_var: float = 0.0
+    """The variance of the count of escalated items still to come into this flow (set with
+    them, from the sending flow's share and how many answers it rests on)."""
 
 
 @dataclass(frozen=True)
@@ -404,6 +430,15 @@ def escalation_order(escalate_to: Mapping[str, str | None]) -> list[str]:
     return out
 
 
+def escalations_var(flow: Flow, items: float, items_var: float = 0.0) -> float:
+    """The variance of how many of `items` (itself unsure by `items_var`) the flow sends on:
+    its escalation share is measured on its answers so far, a pilot's few at the start, and
+    each item escalates or not on its own."""
+    p = flow.escalation_share
+    share_var = p * (1.0 - p) / max(1, flow.answered)
+    return items * items * share_var + items * p * (1.0 - p) + items_var * (p * p + share_var)
+
+
 def items_left(flow: Flow, tokens_left: float | None, usd_left: float | None) -> tuple[int, str]:
     """Items this run will still finish: pending ones, or fewer when a budget stops first.
     A budget already met (earlier runs' spend counts) leaves none, answers of this run or not:
@@ -455,10 +490,14 @@ class _LaneWork:
     var: float = 0.0
     earlier_work: float = 0.0
     """Resting on earlier runs' answers alone (datasets not reached yet)."""
+    earlier_var: float = 0.0
+    """The part of the work's variance that measured means and shares bring as they are (the
+    earlier answers' means, the escalations still to come): kept out of SD_SCALE."""
 
-    def add(self, flow: Flow, n: int, model: LatencyModel) -> None:
+    def add(self, flow: Flow, n: int, model: LatencyModel, own: bool) -> None:
         """A dataset's items not on the wire yet, each its mean time (and a share of failed
-        attempts' time), with the variance of that sum."""
+        attempts' time), with the variance of that sum; `own`: the model is the flow's own
+        (not its lane's pool)."""
         # Failed attempts' time on the wire is overhead on every answer.
         overhead = flow.failed_wire_s / max(1, flow.answers)
         unstarted = max(0, n - len(flow.on_wire))
@@ -466,21 +505,22 @@ class _LaneWork:
         if flow.finished < RUN_ANSWERS:
             self.earlier_work += unstarted * (model.mean + overhead)
         # The mean's standard error, scaled to the items left, their own spread, and how much
-        # of the mean rests on the extrapolated tail.
+        # of the mean rests on the extrapolated tail. The earlier answers' part of the error
+        # is measured as it is (Stat.regressed holds the true mean ~4 times in 5), so it
+        # stays out of the modelled run's SD_SCALE.
+        earlier_se, se = flow.mean_errors(model) if own else (0.0, model.sd / math.sqrt(model.n))
+        self.earlier_var += (unstarted * earlier_se) ** 2 + flow.coming_var * model.mean**2
         self.var += (
-            (unstarted * model.sd / math.sqrt(model.n)) ** 2
+            (unstarted * se) ** 2
             + unstarted * model.sd**2
             + (unstarted * model.mean * model.extrapolated) ** 2
         )
 
     def sd(self, c: float, drain_sd: float, concurrency_rsd: float) -> float:
         """The sd of the time to finish: the work's spread, the drain's, and the pace's."""
-        return SD_SCALE * math.sqrt(
-            self.var / (c * c)
-            + drain_sd**2
-            + (self.work / c * concurrency_rsd) ** 2
-            + (self.earlier_work / c * EARLIER_RSD) ** 2
-        )
+        run = self.var / (c * c) + drain_sd**2 + (self.work / c * concurrency_rsd) ** 2
+        earlier = self.earlier_var / (c * c) + (self.earlier_work / c * EARLIER_DRIFT) ** 2
+        return math.sqrt(SD_SCALE**2 * run + earlier)
 
 
 def _eta(seconds: float, sd: float, bound: str, drain: float, prior: bool) -> Eta:
@@ -525,7 +565,7 @@ def lane_eta(
             known = known and n == 0
             out.append(Eta(0.0, 0.0, 0.0, bound) if known else None)
             continue
-        lane.add(flow, n, model)
+        lane.add(flow, n, model, model is not pooled)
         drain, drain_sd = model.drain(min(n, round(c))) if n else (0.0, 0.0)
         seconds = lane.work / c + drain
         out.append(_eta(seconds, lane.sd(c, drain_sd, concurrency_rsd), bound, drain, prior))
@@ -569,14 +609,37 @@ def spend_reaches(pieces: Sequence[tuple[float, float, float]], room: float) -> 
     return hi
 
 
-def cut_at(eta: Eta, stop: float) -> Eta:
+def cut_at(eta: Eta, stop: float, stop_sd: float = 0.0) -> Eta:
     """An ETA that a stop at `stop` seconds cuts short: then the requests on the wire end (its
-    drain), its interval scaled with it. What ends before is left as it is."""
+    drain), its interval scaled with it and widened by how unsure the stop is (`stop_sd`: the
+    dollars per item it rests on), never past the uncut one's. What ends before is left."""
     seconds = min(eta.seconds, stop + eta.drain)
     if eta.seconds <= stop or seconds >= eta.seconds:
         return eta
     k = seconds / eta.seconds
-    return Eta(seconds, eta.p10 * k, eta.p90 * k, "budget", eta.drain, eta.prior)
+    low = math.hypot((eta.seconds - eta.p10) * k, Z90 * stop_sd)
+    high = math.hypot((eta.p90 - eta.seconds) * k, Z90 * stop_sd)
+    return Eta(
+        seconds,
+        max(0.0, seconds - low),
+        min(max(eta.p90, seconds), seconds + high),
+        "budget",
+        eta.drain,
+        eta.prior,
+    )
+
+
+def spend_rse(flow: Flow) -> float:
+    """How unsure a flow's dollars per item are, relative: as unsure as its time on the wire
+    (both follow its answers' tokens), from earlier runs' answers while this run has few."""
+    if flow.finished < RUN_ANSWERS and flow.earlier_rse is not None:
+        return flow.earlier_rse
+    n = len(flow.latencies)
+    if n < 2:
+        return PRIOR_REL_SD
+    mean = sum(flow.latencies) / n
+    var = sum((x - mean) ** 2 for x in flow.latencies) / (n - 1)
+    return math.sqrt(var / n) / mean if mean > 0 else 0.0
 
 
 def eta_text(eta: Eta | None) -> str:

@@ -21,9 +21,11 @@ from regen.engine.eta import (
     combine,
     cut_at,
     escalation_order,
+    escalations_var,
     items_left,
     lane_eta,
     spend_reaches,
+    spend_rse,
 )
 from regen.engine.gate import Gate
 from regen.engine.holds import HoldSummary
@@ -218,6 +220,7 @@ class RunStats:
         # A lane that escalates goes first: what it will still send on is work for the lane
         # it sends to, which cannot end before it does.
         coming: dict[tuple[str, str], float] = {}
+        coming_var: dict[tuple[str, str], float] = {}
         left: dict[str, tuple[int, str]] = {}
         out: dict[str, list[tuple[Flow, int, str]]] = {}
         for name in escalation_order({n: lane.escalate_to for n, lane in self.lanes.items()}):
@@ -228,29 +231,35 @@ class RunStats:
                 tokens_left, usd_left = self.budget_left(ds) if self.budget_left else (None, None)
                 n, bound = items_left(flow, tokens_left, usd_left)
                 more = coming.get((name, ds), 0.0)
+                flow.coming_var = coming_var.get((name, ds), 0.0)
                 work = n + round(more) + len(flow.on_wire)
                 left[ds] = (left.get(ds, (0, bound))[0] + work, bound)
                 rows.append((flow, n + round(more), bound))
                 if lane.escalate_to is not None:
                     key = (lane.escalate_to, ds)
                     coming[key] = coming.get(key, 0.0) + (n + more) * flow.escalation_share
+                    coming_var[key] = coming_var.get(key, 0.0) + escalations_var(
+                        flow, n + more, flow.coming_var
+                    )
         return out, left, coming
 
     def _cap_binds(
         self,
         rows_of: dict[str, list[tuple[Flow, int, str]]],
         per_lane: dict[str, dict[str, Eta | None]],
-    ) -> float | None:
-        """When the job's dollar cap stops the work, in seconds from now (None: it does not,
-        or no cap). Lanes spend side by side, each dataset's work at an even rate over its
-        time in its lane, each item at what its lane and dataset's answers cost: the cap binds
-        when the sum reaches what it still allows beyond the requests on the wire. A lane that
-        ends first has spent all it needed; the lanes still running share only what is left."""
+    ) -> tuple[float, float] | None:
+        """When the job's dollar cap stops the work, in seconds from now, and that time's sd
+        (None: it does not, or no cap). Lanes spend side by side, each dataset's work at an
+        even rate over its time in its lane, each item at what its lane and dataset's answers
+        cost: the cap binds when the sum reaches what it still allows beyond the requests on
+        the wire. A lane that ends first has spent all it needed; the lanes still running
+        share only what is left."""
         room = self.job_usd_left() if self.job_usd_left else None
         if room is None:
             return None
         fed = {lane.escalate_to for lane in self.lanes.values()}
         pieces: list[tuple[float, float, float]] = []
+        unsure = 0.0  # dollars to come times their relative error
         for name, rows in rows_of.items():
             start = 0.0
             for ds, (flow, n, _), each in zip(
@@ -260,6 +269,7 @@ class RunStats:
                 eta = per_lane[name].get(ds)
                 end = max(start, eta.seconds) if eta is not None else start
                 pieces.append((start, end, n * each))
+                unsure += n * each * spend_rse(flow)
                 start = end
             if name in fed:
                 # Escalated items go out as they came (the feeder ranks them first), every
@@ -267,7 +277,12 @@ class RunStats:
                 mine = pieces[-len(rows) :] if rows else []
                 del pieces[len(pieces) - len(mine) :]
                 pieces.append((0.0, start, sum(usd for _, _, usd in mine)))
-        return spend_reaches(pieces, max(0.0, room))
+        stop = spend_reaches(pieces, max(0.0, room))
+        if stop is None:
+            return None
+        # The room lasts as much longer as the dollars to come are dearer than measured.
+        total = sum(usd for _, _, usd in pieces)
+        return stop, stop * unsure / total if total > 0 else 0.0
 
     def etas(self, now: float | None = None) -> tuple[dict[str, Eta | None], Eta | None]:
         """Time left per dataset (when it will be finished in every lane that sends it) and
@@ -287,11 +302,12 @@ class RunStats:
                     if eta is not None and feeder is not None and coming.get((name, ds)):
                         etas[ds] = after_feeder(eta, feeder, lane.flow(ds))
             per_lane[name] = etas
-        stop = self._cap_binds(rows_of, per_lane)
-        if stop is not None:
+        cap = self._cap_binds(rows_of, per_lane)
+        if cap is not None:
+            stop, stop_sd = cap
             # Whatever would end after the cap binds ends then, its items left unsent.
             per_lane = {
-                name: {ds: e and cut_at(e, stop) for ds, e in etas.items()}
+                name: {ds: e and cut_at(e, stop, stop_sd) for ds, e in etas.items()}
                 for name, etas in per_lane.items()
             }
         # A dataset with nothing left (complete, or its budget met) is done: not the time its

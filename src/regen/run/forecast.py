@@ -659,6 +659,9 @@ def _unsent(ending: Ending | None, datasets: list[DatasetPlan]) -> tuple[str, in
         return "", unsent
     names = ", ".join(f"{d.name} ({round(ending.unsent[d.name])})" for d in short)
     clause = f"; {unsent} items stay unsent: {names}"
+    if ending.unsent_range is not None:
+        low, high = (round(x) for x in ending.unsent_range)
+        clause += f" (p10-p90 {low}-{high}, as unsure as the dollars per item)"
     if paid:
         clause += (
             f"; {paid} of them escalated items whose cut-off first try is paid and never answered"
@@ -1268,6 +1271,7 @@ def _run_order(
                 prof.escalated if lane.escalate_to is not None else 0.0,
                 prof.held_s.mean,
                 tokens,
+                prof.cost_usd.se if prof.cost_usd is not None else 0.0,
             )
     return order, flows
 
