@@ -65,16 +65,16 @@ class Admission:
         tally.number += 1
         ep = self._pool.pick(lane, item.conversation_id)
         limit = lane.limits[ep.name]
-        ep.outstanding += 1
+        ep.took(item.conversation_id)
         try:
             admitted = await self._slot_and_lease(
                 lane, ep, limit, item, req, defer=defer, retry=tally.number > 1
             )
         except BaseException:
-            ep.outstanding -= 1
+            ep.gave_back(item.conversation_id)
             raise
         if admitted is None or admitted is DEFERRED:
-            ep.outstanding -= 1
+            ep.gave_back(item.conversation_id)
             if admitted is DEFERRED:
                 tally.number -= 1
             return admitted
@@ -88,7 +88,7 @@ class Admission:
                 # Not recorded, so not sent: state.db cannot be written (the run stops).
                 self._budget.settle(lease, None)
                 limit.release("other", epoch=epoch)
-                ep.outstanding -= 1
+                ep.gave_back(item.conversation_id)
                 return None
         return att
 

@@ -141,7 +141,7 @@ def off_wire(stats: RunStats, lane: LaneRuntime, item: PendingItem, att: Try, fl
     as an answer's latency, or as time a failure took."""
     ds = stats.datasets[item.dataset]
     lane_stats = stats.lanes[lane.name]
-    att.ep.outstanding -= 1
+    att.ep.gave_back(item.conversation_id)
     ds.in_flight -= 1
     lane_stats.in_flight -= 1
     t1 = time.monotonic()
