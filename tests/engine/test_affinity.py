@@ -165,6 +165,23 @@ def test_a_down_server_loses_its_conversations_and_a_busy_one_sheds_them() -> No
     assert servers.pick(lane, "c1") is not moved
 
 
+def test_a_conversations_own_attempts_do_not_count_against_its_server() -> None:
+    """The turns a leader's answer lets go go out together: as many of them in flight on the
+    conversation's server as would shed another conversation keep it there."""
+    servers, lane = pool()
+    home = servers.pick(lane, "c1")
+    factor, extra = AFFINITY_SLACK
+    for _ in range(int(factor * 1 + extra)):  # the others have at most 1
+        home.took("c1")
+    assert servers.pick(lane, "c1") is home
+    home.took("c2")  # one attempt of another conversation is load like any other
+    for _ in range(int(factor * 1 + extra)):
+        home.gave_back("c1")
+        home.took("c2")
+    assert servers.pick(lane, "c1") is not home
+    assert home.own == {"c2": int(factor * 1 + extra) + 1}
+
+
 def test_without_affinity_or_a_conversation_the_least_loaded_server_takes_it() -> None:
     servers, lane = pool(affinity=False)
     a = servers.pick(lane, "c1")

@@ -86,22 +86,23 @@ class EndpointRuntime:
     own: dict[str, int] = field(default_factory=dict)
     """Of `outstanding`, each conversation's attempts (prefix affinity does not count a
     conversation's own attempts against its server)."""
+    probing: asyncio.Task[None] | None = None
+    busy: BusyClock = field(default_factory=BusyClock)
+    """Its busy time not yet charged to an answer (for servers priced by the hour)."""
 
     def took(self, conversation: str) -> None:
+        """An attempt of `conversation` picked this endpoint."""
         self.outstanding += 1
         self.own[conversation] = self.own.get(conversation, 0) + 1
 
     def gave_back(self, conversation: str) -> None:
+        """An attempt of `conversation` that `took` it has finished, however it ended."""
         self.outstanding -= 1
         left = self.own.get(conversation, 0) - 1
         if left > 0:
             self.own[conversation] = left
         else:
             self.own.pop(conversation, None)
-
-    probing: asyncio.Task[None] | None = None
-    busy: BusyClock = field(default_factory=BusyClock)
-    """Its busy time not yet charged to an answer (for servers priced by the hour)."""
 
 
 @dataclass
