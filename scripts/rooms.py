@@ -1,8 +1,8 @@
 """The house's layer rule, checked: each room (a folder or a top-level module of src/regen) may
 import only the rooms below it in docs/design.md's Rooms table, plus the few crossings
-CROSSINGS lists with their reasons; only the views draw on a terminal (rich), the command
-makes the console they draw on, and the modules STILL_DRAWING lists are excepted. Also the
-sizes of the house: lines per room and the largest classes and functions.
+CROSSINGS lists with their reasons; only the views draw on a terminal (rich), and the command
+makes the console they draw on. Also the sizes of the house: lines per room and the largest
+classes and functions.
 
     .venv/bin/python scripts/rooms.py [--src src/regen] [--design docs/design.md] [--top 12]
 
@@ -40,19 +40,6 @@ what happens as events (`regen/events.py`), which the views show."""
 CONSOLE_ONLY = {"cli.py": "rich.console"}
 """Where only rich's console may be imported: the command makes the console and hands it to
 the listeners and views; it draws no table itself."""
-
-STILL_DRAWING: dict[str, str] = {
-    "run/pilot.py": (
-        "the pilot prints its bounds and rounds on the console it is handed; it is being changed "
-        "in parallel (issue 47) and is converted to events next"
-    ),
-    "run/planner.py": (
-        "`regen plan` hands its console to prepare, dispatch and the pilot and draws its tables "
-        "itself; it is being changed in parallel (issues 47, 50) and is converted next"
-    ),
-}
-"""Modules outside DRAWING that still import rich, (path under src/regen) with why: the only
-place they are listed."""
 
 
 @dataclass(frozen=True)
@@ -156,15 +143,12 @@ def broken(
     return out
 
 
-def terminal_imports(
-    src: Path, drawing: tuple[str, ...] = DRAWING, still: dict[str, str] = STILL_DRAWING
-) -> list[str]:
-    """Each import of rich outside the rooms that draw (and the modules still drawing), as
-    one line naming it."""
+def terminal_imports(src: Path, drawing: tuple[str, ...] = DRAWING) -> list[str]:
+    """Each import of rich outside the rooms that draw, as one line naming it."""
     out = []
     for path in sorted(src.rglob("*.py")):
         rel = path.relative_to(src).as_posix()
-        if rel.startswith(drawing) or rel in still:
+        if rel.startswith(drawing):
             continue
         allowed = CONSOLE_ONLY.get(rel)
         for node in ast.walk(ast.parse(path.read_text(), str(path))):

@@ -629,11 +629,8 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
     job = load_job(args.job, **overrides)
     quiet = KeyFreeConsole(file=sys.stderr, width=160) if args.json else console
     bounds = Bounds(args.pilot_time, args.pilot_usd, args.pilot_share)
-    # run/planner.py (issue 49's listed exception) keeps no run.log and hands its console on.
-    with _watched(quiet), run_log_kept(job):
-        plan = plan_job(
-            job, console=quiet, pilot=args.pilot, precision=args.precision, bounds=bounds
-        )
+    with _watched(quiet) as watch, run_log_kept(job):
+        plan = plan_job(job, shown=watch, pilot=args.pilot, precision=args.precision, bounds=bounds)
     if args.json:
         print(json.dumps(_plan_json(plan)))
         return EXIT_OK
@@ -684,10 +681,11 @@ def _print_plan(plan: Plan, console: Console, precision: float | None) -> None:
     """`regen plan` for a person: the tables, then what was spent, what stops the job, the
     verdict, the notes and what the pilot measured."""
     from regen.run.pilot import pilot_lines
-    from regen.run.planner import plan_tables, verdict_lines
+    from regen.run.planner import verdict_lines
+    from regen.view.plan import plan_tables
     from regen.view.progress import bad_rows_table
 
-    for table in plan_tables(plan):
+    for table in plan_tables(_plan_json(plan)):
         console.print(table)
     if plan.bad_reasons:
         console.print(bad_rows_table(plan.bad_reasons))

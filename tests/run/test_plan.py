@@ -438,7 +438,9 @@ def test_a_sized_pilot_stops_asking_a_dataset_that_finishes_nothing_more() -> No
 
     from rich.console import Console
 
+    from regen.events import listening
     from regen.run.pilot import Limits, Sent, run_pilot
+    from regen.view.events import TerminalListener
 
     rng = random.Random(2)
     finished = {"a": 0, "b": 0}
@@ -457,7 +459,8 @@ def test_a_sized_pilot_stops_asking_a_dataset_that_finishes_nothing_more() -> No
     store = fake_store(finished, values)
     job = fake_job()
     out = io.StringIO()
-    run_pilot(job, store, Console(file=out, width=300), 1000, 0.05, send)  # type: ignore[arg-type]
+    with listening(TerminalListener(Console(file=out, width=300))):
+        run_pilot(job, store, 1000, 0.05, send)  # type: ignore[arg-type]
     asked_b = [r["b"] for r in rounds]
     assert asked_b[0] == 30 and len(set(asked_b)) <= 2, rounds  # asked more once, then not
     assert finished["a"] > 100 and finished["b"] == 30
@@ -588,7 +591,9 @@ def test_an_uncapped_pilot_spends_a_share_of_the_expected_cost() -> None:
 
     from rich.console import Console
 
+    from regen.events import listening
     from regen.run.pilot import Limits, Sent, run_pilot
+    from regen.view.events import TerminalListener
 
     rng = random.Random(3)
     finished = {"a": 0, "b": 0}
@@ -606,9 +611,9 @@ def test_an_uncapped_pilot_spends_a_share_of_the_expected_cost() -> None:
         return Sent(None)
 
     out = io.StringIO()
-    result = run_pilot(
-        fake_job(), fake_store(finished, values, usd=1.0), Console(file=out), 1000, 0.01, send
-    )  # type: ignore[arg-type]
+    store = fake_store(finished, values, usd=1.0)
+    with listening(TerminalListener(Console(file=out))):
+        result = run_pilot(fake_job(), store, 1000, 0.01, send)  # type: ignore[arg-type]
     assert limits_seen[0].total_usd is None  # nothing measured yet
     # Expected cost: $1 per item, 4,000 items: the pilot may spend $200.
     assert limits_seen[1].total_usd == pytest.approx(200.0)
@@ -629,7 +634,9 @@ def test_an_uncapped_pilots_first_round_spends_about_half_its_share() -> None:
 
     from rich.console import Console
 
+    from regen.events import listening
     from regen.run.pilot import Limits, Sent, run_pilot
+    from regen.view.events import TerminalListener
 
     finished = {"a": 0, "b": 0}
     values: dict[str, list[Any]] = {"a": [], "b": []}
@@ -647,7 +654,8 @@ def test_an_uncapped_pilots_first_round_spends_about_half_its_share() -> None:
 
     out = io.StringIO()
     store = fake_store(finished, values, usd=1.0, items=400)
-    run_pilot(fake_job(), store, Console(file=out), 200, 0.01, send)  # type: ignore[arg-type]
+    with listening(TerminalListener(Console(file=out))):
+        run_pilot(fake_job(), store, 200, 0.01, send)  # type: ignore[arg-type]
     assert rounds[0] == {"a": 10, "b": 10}
     # $1 an item, 800 items: the bound is $40, and the first round spent $20 of it.
     assert sum(finished.values()) <= 40

@@ -178,7 +178,7 @@ async def dispatch(
         keeper = await send(
             job,
             store,
-            Watch.of(shown),
+            shown or Watch(),
             ready,
             stats,
             pilot=pilot,

@@ -34,18 +34,19 @@ censored, the least its time per answer can be, and whether that pinned it down.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-
-from rich.console import Console
 
 from regen.config import DatasetConfig, Job
 from regen.engine.eta import Z90, Stat, format_duration, kaplan_meier
 from regen.run.forecast import by_lane, censored_factor
 from regen.state.db import Store
 from regen.state.work import DatasetProgress
+
+log = logging.getLogger(__name__)
 
 FIRST = 30
 """Items per dataset in the first round."""
@@ -214,7 +215,6 @@ def next_sizes(
 def run_pilot(
     job: Job,
     store: Store,
-    console: Console,
     most: int,
     precision: float | None,
     send: Callable[[dict[str, int], Limits], Sent],
@@ -223,7 +223,8 @@ def run_pilot(
     """Send the pilot through `send` (finished items per dataset to reach, and the round's
     limits; it says how the round ended): `most` per dataset at once, or, with `precision`, in
     rounds as the module says, within `bounds`. Says its bounds and each round; returns the
-    quantities as last measured and its closing lines."""
+    quantities as last measured and its closing lines. Its bounds and rounds are said as
+    events (`regen/events.py`)."""
     bounds = bounds or Bounds()
     start = time.monotonic()
     grace = bounds.time_s * GRACE_SHARE
@@ -232,7 +233,7 @@ def run_pilot(
     tokens = _token_limits(job, first, bounds.share)
     usd, usd_from = _money(job, bounds)
     want = _first_want(job, first, most, precision, usd is None, bounds.share)
-    _say(console, _bounds_line(bounds, usd, usd_from, tokens, want if usd is None else None))
+    log.info(_bounds_line(bounds, usd, usd_from, tokens, want if usd is None else None))
     quantities: list[Quantity] = []
     notes: list[str] = []
     before: dict[str, int] = {}
@@ -260,7 +261,7 @@ def run_pilot(
         stuck |= met | {ds for ds in grow if done.get(ds, 0) <= before.get(ds, 0)}
         before = done
         grow = _grow(quantities, done, to_come, most, stuck)
-        _say(console, _round_line(round_no, done, quantities, precision, grow, stuck, most))
+        log.info(_round_line(round_no, done, quantities, precision, grow, stuck, most))
         if not grow:
             break
         want.update(grow)
@@ -379,10 +380,6 @@ def _first_round(
         items = p.pending + p.done + p.failed if p is not None else 0
         out[ds] = min(n, max(MIN_FIRST, math.ceil(share / 2 * items)))
     return out
-
-
-def _say(console: Console, line: str) -> None:
-    console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _used(job: Job, p: DatasetProgress) -> int:

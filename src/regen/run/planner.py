@@ -14,25 +14,21 @@ import contextlib
 import functools
 from dataclasses import dataclass, field
 
-from rich.console import Console
-from rich.table import Table
-
 from regen.config import Job
 from regen.engine.billing import billing_accounts, remaining_credit, resolve_prices
 from regen.engine.budget import Prices
 from regen.engine.client import ChatClient
-from regen.engine.eta import format_duration
 from regen.lock import RunLock
 from regen.run.accounts import check_reachable, endpoint_keys
 from regen.run.caching import flow_caches
 from regen.run.dispatch import dispatch
-from regen.run.forecast import CacheSaving, Interval, JobPlan, coverage, plan
+from regen.run.forecast import CacheSaving, JobPlan, coverage, plan
 from regen.run.pilot import TIME_UP, Bounds, Limits, Quantity, Sent, bounded, run_pilot
 from regen.run.prepare import prepare
 from regen.state.db import Store
 from regen.state.sources import BadRowGroup
 from regen.state.work import DatasetProgress
-from regen.view.progress import format_tokens
+from regen.view.progress import Shown
 
 
 @dataclass(frozen=True)
@@ -95,7 +91,7 @@ def _send_pilot(
     job: Job,
     store: Store,
     keys: dict[str, str | None],
-    console: Console,
+    shown: Shown,
     want: dict[str, int],
     limits: Limits,
 ) -> Sent:
@@ -106,7 +102,7 @@ def _send_pilot(
             bounded(job, limits),
             store,
             keys,
-            console,
+            shown,
             pilot=want,
             stop_at=(limits.stop_at, TIME_UP),
             as_filed=job,
@@ -143,7 +139,7 @@ def _estimate(
 def plan_job(
     job: Job,
     *,
-    console: Console,
+    shown: Shown = None,
     api_key: str | None = None,
     pilot: int = 0,
     precision: float | None = None,
@@ -152,17 +148,19 @@ def plan_job(
     """Estimate the job; with `pilot`, first send up to that many items per dataset (with
     `precision`, only as many as it takes to know each lane's time and the job's cost over the
     items to come within +/-precision: regen.run.pilot), within `bounds` (time, money, a share
-    of each token budget; the defaults without)."""
+    of each token budget; the defaults without). What it says goes out as events
+    (`regen/events.py`); `shown` is how a pilot's progress is shown (view/progress.py's Watch;
+    nowhere without one)."""
     keys = endpoint_keys(job, api_key)
     with RunLock(job.output_path) as lock:
         store = Store.open(job.output_path)
         try:
-            prepare(job, store, console, force=False, stale_pid=lock.stale_pid)
+            prepare(job, store, force=False, stale_pid=lock.stale_pid)
             pilot_errors: list[Quantity] = []
             pilot_notes: list[str] = []
             if pilot > 0:
-                send = functools.partial(_send_pilot, job, store, keys, console)
-                outcome = run_pilot(job, store, console, pilot, precision, send, bounds)
+                send = functools.partial(_send_pilot, job, store, keys, shown)
+                outcome = run_pilot(job, store, pilot, precision, send, bounds)
                 pilot_errors, pilot_notes = outcome.quantities, outcome.notes
             prices, credit = asyncio.run(_account_reads(job, keys))
             progress = store.work.dataset_progress()
@@ -222,101 +220,3 @@ def cache_line(c: CacheSaving) -> str:
         "conversation's turns reach the provider within its cache's lifetime; the caps' worst "
         "cases and the kill margin take no discount)"
     )
-
-
-def _usd(iv: Interval | None) -> str:
-    if iv is None:
-        return "?"
-    return f"{iv.mean:.4f} ({iv.p10:.4f}-{iv.p90:.4f})"
-
-
-def _count(iv: Interval) -> str:
-    return f"{iv.mean:.0f} ({iv.p10:.0f}-{iv.p90:.0f})" if iv.mean > 0 else "0"
-
-
-def _time(iv: Interval | None) -> str:
-    if iv is None:
-        return "?"
-    return f"{format_duration(iv.mean)} ({format_duration(iv.p10)}-{format_duration(iv.p90)})"
-
-
-def plan_tables(plan: Plan) -> list[Table]:
-    """`regen plan`: per dataset and lane what is still to come (p10-p90 in brackets), then
-    the lanes and the job."""
-    p = plan.job
-    return [_flows_table(p), _datasets_table(p), _lanes_table(p)]
-
-
-def _flows_table(p: JobPlan) -> Table:
-    """A row per dataset and lane: passages, attempts, tokens, cost and time to come."""
-    flows = Table(title="plan: per dataset and lane, from here (p10-p90)", title_justify="left")
-    cols = ("dataset", "lane", "passages", "attempts", "escalate", "prompt tok", "compl tok")
-    for col in (*cols, "$", "time", "from"):
-        flows.add_column(col, justify="left" if col in ("dataset", "lane", "from") else "right")
-    for f in p.flows:
-        flows.add_row(
-            f.dataset,
-            f.lane,
-            f"{f.passages:.0f}",
-            f"{f.attempts:.0f}",
-            _count(f.escalations),
-            format_tokens(round(f.prompt_tokens)),
-            format_tokens(round(f.completion_tokens)),
-            _usd(f.cost_usd),
-            _time(f.time_s),
-            f.basis,
-        )
-    return flows
-
-
-def _datasets_table(p: JobPlan) -> Table:
-    """A row per dataset (items, what will be sent, cost, when done, what stops it), then
-    the job's totals."""
-    datasets = Table(title="per dataset", title_justify="left")
-    cols = ("dataset", "items", "pending", "to send", "attempts", "$", "cache saves", "done in")
-    for col in (*cols, "stops"):
-        datasets.add_column(col, justify="left" if col in ("dataset", "stops") else "right")
-    for d in p.datasets:
-        datasets.add_row(
-            d.name,
-            str(d.items),
-            str(d.pending),
-            str(d.sent),
-            f"{d.attempts:.0f}",
-            _usd(d.cost_usd),
-            "?" if p.caching is None else f"{p.caching.by_dataset.get(d.name, 0.0):.4f}",
-            _time(d.done_in_s),
-            d.stop or "",
-        )
-    datasets.add_section()
-    datasets.add_row(
-        "job",
-        str(sum(d.items for d in p.datasets)),
-        str(sum(d.pending for d in p.datasets)),
-        str(sum(d.sent for d in p.datasets)),
-        f"{sum(d.attempts for d in p.datasets):.0f}",
-        _usd(p.cost_usd),
-        "?" if p.caching is None else f"{p.caching.saved_usd:.4f}",
-        _time(p.time_s),
-        "",
-        style="bold",
-    )
-    return datasets
-
-
-def _lanes_table(p: JobPlan) -> Table:
-    """A row per lane: its concurrency, what it may keep on the wire, passages, cost, time."""
-    lanes = Table(title="per lane", title_justify="left")
-    for col in ("lane", "concurrency", "on the wire", "passages", "escalated in", "$", "time"):
-        lanes.add_column(col, justify="left" if col == "lane" else "right")
-    for lane in p.lanes:
-        lanes.add_row(
-            lane.name,
-            str(lane.concurrency),
-            "-" if lane.on_wire is None else f"{lane.on_wire:.0f}",
-            f"{lane.passages:.0f}",
-            f"{lane.escalations_in.mean:.0f}",
-            _usd(lane.cost_usd),
-            _time(lane.time_s),
-        )
-    return lanes

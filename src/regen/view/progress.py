@@ -680,12 +680,6 @@ class Watch:
     def __init__(self, console: Console | None = None) -> None:
         self.console = console
 
-    @classmethod
-    def of(cls, shown: Shown) -> Watch:
-        """A Watch for what a caller handed in (a bare console while run/planner.py hands
-        one in: issue 49's listed exception)."""
-        return shown if isinstance(shown, Watch) else cls(shown)
-
     def reporter(
         self,
         stats: RunStats,
@@ -697,9 +691,8 @@ class Watch:
         return ProgressReporter(stats, self.console, interval_s, log_path, publish)
 
 
-Shown = Watch | Console | None
-"""What a caller hands run/ for progress: a Watch, nothing, or (run/planner.py, for now) a
-console."""
+Shown = Watch | None
+"""What a caller hands run/ for progress: a Watch, or nothing (shown nowhere)."""
 
 
 SUMMARY_COLUMNS = (
