@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from regen.config import EndpointConfig
     from regen.engine.providers import EndpointInfo
     from regen.outputs.export import ExportOptions
-    from regen.run.planner import Plan
     from regen.view.progress import Watch
 
 EXIT_OK, EXIT_USER, EXIT_USAGE, EXIT_FAILED_ITEMS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -617,9 +616,10 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
     import json
 
     from regen.config import load_job
-    from regen.run.pilot import Bounds
-    from regen.run.planner import plan_job
+    from regen.run.pilot import Bounds, pilot_lines
+    from regen.run.planner import plan_job, plan_json, verdict_lines
     from regen.run.runner import run_log_kept
+    from regen.view.plan import show_plan
 
     bad = _plan_args_error(args)
     if bad:
@@ -632,9 +632,10 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
     with _watched(quiet) as watch, run_log_kept(job):
         plan = plan_job(job, shown=watch, pilot=args.pilot, precision=args.precision, bounds=bounds)
     if args.json:
-        print(json.dumps(_plan_json(plan)))
+        print(json.dumps(plan_json(plan)))
         return EXIT_OK
-    _print_plan(plan, console, args.precision)
+    pilot = [*pilot_lines(plan.pilot, args.precision), *plan.pilot_notes]
+    show_plan(console, plan_json(plan), verdict_lines(plan.job), pilot)
     return EXIT_OK
 
 
@@ -648,59 +649,6 @@ def _plan_args_error(args: argparse.Namespace) -> str | None:
             "--pilot N (the most items per dataset)"
         )
     return _pilot_bounds_error(args)
-
-
-def _plan_json(plan: Plan) -> dict[str, Any]:
-    """`regen plan --json`: the plan's rows, the job's totals and the pilot's measures."""
-    import dataclasses
-
-    return {
-        "datasets": [dataclasses.asdict(d) for d in plan.job.datasets],
-        "lanes": [dataclasses.asdict(lane) for lane in plan.job.lanes],
-        "flows": [dataclasses.asdict(f) for f in plan.job.flows],
-        "job": {
-            "cost_usd": plan.job.cost_usd and dataclasses.asdict(plan.job.cost_usd),
-            "time_s": plan.job.time_s and dataclasses.asdict(plan.job.time_s),
-            "stop": plan.job.stop,
-            "kill_margin_usd": plan.job.kill_margin_usd,
-            "repay_usd": plan.job.repay_usd,
-            "unsent": plan.job.unsent,
-            "caching": plan.job.caching and dataclasses.asdict(plan.job.caching),
-            "assumptions": plan.job.assumptions,
-        },
-        "bad_row_reasons": [dataclasses.asdict(g) for g in plan.bad_reasons],
-        "coverage": plan.coverage,
-        "credit_usd": plan.credit_usd,
-        "spent_usd": plan.spent_usd,
-        "pilot": [dataclasses.asdict(q) for q in plan.pilot],
-        "pilot_notes": plan.pilot_notes,
-    }
-
-
-def _print_plan(plan: Plan, console: Console, precision: float | None) -> None:
-    """`regen plan` for a person: the tables, then what was spent, what stops the job, the
-    verdict, the notes and what the pilot measured."""
-    from regen.run.pilot import pilot_lines
-    from regen.run.planner import verdict_lines
-    from regen.view.plan import plan_tables
-    from regen.view.progress import bad_rows_table
-
-    for table in plan_tables(_plan_json(plan)):
-        console.print(table)
-    if plan.bad_reasons:
-        console.print(bad_rows_table(plan.bad_reasons))
-    console.print(f"spent so far: ${plan.spent_usd:.4f}", markup=False)
-    if plan.credit_usd is not None:
-        console.print(f"credit remaining: ${plan.credit_usd:.2f}", markup=False)
-    console.print(f"stop: {plan.job.stop}", markup=False, soft_wrap=True)
-    for line in verdict_lines(plan.job):
-        console.print(line, markup=False, soft_wrap=True)
-    if plan.coverage:
-        console.print(plan.coverage, markup=False, soft_wrap=True)
-    for line in plan.job.assumptions:
-        console.print(f"note: {line}", markup=False, soft_wrap=True)
-    for line in [*pilot_lines(plan.pilot, precision), *plan.pilot_notes]:
-        console.print(line, markup=False, soft_wrap=True)
 
 
 def _pilot_bounds_error(args: argparse.Namespace) -> str | None:

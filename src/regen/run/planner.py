@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from regen.config import Job
 from regen.engine.billing import billing_accounts, remaining_credit, resolve_prices
@@ -183,6 +184,32 @@ def plan_job(
         pilot_errors,
         pilot_notes,
     )
+
+
+def plan_json(plan: Plan) -> dict[str, Any]:
+    """The plan as data (`regen plan --json`, and what view/plan.py draws): its rows, the
+    job's totals and the pilot's measures."""
+    return {
+        "datasets": [asdict(d) for d in plan.job.datasets],
+        "lanes": [asdict(lane) for lane in plan.job.lanes],
+        "flows": [asdict(f) for f in plan.job.flows],
+        "job": {
+            "cost_usd": plan.job.cost_usd and asdict(plan.job.cost_usd),
+            "time_s": plan.job.time_s and asdict(plan.job.time_s),
+            "stop": plan.job.stop,
+            "kill_margin_usd": plan.job.kill_margin_usd,
+            "repay_usd": plan.job.repay_usd,
+            "unsent": plan.job.unsent,
+            "caching": plan.job.caching and asdict(plan.job.caching),
+            "assumptions": plan.job.assumptions,
+        },
+        "bad_row_reasons": [asdict(g) for g in plan.bad_reasons],
+        "coverage": plan.coverage,
+        "credit_usd": plan.credit_usd,
+        "spent_usd": plan.spent_usd,
+        "pilot": [asdict(q) for q in plan.pilot],
+        "pilot_notes": plan.pilot_notes,
+    }
 
 
 def verdict_lines(p: JobPlan) -> list[str]:

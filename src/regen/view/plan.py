@@ -1,18 +1,45 @@
-"""`regen plan` on a terminal: the plan's tables, drawn from its data (run/planner.py's JSON of
-it, what `regen plan --json` prints), as `view/inspection.py` draws `regen inspect`'s."""
+"""`regen plan` on a terminal: the plan's tables and lines, drawn from its data (run/planner.py's
+`plan_json`, what `regen plan --json` prints), as `view/inspection.py` draws `regen inspect`'s."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rich.console import Console
 from rich.table import Table
 
 from regen.engine.eta import format_duration
-from regen.view.progress import format_tokens
+from regen.state.sources import BadRowGroup
+from regen.view.progress import bad_rows_table, format_tokens
 
 Interval = Mapping[str, float]
 """A p10-mean-p90 interval as the plan's data has it (run/forecast.py's `Interval`)."""
+
+
+def show_plan(
+    console: Console, plan: Mapping[str, Any], verdict: Sequence[str], pilot: Sequence[str]
+) -> None:
+    """`regen plan` for a person: the tables, then what was spent, what stops the job, the
+    verdict (run/planner.py's `verdict_lines`), the notes and what the pilot measured (its
+    lines and closing notes)."""
+    for table in plan_tables(plan):
+        console.print(table)
+    if plan["bad_row_reasons"]:
+        groups = [BadRowGroup(**g) for g in plan["bad_row_reasons"]]
+        console.print(bad_rows_table(groups))
+    console.print(f"spent so far: ${plan['spent_usd']:.4f}", markup=False)
+    if plan["credit_usd"] is not None:
+        console.print(f"credit remaining: ${plan['credit_usd']:.2f}", markup=False)
+    console.print(f"stop: {plan['job']['stop']}", markup=False, soft_wrap=True)
+    for line in verdict:
+        console.print(line, markup=False, soft_wrap=True)
+    if plan["coverage"]:
+        console.print(plan["coverage"], markup=False, soft_wrap=True)
+    for line in plan["job"]["assumptions"]:
+        console.print(f"note: {line}", markup=False, soft_wrap=True)
+    for line in pilot:
+        console.print(line, markup=False, soft_wrap=True)
 
 
 def _usd(iv: Interval | None) -> str:
