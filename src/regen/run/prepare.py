@@ -21,7 +21,7 @@ from regen.run.budgets import budget_book
 from regen.sources.ingest import ingest, lane_rules
 from regen.state.db import Store
 from regen.state.work import DatasetProgress
-from regen.view.progress import Shown, dataset_start_line
+from regen.view.progress import dataset_start_line
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +37,9 @@ class Prepared:
     progress: list[DatasetProgress]
 
 
-def prepare(
-    job: Job, store: Store, shown: Shown = None, *, force: bool, stale_pid: int | None
-) -> Prepared:
+def prepare(job: Job, store: Store, *, force: bool, stale_pid: int | None) -> Prepared:
     """Before sending: check the fingerprint, ingest, re-queue transient failures, assign
-    lanes, and say where each dataset stands (events: `regen/events.py`). `shown` is not
-    used: run/planner.py still hands its console in (issue 49's listed exception)."""
+    lanes, and say where each dataset stands (events: `regen/events.py`)."""
     notes = check_samples(store, job) + check_fingerprint(store, job, force=force)
     notes += dialect_notes(job)
     stale = clean_stale_exports(job.output_path / "export")
