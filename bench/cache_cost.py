@@ -44,6 +44,9 @@ PROMPT, READ, COMPLETION = 0.6e-6, 0.25 * 0.6e-6, 2.5e-6
 POOL_MODEL = "qwen/qwen3-8b"
 TIME_SCALE = 0.01
 """Real seconds per simulated second (`--time-scale`)."""
+SLOWDOWN_WARN = 1.5
+"""A sim slowdown (median request's time in the sim over its endpoint's) past which the table
+is said to be measured on a simulator short of CPU."""
 CONCURRENCY = 32
 """Requests at once on the pool, and by default on the provider."""
 MAX_TOKENS = 200
@@ -415,6 +418,16 @@ def show_cost(cost: list[dict[str, Any]]) -> None:
             f"{g['sim_slowdown']:.1f} / {f['sim_slowdown']:.1f} |"
         )
     print()
+    slowest = max(
+        r[who]["sim_slowdown"] for r in cost for who in ("regen", "peer_file", "peer_shuffled")
+    )
+    if slowest > SLOWDOWN_WARN:
+        print(
+            f"warning: the simulator was short of CPU (a request took up to {slowest:.1f}x its "
+            "simulated time, median per run): simulated time ran on while requests waited for "
+            "it, so cache lifetimes ran out that would not have; run again with a larger "
+            "--time-scale\n"
+        )
 
 
 def show_plan(cost: list[dict[str, Any]]) -> None:
