@@ -74,10 +74,14 @@ def words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(FILLER) for _ in range(n))
 
 
+CHATS = 16
+"""Chats in the sharegpt job (`--chats`)."""
+
+
 def sharegpt(rng: random.Random) -> list[dict[str, Any]]:
     """ShareGPT-like chats: a short system prompt, 10-20 turns of a few hundred words."""
     rows = []
-    for i in range(16):
+    for i in range(CHATS):
         msgs = [{"role": "system", "content": "You are a helpful assistant."}]
         for t in range(rng.randint(10, 20)):
             msgs.append({"role": "user", "content": f"chat {i} turn {t}: " + words(rng, 60)})
@@ -466,7 +470,7 @@ def show_pool(pool: list[dict[str, Any]]) -> None:
 
 
 def main() -> None:
-    global TIME_SCALE
+    global TIME_SCALE, CHATS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument(
@@ -504,6 +508,13 @@ def main() -> None:
     )
     ap.add_argument("--jobs", nargs="+", choices=list(JOBS), default=list(JOBS))
     ap.add_argument(
+        "--chats",
+        type=int,
+        default=CHATS,
+        help="chats in the sharegpt job: more make a job longer than the cache's lifetime at "
+        "64 at once",
+    )
+    ap.add_argument(
         "--time-scale",
         type=float,
         default=TIME_SCALE,
@@ -512,7 +523,7 @@ def main() -> None:
     )
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     args = ap.parse_args()
-    TIME_SCALE = args.time_scale
+    TIME_SCALE, CHATS = args.time_scale, args.chats
     _recording_use()
     if not args.json:
         print(machine_line(), flush=True)
