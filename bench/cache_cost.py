@@ -43,6 +43,10 @@ PROMPT, READ, COMPLETION = 0.6e-6, 0.25 * 0.6e-6, 2.5e-6
 """Moonshot's kimi-k2.5 prices in the simulator: prompt, cache read, completion (USD/token)."""
 POOL_MODEL = "qwen/qwen3-8b"
 TIME_SCALE = 0.01
+"""Real seconds per simulated second (`--time-scale`)."""
+SLOWDOWN_WARN = 1.5
+"""A sim slowdown (median request's time in the sim over its endpoint's) past which the table
+is said to be measured on a simulator short of CPU."""
 CONCURRENCY = 32
 """Requests at once on the pool, and by default on the provider."""
 MAX_TOKENS = 200
@@ -70,10 +74,14 @@ def words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(FILLER) for _ in range(n))
 
 
+CHATS = 16
+"""Chats in the sharegpt job (`--chats`)."""
+
+
 def sharegpt(rng: random.Random) -> list[dict[str, Any]]:
     """ShareGPT-like chats: a short system prompt, 10-20 turns of a few hundred words."""
     rows = []
-    for i in range(16):
+    for i in range(CHATS):
         msgs = [{"role": "system", "content": "You are a helpful assistant."}]
         for t in range(rng.randint(10, 20)):
             msgs.append({"role": "user", "content": f"chat {i} turn {t}: " + words(rng, 60)})
@@ -256,11 +264,28 @@ def bill(sim: RunningSim, start: int) -> dict[str, Any]:
     cached = sum(e.cached_tokens for e in log)
     computed, read = floor_split(SEEN[start:], 64)
     answers = sum(e.completion_tokens for e in log) * COMPLETION
+    # The sim's own pace: a request's time in the sim against what its endpoint's time to first
+    # token, prefill and speed make it. Well above 1, the sim is short of CPU and every request
+    # waits for it in simulated time too (at time_scale 0.01, 10 ms of CPU is a simulated
+    # second), so cache lifetimes run out while requests queue in the bench's own process.
+    speed = next(
+        ep.tokens_per_s
+        for m in sim.simulator.config.models
+        if m.id == MODEL
+        for ep in m.endpoints
+        if ep.tag.startswith("moonshotai")
+    )
+    slow = sorted(
+        (e.billed_at - e.at) / TIME_SCALE / (e.ttft_s + e.completion_tokens / speed)
+        for e in log
+        if e.billed_at is not None
+    )
     return {
         "billed_usd": sim.simulator.billed_usd(),
         "floor_usd": computed * PROMPT + read * READ + answers,
         "cached_share": cached / max(1, prompt),
         "requests": len(log),
+        "sim_slowdown": slow[len(slow) // 2] if slow else 0.0,
         "sim_minutes": (max(e.billed_at or e.at for e in log) - min(e.at for e in log))
         / TIME_SCALE
         / 60,
@@ -268,11 +293,19 @@ def bill(sim: RunningSim, start: int) -> dict[str, Any]:
 
 
 def cost_rows(
-    seeds: list[int], tmp: Path, concurrency: int, ttl_s: float, pilot: int = 0, prefill: float = 0
+    seeds: list[int],
+    tmp: Path,
+    concurrency: int,
+    ttl_s: float,
+    pilot: int = 0,
+    prefill: float = 0,
+    jobs: tuple[str, ...] = tuple(JOBS),
 ) -> list[dict[str, Any]]:
     out = []
     for seed in seeds:
         for name, (make, samples) in JOBS.items():
+            if name not in jobs:
+                continue
             rows = make(random.Random(seed))
             row: dict[str, Any] = {"job": name, "seed": seed}
             with sim_in_thread(openrouter_sim(seed, ttl_s, prefill)) as sim:
@@ -374,9 +407,9 @@ def show_cost(cost: list[dict[str, Any]]) -> None:
     print(
         "| job | ttl s | concurrency | seed | sim min | regen ledger $ | regen sim $ | floor $ | "
         "regen/floor | peer file $ | peer shuffled $ | best peer/regen | "
-        "cached share regen / peer file |"
+        "cached share regen / peer file | sim slowdown regen / peer file |"
     )
-    print("| --- " * 13 + "|")
+    print("| --- " * 14 + "|")
     for r in cost:
         g, f, s = r["regen"], r["peer_file"], r["peer_shuffled"]
         best = min(f["billed_usd"], s["billed_usd"])
@@ -385,9 +418,20 @@ def show_cost(cost: list[dict[str, Any]]) -> None:
             f"{g['sim_minutes']:.1f} | {r['regen_ledger_usd']:.4f} | {g['billed_usd']:.4f} | "
             f"{g['floor_usd']:.4f} | {g['billed_usd'] / g['floor_usd']:.2f} | "
             f"{f['billed_usd']:.4f} | {s['billed_usd']:.4f} | {best / g['billed_usd']:.2f} | "
-            f"{g['cached_share']:.0%} / {f['cached_share']:.0%} |"
+            f"{g['cached_share']:.0%} / {f['cached_share']:.0%} | "
+            f"{g['sim_slowdown']:.1f} / {f['sim_slowdown']:.1f} |"
         )
     print()
+    slowest = max(
+        r[who]["sim_slowdown"] for r in cost for who in ("regen", "peer_file", "peer_shuffled")
+    )
+    if slowest > SLOWDOWN_WARN:
+        print(
+            f"warning: the simulator was short of CPU (a request took up to {slowest:.1f}x its "
+            "simulated time, median per run): simulated time ran on while requests waited for "
+            "it, so cache lifetimes ran out that would not have; run again with a larger "
+            "--time-scale\n"
+        )
 
 
 def show_plan(cost: list[dict[str, Any]]) -> None:
@@ -426,6 +470,7 @@ def show_pool(pool: list[dict[str, Any]]) -> None:
 
 
 def main() -> None:
+    global TIME_SCALE, CHATS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument(
@@ -461,18 +506,37 @@ def main() -> None:
     ap.add_argument(
         "--pool", action=argparse.BooleanOptionalAction, default=True, help="the vLLM pool part"
     )
+    ap.add_argument("--jobs", nargs="+", choices=list(JOBS), default=list(JOBS))
+    ap.add_argument(
+        "--chats",
+        type=int,
+        default=CHATS,
+        help="chats in the sharegpt job: more make a job longer than the cache's lifetime at "
+        "64 at once",
+    )
+    ap.add_argument(
+        "--time-scale",
+        type=float,
+        default=TIME_SCALE,
+        help="real seconds per simulated second; at 64 requests at once on 2 cores, 0.01 leaves "
+        "the sim short of CPU (see the table's sim slowdown) and 0.1 does not",
+    )
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     args = ap.parse_args()
+    TIME_SCALE, CHATS = args.time_scale, args.chats
     _recording_use()
     if not args.json:
         print(machine_line(), flush=True)
         print(f"Moonshot's prefill: {args.prefill:g} simulated tokens/s", flush=True)
+        print(f"time scale: {TIME_SCALE:g} real s per simulated s", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         cost = [
             {**r, "concurrency": c, "ttl_s": t}
             for t in args.ttl
             for c in args.concurrency
-            for r in cost_rows(args.seeds, Path(tmp) / f"{c}-{t}", c, t, args.plan, args.prefill)
+            for r in cost_rows(
+                args.seeds, Path(tmp) / f"{c}-{t}", c, t, args.plan, args.prefill, tuple(args.jobs)
+            )
         ]
         if not args.json:
             show(cost, [])
