@@ -12,7 +12,7 @@ import pytest
 from rich.cells import cell_len
 from rich.console import Console
 
-from regen.engine.eta import eta_text
+from regen.engine.eta import Eta, eta_text
 from regen.engine.limiter import AdaptiveLimit, EndpointHealth
 from regen.engine.runtime import Outage
 from regen.engine.stats import DatasetStats, EndpointStats, JobTotals, LaneStats, RunStats
@@ -496,3 +496,52 @@ def test_the_caps_share_prices_each_flow_at_its_own_earlier_answers() -> None:
         return eta.seconds
 
     assert job_eta(0.01) < 0.8 * job_eta(0.001)
+
+
+def _one_lane_under_a_cap(room: float | None, prompts_to_come: int, worst_each: float = 0.0) -> Eta:
+    """The lane's ETA for 2,000 items of one dataset on 16 slots (a mean of 10 s an answer),
+    under `room` dollars of the job's cap (None: no cap): the pilot's 20 answers had prompts
+    of 20k-29.5k tokens and cost $0.6 a million of them plus a cent; the items to come
+    average `prompts_to_come`. `worst_each`: what the cap holds for each request on the wire
+    (0: not known)."""
+    stats = RunStats(datasets={"swe": DatasetStats(items=2000)}, started_at=STARTED)
+    lane = _lane(16, 16, 16, {"swe": 2000})
+    flow = lane.flow("swe")
+    flow.prompts_left = 2000.0 * prompts_to_come
+    for i in range(20):
+        prompt = 20_000 + 500 * i
+        flow.add_priced(prompt, 0.6e-6 * prompt + 0.01)
+    flow.cost_usd = sum(usd for _, usd in flow.priced)
+    flow.answered = 20
+    lane.worst_usd.extend([worst_each] * 16 if worst_each else [])
+    stats.lanes = {"default": lane}
+    stats.budget_left = lambda name: (None, None)
+    stats.job_usd_left = lambda: room
+    stats.etas(NOW)
+    eta = stats.lane_etas["default"]
+    assert eta is not None
+    return eta
+
+
+def test_the_caps_share_prices_the_items_to_come_at_their_own_prompts() -> None:
+    # An agent turn's bill is mostly its prompt: the pilot drew prompts longer than the rest
+    # average, and the ETA priced every item left at the pilot's mean, so the cap seemed to
+    # bind sooner than it did (bench/realistic.py seed 3: -26% to -40%).
+    free = _one_lane_under_a_cap(None, 24_750).seconds
+    for prompt in (24_750, 10_000):
+        each = 0.6e-6 * prompt + 0.01
+        pace = 2000 * each / free  # dollars a second, every item at the same pace
+        eta = _one_lane_under_a_cap(5.0, prompt)
+        assert eta.seconds == pytest.approx(5.0 / pace + eta.drain, rel=1e-3)
+
+
+def test_the_caps_last_stretch_goes_at_half_the_pace() -> None:
+    # Near the cap, admission lets a request go only while its worst case fits what those on
+    # the wire leave: below 16 worst cases of room ($0.64 here) the requests on the wire fall
+    # off to none, and that stretch takes about twice what it would at the full pace, their
+    # drain in it (bench/realistic.py: 16 to 0 over 30-40 s, where the ETA said 13-25 s).
+    free = _one_lane_under_a_cap(None, 24_750).seconds
+    each = 0.6e-6 * 24_750 + 0.01
+    pace = 2000 * each / free
+    stretched = _one_lane_under_a_cap(5.0, 24_750, worst_each=0.04)
+    assert stretched.seconds == pytest.approx((5.0 - 0.64) / pace + 2 * 0.64 / pace, rel=1e-3)

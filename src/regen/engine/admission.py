@@ -79,6 +79,8 @@ class Admission:
                 tally.number -= 1
             return admitted
         lease, epoch = admitted
+        if lease is not None and lease.worst_usd > 0:
+            self._stats.lanes[lane.name].worst_usd.append(lease.worst_usd)
         att = Try(tally.number, ep, limit, epoch, lease)
         if lease is not None and ep.billed_after_gone and self._budget is not None:
             att.sent = self._sent_log.sent(

@@ -322,9 +322,12 @@ class Verdicts:
             return tally.ended(result=result, escalate_to=lane.escalate_to)
         return tally.ended(result=result)
 
-    def count(self, lane: LaneRuntime, outcome: Outcome, *, suspect: bool = False) -> None:
+    def count(
+        self, lane: LaneRuntime, outcome: Outcome, *, prompt_est: int = 0, suspect: bool = False
+    ) -> None:
         """An item's outcome counted in the run's statistics (its dataset, its lane's flow, the
-        error rate) and buffered for the next commit."""
+        error rate) and buffered for the next commit; `prompt_est`: the item's estimated
+        prompt tokens."""
         ds = self._stats.datasets[outcome.dataset]
         r = outcome.result
         if r is not None:
@@ -332,13 +335,18 @@ class Verdicts:
         if not outcome.abandoned:
             flow = self._stats.lanes[lane.name].flow(outcome.dataset)
             flow.remaining = max(0, flow.remaining - 1)
+            flow.prompts_left = max(0.0, flow.prompts_left - prompt_est)
             if outcome.escalate_to is not None:
-                self._stats.lanes[outcome.escalate_to].flow(outcome.dataset).remaining += 1
+                onto = self._stats.lanes[outcome.escalate_to].flow(outcome.dataset)
+                onto.remaining += 1
+                onto.prompts_left += prompt_est
                 flow.escalated += 1
             if r is not None:
                 flow.answered += 1
                 flow.finished += 1
                 flow.cost_usd += r.usage.cost_usd or 0.0
+                if r.usage.cost_usd is not None:
+                    flow.add_priced(prompt_est, r.usage.cost_usd)
                 flow.tokens += self._counted_tokens(r.usage)
         if outcome.escalate_to is not None:
             self._stats.lanes[lane.name].escalated += 1

@@ -149,6 +149,43 @@ class Flow:
     coming_var: float = 0.0
     """The variance of the count of escalated items still to come into this flow (set with
     them, from the sending flow's share and how many answers it rests on)."""
+    prompts_left: float = 0.0
+    """The estimated prompt tokens of the items in `remaining`."""
+    prompt_to_come: float | None = None
+    """The mean estimated prompt of the items it will still send, the escalated ones still to
+    come into it included (set with them; None: not known)."""
+    priced: list[tuple[float, float]] = field(default_factory=list)
+    """(estimated prompt tokens, dollars) of its answers, earlier runs' and this run's: all of
+    them up to RESERVOIR, then a uniform sample of that size."""
+    priced_n: int = 0
+    """Answers seen for `priced` (the reservoir's population)."""
+
+    def add_priced(self, prompt_est: float, usd: float) -> None:
+        """An answer's estimated prompt and what it cost, for the dollars per item to come."""
+        self.priced_n += 1
+        if len(self.priced) < RESERVOIR:
+            self.priced.append((prompt_est, usd))
+        else:
+            k = self.rng.randrange(self.priced_n)
+            if k < RESERVOIR:
+                self.priced[k] = (prompt_est, usd)
+
+    def usd_per_item(self) -> float | None:
+        """What an item still to send is expected to cost: its answers' dollars adjusted to
+        the prompts to come (`Stat.regressed`: a prompt is most of an agent turn's bill, and a
+        pilot that drew longer prompts than the rest have would put every one of them too
+        dear). None: no answer priced yet."""
+        if not self.priced:
+            return None
+        key = (self.priced_n, None if self.prompt_to_come is None else round(self.prompt_to_come))
+        if self._usd_per_item is None or self._usd_per_item[0] != key:
+            xs = [x for x, _ in self.priced]
+            ys = [y for _, y in self.priced]
+            self._usd_per_item = (key, Stat.regressed(ys, xs, self.prompt_to_come).mean)
+        return self._usd_per_item[1]
+
+    _usd_per_item: tuple[tuple[int, int | None], float] | None = None
+    """The last `usd_per_item`, and the answers and prompts it was for."""
 
 
 @dataclass(frozen=True)
@@ -609,11 +646,12 @@ def spend_reaches(pieces: Sequence[tuple[float, float, float]], room: float) -> 
     return hi
 
 
-def cut_at(eta: Eta, stop: float, stop_sd: float = 0.0) -> Eta:
+def cut_at(eta: Eta, stop: float, stop_sd: float = 0.0, drained: bool = False) -> Eta:
     """An ETA that a stop at `stop` seconds cuts short: then the requests on the wire end (its
-    drain), its interval scaled with it and widened by how unsure the stop is (`stop_sd`: the
-    dollars per item it rests on), never past the uncut one's. What ends before is left."""
-    seconds = min(eta.seconds, stop + eta.drain)
+    drain; `drained`: the stop's time has them ended already), its interval scaled with it
+    and widened by how unsure the stop is (`stop_sd`: the dollars per item it rests on),
+    never past the uncut one's. What ends before is left."""
+    seconds = min(eta.seconds, stop if drained else stop + eta.drain)
     if eta.seconds <= stop or seconds >= eta.seconds:
         return eta
     k = seconds / eta.seconds

@@ -88,9 +88,11 @@ def seed_stats(stats: RunStats, lanes: list[LaneRuntime], run: RunConfig, store:
             escalate_to=lane.escalate_to,
         )
     pending = store.work.pending_flows()
-    for (lane_name, ds), (n, _) in pending.items():
+    for (lane_name, ds), (n, est) in pending.items():
         if lane_name in stats.lanes:
-            stats.lanes[lane_name].flow(ds).remaining += n
+            flow = stats.lanes[lane_name].flow(ds)
+            flow.remaining += n
+            flow.prompts_left += est
     # Earlier runs' answers (a pilot's) start each flow's latencies, so that the ETA rests
     # on a dataset's own times from the start, not on the datasets that happen to go first.
     for (lane_name, ds), answers in store.spend.earlier_latencies().items():
@@ -103,6 +105,11 @@ def seed_stats(stats: RunStats, lanes: list[LaneRuntime], run: RunConfig, store:
     for lane_name, pace in store.runs.earlier_on_wire().items():
         if lane_name in stats.lanes:
             stats.lanes[lane_name].wire.earlier = pace
+    for (lane_name, ds), priced in store.spend.earlier_costs().items():
+        if lane_name in stats.lanes:
+            flow = stats.lanes[lane_name].flow(ds)
+            for est, usd in reversed(priced):
+                flow.add_priced(est, usd)
     for (lane_name, ds), (answered, escalated, usd) in store.spend.lane_answers().items():
         if lane_name in stats.lanes:
             flow = stats.lanes[lane_name].flow(ds)
@@ -305,7 +312,7 @@ class Scheduler:
             finally:  # set aside, or ended unsent: its conversation's next turns need not wait
                 self._feeder.attempt_ended(lane.name, item)
             if outcome is not None:  # None: set aside until its dataset's budget has room
-                self._record(lane, outcome)
+                self._record(lane, outcome, item.prompt_tokens_est)
 
     async def _process(self, lane: LaneRuntime, item: PendingItem) -> Outcome | None:
         """Send an item until it ends: answered (or escalated to another lane), failed for
@@ -446,11 +453,11 @@ class Scheduler:
         """Wait for something, but wake at once when the run stops."""
         await until_set(waiting, self._stopping)
 
-    def _record(self, lane: LaneRuntime, outcome: Outcome) -> None:
+    def _record(self, lane: LaneRuntime, outcome: Outcome, prompt_est: int) -> None:
         """An item's outcome, weighed by the judge of client errors, counted and buffered for
         the next commit."""
         outcome, suspect = self._judge.weigh(outcome)
-        self._verdicts.count(lane, outcome, suspect=suspect)
+        self._verdicts.count(lane, outcome, prompt_est=prompt_est, suspect=suspect)
 
     def flush(self) -> None:
         """Commit what finished now, rather than at the next tick."""

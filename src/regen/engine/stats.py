@@ -96,6 +96,13 @@ class LaneStats:
     waiting: Counter[str] = field(default_factory=Counter)
     """Workers waiting for budget room, by what holds it (`job dollar cap held by requests in
     flight`, `code: token budget held by ...`): not sent, not idle either."""
+    worst_usd: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+    """The worst cases the dollar caps held for its latest attempts admitted."""
+
+    @property
+    def worst_each(self) -> float:
+        """What the dollar caps hold for one of its attempts in flight (0: not known)."""
+        return sum(self.worst_usd) / len(self.worst_usd) if self.worst_usd else 0.0
 
     def observe_latency(self, seconds: float) -> None:
         self.latency_counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
@@ -221,6 +228,7 @@ class RunStats:
         # it sends to, which cannot end before it does.
         coming: dict[tuple[str, str], float] = {}
         coming_var: dict[tuple[str, str], float] = {}
+        coming_prompts: dict[tuple[str, str], float] = {}
         left: dict[str, tuple[int, str]] = {}
         out: dict[str, list[tuple[Flow, int, str]]] = {}
         for name in escalation_order({n: lane.escalate_to for n, lane in self.lanes.items()}):
@@ -232,12 +240,18 @@ class RunStats:
                 n, bound = items_left(flow, tokens_left, usd_left)
                 more = coming.get((name, ds), 0.0)
                 flow.coming_var = coming_var.get((name, ds), 0.0)
+                prompts = flow.prompts_left + coming_prompts.get((name, ds), 0.0)
+                flow.prompt_to_come = prompts / (flow.remaining + more) if prompts > 0 else None
                 work = n + round(more) + len(flow.on_wire)
                 left[ds] = (left.get(ds, (0, bound))[0] + work, bound)
                 rows.append((flow, n + round(more), bound))
                 if lane.escalate_to is not None:
                     key = (lane.escalate_to, ds)
-                    coming[key] = coming.get(key, 0.0) + (n + more) * flow.escalation_share
+                    sent_on = (n + more) * flow.escalation_share
+                    coming[key] = coming.get(key, 0.0) + sent_on
+                    coming_prompts[key] = coming_prompts.get(key, 0.0) + sent_on * (
+                        flow.prompt_to_come or 0.0
+                    )
                     coming_var[key] = coming_var.get(key, 0.0) + escalations_var(
                         flow, n + more, flow.coming_var
                     )
@@ -247,17 +261,18 @@ class RunStats:
         self,
         rows_of: dict[str, list[tuple[Flow, int, str]]],
         per_lane: dict[str, dict[str, Eta | None]],
-    ) -> tuple[float, float] | None:
-        """When the job's dollar cap stops the work, in seconds from now, and that time's sd
-        (None: it does not, or no cap). Lanes spend side by side, each dataset's work at an
-        even rate over its time in its lane, each item at what its lane and dataset's answers
-        cost: the cap binds when the sum reaches what it still allows beyond the requests on
-        the wire. A lane that ends first has spent all it needed; the lanes still running
-        share only what is left."""
+    ) -> tuple[float, float, bool] | None:
+        """When the job's dollar cap stops the work, in seconds from now, that time's sd, and
+        whether the requests on the wire then are drained by it (None: it does not bind, or no
+        cap). Lanes spend side by side, each dataset's work at an even rate over its time in
+        its lane, each item at what its lane and dataset's answers cost: the cap binds when
+        the sum reaches what it still allows beyond the requests on the wire. A lane that ends
+        first has spent all it needed; the lanes still running share only what is left."""
         room = self.job_usd_left() if self.job_usd_left else None
         if room is None:
             return None
         fed = {lane.escalate_to for lane in self.lanes.values()}
+        ends: dict[str, float] = {}
         pieces: list[tuple[float, float, float]] = []
         unsure = 0.0  # dollars to come times their relative error
         for name, rows in rows_of.items():
@@ -277,12 +292,35 @@ class RunStats:
                 mine = pieces[-len(rows) :] if rows else []
                 del pieces[len(pieces) - len(mine) :]
                 pieces.append((0.0, start, sum(usd for _, _, usd in mine)))
-        stop = spend_reaches(pieces, max(0.0, room))
+            ends[name] = start
+        room = max(0.0, room)
+        stop = spend_reaches(pieces, room)
         if stop is None:
             return None
         # The room lasts as much longer as the dollars to come are dearer than measured.
         total = sum(usd for _, _, usd in pieces)
-        return stop, stop * unsure / total if total > 0 else 0.0
+        sd = stop * unsure / total if total > 0 else 0.0
+        # Near the cap, admission lets a request go only while its worst case fits what the
+        # requests on the wire leave. Once the room is below the running lanes' concurrency
+        # times their worst cases (`slack`), the requests on the wire fall off about evenly to
+        # none (bench/realistic.py's capped runs: 16 to 0 over 30-40 s, where the full pace
+        # would have spent the same in 13-25 s), so the last `slack` dollars take twice as long
+        # as at full pace, and their drain is in that.
+        slack = min(
+            room,
+            sum(
+                lane.limit * lane.worst_each
+                for name, lane in self.lanes.items()
+                if ends.get(name, 0.0) >= stop
+            ),
+        )
+        if slack <= 0:
+            return stop, sd, False
+        full = spend_reaches(pieces, room - slack) or 0.0
+        pace = sum(usd / (end - start) for start, end, usd in pieces if start <= full < end)
+        if pace <= 0:
+            return stop, sd, False
+        return full + 2 * slack / pace, sd, True
 
     def etas(self, now: float | None = None) -> tuple[dict[str, Eta | None], Eta | None]:
         """Time left per dataset (when it will be finished in every lane that sends it) and
@@ -304,10 +342,10 @@ class RunStats:
             per_lane[name] = etas
         cap = self._cap_binds(rows_of, per_lane)
         if cap is not None:
-            stop, stop_sd = cap
+            stop, stop_sd, drained = cap
             # Whatever would end after the cap binds ends then, its items left unsent.
             per_lane = {
-                name: {ds: e and cut_at(e, stop, stop_sd) for ds, e in etas.items()}
+                name: {ds: e and cut_at(e, stop, stop_sd, drained) for ds, e in etas.items()}
                 for name, etas in per_lane.items()
             }
         # A dataset with nothing left (complete, or its budget met) is done: not the time its
@@ -329,15 +367,19 @@ class RunStats:
 
 def usd_each(rows: list[tuple[Flow, int, str]]) -> list[float]:
     """What an item of each of a lane's flows costs: its own answers', this run's and earlier
-    runs' (a pilot's); a flow with none, the lane's mean. A dataset not reached yet may cost
-    several times the lane's mean (long each_turn prompts)."""
+    runs' (a pilot's), adjusted to the prompts it has still to send (`Flow.usd_per_item`); a
+    flow with none, the lane's mean. A dataset not reached yet may cost several times the
+    lane's mean (long each_turn prompts)."""
     paid = sum(f.cost_usd + f.earlier_cost_usd for f, _, _ in rows)
     answers = sum(f.finished + f.earlier_answers for f, _, _ in rows)
     mean = paid / answers if answers else 0.0
     out = []
     for flow, _, _ in rows:
         answered = flow.finished + flow.earlier_answers
-        out.append((flow.cost_usd + flow.earlier_cost_usd) / answered if answered else mean)
+        each = flow.usd_per_item()
+        if each is None:
+            each = (flow.cost_usd + flow.earlier_cost_usd) / answered if answered else mean
+        out.append(each)
     return out
 
 

@@ -291,6 +291,21 @@ class Spend(Owner):
         ).fetchall()
         return {(lane, ds): (n, e, float(usd)) for lane, ds, n, e, usd in rows}
 
+    def earlier_costs(self, limit: int = 20_000) -> dict[tuple[str, str], list[tuple[int, float]]]:
+        """The latest answers' bills (up to `limit`), newest first, with their items'
+        estimated prompt tokens, by (lane, dataset): what a new run prices the items to come
+        from."""
+        out: dict[tuple[str, str], list[tuple[int, float]]] = {}
+        for lane, ds, est, usd in self._db.execute(
+            "SELECT l.lane, l.dataset, i.prompt_tokens_est, l.cost_usd FROM ledger l "
+            "JOIN items i ON i.id = l.item_id WHERE l.lane IS NOT NULL "
+            "AND l.kind IN ('completion', 'escalated') AND l.cost_usd IS NOT NULL "
+            "ORDER BY l.id DESC LIMIT ?",
+            (limit,),
+        ):
+            out.setdefault((lane, ds), []).append((int(est), float(usd)))
+        return out
+
     def earlier_latencies(
         self, limit: int = 20_000
     ) -> dict[tuple[str | None, str], list[tuple[float, int]]]:
