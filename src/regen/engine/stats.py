@@ -300,27 +300,13 @@ class RunStats:
         # The room lasts as much longer as the dollars to come are dearer than measured.
         total = sum(usd for _, _, usd in pieces)
         sd = stop * unsure / total if total > 0 else 0.0
-        # Near the cap, admission lets a request go only while its worst case fits what the
-        # requests on the wire leave. Once the room is below the running lanes' concurrency
-        # times their worst cases (`slack`), the requests on the wire fall off about evenly to
-        # none (bench/realistic.py's capped runs: 16 to 0 over 30-40 s, where the full pace
-        # would have spent the same in 13-25 s), so the last `slack` dollars take twice as long
-        # as at full pace, and their drain is in that.
-        slack = min(
-            room,
-            sum(
-                lane.limit * lane.worst_each
-                for name, lane in self.lanes.items()
-                if ends.get(name, 0.0) >= stop
-            ),
+        slack = sum(
+            lane.limit * lane.worst_each
+            for name, lane in self.lanes.items()
+            if ends.get(name, 0.0) >= stop
         )
-        if slack <= 0:
-            return stop, sd, False
-        full = spend_reaches(pieces, room - slack) or 0.0
-        pace = sum(usd / (end - start) for start, end, usd in pieces if start <= full < end)
-        if pace <= 0:
-            return stop, sd, False
-        return full + 2 * slack / pace, sd, True
+        stretched = last_stretch(pieces, room, slack)
+        return (stop, sd, False) if stretched is None else (stretched, sd, True)
 
     def etas(self, now: float | None = None) -> tuple[dict[str, Eta | None], Eta | None]:
         """Time left per dataset (when it will be finished in every lane that sends it) and
@@ -363,6 +349,23 @@ class RunStats:
         }
         job = combine(self.lane_etas.values())
         return by_dataset, job
+
+
+def last_stretch(
+    pieces: list[tuple[float, float, float]], room: float, slack: float
+) -> float | None:
+    """When the cap stops the work, its last stretch counted: admission lets a request go
+    only while its worst case fits what the requests on the wire leave, so once the room is
+    below the running lanes' limit times their worst cases (`slack`), the requests on the wire
+    fall off about evenly to none (bench/realistic.py's capped runs: 16 to 0 over 30-40 s,
+    where the full pace would have spent the same in 13-25 s). The last `slack` dollars take
+    twice as long as at full pace, their drain in it. None: no worst case known, or no pace."""
+    slack = min(room, slack)
+    if slack <= 0:
+        return None
+    full = spend_reaches(pieces, room - slack) or 0.0
+    pace = sum(usd / (end - start) for start, end, usd in pieces if start <= full < end)
+    return full + 2 * slack / pace if pace > 0 else None
 
 
 def usd_each(rows: list[tuple[Flow, int, str]]) -> list[float]:
