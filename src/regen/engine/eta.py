@@ -177,15 +177,23 @@ class Flow:
         dear). None: no answer priced yet."""
         if not self.priced:
             return None
-        key = (self.priced_n, None if self.prompt_to_come is None else round(self.prompt_to_come))
-        if self._usd_per_item is None or self._usd_per_item[0] != key:
+        to = self.prompt_to_come
+        last = self._usd_per_item
+        # Worked out again once the answers or the prompts to come moved by a percent or two
+        # (a few milliseconds over a full reservoir, for every flow at every progress line).
+        if (
+            last is None
+            or self.priced_n > last[0] * 1.02 + 1
+            or (to is None) != (last[1] is None)
+            or (to is not None and last[1] is not None and abs(to - last[1]) > 0.01 * last[1])
+        ):
             xs = [x for x, _ in self.priced]
             ys = [y for _, y in self.priced]
-            self._usd_per_item = (key, Stat.regressed(ys, xs, self.prompt_to_come).mean)
-        return self._usd_per_item[1]
+            last = self._usd_per_item = (self.priced_n, to, Stat.regressed(ys, xs, to).mean)
+        return last[2]
 
-    _usd_per_item: tuple[tuple[int, int | None], float] | None = None
-    """The last `usd_per_item`, and the answers and prompts it was for."""
+    _usd_per_item: tuple[int, float | None, float] | None = None
+    """The last `usd_per_item`: the answers and the prompts to come it was for, and it."""
 
 
 @dataclass(frozen=True)
