@@ -22,9 +22,10 @@ import math
 import random
 from array import array
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, MutableSequence, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
+from typing import TypeVar
 
 from regen.measures import format_duration as format_duration  # view/, run/ import it here
 
@@ -38,7 +39,9 @@ SD_SCALE = 1.3
 (bench/eta_model.py): slots are not perfectly packed, nor answers independent of when they
 started. Scaled so that p10-p90 holds the actual time about four times in five."""
 RESERVOIR = 4096
-"""Latencies kept per flow: enough for the distribution, bounded for memory and time."""
+"""Latencies (and priced answers) kept per flow: enough for the distribution, bounded for
+memory and time."""
+T = TypeVar("T")
 MIN_SAMPLE = 5
 """Fewer finished answers than this in a lane and dataset: use the lane's pooled answers."""
 UNMEASURED_RSD = 1.0
@@ -56,6 +59,17 @@ FILL_S = 5.0
 RUN_ANSWERS = 20
 """Answers a lane needs (this run's, or earlier runs' such as a pilot's) before its ETA
 stops being `prior`."""
+
+
+def keep(sample: MutableSequence[T], seen: int, value: T, rng: random.Random) -> None:
+    """Add the `seen`-th value to a uniform sample of at most RESERVOIR (reservoir sampling):
+    all of them up to that size, then each with the chance to replace one of it."""
+    if len(sample) < RESERVOIR:
+        sample.append(value)
+    else:
+        k = rng.randrange(seen)
+        if k < RESERVOIR:
+            sample[k] = value
 
 
 @dataclass
@@ -85,12 +99,7 @@ class Flow:
 
     def add_latency(self, seconds: float) -> None:
         self.answers += 1
-        if len(self.latencies) < RESERVOIR:
-            self.latencies.append(seconds)
-        else:
-            k = self.rng.randrange(self.answers)
-            if k < RESERVOIR:
-                self.latencies[k] = seconds
+        keep(self.latencies, self.answers, seconds, self.rng)
 
     def start_from(self, answers: Sequence[tuple[float, int]], items: int, prompts: int) -> None:
         """Earlier runs' answers (a pilot's), newest first as (time on the wire, estimated
@@ -163,12 +172,7 @@ class Flow:
     def add_priced(self, prompt_est: float, usd: float) -> None:
         """An answer's estimated prompt and what it cost, for the dollars per item to come."""
         self.priced_n += 1
-        if len(self.priced) < RESERVOIR:
-            self.priced.append((prompt_est, usd))
-        else:
-            k = self.rng.randrange(self.priced_n)
-            if k < RESERVOIR:
-                self.priced[k] = (prompt_est, usd)
+        keep(self.priced, self.priced_n, (prompt_est, usd), self.rng)
 
     def usd_per_item(self) -> float | None:
         """What an item still to send is expected to cost: its answers' dollars adjusted to
