@@ -269,7 +269,19 @@ def pilot_bounds(plan: dict[str, Any], pilot_time: float | None) -> dict[str, fl
     if money is None and share and plan["job"]["cost_usd"] is not None:
         expected = interval(plan["job"]["cost_usd"])[0] + plan["spent_usd"]
         money = int(share.group(1)) / 100 * expected
+    # The bound the pilot itself stated when it stopped there is the one it used.
+    said = re.search(r"its money bound \(\$([0-9.]+)", " ".join(plan.get("pilot_notes", [])))
+    money = float(said.group(1)) if said else money
     return {"time_s": pilot_time or 600.0, "usd": money}
+
+
+def summed(bounds: list[dict[str, float | None]]) -> dict[str, float | None]:
+    """Several pilots' bounds added up (a money bound not known: None)."""
+    usd = [b["usd"] for b in bounds]
+    return {
+        "time_s": sum(b["time_s"] or 0.0 for b in bounds),
+        "usd": None if None in usd else sum(u or 0.0 for u in usd),
+    }
 
 
 def interval(v: Any) -> tuple[float, float, float]:
@@ -405,15 +417,19 @@ def one(
         with cpu_load(*load):
             prior = regen_plan(regen, prior_dir / "job.toml", env, 0)
             plan = regen_plan(regen, job, env, pilot, precision, pilot_time)
-            pilot_plan = plan
+            pilots = [plan]
             cap = None
             if cap_share is not None:
                 # A cap that binds: a share of what the pilot's plan expects the rest to cost.
+                # Planned again with the cap as a user would, the same pilot options: with
+                # --precision the pilot goes on where the count the cap leaves is still unsure.
                 cap = plan["spent_usd"] + cap_share * interval(plan["job"]["cost_usd"])[0]
                 job.write_text(
                     job_text.replace("[run]", f"[budget]\nmax_cost_usd = {cap}\n\n[run]")
                 )
-                plan = regen_plan(regen, job, env, 0)
+                plan = regen_plan(regen, job, env, pilot if precision else 0, precision, pilot_time)
+                if precision:
+                    pilots.append(plan)
             shutil.copy(work / "out" / "state.db", work / "pilot.db")
             code = subprocess.run(
                 [*regen, "run", str(job)], env=env, stdout=subprocess.DEVNULL
@@ -475,9 +491,11 @@ def one(
         "pilot_items": done0,
         "pilot_s": pilot_s,
         "pilot_usd": pilot_usd,
-        "pilot_notes": pilot_plan.get("pilot_notes", []),
+        "pilot_notes": [n for p in pilots for n in p.get("pilot_notes", [])],
         "verdict": plan["job"].get("stop"),
-        "pilot_bounds": pilot_bounds(pilot_plan, pilot_time),
+        # Each pilot within its own bounds: together within their sum.
+        "pilot_bounds": summed([pilot_bounds(p, pilot_time) for p in pilots]),
+        "pilots": len(pilots),
         "cap": cap,
         "exit": code,
         "plan_left": {d["name"]: d["pending"] - d["sent"] for d in plan["datasets"]},
@@ -632,9 +650,9 @@ def endings(results: list[dict[str, Any]]) -> None:
     for r in results:
         b = r.get("pilot_bounds") or {}
         usd = b.get("usd")
-        # The bound the pilot itself stated when it stopped there is the one it used.
-        said = re.search(r"its money bound \(\$([0-9.]+)", " ".join(r.get("pilot_notes", [])))
-        usd = float(said.group(1)) if said else usd
+        if "pilots" not in r:  # results from before: the stated bound is read here
+            said = re.search(r"its money bound \(\$([0-9.]+)", " ".join(r.get("pilot_notes", [])))
+            usd = float(said.group(1)) if said else usd
         within = r["pilot_s"] <= b.get("time_s", float("inf")) and (
             usd is None or r["pilot_usd"] <= usd * 1.0001
         )

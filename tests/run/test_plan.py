@@ -710,3 +710,101 @@ def test_the_verdict_allows_for_a_kill_and_names_what_the_cap_leaves_unsent(
     for name, n in unsent.items():
         if n:
             assert f"{name} ({n})" in short.stop, short.stop
+
+
+def test_the_items_a_cap_leaves_ask_the_pilot_for_the_datasets_that_decide_them() -> None:
+    """The count a cap leaves unsent is a quantity like a total, with each dataset weighted by
+    how far its dollars move the count: the dataset after the cut is asked for nothing, and
+    one whose dollars move the count more is asked for more; a count known well enough asks
+    nothing; a count of a few items is measured against a floor share of the items to come."""
+    from regen.engine.eta import Z90
+    from regen.run.pilot import UNSENT_FLOOR, CapLeaves, unsent_quantity
+
+    leaves = CapLeaves(100.0, {"a": 10.0, "b": 30.0, "c": 0.0})
+    done = {"a": 30, "b": 30, "c": 30}
+    to_come = {"a": 1000, "b": 1000, "c": 1000}
+    q = unsent_quantity(leaves, done, to_come, 0.1)
+    assert q.error == pytest.approx(Z90 * (10**2 + 30**2) ** 0.5 / 100)
+    assert "c" not in q.needs and q.needs["b"] > 2 * q.needs["a"] > 30
+    # With those items, the count would be within the precision asked.
+    after = {ds: leaves.sd[ds] * (done[ds] / q.needs[ds]) ** 0.5 for ds in ("a", "b")}
+    assert Z90 * (after["a"] ** 2 + after["b"] ** 2) ** 0.5 / 100 <= 0.1
+    assert unsent_quantity(CapLeaves(100.0, {"a": 1.0}), done, to_come, 0.1).needs == {}
+    few = unsent_quantity(CapLeaves(3.0, {"a": 2.0}), done, to_come, 0.1)
+    assert few.error == pytest.approx(Z90 * 2.0 / (UNSENT_FLOOR * 3000))
+
+
+def test_a_pilot_under_a_cap_measures_the_items_it_leaves() -> None:
+    """A job of a then b under a cap that runs out in b: a pilot sized to +/-10% measures the
+    count the cap leaves too (`leaves`: the ending played from the pilot's answers), sends
+    more than it would for the totals alone, and ends with that count within what it asked."""
+    from regen.engine.eta import Stat
+    from regen.run.ending import Flow, Lane, play
+    from regen.run.pilot import CapLeaves, Limits, Sent, run_pilot
+
+    def pilot(with_cap: bool) -> tuple[dict[str, int], list[Any]]:
+        rng = random.Random(5)
+        finished = {"a": 0, "b": 0}
+        values: dict[str, list[tuple[dict[str, float], float]]] = {"a": [], "b": []}
+
+        def send(want: dict[str, int], limits: Limits) -> Sent:
+            for ds, n in want.items():
+                while finished[ds] < min(n, 2000):
+                    finished[ds] += 1
+                    usd = rng.uniform(0.5, 1.5) if ds == "a" else rng.lognormvariate(0, 0.8)
+                    values[ds].append(({"default": usd}, usd))
+            return Sent(None)
+
+        def leaves() -> CapLeaves | None:
+            flows = {}
+            for ds in ("a", "b"):
+                s = Stat.of([usd for _, usd in values[ds]])
+                flows["one", ds] = Flow(1.0, s.mean, 0.0, 1.0, cost_se=s.se)
+            lane = Lane("one", [(ds, 2000 - finished[ds]) for ds in ("a", "b")])
+            # The cap: a's items and 70% of b's at their true means; the pilot spends from it.
+            cap = 2000 * 1.0 + 0.7 * 2000 * math.exp(0.32)
+            spent = sum(usd for ds in ("a", "b") for _, usd in values[ds])
+            ending = play([lane], flows, cap - spent)
+            return (
+                None if ending is None else CapLeaves(sum(ending.unsent.values()), ending.unsent_sd)
+            )
+
+        out = run_pilot(
+            fake_job(),
+            fake_store(finished, values),
+            2000,
+            0.1,
+            send,
+            leaves=leaves if with_cap else None,
+        )
+        return dict(finished), out.quantities
+
+    sizes, quantities = pilot(True)
+    plain, _ = pilot(False)
+    (q,) = [q for q in quantities if q.name == "items the cap leaves"]
+    assert q.error is not None and q.error <= 0.1, quantities
+    assert sizes["a"] + sizes["b"] > plain["a"] + plain["b"], (sizes, plain)
+
+
+def test_a_pilot_says_when_its_money_bound_fits_fewer_requests_than_the_lanes_keep(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Admission holds each request's worst case against the pilot's money bound: a bound of
+    $0.05 with worst cases of $0.012 lets 4 go at once, of the 32 the lanes keep on the wire.
+    The pilot says so, with how to give it more; a bound that fits them all says nothing."""
+    import logging
+
+    from regen.run.pilot import Bounds, Limits, Sent, run_pilot
+
+    def send(want: dict[str, int], limits: Limits) -> Sent:
+        return Sent(None)
+
+    store = fake_store({"a": 0, "b": 0}, {"a": [], "b": []})
+    with caplog.at_level(logging.INFO, logger="regen"):
+        run_pilot(fake_job(), store, 30, None, send, Bounds(usd=0.05, worst_usd=0.012, at_once=32))
+    assert "fits 4 requests at once at their worst case ($0.0120 each" in caplog.text
+    assert "of the 32 the lanes keep on the wire" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="regen"):
+        run_pilot(fake_job(), store, 30, None, send, Bounds(usd=1.0, worst_usd=0.012, at_once=32))
+    assert "fits" not in caplog.text

@@ -196,3 +196,30 @@ def test_the_items_a_cap_leaves_come_with_the_range_their_dollars_per_item_allow
     exact = {k: Flow(f.seconds, f.cost_usd, f.escalated, f.held_s) for k, f in flows.items()}
     ending = play(lanes, exact, 0.8)
     assert ending is not None and ending.unsent_range is None
+
+
+def test_each_datasets_dollars_move_the_items_a_cap_leaves_by_their_place_in_the_order() -> None:
+    """One lane, datasets a, b, c in order, the room running out in b: a's dollars move the
+    count by a's items times its error over b's dollars per item (the room b gets), b's by the
+    items b affords times its relative error, and c's (after the cut) not at all. Together,
+    at p10-p90, they are about as wide as the drawn range."""
+    from regen.engine.eta import Z90
+    from regen.run.ending import unsent_sd
+
+    lanes = [Lane("one", [("a", 400), ("b", 400), ("c", 400)])]
+    flows = {
+        ("one", "a"): Flow(0.1, 0.0005, 0.0, 0.5, cost_se=0.00005),
+        ("one", "b"): Flow(0.3, 0.002, 0.0, 1.5, cost_se=0.0002),
+        ("one", "c"): Flow(0.2, 0.001, 0.0, 1.0, cost_se=0.0003),
+    }
+    room = 0.2 + 300 * 0.002  # a whole, then 300 of b's 400
+    sd = unsent_sd(lanes, flows, room)
+    assert sd["a"] == pytest.approx(400 * 0.00005 / 0.002, rel=0.1)
+    assert sd["b"] == pytest.approx(300 * 0.0002 / 0.002, rel=0.1)
+    assert sd.get("c", 0.0) == pytest.approx(0.0, abs=0.5)
+    ending = play(lanes, flows, room)
+    assert ending is not None and ending.unsent_range is not None
+    assert ending.unsent_sd == sd
+    low, high = ending.unsent_range
+    half = Z90 * (sd["a"] ** 2 + sd["b"] ** 2) ** 0.5
+    assert (high - low) / 2 == pytest.approx(half, rel=0.35)

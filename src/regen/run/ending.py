@@ -81,6 +81,9 @@ class Ending:
     """Items a dataset's own budget leaves pending (met before the cap)."""
     unsent_range: tuple[float, float] | None = None
     """p10 and p90 of the items the cap leaves pending, over the flows' `cost_se`."""
+    unsent_sd: dict[str, float] = field(default_factory=dict)
+    """Per dataset, the standard deviation its dollars per passage (`cost_se`) put on the
+    items the cap leaves pending: where a pilot's next answers narrow that count most."""
 
 
 @dataclass
@@ -130,7 +133,11 @@ def play(
     ending = _play(lanes, flows, room, budgets)
     if ending is None or not any(f.cost_se > 0 for f in flows.values()):
         return ending
-    return replace(ending, unsent_range=unsent_range(lanes, flows, room, budgets))
+    return replace(
+        ending,
+        unsent_range=unsent_range(lanes, flows, room, budgets),
+        unsent_sd=unsent_sd(lanes, flows, room, budgets),
+    )
 
 
 RANGE_DRAWS = 40
@@ -155,6 +162,30 @@ def unsent_range(
         totals.append(0.0 if ending is None else sum(ending.unsent.values()))
     totals.sort()
     return totals[RANGE_DRAWS // 10], totals[RANGE_DRAWS - 1 - RANGE_DRAWS // 10]
+
+
+def unsent_sd(
+    lanes: list[Lane],
+    flows: dict[tuple[str, str], Flow],
+    room: float,
+    budgets: dict[str, Budget] | None = None,
+) -> dict[str, float]:
+    """Per dataset, how far the items left pending move when its flows' dollars per passage
+    move by their `cost_se` (a central difference, its flows' parts added in quadrature): a
+    dataset before the cut moves it by its items times its error over the cut's dollars per
+    item, the cut's own by the items it affords times its relative error, one after it not
+    at all."""
+    out: dict[str, float] = defaultdict(float)
+    for key, f in flows.items():
+        if f.cost_se <= 0 or f.cost_usd <= 0:
+            continue
+        moved = []
+        for sign in (1.0, -1.0):
+            cost = max(f.cost_usd * 1e-3, f.cost_usd + sign * f.cost_se)
+            ending = _play(lanes, {**flows, key: replace(f, cost_usd=cost)}, room, budgets)
+            moved.append(0.0 if ending is None else sum(ending.unsent.values()))
+        out[key[1]] += ((moved[0] - moved[1]) / 2) ** 2
+    return {ds: math.sqrt(v) for ds, v in out.items()}
 
 
 def _draw(rng: random.Random, f: Flow) -> float:

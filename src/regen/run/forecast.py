@@ -411,6 +411,9 @@ class JobPlan:
     lane (paid again there)."""
     unsent: int = 0
     """Items the job's cap or the credit is expected to leave unsent."""
+    unsent_sd: dict[str, float] | None = None
+    """Per dataset, the standard deviation its dollars per item put on `unsent` (None: the
+    room is expected to last; empty: nothing measured to be unsure of)."""
     caching: CacheSaving | None = None
     """Every item to come with the provider's prompt cache and without it (None: no price)."""
 
@@ -624,6 +627,7 @@ def plan(
         margin,
         _repay(timeline.flows, job),
         unsent,
+        None if ending is None else ending.unsent_sd,
         _cache_saving(timeline.flows, profiles, caching, prices),
     )
 

@@ -17,6 +17,17 @@ the mean per item)^2, the latter from Stat.of (Cox's for skewed quantities, whic
 sample's own spread understates). The items a pilot sends are kept for the run: a larger pilot
 costs time before the run starts, not money beyond the job's.
 
+A job whose dollar cap (or the account's credit) is expected to run out first also measures
+the items it leaves unsent: that count is the room less the dollars of the items before the
+cut, over the dollars of each item at the cut, so a few percent on a dataset's dollars per item
+is many items (a cap at 70% of the cost leaves about 30% of the items, and the total's error
+comes back three times over in that count). The plan plays the run's order with each
+dataset's dollars moved by their error (forecast's `unsent_sd`); the count's error is theirs
+added up, and each dataset gets items as its weight in that count times its spread says (the
+same allocation, with the items to come replaced by how far a dataset's mean moves the count:
+nothing for a dataset after the cut, the most for the one at it). A need worked out from a
+round's few answers may be far off, so a dataset grows at most GROWTH times a round.
+
 Every pilot has bounds (`Bounds`), a small share of the job by default: it stops sending when
 its time is up (requests in flight get a tenth of it to finish), it spends at most SHARE of the
 job's dollar cap (without a cap: of the job's expected cost, once the first round has measured
@@ -56,6 +67,8 @@ ROUNDS = 6
 """Rounds at most: sizes grow by at least half each round, so this is rarely reached."""
 MARGIN = 1.2
 """More than the spread says is needed: the spread itself is measured on a sample."""
+GROWTH = 8
+"""A dataset's items grow at most this many times a round."""
 HINT_ABOVE = 0.15
 """A fixed-size pilot that leaves a total wider than this at p10-p90 gets a note on sizing it."""
 SHARE = 0.05
@@ -67,6 +80,11 @@ GRACE_SHARE = 0.1
 """The share of the pilot's time kept for requests in flight once sending stops."""
 TIME_UP = "pilot time limit"
 """The stop reason of a round stopped by the pilot's time bound."""
+UNSENT = "items the cap leaves"
+"""The quantity a job whose cap (or credit) runs out first also measures."""
+UNSENT_FLOOR = 0.02
+"""The items a cap leaves are measured against at least this share of the items to come: a
+count of a few items is known well enough to within a few."""
 
 Totals = Sequence[tuple[Mapping[str, float], float]]
 """A dataset's finished items: (time on the wire per lane, dollars charged)."""
@@ -93,6 +111,11 @@ class Bounds:
     time_s: float = TIME_S
     usd: float | None = None
     share: float = SHARE
+    worst_usd: float | None = None
+    """What admission reserves for one request of the job's first lanes (None: no price):
+    a money bound that fits fewer of them than `at_once` sends fewer at once."""
+    at_once: int = 0
+    """The requests those lanes keep on the wire."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +153,16 @@ class LaneCut:
     """The mean time per answer with each cut-off one at its time so far: a lower bound."""
     estimate_s: float | None
     """The mean from the Kaplan-Meier curve with them censored (None: no answer finished)."""
+
+
+@dataclass(frozen=True)
+class CapLeaves:
+    """What the plan, as the pilot stands, says the job's dollar cap (or the account's credit)
+    leaves unsent: the items, and per dataset the standard deviation its dollars per item put
+    on that count (forecast's `unsent_sd`)."""
+
+    items: float
+    sd: Mapping[str, float]
 
 
 @dataclass
@@ -197,18 +230,44 @@ def quantity(
     return Quantity(name, error, needs, total)
 
 
+def unsent_quantity(
+    leaves: CapLeaves, done: Mapping[str, int], to_come: Mapping[str, int], precision: float
+) -> Quantity:
+    """The items the cap leaves as a quantity: how far the count may be off (p10-p90, over the
+    count or UNSENT_FLOOR of the items to come, whichever is more), and the items per dataset
+    that would bring it within `precision`. The count moves with each dataset's mean dollars
+    per item by a weight the played ending gives (`sd` at the items measured now, so weight x
+    spread per item = sd x sqrt(items)); the same Neyman allocation as a total's, with those
+    weights for the items to come: a dataset after the cut gets none, the cut's own the most."""
+    scale = max(leaves.items, UNSENT_FLOOR * sum(to_come.values()))
+    if scale <= 0:
+        return Quantity(UNSENT, None, {}, leaves.items)
+    sds = {ds: sd for ds, sd in leaves.sd.items() if sd > 0 and ds in done}
+    error = Z90 * math.sqrt(sum(sd * sd for sd in sds.values())) / scale
+    needs: dict[str, int] = {}
+    if error > precision:
+        allowed = (precision * scale / Z90) ** 2
+        weight = {ds: sd * math.sqrt(max(1, done[ds])) for ds, sd in sds.items()}
+        spread = sum(weight.values())
+        for ds, w in weight.items():
+            needs[ds] = math.ceil(w * spread / allowed * MARGIN)
+    return Quantity(UNSENT, error, needs, leaves.items)
+
+
 def next_sizes(
     quantities: Sequence[Quantity], done: Mapping[str, int], left: Mapping[str, int], most: int
 ) -> dict[str, int]:
     """Finished items each dataset should have after the next round, for the datasets that
     need more: what the quantities ask (the most of them), at least half as many again as it
-    has, never more than `most` nor than it has items."""
+    has, at most GROWTH times as many (a need worked out from a round's few answers may be far
+    off: the next round's answers say again), never more than `most` nor than it has items."""
     out: dict[str, int] = {}
     for ds, have in done.items():
         asked = max((q.needs.get(ds, 0) for q in quantities), default=0)
         if asked <= have or have >= most or left.get(ds, 0) <= 0:
             continue
-        out[ds] = min(most, have + left[ds], max(asked, math.ceil(have * 1.5)))
+        step = min(asked, GROWTH * max(have, 1))
+        out[ds] = min(most, have + left[ds], max(step, math.ceil(have * 1.5)))
     return out
 
 
@@ -219,12 +278,14 @@ def run_pilot(
     precision: float | None,
     send: Callable[[dict[str, int], Limits], Sent],
     bounds: Bounds | None = None,
+    leaves: Callable[[], CapLeaves | None] | None = None,
 ) -> Outcome:
     """Send the pilot through `send` (finished items per dataset to reach, and the round's
     limits; it says how the round ended): `most` per dataset at once, or, with `precision`, in
-    rounds as the module says, within `bounds`. Says its bounds and each round; returns the
-    quantities as last measured and its closing lines. Its bounds and rounds are said as
-    events (`regen/events.py`)."""
+    rounds as the module says, within `bounds`. `leaves`: what the plan says the job's cap
+    leaves unsent as things stand (None: it is expected to last), a quantity measured too.
+    Says its bounds and each round; returns the quantities as last measured and its closing
+    lines. Its bounds and rounds are said as events (`regen/events.py`)."""
     bounds = bounds or Bounds()
     start = time.monotonic()
     grace = bounds.time_s * GRACE_SHARE
@@ -234,6 +295,7 @@ def run_pilot(
     usd, usd_from = _money(job, bounds)
     want = _first_want(job, first, most, precision, usd is None, bounds.share)
     log.info(_bounds_line(bounds, usd, usd_from, tokens, want if usd is None else None))
+    _say_narrow(bounds, usd)
     quantities: list[Quantity] = []
     notes: list[str] = []
     before: dict[str, int] = {}
@@ -244,10 +306,10 @@ def run_pilot(
             start + bounds.time_s - grace, grace, None if usd is None else spent0 + usd, tokens
         )
         sent = send(dict(want), limits)
-        progress, to_come, quantities, cuts = _measure(job, store, want, precision)
+        progress, to_come, quantities, cuts = _measure(job, store, want, precision, leaves)
         spent = sum(p.cost_usd for p in progress.values())
         if usd is None:  # no cap: a share of the expected cost, once a round has measured it
-            usd, usd_from = bounds.share * (spent + quantities[-1].total), "the expected cost"
+            usd, usd_from = _share_of_expected(bounds, spent, quantities)
         done = {ds: p.done + p.failed for ds, p in progress.items()}
         met = _budgets_met(job, progress, want, tokens, notes)
         ended = _bound_reached(
@@ -286,11 +348,16 @@ def _first_want(
 
 
 def _measure(
-    job: Job, store: Store, want: Mapping[str, int], precision: float | None
+    job: Job,
+    store: Store,
+    want: Mapping[str, int],
+    precision: float | None,
+    leaves: Callable[[], CapLeaves | None] | None = None,
 ) -> tuple[dict[str, DatasetProgress], dict[str, int], list[Quantity], list[LaneCut]]:
     """After a round: the piloted datasets' progress, their items to come, the quantities
-    (time, per lane when there are several, and cost) with their errors as measured now, and
-    each lane's answers cut off still running. A lane's time counts those (`censored`)."""
+    (time, per lane when there are several, cost, and the items the cap leaves when `leaves`
+    says it binds) with their errors as measured now, and each lane's answers cut off still
+    running. A lane's time counts those (`censored`)."""
     lanes = [lane.name for lane in job.lane_list]
     progress = {p.name: p for p in store.work.dataset_progress() if p.name in want}
     samples = store.spend.item_totals()
@@ -307,6 +374,10 @@ def _measure(
         late = [t for lane in of for t in cut.get(lane, [])]
         quantities.append(censored(q, censored_factor(done, late)))
     quantities.append(quantity("cost", samples, to_come, precision or 1.0))
+    cap_leaves = leaves() if leaves is not None else None
+    if cap_leaves is not None:
+        items = {ds: p.done + p.failed for ds, p in progress.items()}
+        quantities.append(unsent_quantity(cap_leaves, items, to_come, precision or 1.0))
     return progress, to_come, quantities, [c for c in cuts if c.cut]
 
 
@@ -438,6 +509,33 @@ def _bounds_line(
     if tokens:
         line += f", {bounds.share:.0%} of each dataset's token budget"
     return line + " (--pilot-time, --pilot-usd, --pilot-share)"
+
+
+def _share_of_expected(
+    bounds: Bounds, spent: float, quantities: Sequence[Quantity]
+) -> tuple[float, str]:
+    """An uncapped pilot's money bound once a round has measured the expected cost: its share
+    of that (said when it fits fewer requests than the lanes keep on the wire)."""
+    cost = next(q.total for q in quantities if q.name == "cost")
+    usd = bounds.share * (spent + cost)
+    _say_narrow(bounds, usd)
+    return usd, "the expected cost"
+
+
+def _say_narrow(bounds: Bounds, usd: float | None) -> None:
+    """Say when the money bound fits fewer requests at their worst case than the lanes keep
+    on the wire: admission holds each request's worst case against the bound, so the pilot
+    sends that few at once and takes longer for each answer it needs."""
+    if usd is None or not bounds.worst_usd or bounds.worst_usd <= 0:
+        return
+    fits = math.floor(usd / bounds.worst_usd)
+    if fits < bounds.at_once:
+        log.info(
+            f"pilot: its money bound (${usd:.4f}) fits {fits} requests at once at their worst "
+            f"case (${bounds.worst_usd:.4f} each, max_tokens at the highest price), of the "
+            f"{bounds.at_once} the lanes keep on the wire: it sends that few at once "
+            "(--pilot-usd or --pilot-share for more)"
+        )
 
 
 def _budgets_met(

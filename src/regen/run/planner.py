@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from regen.config import Job
@@ -23,8 +24,17 @@ from regen.lock import RunLock
 from regen.run.accounts import check_reachable, endpoint_keys
 from regen.run.caching import flow_caches
 from regen.run.dispatch import dispatch
-from regen.run.forecast import CacheSaving, JobPlan, coverage, plan
-from regen.run.pilot import TIME_UP, Bounds, Limits, Quantity, Sent, bounded, run_pilot
+from regen.run.forecast import CacheSaving, JobPlan, coverage, plan, worst_cases
+from regen.run.pilot import (
+    TIME_UP,
+    Bounds,
+    CapLeaves,
+    Limits,
+    Quantity,
+    Sent,
+    bounded,
+    run_pilot,
+)
 from regen.run.prepare import prepare
 from regen.state.db import Store
 from regen.state.sources import BadRowGroup
@@ -137,6 +147,42 @@ def _estimate(
     )
 
 
+def _cap_leaves(
+    job: Job, store: Store, prices: Prices | None, credit: float | None
+) -> Callable[[], CapLeaves | None]:
+    """What the plan says the job's cap (or the account's credit, read before the pilot and
+    less what the pilot has spent since) leaves unsent, as the store stands when called (None:
+    the room is expected to last): a pilot measures that count too."""
+    spent_at_read = sum(p.cost_usd for p in store.work.dataset_progress())
+
+    def leaves() -> CapLeaves | None:
+        progress = store.work.dataset_progress()
+        spent = sum(p.cost_usd for p in progress)
+        left = None if credit is None else credit - (spent - spent_at_read)
+        estimate = _estimate(job, store, progress, prices, left)
+        if estimate.unsent_sd is None:
+            return None
+        return CapLeaves(estimate.unsent, estimate.unsent_sd)
+
+    return leaves
+
+
+def _with_worst(job: Job, store: Store, prices: Prices | None, bounds: Bounds) -> Bounds:
+    """The pilot's bounds with what admission reserves for one request of the lanes that
+    have items of their own (the cheapest of them), and the requests those lanes keep on the
+    wire."""
+    pending = store.work.pending_flows()
+    worst = worst_cases(job, pending, prices)
+    own = [lane for lane in job.lane_list if any(k[0] == lane.name for k in pending)]
+    if worst is None or not own:
+        return bounds
+    return replace(
+        bounds,
+        worst_usd=min(worst[lane.name] for lane in own),
+        at_once=sum(lane.concurrency for lane in own),
+    )
+
+
 def plan_job(
     job: Job,
     *,
@@ -161,7 +207,10 @@ def plan_job(
             pilot_notes: list[str] = []
             if pilot > 0:
                 send = functools.partial(_send_pilot, job, store, keys, shown)
-                outcome = run_pilot(job, store, pilot, precision, send, bounds)
+                read = asyncio.run(_account_reads(job, keys))
+                leaves = _cap_leaves(job, store, *read)
+                bounds = _with_worst(job, store, read[0], bounds or Bounds())
+                outcome = run_pilot(job, store, pilot, precision, send, bounds, leaves)
                 pilot_errors, pilot_notes = outcome.quantities, outcome.notes
             prices, credit = asyncio.run(_account_reads(job, keys))
             progress = store.work.dataset_progress()
