@@ -380,6 +380,9 @@ def test_a_pilot_shares_its_items_as_the_datasets_spreads_say() -> None:
     assert sizes == {"a": 100, "b": 45, "c": 70}
     assert next_sizes([asked], {"a": 400}, {"a": 10}, 400) == {}
     assert next_sizes([Quantity("cost", 0.05, {})], {"a": 30}, {"a": 10}, 400) == {}
+    # A need worked out from a round's few answers grows a dataset at most 8x a round.
+    far = Quantity("items the cap leaves", 0.8, {"a": 5000})
+    assert next_sizes([far], {"a": 30}, {"a": 9000}, 9000) == {"a": 240}
 
 
 def fake_store(

@@ -100,7 +100,7 @@ class Quantity:
     error: float | None
     needs: dict[str, int]
     total: float = 0.0
-    """The quantity's expected sum over the items to come."""
+    """The quantity's expected sum over the items to come (for UNSENT, the count)."""
 
 
 @dataclass(frozen=True)
