@@ -156,6 +156,8 @@ def _cap_leaves(
     spent_at_read = sum(p.cost_usd for p in store.work.dataset_progress())
 
     def leaves() -> CapLeaves | None:
+        if job.budget.max_cost_usd is None and credit is None:
+            return None  # no room to run out: no plan to make each round
         progress = store.work.dataset_progress()
         spent = sum(p.cost_usd for p in progress)
         left = None if credit is None else credit - (spent - spent_at_read)
