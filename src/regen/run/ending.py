@@ -158,8 +158,7 @@ def unsent_range(
     totals = []
     for _ in range(RANGE_DRAWS):
         drawn = {key: replace(f, cost_usd=_draw(rng, f)) for key, f in flows.items()}
-        ending = _play(lanes, drawn, room, budgets)
-        totals.append(0.0 if ending is None else sum(ending.unsent.values()))
+        totals.append(_unsent(lanes, drawn, room, budgets))
     totals.sort()
     return totals[RANGE_DRAWS // 10], totals[RANGE_DRAWS - 1 - RANGE_DRAWS // 10]
 
@@ -182,10 +181,20 @@ def unsent_sd(
         moved = []
         for sign in (1.0, -1.0):
             cost = max(f.cost_usd * 1e-3, f.cost_usd + sign * f.cost_se)
-            ending = _play(lanes, {**flows, key: replace(f, cost_usd=cost)}, room, budgets)
-            moved.append(0.0 if ending is None else sum(ending.unsent.values()))
+            moved.append(_unsent(lanes, {**flows, key: replace(f, cost_usd=cost)}, room, budgets))
         out[key[1]] += ((moved[0] - moved[1]) / 2) ** 2
     return {ds: math.sqrt(v) for ds, v in out.items()}
+
+
+def _unsent(
+    lanes: list[Lane],
+    flows: dict[tuple[str, str], Flow],
+    room: float,
+    budgets: dict[str, Budget] | None,
+) -> float:
+    """The items one play of the order leaves pending (0: the room lasts)."""
+    ending = _play(lanes, flows, room, budgets)
+    return 0.0 if ending is None else sum(ending.unsent.values())
 
 
 def _draw(rng: random.Random, f: Flow) -> float:
