@@ -208,26 +208,30 @@ def quantity(
     """`name` ("cost", "time" or "time in lane L") summed over the items to come: its error
     now, and the items per dataset that would bring it within `precision` (Neyman
     allocation)."""
-    total = var = spread = 0.0
-    stats: dict[str, Stat] = {}
+    total = var = 0.0
+    weight: dict[str, float] = {}
     for ds, n in to_come.items():
         xs = _values(samples.get(ds, ()), name)
         if n <= 0 or len(xs) < 2:
             continue
-        stats[ds] = s = Stat.of(xs)
+        s = Stat.of(xs)
         total += n * s.mean
         var += (n * s.se) ** 2
-        spread += n * s.se * math.sqrt(s.n)
+        weight[ds] = n * s.se * math.sqrt(s.n)  # items to come x the per-item spread
     if total <= 0:
         return Quantity(name, None, {}, total)
     error = Z90 * math.sqrt(var) / total
-    needs: dict[str, int] = {}
-    if error > precision:
-        allowed = (precision * total / Z90) ** 2
-        for ds, s in stats.items():
-            # n_ds = N_ds sd_ds sum_k(N_k sd_k) / allowed variance, sd the per-item spread.
-            needs[ds] = math.ceil(to_come[ds] * s.se * math.sqrt(s.n) * spread / allowed * MARGIN)
+    needs = _neyman(weight, precision * total) if error > precision else {}
     return Quantity(name, error, needs, total)
+
+
+def _neyman(weight: Mapping[str, float], half_width: float) -> dict[str, int]:
+    """Items per dataset that bring a sum's p10-p90 half-width within `half_width` with the
+    fewest items (Neyman allocation), MARGIN more: n_ds = w_ds sum_k(w_k) / allowed variance,
+    where w is how far a dataset's mean moves the sum times its per-item spread."""
+    allowed = (half_width / Z90) ** 2
+    spread = sum(weight.values())
+    return {ds: math.ceil(w * spread / allowed * MARGIN) for ds, w in weight.items()}
 
 
 def unsent_quantity(
@@ -244,13 +248,8 @@ def unsent_quantity(
         return Quantity(UNSENT, None, {}, leaves.items)
     sds = {ds: sd for ds, sd in leaves.sd.items() if sd > 0 and ds in done}
     error = Z90 * math.sqrt(sum(sd * sd for sd in sds.values())) / scale
-    needs: dict[str, int] = {}
-    if error > precision:
-        allowed = (precision * scale / Z90) ** 2
-        weight = {ds: sd * math.sqrt(max(1, done[ds])) for ds, sd in sds.items()}
-        spread = sum(weight.values())
-        for ds, w in weight.items():
-            needs[ds] = math.ceil(w * spread / allowed * MARGIN)
+    weight = {ds: sd * math.sqrt(max(1, done[ds])) for ds, sd in sds.items()}
+    needs = _neyman(weight, precision * scale) if error > precision else {}
     return Quantity(UNSENT, error, needs, leaves.items)
 
 
