@@ -149,15 +149,16 @@ def _estimate(
 
 def _cap_leaves(
     job: Job, store: Store, prices: Prices | None, credit: float | None
-) -> Callable[[], CapLeaves | None]:
+) -> Callable[[], CapLeaves | None] | None:
     """What the plan says the job's cap (or the account's credit, read before the pilot and
     less what the pilot has spent since) leaves unsent, as the store stands when called (None:
-    the room is expected to last): a pilot measures that count too."""
+    the room is expected to last): a pilot measures that count too. None without a cap or a
+    credit reading: no room to run out, no plan to make each round."""
+    if job.budget.max_cost_usd is None and credit is None:
+        return None
     spent_at_read = sum(p.cost_usd for p in store.work.dataset_progress())
 
     def leaves() -> CapLeaves | None:
-        if job.budget.max_cost_usd is None and credit is None:
-            return None  # no room to run out: no plan to make each round
         progress = store.work.dataset_progress()
         spent = sum(p.cost_usd for p in progress)
         left = None if credit is None else credit - (spent - spent_at_read)
