@@ -477,6 +477,41 @@ def test_a_lane_fed_by_escalations_spends_its_datasets_mixed_under_the_cap() -> 
     assert 0.45 * free < job_eta(5.5) < 0.6 * free
 
 
+def test_a_fed_lane_spends_each_datasets_escalations_from_when_they_come() -> None:
+    # The short lane has 2,000 items of each dataset left, half of each to be escalated; the
+    # long lane has nothing waiting yet, and its answers cost $0.001 (cheap) or $0.01 (dear:
+    # long agent turns). It takes what is waiting, so the dataset its feeder sends on last is
+    # spent last: with the dear one last, $5.50 of the $11 lasts well past half the lane's
+    # time; with it first, the lane spends on it alone at full pace and the room is gone
+    # before half. Spread evenly over the lane's time, both said half (bench/realistic.py:
+    # every miss short, where the agent turns came last).
+    def cap_share(order: list[str], room: float | None) -> float:
+        stats = RunStats(
+            datasets={name: DatasetStats(items=4000) for name in order},
+            started_at=STARTED,
+        )
+        stats.lanes = {
+            "short": _lane(64, 64, 64, dict.fromkeys(order, 2000)),
+            "long": _lane(16, 16, 16, dict.fromkeys(order, 0)),
+        }
+        stats.lanes["short"].escalate_to = "long"
+        for flow in stats.lanes["short"].flows.values():
+            flow.answered, flow.escalated = 200, 100
+        for name, each in (("cheap", 0.001), ("dear", 0.01)):
+            flow = stats.lanes["long"].flow(name)
+            flow.cost_usd = flow.finished * each
+        stats.budget_left = lambda name: (None, None)  # the job's cap only
+        stats.job_usd_left = lambda: room
+        _, eta = stats.etas(NOW)
+        assert eta is not None
+        return eta.seconds
+
+    free = cap_share(["cheap", "dear"], None)
+    assert free == cap_share(["dear", "cheap"], None)
+    assert cap_share(["cheap", "dear"], 5.5) > 0.65 * free
+    assert cap_share(["dear", "cheap"], 5.5) < 0.5 * free
+
+
 def test_the_caps_share_prices_each_flow_at_its_own_earlier_answers() -> None:
     # A pilot answered every flow; this run has reached only one dataset, whose answers are
     # cheap. Priced at the lane's mean of this run, the work left looked cheaper than it is

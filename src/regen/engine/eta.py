@@ -658,6 +658,88 @@ def spend_reaches(pieces: Sequence[tuple[float, float, float]], room: float) -> 
     return hi
 
 
+FED_STEPS = 200
+"""Steps over a fed lane's time when its spending is played out (`fed_spending`)."""
+
+
+@dataclass(frozen=True)
+class FedFlow:
+    """One dataset of a lane fed by escalations, for `fed_spending`."""
+
+    items: float
+    """Items left, those still to be escalated into it included."""
+    coming: float
+    """Of them, those still to be escalated."""
+    seconds: float
+    """Lane-seconds an item takes: its time on the wire over the lane's limit."""
+    usd: float
+    """Dollars an item costs."""
+    sent: tuple[float, float] | None
+    """When its sending lane sends them on (seconds from now: start, end); None: not known,
+    they count as waiting now."""
+
+
+def fed_spending(flows: Sequence[FedFlow], end: float) -> list[tuple[float, float, float]]:
+    """How a lane fed by escalations spends until `end` (its ETA), as pieces (start, end,
+    dollars) for `spend_reaches`, played out step by step as the feeder hands out: in passes
+    over the order keys (`Feeder._feed_escalated`), which mix the datasets, each item at the
+    next key after the last one handed out. An item escalated while a pass is under way goes
+    in it if its key is still ahead of the pass (the share of keys not yet passed), else in
+    the next pass. So a dataset its sending lane reaches last (agent turns after code) goes
+    out last, and a lane that has only one dataset waiting spends on that one at full pace.
+    A pass is taken to begin now (where the feeder stands is not known here), and the lane's
+    pace is set so that its work ends at `end`. Spread over the lane's whole time, the dear
+    items last had the cap's room run out too soon (bench/realistic.py: every miss short,
+    -16 to -28%); spent in the order they came, too late (+30 to +65%)."""
+    work = sum(f.items * f.seconds for f in flows)
+    total = sum(f.items * f.usd for f in flows)
+    if end <= 0 or work <= 0:
+        return [(0.0, max(0.0, end), total)] if total > 0 else []
+    pace = end / work  # seconds of the lane's time per lane-second of work
+    dt = end / FED_STEPS
+    # What waits now is ahead of a pass that begins now; the rest comes as it is sent.
+    ahead = [f.items - (0.0 if f.sent is None else min(f.items, max(0.0, f.coming))) for f in flows]
+    behind = [0.0] * len(flows)
+    passed = 0.0  # the share of the key space the pass under way has gone over
+    left = sum(f.items for f in flows)
+    pieces: list[tuple[float, float, float]] = []
+    for step in range(5 * FED_STEPS):
+        t = step * dt
+        for i, f in enumerate(flows):
+            coming = min(f.items, max(0.0, f.coming))
+            if f.sent is None or coming <= 0:
+                continue
+            first, last = f.sent
+            if last > first:
+                share = max(0.0, min(last, t + dt) - max(first, t)) / (last - first)
+            else:
+                share = 1.0 if first < t + dt and (first >= t or step == 0) else 0.0
+            arrived = coming * share
+            ahead[i] += arrived * (1.0 - passed)
+            behind[i] += arrived * passed
+        room, spent = dt, 0.0
+        while room > 1e-12:
+            waiting = sum(ahead)
+            if waiting <= 1e-9:
+                if sum(behind) <= 1e-9:
+                    break
+                ahead, behind, passed = behind, [0.0] * len(flows), 0.0  # the next pass
+                continue
+            each = sum(a * f.seconds for a, f in zip(ahead, flows, strict=True)) * pace / waiting
+            k = min(waiting, room / each) if each > 0 else waiting
+            for i, f in enumerate(flows):
+                taken = k * ahead[i] / waiting
+                ahead[i] -= taken
+                spent += taken * f.usd
+            passed += (1.0 - passed) * k / waiting
+            room -= k * each
+            left -= k
+        pieces.append((t, t + dt, spent))
+        if left <= 1e-6:
+            break
+    return pieces
+
+
 def cut_at(eta: Eta, stop: float, stop_sd: float = 0.0, drained: bool = False) -> Eta:
     """An ETA that a stop at `stop` seconds cuts short: then the requests on the wire end (its
     drain; `drained`: the stop's time has them ended already), its interval scaled with it

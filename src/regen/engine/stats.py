@@ -17,11 +17,13 @@ from regen.conversation import (
 from regen.engine.eta import (
     Concurrency,
     Eta,
+    FedFlow,
     Flow,
     combine,
     cut_at,
     escalation_order,
     escalations_var,
+    fed_spending,
     items_left,
     lane_eta,
     spend_reaches,
@@ -261,6 +263,7 @@ class RunStats:
         self,
         rows_of: dict[str, list[tuple[Flow, int, str]]],
         per_lane: dict[str, dict[str, Eta | None]],
+        coming: dict[tuple[str, str], float],
     ) -> tuple[float, float, bool] | None:
         """When the job's dollar cap stops the work, in seconds from now, that time's sd, and
         whether the requests on the wire then are drained by it (None: it does not bind, or no
@@ -271,27 +274,32 @@ class RunStats:
         room = self.job_usd_left() if self.job_usd_left else None
         if room is None:
             return None
-        fed = {lane.escalate_to for lane in self.lanes.values()}
+        senders: dict[str, list[str]] = {}
+        for name, lane in self.lanes.items():
+            if lane.escalate_to is not None:
+                senders.setdefault(lane.escalate_to, []).append(name)
         ends: dict[str, float] = {}
+        spans: dict[tuple[str, str], tuple[float, float]] = {}
         pieces: list[tuple[float, float, float]] = []
         unsure = 0.0  # dollars to come times their relative error
         for name, rows in rows_of.items():
             start = 0.0
+            mine: list[tuple[str, int, float]] = []
             for ds, (flow, n, _), each in zip(
                 self.lanes[name].datasets, rows, usd_each(rows), strict=True
             ):
                 room -= len(flow.on_wire) * each
                 eta = per_lane[name].get(ds)
                 end = max(start, eta.seconds) if eta is not None else start
-                pieces.append((start, end, n * each))
+                spans[name, ds] = (start, end)
+                mine.append((ds, n, each))
                 unsure += n * each * spend_rse(flow)
                 start = end
-            if name in fed:
-                # Escalated items go out as they came (the feeder ranks them first), every
-                # dataset mixed: the lane spends at its mean rate over all its time.
-                mine = pieces[-len(rows) :] if rows else []
-                del pieces[len(pieces) - len(mine) :]
-                pieces.append((0.0, start, sum(usd for _, _, usd in mine)))
+            if name in senders:
+                fed = self._fed(name, rows, mine, spans, senders[name], coming)
+                pieces += fed_spending(fed, start)
+            else:
+                pieces += [(*spans[name, ds], n * each) for ds, n, each in mine]
             ends[name] = start
         room = max(0.0, room)
         stop = spend_reaches(pieces, room)
@@ -307,6 +315,29 @@ class RunStats:
         )
         stretched = last_stretch(pieces, room, slack)
         return (stop, sd, False) if stretched is None else (stretched, sd, True)
+
+    def _fed(
+        self,
+        name: str,
+        rows: list[tuple[Flow, int, str]],
+        mine: list[tuple[str, int, float]],
+        spans: dict[tuple[str, str], tuple[float, float]],
+        senders: list[str],
+        coming: dict[tuple[str, str], float],
+    ) -> list[FedFlow]:
+        """A fed lane's datasets for `fed_spending`: items left, those still to be escalated
+        (sent over their dataset's time in the first lane that sends it on), lane-seconds
+        each (time on the wire over the lane's limit; the lane's mean where a flow has no
+        answer yet) and dollars each."""
+        limit = max(1, self.lanes[name].limit)
+        times = [t for flow, _, _ in rows for t in flow.latencies]
+        mean = sum(times) / len(times) if times else 0.0
+        out = []
+        for (flow, _, _), (ds, n, each) in zip(rows, mine, strict=True):
+            own = sum(flow.latencies) / len(flow.latencies) if flow.latencies else mean
+            sent = next((spans[s, ds] for s in senders if (s, ds) in spans), None)
+            out.append(FedFlow(n, coming.get((name, ds), 0.0), own / limit, each, sent))
+        return out
 
     def etas(self, now: float | None = None) -> tuple[dict[str, Eta | None], Eta | None]:
         """Time left per dataset (when it will be finished in every lane that sends it) and
@@ -326,7 +357,7 @@ class RunStats:
                     if eta is not None and feeder is not None and coming.get((name, ds)):
                         etas[ds] = after_feeder(eta, feeder, lane.flow(ds))
             per_lane[name] = etas
-        cap = self._cap_binds(rows_of, per_lane)
+        cap = self._cap_binds(rows_of, per_lane, coming)
         if cap is not None:
             stop, stop_sd, drained = cap
             # Whatever would end after the cap binds ends then, its items left unsent.
