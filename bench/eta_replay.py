@@ -72,8 +72,9 @@ def replay(work: Path, share: float) -> dict[str, Any]:
     for lane, ds, est in first_lane.values():
         n, e = pending.get((lane, ds), (0, 0))
         pending[lane, ds] = (n + 1, e + est)
-    for (lane, ds), (n, _) in pending.items():
+    for (lane, ds), (n, est) in pending.items():
         stats.lanes[lane].flow(ds).remaining += n
+        stats.lanes[lane].flow(ds).prompts_left += est
     for (lane, ds), answers in earlier.items():
         n, est = pending.get((lane, ds), (0, 0))
         stats.lanes[lane].flow(ds).start_from(answers[::-1], n, est)  # newest first, as stored
@@ -88,14 +89,14 @@ def replay(work: Path, share: float) -> dict[str, Any]:
         flow.escalated += esc
     # The run's events, in time order: (time, order at a tie, kind, payload).
     events: list[tuple[float, int, str, Any]] = []
-    for k, (_, ds, lane, t0, lat, fail, _) in enumerate(attempts):
+    for k, (_, ds, lane, t0, lat, fail, est) in enumerate(attempts):
         if t0 >= started:
             events.append((t0, 0, "on", (k, lane, ds)))
-            events.append((t0 + lat, 1, "off", (k, lane, ds, lat, fail)))
-    by_item = {item: ds for item, ds, *_ in attempts}
+            events.append((t0 + lat, 1, "off", (k, lane, ds, lat, fail, est)))
+    by_item = {item: (ds, est) for item, ds, *_, est in attempts}
     for (item, lane), end in passages.items():
         outcome = "escalated" if (item, lane) in escalated_in else status[item]
-        events.append((end, 2, "outcome", (lane, by_item[item], outcome)))
+        events.append((end, 2, "outcome", (lane, *by_item[item], outcome)))
     events.sort(key=lambda e: (e[0], e[1]))
     total = len(first_lane)
     finished = 0
@@ -120,23 +121,28 @@ def replay(work: Path, share: float) -> dict[str, Any]:
                 ls.wire.full(t)
             ls.flow(ds).on_wire[k] = t
         elif kind == "off":
-            k, lane, ds, lat, fail = payload
+            k, lane, ds, lat, fail, est = payload
             ls = stats.lanes[lane]
             ls.in_flight -= 1
             ls.wire.change(t, -1)
             flow = ls.flow(ds)
             del flow.on_wire[k]
             if fail is None:
-                flow.add_latency(lat)
+                flow.add_latency(lat, est)
             else:
                 flow.failed_wire_s += lat
         else:
-            lane, ds, outcome = payload
+            lane, ds, est, outcome = payload
             flow = stats.lanes[lane].flow(ds)
             flow.remaining = max(0, flow.remaining - 1)
+            flow.prompts_left = max(0.0, flow.prompts_left - est)
             if outcome == "escalated":
-                stats.lanes[lane_of[lane]["escalate_to"]].flow(ds).remaining += 1
+                onto = stats.lanes[lane_of[lane]["escalate_to"]].flow(ds)
+                onto.remaining += 1
+                onto.prompts_left += est
                 flow.escalated += 1
+                flow.escalated_prompts += est
+                flow.escalated_timed += 1
             else:
                 finished += 1
             if outcome != "failed":

@@ -425,3 +425,42 @@ def test_a_fed_lane_hands_out_in_passes_over_the_keys() -> None:
     assert spent(60, 100) == pytest.approx(80 * 0.01)
     # Spread evenly over the lane's time, $0.55 (half) was spent by 50 s; here by 75 s.
     assert spent(0, 50) < 0.2
+
+
+def test_a_flows_first_answers_on_short_prompts_do_not_make_its_eta_short() -> None:
+    # 70% short prompts (20 tokens), 30% long (300), answers following them: a pilot's 30
+    # answers, then the run's first 60, which by chance drew short prompts only (bench/plan.py's
+    # capacity workload: 29 of a flow's first 30; its ETA fell 10 s in 2 s, -21% at 50%). The
+    # answers' prompts put the mean back where the 900 items still to send are.
+    rng = random.Random(5)
+
+    def answer(prompt: int) -> tuple[float, int]:
+        return (0.3 + 0.006 * prompt) * rng.lognormvariate(-0.125, 0.5), prompt
+
+    pilot = [answer(20 if rng.random() < 0.7 else 300) for _ in range(30)]
+    first = [answer(20) for _ in range(60)]
+    to_come = 0.7 * 20 + 0.3 * 300
+    truth = 900 * (0.3 + 0.006 * to_come) / 32
+
+    def eta(prompts_known: bool) -> float:
+        flow = Flow(remaining=900)
+        flow.start_from(pilot[::-1], 900, round(900 * to_come))
+        for seconds, prompt in first:
+            flow.add_latency(seconds, prompt if prompts_known else None)
+        (e,) = lane_eta([(flow, 900, "count")], 0.0, 32.0, 0.0)
+        assert e is not None
+        return e.seconds - e.drain
+
+    assert abs(eta(True) / truth - 1) < 0.12
+    assert eta(False) / truth < 0.8
+
+
+def test_escalations_to_come_are_expected_at_the_prompts_of_those_sent_on() -> None:
+    flow = Flow()
+    for prompt in range(9):
+        flow.escalated_prompts += 100 + prompt
+        flow.escalated_timed += 1
+    assert flow.escalated_prompt() is None  # too few to stand for the rest
+    flow.escalated_prompts += 200
+    flow.escalated_timed += 1
+    assert flow.escalated_prompt() == pytest.approx((9 * 100 + 36 + 200) / 10)

@@ -151,7 +151,7 @@ def off_wire(stats: RunStats, lane: LaneRuntime, item: PendingItem, att: Try, fl
     ep_stats = stats.endpoints[att.ep.name]
     ep_stats.on_wire -= 1
     if att.end == "answered":
-        flow.add_latency(t1 - att.t0)
+        flow.add_latency(t1 - att.t0, item.prompt_tokens_est)
         lane_stats.observe_latency(t1 - att.t0)
         ep_stats.answers += 1
         ep_stats.latency_sum_s += t1 - att.t0
@@ -341,6 +341,8 @@ class Verdicts:
                 onto.remaining += 1
                 onto.prompts_left += prompt_est
                 flow.escalated += 1
+                flow.escalated_prompts += prompt_est
+                flow.escalated_timed += 1
             if r is not None:
                 flow.answered += 1
                 flow.finished += 1

@@ -97,22 +97,65 @@ class Flow:
         those an earlier run was killed with."""
         return [now - t for t in self.on_wire.values()] + self.cut_short
 
-    def add_latency(self, seconds: float) -> None:
+    def add_latency(self, seconds: float, prompt_est: float | None = None) -> None:
+        """An answer's time on the wire, with its item's estimated prompt tokens (None: not
+        known; then no answer's prompt counts, `prompt_factor`)."""
         self.answers += 1
-        keep(self.latencies, self.answers, seconds, self.rng)
+        if prompt_est is None:
+            self.timed_prompts = None
+        if len(self.latencies) < RESERVOIR:
+            self.latencies.append(seconds)
+            if self.timed_prompts is not None:
+                self.timed_prompts.append(float(prompt_est or 0))
+            return
+        k = self.rng.randrange(self.answers)
+        if k < RESERVOIR:
+            self.latencies[k] = seconds
+            if self.timed_prompts is not None:
+                self.timed_prompts[k] = float(prompt_est or 0)
+
+    timed_prompts: array[float] | None = field(default_factory=lambda: array("d"))
+    """The estimated prompt tokens of each answer in `latencies` (None once an answer came
+    without one)."""
+
+    def prompt_factor(self) -> float:
+        """How much longer the items still to send take than the answers so far, by their
+        estimated prompts (`Stat.regressed`, as the pilot's answers are scaled in
+        `start_from`): where answer lengths follow prompt lengths, a flow whose first answers
+        in this run happened to draw short prompts (29 of its first 30, on bench/plan.py's
+        capacity workload) would otherwise make its ETA short until the rest come. 1.0 where
+        the prompts are not known or do not move the times."""
+        prompts, to = self.timed_prompts, self.prompt_to_come
+        if prompts is None or to is None or len(prompts) < REGRESS_MIN:
+            return 1.0
+        times = list(self.latencies)
+        plain = sum(times) / len(times)
+        if plain <= 0:
+            return 1.0
+        last = self._prompt_factor
+        # Worked out again once the answers or the prompts to come moved by a percent or two.
+        if last is None or self.answers > last[0] * 1.02 + 1 or abs(to - last[1]) > 0.01 * last[1]:
+            factor = Stat.regressed(times, list(prompts), to).mean / plain
+            last = self._prompt_factor = (self.answers, to, factor)
+        return last[2]
+
+    _prompt_factor: tuple[int, float, float] | None = None
+    """The last `prompt_factor`: the answers and the prompts to come it was for, and it."""
 
     def start_from(self, answers: Sequence[tuple[float, int]], items: int, prompts: int) -> None:
         """Earlier runs' answers (a pilot's), newest first as (time on the wire, estimated
         prompt tokens), start the flow's latencies, so that its ETA rests on its own times
         from the start; scaled as `regen plan` adjusts its means, to the prompts of the
         `items` still to come (`prompts` estimated tokens in all): a pilot of 30 that drew
-        long prompts would otherwise say so for the whole run's start."""
+        long prompts would otherwise say so for the whole run's start. The adjustment is
+        `prompt_factor`'s, over these answers and the run's alike."""
         times = [t for t, _ in answers]
         to = prompts / items if items else None
         scale = Stat.regressed(times, [float(x) for _, x in answers], to)
-        factor = scale.mean / (sum(times) / len(times)) if sum(times) > 0 else 1.0
-        for seconds in reversed(times):
-            self.add_latency(seconds * factor)
+        for seconds, prompt in reversed(answers):
+            self.add_latency(seconds, prompt)
+        if to is not None:
+            self.prompt_to_come = to  # until the run's ETA sets it again
         self.earlier_n = len(times)
         self.earlier_rse = scale.se / scale.mean if scale.mean > 0 else None
 
@@ -149,6 +192,20 @@ class Flow:
     def earlier_answers(self) -> int:
         """Answers in this lane of earlier runs (their cost: `earlier_cost_usd`)."""
         return max(0, self.answered - self.finished)
+
+    escalated_prompts: float = 0.0
+    """The estimated prompt tokens of this run's escalated items, summed (over
+    `escalated_timed` of them)."""
+    escalated_timed: int = 0
+
+    def escalated_prompt(self) -> float | None:
+        """The mean estimated prompt of the items this flow sends on, from this run's (None:
+        fewer than ESCALATED_MIN). A truncated answer is a long one, and where answers follow
+        prompts its prompt is longer than the flow's mean (bench/plan.py's lanes workload:
+        169 tokens against 98): the lane they go to must expect them at their own."""
+        if self.escalated_timed < ESCALATED_MIN:
+            return None
+        return self.escalated_prompts / self.escalated_timed
 
     @property
     def escalation_share(self) -> float:
@@ -550,9 +607,10 @@ class _LaneWork:
         # Failed attempts' time on the wire is overhead on every answer.
         overhead = flow.failed_wire_s / max(1, flow.answers)
         unstarted = max(0, n - len(flow.on_wire))
-        self.work += unstarted * (model.mean + overhead)
+        each = model.mean * (flow.prompt_factor() if own else 1.0)
+        self.work += unstarted * (each + overhead)
         if flow.finished < RUN_ANSWERS:
-            self.earlier_work += unstarted * (model.mean + overhead)
+            self.earlier_work += unstarted * (each + overhead)
         # The mean's standard error, scaled to the items left, their own spread, and how much
         # of the mean rests on the extrapolated tail. The earlier answers' part of the error
         # is measured as it is (Stat.regressed holds the true mean ~4 times in 5), so it
@@ -794,6 +852,8 @@ def eta_text(eta: Eta | None) -> str:
 PRIOR_REL_SD = 0.8
 """How unsure a prior Stat's mean is (the sd of its logarithm) where it is summed as if
 measured; the plan's own intervals for a prior are bands (forecast.PriorBand)."""
+ESCALATED_MIN = 10
+"""Escalations of this run before their prompts stand for those still to come."""
 REGRESS_MIN = 20
 """Passages needed before their prompt sizes adjust a mean (Stat.regressed)."""
 REGRESS_CLAMP = 3.0

@@ -252,7 +252,7 @@ class RunStats:
                     sent_on = (n + more) * flow.escalation_share
                     coming[key] = coming.get(key, 0.0) + sent_on
                     coming_prompts[key] = coming_prompts.get(key, 0.0) + sent_on * (
-                        flow.prompt_to_come or 0.0
+                        flow.escalated_prompt() or flow.prompt_to_come or 0.0
                     )
                     coming_var[key] = coming_var.get(key, 0.0) + escalations_var(
                         flow, n + more, flow.coming_var
