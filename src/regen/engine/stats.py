@@ -268,9 +268,10 @@ class RunStats:
         """When the job's dollar cap stops the work, in seconds from now, that time's sd, and
         whether the requests on the wire then are drained by it (None: it does not bind, or no
         cap). Lanes spend side by side, each dataset's work at an even rate over its time in
-        its lane, each item at what its lane and dataset's answers cost: the cap binds when
-        the sum reaches what it still allows beyond the requests on the wire. A lane that ends
-        first has spent all it needed; the lanes still running share only what is left."""
+        its lane (a lane fed by escalations as its feeder hands them out, `fed_spending`),
+        each item at what its lane and dataset's answers cost: the cap binds when the sum
+        reaches what it still allows beyond the requests on the wire. A lane that ends first
+        has spent all it needed; the lanes still running share only what is left."""
         room = self.job_usd_left() if self.job_usd_left else None
         if room is None:
             return None
