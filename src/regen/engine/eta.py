@@ -753,49 +753,75 @@ def fed_spending(flows: Sequence[FedFlow], end: float) -> list[tuple[float, floa
     total = sum(f.items * f.usd for f in flows)
     if end <= 0 or work <= 0:
         return [(0.0, max(0.0, end), total)] if total > 0 else []
-    pace = end / work  # seconds of the lane's time per lane-second of work
     dt = end / FED_STEPS
     # What waits now is ahead of a pass that begins now; the rest comes as it is sent.
-    ahead = [f.items - (0.0 if f.sent is None else min(f.items, max(0.0, f.coming))) for f in flows]
-    behind = [0.0] * len(flows)
-    passed = 0.0  # the share of the key space the pass under way has gone over
+    passes = _Passes([f.items - _coming(f) for f in flows], [0.0] * len(flows))
     left = sum(f.items for f in flows)
     pieces: list[tuple[float, float, float]] = []
     for step in range(5 * FED_STEPS):
         t = step * dt
         for i, f in enumerate(flows):
-            coming = min(f.items, max(0.0, f.coming))
-            if f.sent is None or coming <= 0:
-                continue
-            first, last = f.sent
-            if last > first:
-                share = max(0.0, min(last, t + dt) - max(first, t)) / (last - first)
-            else:
-                share = 1.0 if first < t + dt and (first >= t or step == 0) else 0.0
-            arrived = coming * share
-            ahead[i] += arrived * (1.0 - passed)
-            behind[i] += arrived * passed
-        room, spent = dt, 0.0
-        while room > 1e-12:
-            waiting = sum(ahead)
-            if waiting <= 1e-9:
-                if sum(behind) <= 1e-9:
-                    break
-                ahead, behind, passed = behind, [0.0] * len(flows), 0.0  # the next pass
-                continue
-            each = sum(a * f.seconds for a, f in zip(ahead, flows, strict=True)) * pace / waiting
-            k = min(waiting, room / each) if each > 0 else waiting
-            for i, f in enumerate(flows):
-                taken = k * ahead[i] / waiting
-                ahead[i] -= taken
-                spent += taken * f.usd
-            passed += (1.0 - passed) * k / waiting
-            room -= k * each
-            left -= k
+            passes.arrive(i, _coming(f) * _sent_share(f.sent, t, dt, step == 0))
+        # The lane's pace is set so that its work ends at `end`.
+        spent, taken = passes.hand_out(flows, dt * work / end)
         pieces.append((t, t + dt, spent))
+        left -= taken
         if left <= 1e-6:
             break
     return pieces
+
+
+def _coming(f: FedFlow) -> float:
+    """A fed dataset's items still to be escalated, where when they come is known."""
+    return 0.0 if f.sent is None else min(f.items, max(0.0, f.coming))
+
+
+def _sent_share(sent: tuple[float, float] | None, t: float, dt: float, first: bool) -> float:
+    """The share of a dataset's escalations to come that are sent from `t` to `t + dt`:
+    evenly over its sending lane's time for it (all at once where that has no length; the
+    first step takes what is already due)."""
+    if sent is None:
+        return 0.0
+    start, end = sent
+    if end > start:
+        return max(0.0, min(end, t + dt) - max(start, t)) / (end - start)
+    return 1.0 if start < t + dt and (start >= t or first) else 0.0
+
+
+@dataclass
+class _Passes:
+    """A fed lane's waiting items per dataset, ahead of the pass over the keys under way and
+    behind it, and the share of the keys it has gone over (`fed_spending`)."""
+
+    ahead: list[float]
+    behind: list[float]
+    passed: float = 0.0
+
+    def arrive(self, i: int, n: float) -> None:
+        """`n` items of dataset `i` escalated: their keys fall ahead of the pass or behind."""
+        self.ahead[i] += n * (1.0 - self.passed)
+        self.behind[i] += n * self.passed
+
+    def hand_out(self, flows: Sequence[FedFlow], work: float) -> tuple[float, float]:
+        """`work` lane-seconds handed out along the keys, every dataset ahead as it is there;
+        a pass that runs out begins the next. The dollars spent and the items taken."""
+        spent = taken = 0.0
+        while work > 1e-12:
+            waiting = sum(self.ahead)
+            if waiting <= 1e-9:
+                if sum(self.behind) <= 1e-9:
+                    break
+                self.ahead, self.behind, self.passed = self.behind, [0.0] * len(flows), 0.0
+                continue
+            each = sum(a * f.seconds for a, f in zip(self.ahead, flows, strict=True)) / waiting
+            k = min(waiting, work / each) if each > 0 else waiting
+            for i, f in enumerate(flows):
+                spent += k * self.ahead[i] / waiting * f.usd
+                self.ahead[i] -= k * self.ahead[i] / waiting
+            self.passed += (1.0 - self.passed) * k / waiting
+            work -= k * each
+            taken += k
+        return spent, taken
 
 
 def cut_at(eta: Eta, stop: float, stop_sd: float = 0.0, drained: bool = False) -> Eta:
