@@ -91,7 +91,7 @@ def replay(work: Path, share: float) -> dict[str, Any]:
     events: list[tuple[float, int, str, Any]] = []
     for k, (_, ds, lane, t0, lat, fail, est) in enumerate(attempts):
         if t0 >= started:
-            events.append((t0, 0, "on", (k, lane, ds)))
+            events.append((t0, 0, "on", (k, lane, ds, est)))
             events.append((t0 + lat, 1, "off", (k, lane, ds, lat, fail, est)))
     by_item = {item: (ds, est) for item, ds, *_, est in attempts}
     for (item, lane), end in passages.items():
@@ -113,13 +113,14 @@ def replay(work: Path, share: float) -> dict[str, Any]:
                 out.update(eta=job_eta, left=ended - next_tick, at=next_tick - started)
             next_tick += 1.0
         if kind == "on":
-            k, lane, ds = payload
+            k, lane, ds, est = payload
             ls = stats.lanes[lane]
             ls.in_flight += 1
             ls.wire.change(t, +1)
             if ls.wire.full_since is None and ls.in_flight >= ls.concurrency:
                 ls.wire.full(t)
             ls.flow(ds).on_wire[k] = t
+            ls.flow(ds).wire_prompts[k] = est
         elif kind == "off":
             k, lane, ds, lat, fail, est = payload
             ls = stats.lanes[lane]
@@ -127,6 +128,7 @@ def replay(work: Path, share: float) -> dict[str, Any]:
             ls.wire.change(t, -1)
             flow = ls.flow(ds)
             del flow.on_wire[k]
+            flow.wire_prompts.pop(k, None)
             if fail is None:
                 flow.add_latency(lat, est)
             else:

@@ -132,6 +132,7 @@ def on_wire(stats: RunStats, lane: LaneRuntime, item: PendingItem, att: Try) -> 
     stats.endpoints[att.ep.name].on_wire += 1
     flow = lane_stats.flow(item.dataset)
     flow.on_wire[id(att)] = t0
+    flow.wire_prompts[id(att)] = item.prompt_tokens_est
     return flow
 
 
@@ -148,6 +149,7 @@ def off_wire(stats: RunStats, lane: LaneRuntime, item: PendingItem, att: Try, fl
     lane_stats.wire.change(t1, -1)
     att.ep.busy.change(t1, -1)
     del flow.on_wire[id(att)]
+    flow.wire_prompts.pop(id(att), None)
     ep_stats = stats.endpoints[att.ep.name]
     ep_stats.on_wire -= 1
     if att.end == "answered":

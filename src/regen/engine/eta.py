@@ -118,29 +118,41 @@ class Flow:
     """The estimated prompt tokens of each answer in `latencies` (None once an answer came
     without one)."""
 
+    wire_prompts: dict[int, float] = field(default_factory=dict)
+    """The estimated prompt tokens of the attempts in `on_wire` (where known)."""
+
     def prompt_factor(self) -> float:
-        """How much longer the items still to send take than the answers so far, by their
-        estimated prompts (`Stat.regressed`, as the pilot's answers are scaled in
-        `start_from`): where answer lengths follow prompt lengths, a flow whose first answers
-        in this run happened to draw short prompts (29 of its first 30, on bench/plan.py's
-        capacity workload) would otherwise make its ETA short until the rest come. 1.0 where
-        the prompts are not known or do not move the times."""
+        """How much longer the items still to send take than those started so far, by their
+        estimated prompts (`Stat.regressed` over the answers, as the pilot's answers are
+        scaled in `start_from`): where answer lengths follow prompt lengths, a flow whose
+        first items in this run happened to draw short prompts (29 of its first 30, on
+        bench/plan.py's capacity workload) would otherwise make its ETA short until the rest
+        come. Measured from the items started (answered and on the wire), whose times the
+        latency curve stands for, not from the answers alone: those on the wire are the long
+        ones. 1.0 where the prompts are not known or do not move the times."""
         prompts, to = self.timed_prompts, self.prompt_to_come
         if prompts is None or to is None or len(prompts) < REGRESS_MIN:
             return 1.0
-        times = list(self.latencies)
-        plain = sum(times) / len(times)
-        if plain <= 0:
-            return 1.0
+        started = (sum(prompts) + sum(self.wire_prompts.values())) / (
+            len(prompts) + len(self.wire_prompts)
+        )
         last = self._prompt_factor
-        # Worked out again once the answers or the prompts to come moved by a percent or two.
-        if last is None or self.answers > last[0] * 1.02 + 1 or abs(to - last[1]) > 0.01 * last[1]:
-            factor = Stat.regressed(times, list(prompts), to).mean / plain
-            last = self._prompt_factor = (self.answers, to, factor)
-        return last[2]
+        # Worked out again once the answers or the prompts moved by a percent or two.
+        if (
+            last is None
+            or self.answers > last[0] * 1.02 + 1
+            or abs(to - last[1]) > 0.01 * last[1]
+            or abs(started - last[2]) > 0.01 * last[2]
+        ):
+            times = list(self.latencies)
+            there = Stat.regressed(times, list(prompts), started).mean
+            factor = Stat.regressed(times, list(prompts), to).mean / there if there > 0 else 1.0
+            last = self._prompt_factor = (self.answers, to, started, factor)
+        return last[3]
 
-    _prompt_factor: tuple[int, float, float] | None = None
-    """The last `prompt_factor`: the answers and the prompts to come it was for, and it."""
+    _prompt_factor: tuple[int, float, float, float] | None = None
+    """The last `prompt_factor`: the answers, the prompts to come and started it was for,
+    and it."""
 
     def start_from(self, answers: Sequence[tuple[float, int]], items: int, prompts: int) -> None:
         """Earlier runs' answers (a pilot's), newest first as (time on the wire, estimated
