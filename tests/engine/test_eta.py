@@ -464,3 +464,22 @@ def test_escalations_to_come_are_expected_at_the_prompts_of_those_sent_on() -> N
     flow.escalated_prompts += 200
     flow.escalated_timed += 1
     assert flow.escalated_prompt() == pytest.approx((9 * 100 + 36 + 200) / 10)
+
+
+def test_the_prompt_adjustment_runs_from_the_items_started_not_the_answers_alone() -> None:
+    # 40 answers on short prompts (20 tokens) and 10 on long ones (300) are finished; 10 more
+    # long ones are on the wire (the long answers are the ones still running). The latency
+    # curve counts those on the wire, so it stands for the 60 started: from their prompts
+    # (mean 113) to the prompts to come (the same) there is nothing to adjust. From the
+    # answers alone (mean 76) the adjustment would count the long ones on the wire twice.
+    flow = Flow(remaining=1000)
+    for i in range(50):
+        prompt = 20 if i < 40 else 300
+        flow.add_latency(0.3 + 0.006 * prompt + 0.01 * (i % 5), prompt)
+    flow.prompt_to_come = (40 * 20 + 20 * 300) / 60
+    assert flow.prompt_factor() > 1.25
+    for k in range(10):
+        flow.on_wire[k] = 0.0
+        flow.wire_prompts[k] = 300
+    flow._prompt_factor = None
+    assert flow.prompt_factor() == pytest.approx(1.0, abs=0.005)
