@@ -455,26 +455,32 @@ def test_a_lane_fed_by_escalations_spends_its_datasets_mixed_under_the_cap() -> 
     # every dataset mixed, so $5.50 of room is gone half way through its time. Spent in
     # dataset order, the cheap ones first, it lasted 73% of it (bench/realistic.py: +44%).
     def job_eta(room: float | None) -> float:
-        stats = RunStats(
-            datasets={"cheap": DatasetStats(items=2000), "dear": DatasetStats(items=2000)},
-            started_at=STARTED,
-        )
-        stats.lanes = {
-            "short": _lane(64, 64, 0, {"cheap": 0, "dear": 0}),
-            "long": _lane(16, 16, 16, {"cheap": 1000, "dear": 1000}),
-        }
-        stats.lanes["short"].escalate_to = "long"
-        for name, each in (("cheap", 0.001), ("dear", 0.01)):
-            flow = stats.lanes["long"].flow(name)
-            flow.cost_usd = flow.finished * each
-        stats.budget_left = lambda name: (None, None)  # the job's cap only
-        stats.job_usd_left = lambda: room
-        _, eta = stats.etas(NOW)
-        assert eta is not None
-        return eta.seconds
+        short = _lane(64, 64, 0, {"cheap": 0, "dear": 0})
+        return _fed_lane_eta(short, {"cheap": 1000, "dear": 1000}, 2000, room)
 
     free = job_eta(None)
     assert 0.45 * free < job_eta(5.5) < 0.6 * free
+
+
+def _fed_lane_eta(
+    short: LaneStats, waiting: dict[str, int], items: int, room: float | None
+) -> float:
+    """The job's ETA with a short lane escalating to a long one (16 on the wire) in which
+    `waiting` items of each dataset wait, their answers costing $0.001 (cheap) or $0.01
+    (dear), under the job's dollar cap's `room` (None: no cap)."""
+    stats = RunStats(
+        datasets={name: DatasetStats(items=items) for name in waiting}, started_at=STARTED
+    )
+    stats.lanes = {"short": short, "long": _lane(16, 16, 16, waiting)}
+    short.escalate_to = "long"
+    for name, each in (("cheap", 0.001), ("dear", 0.01)):
+        flow = stats.lanes["long"].flow(name)
+        flow.cost_usd = flow.finished * each
+    stats.budget_left = lambda name: (None, None)  # the job's cap only
+    stats.job_usd_left = lambda: room
+    _, eta = stats.etas(NOW)
+    assert eta is not None
+    return eta.seconds
 
 
 def test_a_fed_lane_spends_each_datasets_escalations_from_when_they_come() -> None:
@@ -486,25 +492,10 @@ def test_a_fed_lane_spends_each_datasets_escalations_from_when_they_come() -> No
     # before half. Spread evenly over the lane's time, both said half (bench/realistic.py:
     # every miss short, where the agent turns came last).
     def cap_share(order: list[str], room: float | None) -> float:
-        stats = RunStats(
-            datasets={name: DatasetStats(items=4000) for name in order},
-            started_at=STARTED,
-        )
-        stats.lanes = {
-            "short": _lane(64, 64, 64, dict.fromkeys(order, 2000)),
-            "long": _lane(16, 16, 16, dict.fromkeys(order, 0)),
-        }
-        stats.lanes["short"].escalate_to = "long"
-        for flow in stats.lanes["short"].flows.values():
+        short = _lane(64, 64, 64, dict.fromkeys(order, 2000))
+        for flow in short.flows.values():
             flow.answered, flow.escalated = 200, 100
-        for name, each in (("cheap", 0.001), ("dear", 0.01)):
-            flow = stats.lanes["long"].flow(name)
-            flow.cost_usd = flow.finished * each
-        stats.budget_left = lambda name: (None, None)  # the job's cap only
-        stats.job_usd_left = lambda: room
-        _, eta = stats.etas(NOW)
-        assert eta is not None
-        return eta.seconds
+        return _fed_lane_eta(short, dict.fromkeys(order, 0), 4000, room)
 
     free = cap_share(["cheap", "dear"], None)
     assert free == cap_share(["dear", "cheap"], None)

@@ -61,15 +61,18 @@ RUN_ANSWERS = 20
 stops being `prior`."""
 
 
-def keep(sample: MutableSequence[T], seen: int, value: T, rng: random.Random) -> None:
+def keep(sample: MutableSequence[T], seen: int, value: T, rng: random.Random) -> int | None:
     """Add the `seen`-th value to a uniform sample of at most RESERVOIR (reservoir sampling):
-    all of them up to that size, then each with the chance to replace one of it."""
+    all of them up to that size, then each with the chance to replace one of it. Where it
+    went (None: not kept), for a sample kept beside it."""
     if len(sample) < RESERVOIR:
         sample.append(value)
-    else:
-        k = rng.randrange(seen)
-        if k < RESERVOIR:
-            sample[k] = value
+        return len(sample) - 1
+    k = rng.randrange(seen)
+    if k < RESERVOIR:
+        sample[k] = value
+        return k
+    return None
 
 
 @dataclass
@@ -101,22 +104,23 @@ class Flow:
         """An answer's time on the wire, with its item's estimated prompt tokens (None: not
         known; then no answer's prompt counts, `prompt_factor`)."""
         self.answers += 1
+        at = keep(self.latencies, self.answers, seconds, self.rng)
         if prompt_est is None:
             self.timed_prompts = None
-        if len(self.latencies) < RESERVOIR:
-            self.latencies.append(seconds)
-            if self.timed_prompts is not None:
-                self.timed_prompts.append(float(prompt_est or 0))
-            return
-        k = self.rng.randrange(self.answers)
-        if k < RESERVOIR:
-            self.latencies[k] = seconds
-            if self.timed_prompts is not None:
-                self.timed_prompts[k] = float(prompt_est or 0)
+        elif at is not None and self.timed_prompts is not None:
+            if at == len(self.timed_prompts):
+                self.timed_prompts.append(float(prompt_est))
+            else:
+                self.timed_prompts[at] = float(prompt_est)
 
     timed_prompts: array[float] | None = field(default_factory=lambda: array("d"))
     """The estimated prompt tokens of each answer in `latencies` (None once an answer came
     without one)."""
+
+    @property
+    def mean_latency(self) -> float | None:
+        """The mean of `latencies` (None: no answer yet)."""
+        return sum(self.latencies) / len(self.latencies) if self.latencies else None
 
     wire_prompts: dict[int, float] = field(default_factory=dict)
     """The estimated prompt tokens of the attempts in `on_wire` (where known)."""

@@ -285,7 +285,7 @@ class RunStats:
         unsure = 0.0  # dollars to come times their relative error
         for name, rows in rows_of.items():
             start = 0.0
-            mine: list[tuple[str, int, float]] = []
+            mine: list[tuple[str, Flow, int, float]] = []
             for ds, (flow, n, _), each in zip(
                 self.lanes[name].datasets, rows, usd_each(rows), strict=True
             ):
@@ -293,14 +293,14 @@ class RunStats:
                 eta = per_lane[name].get(ds)
                 end = max(start, eta.seconds) if eta is not None else start
                 spans[name, ds] = (start, end)
-                mine.append((ds, n, each))
+                mine.append((ds, flow, n, each))
                 unsure += n * each * spend_rse(flow)
                 start = end
             if name in senders:
-                fed = self._fed(name, rows, mine, spans, senders[name], coming)
+                fed = self._fed(name, mine, spans, senders[name], coming)
                 pieces += fed_spending(fed, start)
             else:
-                pieces += [(*spans[name, ds], n * each) for ds, n, each in mine]
+                pieces += [(*spans[name, ds], n * each) for ds, _, n, each in mine]
             ends[name] = start
         room = max(0.0, room)
         stop = spend_reaches(pieces, room)
@@ -320,8 +320,7 @@ class RunStats:
     def _fed(
         self,
         name: str,
-        rows: list[tuple[Flow, int, str]],
-        mine: list[tuple[str, int, float]],
+        mine: list[tuple[str, Flow, int, float]],
         spans: dict[tuple[str, str], tuple[float, float]],
         senders: list[str],
         coming: dict[tuple[str, str], float],
@@ -331,11 +330,11 @@ class RunStats:
         each (time on the wire over the lane's limit; the lane's mean where a flow has no
         answer yet) and dollars each."""
         limit = max(1, self.lanes[name].limit)
-        times = [t for flow, _, _ in rows for t in flow.latencies]
+        times = [t for _, flow, _, _ in mine for t in flow.latencies]
         mean = sum(times) / len(times) if times else 0.0
         out = []
-        for (flow, _, _), (ds, n, each) in zip(rows, mine, strict=True):
-            own = sum(flow.latencies) / len(flow.latencies) if flow.latencies else mean
+        for ds, flow, n, each in mine:
+            own = mean if flow.mean_latency is None else flow.mean_latency
             sent = next((spans[s, ds] for s in senders if (s, ds) in spans), None)
             out.append(FedFlow(n, coming.get((name, ds), 0.0), own / limit, each, sent))
         return out
@@ -420,7 +419,7 @@ def usd_each(rows: list[tuple[Flow, int, str]]) -> list[float]:
 
 def after_feeder(eta: Eta, feeder: Eta, flow: Flow) -> Eta:
     """A lane fed by escalations ends no sooner than its feeder, plus one of its answers."""
-    one = sum(flow.latencies) / len(flow.latencies) if flow.latencies else 0.0
+    one = flow.mean_latency or 0.0
     return Eta(
         max(eta.seconds, feeder.seconds + one),
         max(eta.p10, feeder.p10 + one),
