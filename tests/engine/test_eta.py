@@ -6,6 +6,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from regen.engine.eta import (
     EARLIER_DRIFT,
     EARLIER_RSD,
+    EARLIER_SHIFT,
     RUN_ANSWERS,
     UNMEASURED_RSD,
     Z90,
@@ -194,8 +196,9 @@ def test_the_prompt_size_adjustment_is_as_unsure_as_its_long_prompts_answers() -
 
 def test_work_resting_on_a_pilots_answers_alone_is_less_sure_than_this_runs() -> None:
     # A lane's first dataset is under way; its second has only a pilot's answers, whose pace
-    # may not be this run's (a cold start, other load): the interval says so. The same answers
-    # counted as this run's give the same estimate, and a narrower interval.
+    # may not be this run's (a cold start, other load; EARLIER_DRIFT and EARLIER_SHIFT, 6.7%
+    # of its work in all): the interval says so. The same answers counted as this run's give
+    # the same estimate, and a narrower interval.
     def lane(second_measured: bool) -> Eta:
         first, second = pilot_flow(200), pilot_flow(1000)
         first.finished = RUN_ANSWERS
@@ -206,7 +209,7 @@ def test_work_resting_on_a_pilots_answers_alone_is_less_sure_than_this_runs() ->
 
     on_pilot, on_run = lane(False), lane(True)
     assert on_pilot.seconds == on_run.seconds
-    assert on_pilot.p90 - on_pilot.p10 > 1.3 * (on_run.p90 - on_run.p10)
+    assert on_pilot.p90 - on_pilot.p10 > 1.1 * (on_run.p90 - on_run.p10)
 
 
 def test_a_dataset_whose_budget_is_met_has_no_items_left_even_before_this_runs_answers() -> None:
@@ -323,24 +326,36 @@ def test_a_stop_leaves_the_requests_on_the_wire_to_end() -> None:
     assert cut_at(eta, 150.0) == eta
 
 
-def pilot_then_run(rng: random.Random, drift: float) -> tuple[Flow, int, float]:
-    """A dataset of 1,000 items on 32 slots whose answers follow their prompts' sizes (70%
-    short prompts, 30% long ones with answers several times longer; log-normal spread), its
-    first 30 sent by a pilot: the flow the run starts from, the items left, and how long the
-    run then takes (its pace moved by a log-normal factor of sd `drift` from the pilot's)."""
+def pilot_and_times(rng: random.Random, pilot: int = 30) -> tuple[Flow, list[float]]:
+    """A dataset of 1,000 items whose answers follow their prompts' sizes (70% short prompts,
+    30% long ones with answers several times longer; log-normal spread), its first `pilot`
+    sent by a pilot: the flow the run starts from, and the times of the items left at the
+    pilot's pace."""
     prompts = [20 if rng.random() < 0.7 else 300 for _ in range(1000)]
     times = [(0.3 + 0.006 * x) * rng.lognormvariate(-0.125, 0.5) for x in prompts]
-    pace = rng.lognormvariate(0.0, drift)
-    flow = Flow(remaining=970)
+    flow = Flow(remaining=1000 - pilot)
     flow.start_from(
-        [(t, x) for t, x in zip(times[:30], prompts[:30], strict=True)][::-1],
-        970,
-        sum(prompts[30:]),
+        [(t, x) for t, x in zip(times[:pilot], prompts[:pilot], strict=True)][::-1],
+        1000 - pilot,
+        sum(prompts[pilot:]),
     )
-    free = [0.0] * 32
-    for t in times[30:]:
-        heapq.heappush(free, heapq.heappop(free) + t * pace)
-    return flow, 970, max(free)
+    return flow, times[pilot:]
+
+
+def packed_end(times: Iterable[float], slots: int = 32) -> float:
+    """When items of these times, sent in order to the first free of `slots`, are all done."""
+    free = [0.0] * slots
+    for t in times:
+        heapq.heappush(free, heapq.heappop(free) + t)
+    return max(free)
+
+
+def pilot_then_run(rng: random.Random, drift: float) -> tuple[Flow, int, float]:
+    """`pilot_and_times`'s dataset on 32 slots: the flow, the items left, and how long the run
+    then takes (its pace moved by a log-normal factor of sd `drift` from the pilot's)."""
+    flow, times = pilot_and_times(rng)
+    pace = rng.lognormvariate(0.0, drift)
+    return flow, 970, packed_end(t * pace for t in times)
 
 
 def test_work_resting_on_a_pilot_has_an_interval_that_holds_the_time_four_times_in_five() -> None:
@@ -356,6 +371,29 @@ def test_work_resting_on_a_pilot_has_an_interval_that_holds_the_time_four_times_
         (eta,) = lane_eta([(flow, n, "count")], 0.0, 32.0, 0.0)
         assert eta is not None and not eta.prior
         held += eta.p10 <= actual <= eta.p90
+    assert 0.72 <= held / 300 <= 0.88
+
+
+def test_datasets_resting_on_pilots_drift_each_on_its_own() -> None:
+    # Six datasets the run has not reached, each on a pilot's 200 answers. On the
+    # simulator's jobs a pilot's times were off from the run's by a few percent per dataset,
+    # in either direction (bench/pilot_drift.py, 61 flows: no move common to a job's datasets
+    # beyond 3%): their sum is off by less than each. Taken as one move for the whole lane,
+    # the interval held the time 94% of times here at 6% for that move, more at 12% (44 of
+    # 45 on the benches).
+    rng = random.Random(5)
+    held = 0
+    for _ in range(300):
+        shift = rng.lognormvariate(0.0, EARLIER_SHIFT)
+        flows, times = [], []
+        for _ in range(6):
+            flow, left = pilot_and_times(rng, 200)
+            pace = shift * rng.lognormvariate(0.0, EARLIER_DRIFT)
+            flows.append((flow, len(left), "count"))
+            times += [t * pace for t in left]
+        eta = lane_eta(flows, 0.0, 32.0, 0.0)[-1]
+        assert eta is not None and not eta.prior
+        held += eta.p10 <= packed_end(times) <= eta.p90
     assert 0.72 <= held / 300 <= 0.88
 
 

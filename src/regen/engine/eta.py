@@ -51,9 +51,16 @@ EARLIER_RSD = 0.12
 """How far this run's pace (its mean requests on the wire) may be from the one an earlier run
 measured, or from a lane's limit before its own is measured: a pilot starts cold, the
 machine's load and the provider's speed move."""
-EARLIER_DRIFT = 0.12
-"""How far the time of an answer may move between an earlier run (a pilot) and this one beyond
-the earlier mean's own error (`Flow.earlier_rse`): the machine's load, the provider's speed."""
+EARLIER_DRIFT = 0.06
+"""How far a dataset's answer times in a lane may move between an earlier run (a pilot) and
+this one beyond the earlier mean's own error (`Flow.earlier_rse`), each dataset on its own (a
+pilot that ran it cold, or beside other datasets, or under another load). Measured by
+bench/pilot_drift.py on 61 pilot and run flows of bench/plan.py's and bench/realistic.py's
+jobs (seeds 1-3): 5.8% makes the pilot's p10-p90 hold the run's mean four times in five."""
+EARLIER_SHIFT = 0.03
+"""The part of that move common to all of a lane's datasets (a provider or machine slower for
+all): the same measurement found each job's flows off by a mean of -3% (bench/plan.py) and +3%
+(bench/realistic.py), with no spread between jobs beyond the datasets' own parts."""
 FILL_S = 5.0
 """A lane not yet full after this long is measured as it is (fed slowly, or few items)."""
 RUN_ANSWERS = 20
@@ -612,6 +619,8 @@ class _LaneWork:
     var: float = 0.0
     earlier_work: float = 0.0
     """Resting on earlier runs' answers alone (datasets not reached yet)."""
+    drift_var: float = 0.0
+    """The variance of that work from each dataset's own drift (EARLIER_DRIFT), summed."""
     earlier_var: float = 0.0
     """The part of the work's variance that measured means and shares bring as they are (the
     earlier answers' means, the escalations still to come): kept out of SD_SCALE."""
@@ -627,6 +636,7 @@ class _LaneWork:
         self.work += unstarted * (each + overhead)
         if flow.finished < RUN_ANSWERS:
             self.earlier_work += unstarted * (each + overhead)
+            self.drift_var += (unstarted * (each + overhead) * EARLIER_DRIFT) ** 2
         # The mean's standard error, scaled to the items left, their own spread, and how much
         # of the mean rests on the extrapolated tail. The earlier answers' part of the error
         # is measured as it is (Stat.regressed holds the true mean ~4 times in 5), so it
@@ -642,7 +652,9 @@ class _LaneWork:
     def sd(self, c: float, drain_sd: float, concurrency_rsd: float) -> float:
         """The sd of the time to finish: the work's spread, the drain's, and the pace's."""
         run = self.var / (c * c) + drain_sd**2 + (self.work / c * concurrency_rsd) ** 2
-        earlier = self.earlier_var / (c * c) + (self.earlier_work / c * EARLIER_DRIFT) ** 2
+        # Each dataset's drift on its own, and a shift common to all the lane's.
+        drift = self.drift_var / (c * c) + (self.earlier_work / c * EARLIER_SHIFT) ** 2
+        earlier = self.earlier_var / (c * c) + drift
         return math.sqrt(SD_SCALE**2 * run + earlier)
 
 
