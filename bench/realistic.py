@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import re
@@ -280,6 +281,21 @@ def run_lines(log: Path) -> list[list[tuple[float, dict[str, str]]]]:
     return runs
 
 
+def cap_unsent(log: Path) -> dict[str, int]:
+    """Per dataset, the items the last run's closing lines put down to the job's dollar cap
+    (`dataset B3-code: 33 items not sent: the job's dollar cap ...`): what the plan's count
+    of items left unsent stands for (a dataset's own budget leaves its own, said apart)."""
+    out: dict[str, int] = {}
+    for line in log.read_text().splitlines():
+        if " progress " in line:
+            out = {}  # only the lines after the last progress line: how the last run ended
+            continue
+        m = re.match(r"\S+ dataset (\S+): (\d+) items not sent: the job's dollar cap", line)
+        if m:
+            out[m.group(1)] = int(m.group(2))
+    return out
+
+
 def done_share(f: dict[str, str]) -> float:
     done, total = f["done"].split("/")
     return (int(done) + int(f.get("failed", "0"))) / max(1, int(total))
@@ -434,6 +450,7 @@ def one(seed: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "wall": wall,
         "exit_codes": codes,
         "items": unsent,
+        "cap_unsent": cap_unsent(work / "out" / "run.log"),
         "checks": checks,
     }
 
@@ -463,12 +480,27 @@ def report(results: list[dict[str, Any]]) -> None:
             f"{r['plan_wall'][0]:.0f} | {r['wall']:.0f} | {r['exit_codes']} | {r['items']} |"
         )
     print()
-    print("| seed | how the plan said the job ends | how it ended |")
-    print("|---|---|---|")
+    print(
+        "| seed | how the plan said the job ends | how it ended | items the cap left: plan / "
+        "actual / error |"
+    )
+    print("|---|---|---|---|")
+    counts = []
     for r in results:
         ended = "cap (exit 4)" if r["exit_codes"][-1] == 4 else f"exit {r['exit_codes'][-1]}"
         unsent = r["items"].get("pending", 0)
-        print(f"| {r['seed']} | {r['plan_job'].get('stop', '-')} | {ended}, {unsent} unsent |")
+        planned, left = r["plan_job"].get("unsent") or 0, sum(r.get("cap_unsent", {}).values())
+        err = planned / left - 1 if left else (0.0 if not planned else math.inf)
+        counts.append(err)
+        print(
+            f"| {r['seed']} | {r['plan_job'].get('stop', '-')} | {ended}, {unsent} pending "
+            f"| {planned} / {left} / {err:+.0%} |"
+        )
+    if counts:
+        print(
+            f"\nthe items the cap left within 20% of the plan's count on "
+            f"{sum(abs(e) <= 0.2 for e in counts)} of {len(counts)}"
+        )
     print()
     print("| seed | point | ETA s (p10-p90) | basis | actual left s | error | in interval |")
     print("|---|---|---|---|---|---|---|")
