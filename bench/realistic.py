@@ -393,6 +393,8 @@ def one(seed: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         cap = interval(free["job"]["cost_usd"])[0] * args.cap_share
         job = write_job(work, base_url, seed, args.rows_scale, cap, pool)
         plan = plan_json(job, env, 0)
+        # The store as the plan saw it, for planning again with other code (kept runs only).
+        planned(work / "out" / "state.db", work / "planned.db")
         pilot_runs = len(run_lines(work / "out" / "run.log"))
         codes, kills = run_until_end(job, env, args.kill_at, watch)
     finally:
@@ -453,6 +455,16 @@ def one(seed: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "cap_unsent": cap_unsent(work / "out" / "run.log"),
         "checks": checks,
     }
+
+
+def planned(db: Path, to: Path) -> None:
+    """A consistent copy of the job's store (SQLite's backup: the WAL's pages included)."""
+    src, dst = sqlite3.connect(db), sqlite3.connect(to)
+    try:
+        src.backup(dst)
+    finally:
+        src.close()
+        dst.close()
 
 
 def plan_json(job: Path, env: dict[str, str], pilot: int) -> dict[str, Any]:
