@@ -52,6 +52,16 @@ class Flow:
     """How unsure `cost_usd` is (its standard error): the items the cap leaves are the room
     less the dollars of the items before them, over the dollars of each, so a few percent on
     those is many items left (`unsent_range`)."""
+    seconds_se: float = 0.0
+    """How unsure `seconds` is: a slower lane has more of its backlog waiting at the stop."""
+    escalated_sd: float = 0.0
+    """How unsure `escalated` is: each share point more is that many more items in the next
+    lane's backlog (a share from 20 answers is +/-10 points)."""
+
+    @property
+    def unsure(self) -> bool:
+        """Whether any of its figures has an error to draw from (`unsent_range`)."""
+        return self.cost_se > 0 or self.seconds_se > 0 or self.escalated_sd > 0
 
 
 @dataclass(frozen=True)
@@ -150,7 +160,7 @@ def play(
     every item is handed out (or left to a dataset's own budget) first; with the p10-p90 of
     the items left where the flows' dollars are unsure (`cost_se`)."""
     ending = _play(lanes, flows, room, budgets)
-    if ending is None or not any(f.cost_se > 0 for f in flows.values()):
+    if ending is None or not any(f.unsure for f in flows.values()):
         return ending
     return replace(
         ending,
@@ -170,13 +180,24 @@ def unsent_range(
     room: float,
     budgets: dict[str, Budget] | None = None,
 ) -> tuple[float, float]:
-    """p10 and p90 of the items left pending when each flow's dollars per passage are drawn
-    (log-normal, seeded) from its mean and `cost_se`, independently: the cap's items left
-    as unsure as the dollars that decide them (a pilot's few answers of a dataset)."""
+    """p10 and p90 of the items left pending when each flow's dollars and lane time per
+    passage and its share escalated are drawn (seeded) from their means and errors,
+    independently: the cap's items left as unsure as the figures that decide them (a pilot's
+    few answers of a dataset). The dollars decide when the room runs out; the shares and the
+    times, how much of a long lane's backlog is still waiting then (bench/realistic.py: with
+    the dollars alone, p10-p90 of 393-459 where the run left 318)."""
     rng = random.Random(0)
     totals = []
     for _ in range(RANGE_DRAWS):
-        drawn = {key: replace(f, cost_usd=_draw(rng, f)) for key, f in flows.items()}
+        drawn = {
+            key: replace(
+                f,
+                cost_usd=_draw(rng, f.cost_usd, f.cost_se),
+                seconds=_draw(rng, f.seconds, f.seconds_se),
+                escalated=min(1.0, max(0.0, rng.gauss(f.escalated, f.escalated_sd))),
+            )
+            for key, f in flows.items()
+        }
         totals.append(_unsent(lanes, drawn, room, budgets))
     totals.sort()
     return totals[RANGE_DRAWS // 10], totals[RANGE_DRAWS - 1 - RANGE_DRAWS // 10]
@@ -216,12 +237,12 @@ def _unsent(
     return 0.0 if ending is None else sum(ending.unsent.values())
 
 
-def _draw(rng: random.Random, f: Flow) -> float:
-    """A flow's dollars per passage drawn from a log-normal of its mean and error."""
-    if f.cost_usd <= 0 or f.cost_se <= 0:
-        return f.cost_usd
-    s = math.sqrt(math.log1p((f.cost_se / f.cost_usd) ** 2))
-    return f.cost_usd * math.exp(rng.gauss(-s * s / 2, s))
+def _draw(rng: random.Random, mean: float, se: float) -> float:
+    """A positive figure drawn from a log-normal of its mean and error."""
+    if mean <= 0 or se <= 0:
+        return mean
+    s = math.sqrt(math.log1p((se / mean) ** 2))
+    return mean * math.exp(rng.gauss(-s * s / 2, s))
 
 
 def _play(

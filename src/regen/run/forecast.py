@@ -665,7 +665,10 @@ def _unsent(ending: Ending | None, datasets: list[DatasetPlan]) -> tuple[str, in
     clause = f"; {unsent} items stay unsent: {names}"
     if ending.unsent_range is not None:
         low, high = (round(x) for x in ending.unsent_range)
-        clause += f" (p10-p90 {low}-{high}, as unsure as the dollars per item)"
+        clause += (
+            f" (p10-p90 {low}-{high}, as unsure as the dollars, times and shares escalated per "
+            "item)"
+        )
     if paid:
         clause += (
             f"; {paid} of them escalated items whose cut-off first try is paid and never answered"
@@ -1266,16 +1269,24 @@ def _run_order(
     total = job.budget.budget_tokens == "total"
     flows = {}
     for lane in lanes:
+        on_wire = timeline.on_wire[lane.name]
         for ds in job.datasets:
             prof = profiles[lane.name, ds.name]
             tokens = prof.completion_tokens.mean + (prof.prompt_tokens.mean if total else 0.0)
+            seconds = seconds_per_passage(lane, prof, on_wire)
+            # The error of whichever bound sets the pace (a prior's is in its band, not here).
+            slots = seconds == prof.held_s.mean / lane.concurrency
+            stat, width = (prof.held_s, lane.concurrency) if slots else (prof.wire_s, on_wire)
+            escalates = lane.escalate_to is not None
             flows[lane.name, ds.name] = Flow(
-                seconds_per_passage(lane, prof, timeline.on_wire[lane.name]),
+                seconds,
                 prof.cost_usd.mean if prof.cost_usd is not None else 0.0,
-                prof.escalated if lane.escalate_to is not None else 0.0,
+                prof.escalated if escalates else 0.0,
                 prof.held_s.mean,
                 tokens,
                 prof.cost_usd.se if prof.cost_usd is not None else 0.0,
+                stat.se / width if prof.band is None and stat.n else 0.0,
+                prof.escalated_sd if escalates else 0.0,
             )
     return order, flows
 
