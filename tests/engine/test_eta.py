@@ -378,9 +378,9 @@ def test_datasets_resting_on_pilots_drift_each_on_its_own() -> None:
     # Six datasets the run has not reached, each on a pilot's 200 answers. On the
     # simulator's jobs a pilot's times were off from the run's by a few percent per dataset,
     # in either direction (bench/pilot_drift.py, 61 flows: no move common to a job's datasets
-    # beyond 3%): their sum is off by less than each. Taken as one move for the whole lane,
-    # the interval held the time 94% of times here at 6% for that move, more at 12% (44 of
-    # 45 on the benches).
+    # beyond 3%): their sum is off by less than each. Taken as one move of 6% for the whole
+    # lane, the interval held the time 94% of times here (the 12% one move it had before
+    # held 44 of the benches' 45 checks).
     rng = random.Random(5)
     held = 0
     for _ in range(300):

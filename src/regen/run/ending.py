@@ -158,7 +158,7 @@ def play(
 ) -> Ending | None:
     """Play the lanes' order until `room` dollars are committed: the ending, or None when
     every item is handed out (or left to a dataset's own budget) first; with the p10-p90 of
-    the items left where the flows' dollars are unsure (`cost_se`)."""
+    the items left where the flows' figures are unsure (`Flow.unsure`)."""
     ending = _play(lanes, flows, room, budgets)
     if ending is None or not any(f.unsure for f in flows.values()):
         return ending
