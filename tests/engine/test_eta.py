@@ -7,6 +7,7 @@ import heapq
 import math
 import random
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -442,11 +443,11 @@ def test_a_cap_stop_resting_on_a_pilots_dollars_is_as_unsure_as_they_are() -> No
     assert cut_at(eta, 150.0, 150.0).p90 == eta.p90
 
 
-def test_a_fed_lane_hands_out_in_passes_over_the_keys() -> None:
+def test_a_fed_lane_hands_out_first_escalated_first_out() -> None:
     # 100 cheap items wait; 100 dear ones are escalated at 40-50 s. The lane's 200 items end
-    # at its ETA, 100 s: 2 a second. It spends on the cheap ones alone until the dear come,
-    # on both while its pass over the keys has cheap ones ahead, then on the dear ones alone
-    # at full pace. Every dollar is spent, and the lane's work ends at its ETA.
+    # at its ETA, 100 s: 2 a second. It spends on the cheap ones that waited first, through
+    # 50 s, the dear ones queueing behind them, then on the dear ones at full pace. Every
+    # dollar is spent, and the lane's work ends at its ETA.
     cheap = FedFlow(items=100, coming=0, seconds=1.0, usd=0.001, sent=None)
     dear = FedFlow(items=100, coming=100, seconds=1.0, usd=0.01, sent=(40.0, 50.0))
     pieces = fed_spending([cheap, dear], 100.0)
@@ -456,13 +457,13 @@ def test_a_fed_lane_hands_out_in_passes_over_the_keys() -> None:
     def spent(start: float, stop: float) -> float:
         return sum(usd for t, _, usd in pieces if start <= t < stop)
 
-    assert spent(0, 40) == pytest.approx(80 * 0.001)
-    # The pass has 20% of its keys ahead at 40 s: its 20 cheap items, and the dear ones that
-    # fall ahead of it as they come (a share falling from 20% to none: about 6).
-    assert spent(40, 50) == pytest.approx(20 * 0.001 + 6 * 0.01, abs=0.01)
-    assert spent(60, 100) == pytest.approx(80 * 0.01)
+    assert spent(0, 50) == pytest.approx(100 * 0.001)
+    assert spent(50, 100) == pytest.approx(100 * 0.01)
     # Spread evenly over the lane's time, $0.55 (half) was spent by 50 s; here by 75 s.
-    assert spent(0, 50) < 0.2
+    assert spent(0, 75) == pytest.approx(0.1 + 50 * 0.01)
+    # What comes while the lane has nothing waiting goes out as it comes.
+    alone = fed_spending([replace(dear, items=50, coming=50)], 100.0)
+    assert sum(usd for t, _, usd in alone if t < 40) == 0.0
 
 
 def test_a_flows_first_answers_on_short_prompts_do_not_make_its_eta_short() -> None:

@@ -336,7 +336,8 @@ def test_items_gone_from_view_are_claimed_by_no_lane_and_counted_nowhere(tmp_pat
     # Items 0-2 stay in view; 3 (pending, no lane), 4 (escalated), 5 (failed) leave it.
     store._db.execute("UPDATE items SET lane = NULL WHERE id = ?", (ids[3],))
     store._db.execute(
-        "UPDATE items SET lane = 'long', escalated = 1 WHERE id IN (?, ?)", ids[1:5:3]
+        "UPDATE items SET lane = 'long', escalated = 1, escalated_at = 1 WHERE id IN (?, ?)",
+        ids[1:5:3],
     )
     store._db.execute(
         "UPDATE items SET status = 'failed', failure_class = 'server' WHERE id IN (?, ?)",

@@ -66,6 +66,7 @@ def test_migrations_are_recorded_once(tmp_path: Path) -> None:
         (15, "m015_cache_use"),
         (16, "m016_pilot_key"),
         (17, "m017_cut_short"),
+        (18, "m018_escalated_at"),
     ]
     assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 
@@ -360,3 +361,40 @@ def test_a_reader_asks_what_an_older_state_db_records(tmp_path: Path) -> None:
                 assert store.records(what) is expected, (what, applied)
             finally:
                 store.close()
+
+
+def test_escalated_items_are_claimed_in_the_order_they_were_escalated(tmp_path: Path) -> None:
+    """A long lane's backlog is first in, first out: by the time each item was escalated
+    (those of one commit in dispatch order), paged by keyset, whatever their order keys."""
+    from regen.state.outcomes import OutcomeRows
+    from regen.state.work import LaneRule, Work
+
+    store = Store.open(tmp_path)
+    ids = {}
+    for key in (30, 20, 10, 40):
+        c = conv(f"q{key}", key)
+        add(store, c, key)
+        ids[key] = item_id(c.id, 1)
+    store.work.assign_lanes([LaneRule("short"), LaneRule("long", datasets=[])])
+
+    def escalate(at: float, *keys: int) -> None:
+        with store._tx() as db:
+            Work.finish_in(db, OutcomeRows(moved=[(1, "long", at, ids[k]) for k in keys]), [])
+
+    escalate(1.0, 30)
+    escalate(2.0, 20, 10)
+    page = store.work.claim_escalated("long", 2)
+    assert [i.id for i in page] == [ids[30], ids[10]]
+    last = page[-1]
+    cursor = (last.escalated_at, last.order_key, last.id)
+    escalate(3.0, 40)  # escalated while the pass is under way: it comes after the rest
+    assert [i.id for i in store.work.claim_escalated("long", 5, after=cursor)] == [
+        ids[20],
+        ids[40],
+    ]
+    # One with no time of escalation (a state.db written elsewhere) is not lost: the next
+    # run's lanes put it first.
+    store._db.execute("UPDATE items SET escalated_at = NULL WHERE id = ?", (ids[40],))
+    assert ids[40] not in [i.id for i in store.work.claim_escalated("long", 5)]
+    store.work.assign_lanes([LaneRule("short"), LaneRule("long", datasets=[])])
+    assert store.work.claim_escalated("long", 1)[0].id == ids[40]

@@ -767,36 +767,53 @@ class FedFlow:
 
 def fed_spending(flows: Sequence[FedFlow], end: float) -> list[tuple[float, float, float]]:
     """How a lane fed by escalations spends until `end` (its ETA), as pieces (start, end,
-    dollars) for `spend_reaches`, played out step by step as the feeder hands out: in passes
-    over the order keys (`Feeder._feed_escalated`), which mix the datasets, each item at the
-    next key after the last one handed out. An item escalated while a pass is under way goes
-    in it if its key is still ahead of the pass (the share of keys not yet passed), else in
-    the next pass. So a dataset its sending lane reaches last (agent turns after code) goes
-    out last, and a lane that has only one dataset waiting spends on that one at full pace.
-    A pass is taken to begin now (where the feeder stands is not known here), and the lane's
-    pace is set so that its work ends at `end`. Spread over the lane's whole time, the dear
-    items last had the cap's room run out too soon (bench/realistic.py: every miss short,
-    -16 to -28%); spent in the order they came, too late (+30 to +65%)."""
+    dollars) for `spend_reaches`, played out step by step as the feeder hands out: first
+    escalated, first out (`Feeder._feed_escalated`). What waits now goes first, in the job's
+    order (the lane that sends it on reached its datasets in that order), then what comes, as
+    it is sent. So a dataset its sending lane reaches last (agent turns after code) goes out
+    last, and the lane's pace is set so that its work ends at `end`. Spread over the lane's
+    whole time, the dear items last had the cap's room run out too soon (bench/realistic.py:
+    every miss short, -16 to -28%)."""
     work = sum(f.items * f.seconds for f in flows)
     total = sum(f.items * f.usd for f in flows)
     if end <= 0 or work <= 0:
         return [(0.0, max(0.0, end), total)] if total > 0 else []
     dt = end / FED_STEPS
-    # What waits now is ahead of a pass that begins now; the rest comes as it is sent.
-    passes = _Passes([f.items - _coming(f) for f in flows], [0.0] * len(flows))
+    queue: deque[list[float]] = deque([i, f.items - _coming(f)] for i, f in enumerate(flows))
     left = sum(f.items for f in flows)
     pieces: list[tuple[float, float, float]] = []
     for step in range(5 * FED_STEPS):
         t = step * dt
         for i, f in enumerate(flows):
-            passes.arrive(i, _coming(f) * _sent_share(f.sent, t, dt, step == 0))
+            n = _coming(f) * _sent_share(f.sent, t, dt, step == 0)
+            if n > 0:
+                queue.append([i, n])
         # The lane's pace is set so that its work ends at `end`.
-        spent, taken = passes.hand_out(flows, dt * work / end)
+        spent, taken = _hand_out(queue, flows, dt * work / end)
         pieces.append((t, t + dt, spent))
         left -= taken
         if left <= 1e-6:
             break
     return pieces
+
+
+def _hand_out(
+    queue: deque[list[float]], flows: Sequence[FedFlow], work: float
+) -> tuple[float, float]:
+    """`work` lane-seconds of a fed lane's queue ((dataset index, items) in the order they
+    came), from its head: the dollars spent and the items taken."""
+    spent = taken = 0.0
+    while queue and work > 1e-12:
+        i, n = int(queue[0][0]), queue[0][1]
+        f = flows[i]
+        k = min(n, work / f.seconds) if f.seconds > 0 else n
+        spent += k * f.usd
+        taken += k
+        work -= k * f.seconds
+        queue[0][1] = n - k
+        if queue[0][1] <= 1e-9:
+            queue.popleft()
+    return spent, taken
 
 
 def _coming(f: FedFlow) -> float:
@@ -814,42 +831,6 @@ def _sent_share(sent: tuple[float, float] | None, t: float, dt: float, first: bo
     if end > start:
         return max(0.0, min(end, t + dt) - max(start, t)) / (end - start)
     return 1.0 if start < t + dt and (start >= t or first) else 0.0
-
-
-@dataclass
-class _Passes:
-    """A fed lane's waiting items per dataset, ahead of the pass over the keys under way and
-    behind it, and the share of the keys it has gone over (`fed_spending`)."""
-
-    ahead: list[float]
-    behind: list[float]
-    passed: float = 0.0
-
-    def arrive(self, i: int, n: float) -> None:
-        """`n` items of dataset `i` escalated: their keys fall ahead of the pass or behind."""
-        self.ahead[i] += n * (1.0 - self.passed)
-        self.behind[i] += n * self.passed
-
-    def hand_out(self, flows: Sequence[FedFlow], work: float) -> tuple[float, float]:
-        """`work` lane-seconds handed out along the keys, every dataset ahead as it is there;
-        a pass that runs out begins the next. The dollars spent and the items taken."""
-        spent = taken = 0.0
-        while work > 1e-12:
-            waiting = sum(self.ahead)
-            if waiting <= 1e-9:
-                if sum(self.behind) <= 1e-9:
-                    break
-                self.ahead, self.behind, self.passed = self.behind, [0.0] * len(flows), 0.0
-                continue
-            each = sum(a * f.seconds for a, f in zip(self.ahead, flows, strict=True)) / waiting
-            k = min(waiting, work / each) if each > 0 else waiting
-            for i, f in enumerate(flows):
-                spent += k * self.ahead[i] / waiting * f.usd
-                self.ahead[i] -= k * self.ahead[i] / waiting
-            self.passed += (1.0 - self.passed) * k / waiting
-            work -= k * each
-            taken += k
-        return spent, taken
 
 
 def cut_at(eta: Eta, stop: float, stop_sd: float = 0.0, drained: bool = False) -> Eta:

@@ -57,25 +57,26 @@ async def until_set(waiting: Awaitable[object], event: asyncio.Event) -> None:
 
 
 class LaneQueue:
-    """A lane's items waiting for a worker, handed out by rank then order key; bounded, so that
-    the feeder claims only what the workers are about to take."""
+    """A lane's items waiting for a worker, handed out by rank, then escalated items in the
+    order they were escalated and the others by order key; bounded, so that the feeder claims
+    only what the workers are about to take."""
 
     def __init__(self, maxsize: int) -> None:
-        self._queue: asyncio.PriorityQueue[tuple[int, int, int, PendingItem | None]] = (
+        self._queue: asyncio.PriorityQueue[tuple[int, float, int, int, PendingItem | None]] = (
             asyncio.PriorityQueue(maxsize)
         )
         self._seq = itertools.count()
 
     async def put(self, item: PendingItem, rank: int) -> None:
-        await self._queue.put((rank, item.order_key, next(self._seq), item))
+        await self._queue.put((rank, item.escalated_at, item.order_key, next(self._seq), item))
 
     async def close(self, workers: int) -> None:
         """One end marker per worker, taken after every item."""
         for _ in range(workers):
-            await self._queue.put((LAST_RANK, 0, next(self._seq), None))
+            await self._queue.put((LAST_RANK, 0.0, 0, next(self._seq), None))
 
     async def get(self) -> PendingItem | None:
-        return (await self._queue.get())[3]
+        return (await self._queue.get())[4]
 
 
 @dataclass
@@ -422,11 +423,13 @@ class Feeder:
 
     async def _feed_escalated(self, lane: LaneRuntime, queue: LaneQueue, batch_size: int) -> None:
         """Items escalated to this lane arrive while the lanes that send them still run.
-        Pass over them in pages (those already handed out are skipped, and on a wide lane
-        they fill whole pages) until a pass that began after those lanes finished finds
-        nothing new."""
+        Pass over them in pages, in the order they were escalated (those already handed out
+        are skipped, and on a wide lane they fill whole pages), until a pass that began after
+        those lanes finished finds nothing new. An item escalated during a pass comes after
+        every item before it, so the lane serves its backlog first escalated, first out, across
+        restarts too; the plan and the ETA play it so (`run.ending`, `eta.fed_spending`)."""
         sources = [s for s in self._lanes.values() if s.escalate_to == lane.name]
-        cursor: tuple[int, str] | None = None
+        cursor: tuple[float, int, str] | None = None
         sources_done = fed = False
         while sources and not self.stopping:
             if cursor is None:  # a new pass
@@ -440,7 +443,7 @@ class Feeder:
                     fed = True
                     await queue.put(item, ESCALATED_RANK)
             if len(page) == batch_size:
-                cursor = (page[-1].order_key, page[-1].id)
+                cursor = (page[-1].escalated_at, page[-1].order_key, page[-1].id)
                 continue
             cursor = None
             if not fed:

@@ -14,19 +14,17 @@ still in flight.
 slower of its workers and what it may keep on the wire) on its backlog, then on its datasets
 in order; a passage commits its expected dollars and tokens when it starts, as admission
 reserves them, and its escalated share arrives in the next lane's backlog a passage time
-later. A backlog is handed out as the feeder does (`Feeder._feed_escalated`): in passes over
-the order keys, every dataset waiting ahead of the pass as it is there; an item escalated
-while a pass is under way goes in it if its key is still ahead (the share of the keys not yet
-passed), else in the next (as the ETA's `fed_spending` plays a fed lane). Served mixed as it
-arrived, a dataset escalated early lingered beside the later ones: on bench/realistic.py the
-plan left 109-143 of the code dataset's escalations unsent where the runs left 11-75.
+later. A backlog is handed out as the feeder does (`Feeder._feed_escalated`): first escalated,
+first out. (The feeder once went over it in passes over the order keys: what the cap left of
+it then hung on where the pass stood, and on bench/realistic.py the plan's count was off by
++29% to +85%.)
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field, replace
 
 STEPS = 2000
@@ -103,22 +101,16 @@ class Ending:
 
 @dataclass
 class _State:
-    own: dict[str, list[list[float | str]]]
-    backlog: dict[str, dict[str, float]]
-    """Per lane and dataset, the escalated items waiting."""
+    own: dict[str, deque[list[float | str]]]
+    """Per lane, its own items not handed out yet, (dataset, items) in the job's order."""
+    backlog: dict[str, deque[list[float | str]]]
+    """Per lane, the escalated items waiting, (dataset, items) in the order they came."""
     arrivals: dict[int, list[tuple[str, str, float]]]
     budgets: dict[str, Budget]
-    ahead: dict[str, dict[str, float]] = field(
-        default_factory=lambda: defaultdict(lambda: defaultdict(float))
-    )
-    """Of `backlog`, those ahead of the pass over the keys under way (the rest wait for the
-    next)."""
-    passed: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    """Per lane, the share of the order keys the pass under way has gone over."""
     used: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))
     """Per dataset: tokens and dollars committed."""
     held: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    """Own items passed over because their dataset's budget is met."""
+    """Items passed over because their dataset's budget is met (own or escalated)."""
     spent: float = 0.0
 
     def left(self, ds: str, flow: Flow) -> float:
@@ -135,10 +127,12 @@ class _State:
         return out
 
     def arrive(self, lane: str, ds: str, n: float) -> None:
-        """`n` items of `ds` escalated into `lane`: their keys fall ahead of its pass or
-        behind."""
-        self.backlog[lane][ds] += n
-        self.ahead[lane][ds] += n * (1.0 - self.passed[lane])
+        """`n` items of `ds` escalated into `lane`: they wait behind those that came before."""
+        queue = self.backlog[lane]
+        if queue and queue[-1][0] == ds:
+            queue[-1][1] = float(queue[-1][1]) + n
+        else:
+            queue.append([ds, n])
 
     def met(self, ds: str) -> bool:
         b = self.budgets.get(ds)
@@ -257,8 +251,8 @@ def _play(
         return None
     dt = work / STEPS
     state = _State(
-        {lane.name: [[ds, n] for ds, n in lane.own if n > 0] for lane in lanes},
-        {lane.name: defaultdict(float) for lane in lanes},
+        {lane.name: deque([ds, n] for ds, n in lane.own if n > 0) for lane in lanes},
+        {lane.name: deque() for lane in lanes},
         defaultdict(list),
         budgets or {},
     )
@@ -286,7 +280,7 @@ def _work(lanes: list[Lane], flows: dict[tuple[str, str], Flow]) -> float:
 
 def _backlog(state: _State) -> float:
     """Escalated items still to be handed out (not those a met budget keeps)."""
-    return sum(n for b in state.backlog.values() for ds, n in b.items() if not state.met(ds))
+    return sum(float(n) for b in state.backlog.values() for ds, n in b if not state.met(str(ds)))
 
 
 def _serve(
@@ -298,73 +292,51 @@ def _serve(
     dt: float,
     room: float,
 ) -> float | None:
-    """One step of a lane: its backlog in passes over the keys, then its datasets in order (a
-    dataset whose budget is met is passed over). The share of the step at which the room ran
-    out, or None."""
-    left = dt
-    while left > 1e-12:
-        used, out = _serve_backlog(lane, lanes, flows, state, step, dt, left, room)
+    """One step of a lane: its backlog first escalated, first out, then its datasets in
+    order. The share of the step at which the room ran out, or None."""
+    used = 0.0
+    for queue in (state.backlog[lane.name], state.own[lane.name]):
+        used, out = _serve_queue(queue, lane, lanes, flows, state, step, dt, used, room)
         if out:
-            return (dt - left + used) / dt
-        if used <= 0:
-            break
-        left -= used
-    queue = state.own[lane.name]
-    while queue and left > 1e-12:
-        ds, n = str(queue[0][0]), float(queue[0][1])
-        if state.met(ds):
-            queue.pop(0)  # left pending by its budget: the feeder goes on to the next
-            state.held[ds] += n
-            continue
-        sec = flows[lane.name, ds].seconds
-        k = min(n, left / sec) if sec > 0 else n
-        started, out = _start(lane, lanes, flows, state, step, dt, {ds: k}, room)
-        got = started.get(ds, 0.0)
-        queue[0][1] = n - got
-        if out:
-            return (dt - left + got * sec) / dt
-        left -= got * sec
-        if n - got <= 1e-9:
-            queue.pop(0)
-        elif got < k:  # its budget ran out part way
-            continue
+            return used / dt
     return None
 
 
-def _serve_backlog(
+def _serve_queue(
+    queue: deque[list[float | str]],
     lane: Lane,
     lanes: dict[str, Lane],
     flows: dict[tuple[str, str], Flow],
     state: _State,
     step: int,
     dt: float,
-    left: float,
+    used: float,
     room: float,
 ) -> tuple[float, bool]:
-    """Up to `left` lane-seconds of the backlog along the pass under way, every dataset ahead
-    of it as it is there; a pass with nothing ahead begins the next, all that waits ahead of
-    it. The lane-seconds used (0: nothing to hand out), and whether the room ran out."""
-    name = lane.name
-    ahead = {ds: n for ds, n in state.ahead[name].items() if n > 1e-12 and not state.met(ds)}
-    total = sum(ahead.values())
-    if total <= 1e-12:
-        waiting = {
-            ds: n for ds, n in state.backlog[name].items() if n > 1e-12 and not state.met(ds)
-        }
-        if not waiting or state.passed[name] <= 0.0:
-            return 0.0, False
-        state.ahead[name] = defaultdict(float, waiting)
-        state.passed[name] = 0.0
-        ahead, total = waiting, sum(waiting.values())
-    per = sum(n * flows[name, ds].seconds for ds, n in ahead.items()) / total
-    k = min(total, left / per) if per > 0 else total
-    chunk = {ds: k * n / total for ds, n in ahead.items()}
-    started, out = _start(lane, lanes, flows, state, step, dt, chunk, room)
-    for ds, n in started.items():
-        state.backlog[name][ds] -= n
-        state.ahead[name][ds] -= n
-    state.passed[name] += (1.0 - state.passed[name]) * sum(started.values()) / total
-    return sum(n * flows[name, ds].seconds for ds, n in started.items()), out
+    """Hand out a lane's queue ((dataset, items) in order) from its head until the step's
+    lane-seconds (`used` of them gone) run out; a dataset whose budget is met is passed over,
+    its items left pending, as the feeder goes on to the next. The step's lane-seconds used,
+    and whether the room ran out."""
+    while queue and dt - used > 1e-12:
+        ds, n = str(queue[0][0]), float(queue[0][1])
+        if n <= 1e-12 or state.met(ds):
+            queue.popleft()
+            state.held[ds] += max(0.0, n)
+            continue
+        sec = flows[lane.name, ds].seconds
+        k = min(n, (dt - used) / sec) if sec > 0 else n
+        started, out = _start(lane, lanes, flows, state, step, dt, {ds: k}, room)
+        got = started.get(ds, 0.0)
+        queue[0][1] = n - got
+        used += got * sec
+        if out:
+            return used, True
+        if n - got <= 1e-9:
+            queue.popleft()
+        elif got < k and state.left(ds, flows[lane.name, ds]) <= 1e-12:
+            queue.popleft()  # its budget ran out part way: the rest stays pending
+            state.held[ds] += n - got
+    return used, False
 
 
 def _start(
@@ -421,8 +393,8 @@ def _ending(state: _State, at_s: float) -> Ending:
     for ds, n in state.held.items():
         add(ds, n, False)
     for backlog in state.backlog.values():
-        for ds, n in backlog.items():
-            add(ds, n, True)
+        for ds, n in backlog:
+            add(str(ds), float(n), True)
     for arriving in state.arrivals.values():
         for _, ds, n in arriving:
             add(ds, n, True)

@@ -657,7 +657,8 @@ def _unsent(ending: Ending | None, datasets: list[DatasetPlan]) -> tuple[str, in
     if ending is None:
         return "", 0
     short = [d for d in datasets if round(ending.unsent.get(d.name, 0.0))]
-    unsent = round(sum(ending.unsent.values()))
+    # The sum of the counts named per dataset, so that the line adds up.
+    unsent = sum(round(n) for n in ending.unsent.values())
     paid = round(sum(ending.escalated.values()))
     if not short:
         return "", unsent

@@ -362,6 +362,21 @@ def m016_pilot_key(db: sqlite3.Connection) -> None:
     )
 
 
+def m018_escalated_at(db: sqlite3.Connection) -> None:
+    """When each escalated item was escalated (`escalated_at`, the commit's time): a lane hands
+    out its escalated items in that order, the first escalated first, across restarts
+    (`Work.claim_escalated`). Items escalated before it take their last update's time."""
+    _script(
+        db,
+        """
+        ALTER TABLE items ADD COLUMN escalated_at REAL;
+        UPDATE items SET escalated_at = COALESCE(updated_at, 0) WHERE escalated = 1;
+        CREATE INDEX items_escalated_order ON items (lane, escalated_at, order_key, id)
+            WHERE status = 'pending' AND escalated = 1 AND gone = 0
+        """,
+    )
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m001_initial,
     m002_lanes,
@@ -380,6 +395,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m015_cache_use,
     m016_pilot_key,
     m017_cut_short,
+    m018_escalated_at,
 ]
 
 

@@ -186,11 +186,14 @@ class PendingItem:
     sample: int = 0
     pilot_key: int = 0
     """Its own place in its dataset's seeded shuffle (a pilot's claims go by it)."""
+    escalated_at: float = 0.0
+    """When it was escalated to its lane (0: it was not): escalated items go out in this
+    order."""
 
 
 _PENDING_COLUMNS = (
     "i.id, i.dataset, i.turn_index, i.order_key, c.data, c.row_index, c.id, i.prompt_tokens_est, "
-    "i.after_item, i.sample, i.pilot_key "
+    "i.after_item, i.sample, i.pilot_key, IFNULL(i.escalated_at, 0) "
     "FROM items i JOIN conversations c ON c.id = i.conversation_id"
 )
 
@@ -319,7 +322,7 @@ def _pending(rows: list[tuple[Any, ...]]) -> list[PendingItem]:
         data = parsed.get(r[6])
         if data is None:
             data = parsed[r[6]] = json.loads(r[4])
-        items.append(PendingItem(r[0], r[1], r[2], r[3], data, r[5], r[6], r[7], r[8], r[9], r[10]))
+        items.append(PendingItem(r[0], r[1], r[2], r[3], data, *r[5:]))
     return items
 
 
@@ -385,11 +388,12 @@ class Work(ItemShapes):
             "WHERE id = ?",
             rows.done,
         )
-        db.executemany(
-            "UPDATE items SET lane = ?2, escalated = 1, attempts = attempts + ?1, "
-            "updated_at = ?3 WHERE id = ?4",
-            rows.moved,
-        )
+        if rows.moved:  # (a test may commit to a state.db from before m018)
+            db.executemany(
+                "UPDATE items SET lane = ?2, escalated = 1, attempts = attempts + ?1, "
+                "updated_at = ?3, escalated_at = ?3 WHERE id = ?4",
+                rows.moved,
+            )
         db.executemany(
             "UPDATE items SET attempts = attempts + ?, updated_at = ? WHERE id = ?",
             rows.touched,
@@ -570,6 +574,12 @@ class Work(ItemShapes):
                 f"AND lane NOT IN ({marks})",
                 names,
             )
+            # An escalated item with no time of escalation (a state.db written elsewhere)
+            # would never be claimed (claim_escalated goes by it): it comes first.
+            db.execute(
+                "UPDATE items SET escalated_at = 0 WHERE status = 'pending' AND escalated = 1 "
+                "AND escalated_at IS NULL"
+            )
             db.execute(
                 f"UPDATE items SET lane = {lane} WHERE status = 'pending' "
                 f"AND (escalated = 0 OR lane IS NULL) AND lane IS NOT ({lane})",
@@ -624,16 +634,18 @@ class Work(ItemShapes):
         return {ds: n for ds, n in rows}
 
     def claim_escalated(
-        self, lane: str, limit: int, after: tuple[int, str] | None = None
+        self, lane: str, limit: int, after: tuple[float, int, str] | None = None
     ) -> list[PendingItem]:
-        """Pending items escalated to a lane, in dispatch order, after `(order_key, id)`
-        (keyset: the first page is mostly items already in flight on a wide lane)."""
-        key, item = after if after is not None else (-1, "")
+        """Pending items escalated to a lane in the order they were escalated (those of one
+        commit in dispatch order), after `(escalated_at, order_key, id)` (keyset: the first
+        page is mostly items already in flight on a wide lane)."""
+        at, key, item = after if after is not None else (-1.0, -1, "")
         rows = self._db.execute(
             f"SELECT {_PENDING_COLUMNS} "
             "WHERE i.lane = ? AND i.escalated = 1 AND i.status = 'pending' AND i.gone = 0 "
-            "AND (i.order_key, i.id) > (?, ?) ORDER BY i.order_key, i.id LIMIT ?",
-            (lane, key, item, limit),
+            "AND (i.escalated_at, i.order_key, i.id) > (?, ?, ?) "
+            "ORDER BY i.escalated_at, i.order_key, i.id LIMIT ?",
+            (lane, at, key, item, limit),
         ).fetchall()
         return _pending(rows)
 
