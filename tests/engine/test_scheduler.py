@@ -4,6 +4,7 @@ import asyncio
 import random
 import sqlite3
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -476,6 +477,50 @@ async def test_every_escalated_item_is_sent_by_a_wide_long_lane(tmp_path: Path) 
         stats, _ = await run_with(job, store, {"default": c})
     assert rows(store, "SELECT status, COUNT(*) FROM items GROUP BY status") == [("done", 400)]
     assert stats.lanes["short"].escalated == 400 and stats.lanes["long"].done == 400
+
+
+async def test_a_long_lane_hands_out_its_escalations_in_the_order_they_came(
+    tmp_path: Path,
+) -> None:
+    """A long lane of one behind a short lane of 16 that cuts every answer short, over two
+    datasets: its backlog grows while it works, and it takes it first escalated, first out,
+    the first dataset's before the second's (not in dispatch order, which mixed early and late
+    escalations and left what a cap stops to where a pass over the keys stood)."""
+    for name in "ab":
+        write_rows(tmp_path / f"{name}.jsonl", chat_rows(60, f"Topic {name}"))
+    datasets = [(n, f"{n}.jsonl", "openai") for n in "ab"]
+    job_file = write_job(tmp_path, "http://127.0.0.1:9/v1", datasets=datasets)
+    job_file.write_text(
+        job_file.read_text().replace(
+            "[[datasets]]", TWO_LANES.format(short=16, long=1) + "\n[[datasets]]", 1
+        )
+    )
+    job = load_job(job_file)
+    store = Store.open(job.output_path)
+    ingest(store, job)
+    store.work.assign_lanes(lane_rules(job))
+
+    def script(n: int, body: dict[str, Any]) -> Reply:
+        # The short lane takes a while, so its escalations come in several commits.
+        reply = cut_on_the_short_lane(n, body)
+        return replace(reply, delay_s=0.1 if body["max_tokens"] == 100 else 0.02)
+
+    async with scripted_server(script) as srv, ChatClient(srv.url, "k", concurrency=32) as c:
+        stats, _ = await run_with(job, store, {"default": c})
+    assert stats.lanes["long"].done == 120
+    sent = rows(
+        store,
+        "SELECT i.escalated_at, i.dataset, i.order_key FROM attempts a "
+        "JOIN items i ON i.id = a.item_id WHERE a.lane = 'long' ORDER BY a.started_at, a.id",
+    )
+    assert len(sent) == 120
+    assert [at for at, _, _ in sent] == sorted(at for at, _, _ in sent)
+    assert len({at for at, _, _ in sent}) >= 3
+    # The short lane sent a's on before b's (16 at a time: a commit may hold both); their
+    # keys are mixed.
+    order = [ds for _, ds, _ in sent]
+    assert order[:30] == ["a"] * 30 and order[-30:] == ["b"] * 30
+    assert [key for *_, key in sent] != sorted(key for *_, key in sent)
 
 
 async def test_a_sequential_turn_after_an_escalated_turn_is_sent(tmp_path: Path) -> None:
