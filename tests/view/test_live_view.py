@@ -503,6 +503,39 @@ def test_a_fed_lane_spends_each_datasets_escalations_from_when_they_come() -> No
     assert cap_share(["dear", "cheap"], 5.5) < 0.5 * free
 
 
+def test_a_budget_the_sending_lane_meets_leaves_no_escalations_to_come() -> None:
+    # The short lane has 2,000 items of each dataset left, half of each escalated; "math" has
+    # tokens left for 500 of its short answers (100 tokens each), which the short lane uses
+    # while the long lane works its backlog: by the time math's escalations come up there, its
+    # budget is met and they stay pending. The long lane's work is chat's 1,000, not math's
+    # 1,000 too (bench/realistic.py: a math dataset met on the short lane, its escalations
+    # counted as long answers ahead of the agent turns, the ETA +30%).
+    def job_eta(math_tokens_left: float | None) -> float:
+        short = _lane(64, 64, 64, {"chat": 2000, "math": 2000})
+        short.escalate_to = "long"
+        for flow in short.flows.values():
+            flow.answered, flow.escalated = 200, 100
+            flow.tokens = 200 * 100
+        stats = RunStats(
+            datasets={name: DatasetStats(items=4000) for name in ("chat", "math")},
+            started_at=STARTED,
+        )
+        stats.lanes = {"short": short, "long": _lane(16, 16, 16, {"chat": 0, "math": 0})}
+        for flow in stats.lanes["long"].flows.values():
+            flow.tokens = 200 * 1000
+        stats.budget_left = lambda name: (
+            (math_tokens_left, None) if name == "math" else (None, None)
+        )
+        _, eta = stats.etas(NOW)
+        assert eta is not None
+        return eta.seconds
+
+    free = job_eta(None)  # 2,000 escalations
+    assert job_eta(50_000) == pytest.approx(free / 2, rel=0.05)
+    # With room for the short lane's 2,000 and then some, math's long answers get the rest.
+    assert job_eta(200_000 + 500 * 1000) == pytest.approx(free * 1500 / 2000, rel=0.05)
+
+
 def test_the_caps_share_prices_each_flow_at_its_own_earlier_answers() -> None:
     # A pilot answered every flow; this run has reached only one dataset, whose answers are
     # cheap. Priced at the lane's mean of this run, the work left looked cheaper than it is

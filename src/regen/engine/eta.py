@@ -568,11 +568,14 @@ def escalations_var(flow: Flow, items: float, items_var: float = 0.0) -> float:
     return items * items * share_var + items * p * (1.0 - p) + items_var * (p * p + share_var)
 
 
-def items_left(flow: Flow, tokens_left: float | None, usd_left: float | None) -> tuple[int, str]:
-    """Items this run will still finish: pending ones, or fewer when a budget stops first.
-    A budget already met (earlier runs' spend counts) leaves none, answers of this run or not:
-    a rerun must not count a met dataset's pending items as work to come."""
-    n = flow.remaining
+def items_left(
+    flow: Flow, tokens_left: float | None, usd_left: float | None, coming: float = 0.0
+) -> tuple[int, str]:
+    """Items this run will still finish: pending ones and the escalations still to come into
+    it (`coming`), or fewer when a budget stops first. A budget already met (earlier runs'
+    spend counts) leaves none, answers of this run or not: a rerun must not count a met
+    dataset's pending items as work to come."""
+    n = flow.remaining + round(coming)
     bound = "count"
     if n and any(left is not None and left <= 0 for left in (tokens_left, usd_left)):
         return 0, "budget"
