@@ -510,12 +510,16 @@ def test_a_budget_the_sending_lane_meets_leaves_no_escalations_to_come() -> None
     # budget is met and they stay pending. The long lane's work is chat's 1,000, not math's
     # 1,000 too (bench/realistic.py: a math dataset met on the short lane, its escalations
     # counted as long answers ahead of the agent turns, the ETA +30%).
-    def job_eta(math_tokens_left: float | None) -> float:
+    def job_eta(math_tokens_left: float | None, reached: bool = True) -> float:
         short = _lane(64, 64, 64, {"chat": 2000, "math": 2000})
         short.escalate_to = "long"
         for flow in short.flows.values():
             flow.answered, flow.escalated = 200, 100
             flow.tokens = 200 * 100
+        if not reached:  # math's answers are a pilot's: none of this run's yet
+            math = short.flow("math")
+            math.finished = math.tokens = 0
+            math.earlier_tokens = 200 * 100
         stats = RunStats(
             datasets={name: DatasetStats(items=4000) for name in ("chat", "math")},
             started_at=STARTED,
@@ -532,6 +536,8 @@ def test_a_budget_the_sending_lane_meets_leaves_no_escalations_to_come() -> None
 
     free = job_eta(None)  # 2,000 escalations
     assert job_eta(50_000) == pytest.approx(free / 2, rel=0.05)
+    # Before the run reaches math, its pilot's answers say what an item uses.
+    assert job_eta(50_000, reached=False) == pytest.approx(free / 2, rel=0.05)
     # With room for the short lane's 2,000 and then some, math's long answers get the rest.
     assert job_eta(200_000 + 500 * 1000) == pytest.approx(free * 1500 / 2000, rel=0.05)
 

@@ -206,6 +206,17 @@ class Flow:
     finished: int = 0
     earlier_cost_usd: float = 0.0
     """What earlier runs' answers in this lane and dataset cost (a pilot's among them)."""
+    earlier_tokens: int = 0
+    """Of earlier runs' answers, the tokens that count against the dataset's budget."""
+
+    def tokens_per_item(self) -> float | None:
+        """The budget's tokens an answer uses: this run's answers', else earlier runs' (a
+        pilot's); None: no answer yet."""
+        if self.finished:
+            return self.tokens / self.finished
+        earlier = self.earlier_answers
+        return self.earlier_tokens / earlier if earlier and self.earlier_tokens else None
+
     escalated: int = 0
     """Truncated answers sent on to a longer lane (`escalate_to`), this run and before."""
     answered: int = 0
@@ -579,13 +590,15 @@ def items_left(
     bound = "count"
     if n and any(left is not None and left <= 0 for left in (tokens_left, usd_left)):
         return 0, "budget"
-    if flow.finished:
-        for left, used in ((tokens_left, flow.tokens), (usd_left, flow.cost_usd)):
-            if left is None or used <= 0:
-                continue
-            allowed = max(0, math.ceil(left / (used / flow.finished)))
-            if allowed < n:
-                n, bound = allowed, "budget"
+    each_usd = flow.cost_usd / flow.finished if flow.finished else None
+    if each_usd is None and flow.earlier_answers and flow.earlier_cost_usd > 0:
+        each_usd = flow.earlier_cost_usd / flow.earlier_answers
+    for left, each in ((tokens_left, flow.tokens_per_item()), (usd_left, each_usd)):
+        if left is None or not each or each <= 0:
+            continue
+        allowed = max(0, math.ceil(left / each))
+        if allowed < n:
+            n, bound = allowed, "budget"
     return n, bound
 
 

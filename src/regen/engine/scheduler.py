@@ -70,10 +70,17 @@ def completion_tokens(usage: Usage) -> int:
     return usage.completion_tokens
 
 
-def seed_stats(stats: RunStats, lanes: list[LaneRuntime], run: RunConfig, store: Store) -> None:
+def seed_stats(
+    stats: RunStats,
+    lanes: list[LaneRuntime],
+    run: RunConfig,
+    store: Store,
+    counted: Callable[[int, int], int] = lambda prompt, completion: completion,
+) -> None:
     """A run's statistics before its first request: each lane's limits per endpoint, and each
     flow's items left, with what earlier runs measured (their answers' times and costs, the
-    requests a kill cut short, the pace they ran at), so that the ETA rests on them at once."""
+    requests a kill cut short, the pace they ran at, the budget's tokens they used by
+    `counted`), so that the ETA rests on them at once."""
     for lane in lanes:
         for ep in lane.endpoints:
             lane.limits[ep.name] = AdaptiveLimit(
@@ -110,12 +117,13 @@ def seed_stats(stats: RunStats, lanes: list[LaneRuntime], run: RunConfig, store:
             flow = stats.lanes[lane_name].flow(ds)
             for est, usd in reversed(priced):
                 flow.add_priced(est, usd)
-    for (lane_name, ds), (answered, escalated, usd) in store.spend.lane_answers().items():
+    for (lane_name, ds), earlier in store.spend.lane_answers().items():
         if lane_name in stats.lanes:
             flow = stats.lanes[lane_name].flow(ds)
-            flow.answered += answered
-            flow.escalated += escalated
-            flow.earlier_cost_usd += usd
+            flow.answered += earlier.answered
+            flow.escalated += earlier.escalated
+            flow.earlier_cost_usd += earlier.cost_usd
+            flow.earlier_tokens += counted(earlier.prompt_tokens, earlier.completion_tokens)
 
 
 class Scheduler:
@@ -163,7 +171,10 @@ class Scheduler:
         self._judge = ClientErrorJudge(stats, self._commits, self._error_rate, self.stop)
         """Whether a client error that ends items in a row is the job's."""
         self._build_steps(store, budget, keeper, pilot, set(sequential))
-        seed_stats(stats, lanes, run, store)
+        if budget is not None:
+            seed_stats(stats, lanes, run, store, budget.tokens_of)
+        else:
+            seed_stats(stats, lanes, run, store)
         if budget is not None:
             self.stats.budget_left = budget.left
             self.stats.tokens_spent = budget.tokens_spent

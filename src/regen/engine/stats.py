@@ -255,9 +255,8 @@ class RunStats:
                 flow.coming_var = coming_var.get((name, ds), 0.0)
                 prompts = flow.prompts_left + coming_prompts.get((name, ds), 0.0)
                 flow.prompt_to_come = prompts / (flow.remaining + more) if prompts > 0 else None
-                if flow.finished:
-                    before[0] += n * flow.tokens / flow.finished
-                    before[1] += n * (flow.usd_per_item() or flow.cost_usd / flow.finished)
+                before[0] += n * (flow.tokens_per_item() or 0.0)
+                before[1] += n * (flow.usd_per_item() or 0.0)
                 work = n + len(flow.on_wire)
                 left[ds] = (left.get(ds, (0, bound))[0] + work, bound)
                 rows.append((flow, n, bound))

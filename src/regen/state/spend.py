@@ -11,6 +11,18 @@ from regen.state.owner import Owner, Rows
 
 
 @dataclass(frozen=True, slots=True)
+class LaneAnswers:
+    """A lane and dataset's answers charged so far (`Spend.lane_answers`)."""
+
+    answered: int
+    escalated: int
+    """Of them, truncated and sent on to a longer lane."""
+    cost_usd: float
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class AttemptFact:
     """One attempt, as the report and the plan read it (lane None: made before lanes were
     recorded)."""
@@ -280,16 +292,19 @@ class Spend(Owner):
             out.setdefault(ds, []).append((lanes, float(usd.get(item, 0.0))))
         return out
 
-    def lane_answers(self) -> dict[tuple[str, str], tuple[int, int, float]]:
+    def lane_answers(self) -> dict[tuple[str, str], LaneAnswers]:
         """Answers per (lane, dataset) charged so far, how many of them were truncated and
-        sent on to a longer lane, and what they cost."""
+        sent on to a longer lane, what they cost, and their prompt and completion tokens."""
         rows = self._db.execute(
             "SELECT lane, dataset, COUNT(*), SUM(kind = 'escalated'), "
-            "COALESCE(SUM(cost_usd), 0) FROM ledger "
+            "COALESCE(SUM(cost_usd), 0), SUM(prompt_tokens), SUM(completion_tokens) FROM ledger "
             "WHERE lane IS NOT NULL AND kind IN ('completion', 'escalated') "
             "GROUP BY lane, dataset"
         ).fetchall()
-        return {(lane, ds): (n, e, float(usd)) for lane, ds, n, e, usd in rows}
+        return {
+            (lane, ds): LaneAnswers(n, e, float(usd), int(p), int(c))
+            for lane, ds, n, e, usd, p, c in rows
+        }
 
     def earlier_costs(self, limit: int = 20_000) -> dict[tuple[str, str], list[tuple[int, float]]]:
         """The latest answers' bills (up to `limit`), newest first, with their items'
