@@ -288,10 +288,6 @@ class BudgetBook:
     def _tokens(self, prompt: int, completion: int) -> int:
         return prompt + completion if self._count_total else completion
 
-    def tokens_of(self, prompt: int, completion: int) -> int:
-        """Of an answer's prompt and completion tokens, those that count against budgets."""
-        return self._tokens(prompt, completion)
-
     def counted_tokens(self, usage: Usage) -> int:
         """The tokens of an answer that count against token budgets."""
         return self._tokens(usage.prompt_tokens, usage.completion_tokens)

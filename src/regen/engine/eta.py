@@ -217,6 +217,15 @@ class Flow:
         earlier = self.earlier_answers
         return self.earlier_tokens / earlier if earlier and self.earlier_tokens else None
 
+    def usd_per_answer(self) -> float | None:
+        """The dollars an answer cost: this run's answers', else earlier runs' (a pilot's);
+        None: no answer yet (for a dollar budget's items left; `usd_per_item` prices the items
+        to come at their prompts)."""
+        if self.finished:
+            return self.cost_usd / self.finished
+        earlier = self.earlier_answers
+        return self.earlier_cost_usd / earlier if earlier and self.earlier_cost_usd > 0 else None
+
     escalated: int = 0
     """Truncated answers sent on to a longer lane (`escalate_to`), this run and before."""
     answered: int = 0
@@ -590,10 +599,7 @@ def items_left(
     bound = "count"
     if n and any(left is not None and left <= 0 for left in (tokens_left, usd_left)):
         return 0, "budget"
-    each_usd = flow.cost_usd / flow.finished if flow.finished else None
-    if each_usd is None and flow.earlier_answers and flow.earlier_cost_usd > 0:
-        each_usd = flow.earlier_cost_usd / flow.earlier_answers
-    for left, each in ((tokens_left, flow.tokens_per_item()), (usd_left, each_usd)):
+    for left, each in ((tokens_left, flow.tokens_per_item()), (usd_left, flow.usd_per_answer())):
         if left is None or not each or each <= 0:
             continue
         allowed = max(0, math.ceil(left / each))

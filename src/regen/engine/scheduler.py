@@ -75,7 +75,7 @@ def seed_stats(
     lanes: list[LaneRuntime],
     run: RunConfig,
     store: Store,
-    counted: Callable[[int, int], int] = lambda prompt, completion: completion,
+    counted: Callable[[Usage], int],
 ) -> None:
     """A run's statistics before its first request: each lane's limits per endpoint, and each
     flow's items left, with what earlier runs measured (their answers' times and costs, the
@@ -123,7 +123,7 @@ def seed_stats(
             flow.answered += earlier.answered
             flow.escalated += earlier.escalated
             flow.earlier_cost_usd += earlier.cost_usd
-            flow.earlier_tokens += counted(earlier.prompt_tokens, earlier.completion_tokens)
+            flow.earlier_tokens += counted(Usage(earlier.prompt_tokens, earlier.completion_tokens))
 
 
 class Scheduler:
@@ -170,11 +170,9 @@ class Scheduler:
         self._error_rate = ErrorRate(stats, run, self.stop)
         self._judge = ClientErrorJudge(stats, self._commits, self._error_rate, self.stop)
         """Whether a client error that ends items in a row is the job's."""
-        self._build_steps(store, budget, keeper, pilot, set(sequential))
-        if budget is not None:
-            seed_stats(stats, lanes, run, store, budget.tokens_of)
-        else:
-            seed_stats(stats, lanes, run, store)
+        counted = budget.counted_tokens if budget is not None else completion_tokens
+        self._build_steps(store, budget, keeper, pilot, set(sequential), counted)
+        seed_stats(stats, lanes, run, store, counted)
         if budget is not None:
             self.stats.budget_left = budget.left
             self.stats.tokens_spent = budget.tokens_spent
@@ -187,9 +185,11 @@ class Scheduler:
         keeper: HoldKeeper | None,
         pilot: Mapping[str, int] | None,
         sequential: set[str],
+        counted: Callable[[Usage], int],
     ) -> None:
         """The parts an item goes through: the feeder fills the lanes' queues; an attempt is
-        admitted (a server of the pool, a slot, a lease), priced, and judged (`Verdicts`)."""
+        admitted (a server of the pool, a slot, a lease), priced, and judged (`Verdicts`, which
+        counts an answer's tokens against the budgets by `counted`)."""
         self._feeder = Feeder(
             store,
             self._lanes,
@@ -214,7 +214,7 @@ class Scheduler:
             self._run,
             self._commits,
             self._error_rate,
-            counted_tokens=budget.counted_tokens if budget is not None else completion_tokens,
+            counted_tokens=counted,
             drain=self._pool.drain,
             stopping=self._stopping,
             stop=self.stop,

@@ -236,8 +236,8 @@ class RunStats:
         # What the lanes before use of each dataset's budget (tokens, dollars): a sending lane
         # is through its items while the lane it escalates to works its backlog, so its items
         # take the budget first, and the escalations get what they leave (bench/realistic.py:
-        # a math dataset's budget met on the short lane, its ~100 escalations counted as long
-        # answers ahead of the agent turns, the ETA +30%).
+        # a math dataset's budget met on the short lane, its ~200 escalations counted as long
+        # answers ahead of the agent turns, the ETA 11-37% late).
         used: dict[str, list[float]] = {}
         for name in escalation_order({n: lane.escalate_to for n, lane in self.lanes.items()}):
             lane = self.lanes[name]
