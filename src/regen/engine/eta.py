@@ -141,9 +141,22 @@ class Flow:
         come. Measured from the items started (answered and on the wire), whose times the
         latency curve stands for, not from the answers alone: those on the wire are the long
         ones. 1.0 where the prompts are not known or do not move the times."""
+        return self._prompt_fit()[0]
+
+    def prompt_spread(self) -> float:
+        """How much of an answer's spread in time is left once its prompt is known: the
+        error of the mean adjusted to the prompts to come over that of the plain mean (both
+        `Stat`'s). The time of the items to come is their mean at their own prompts, so its
+        error, and each item's spread about it, is what the prompts leave; where answer
+        lengths follow prompt lengths it is well below one. 1.0 where the prompts are not
+        known or do not move the times (nothing is narrowed that the answers do not show)."""
+        return self._prompt_fit()[1]
+
+    def _prompt_fit(self) -> tuple[float, float]:
+        """`prompt_factor` and `prompt_spread`, from one regression over the answers."""
         prompts, to = self.timed_prompts, self.prompt_to_come
         if prompts is None or to is None or len(prompts) < REGRESS_MIN:
-            return 1.0
+            return 1.0, 1.0
         started = (sum(prompts) + sum(self.wire_prompts.values())) / (
             len(prompts) + len(self.wire_prompts)
         )
@@ -157,13 +170,16 @@ class Flow:
         ):
             times = list(self.latencies)
             there = Stat.regressed(times, list(prompts), started).mean
-            factor = Stat.regressed(times, list(prompts), to).mean / there if there > 0 else 1.0
-            last = self._prompt_factor = (self.answers, to, started, factor)
-        return last[3]
+            fit = Stat.regressed(times, list(prompts), to)
+            factor = fit.mean / there if there > 0 else 1.0
+            plain = Stat.of(times).se
+            spread = min(1.0, fit.se / plain) if plain > 0 else 1.0
+            last = self._prompt_factor = (self.answers, to, started, factor, spread)
+        return last[3], last[4]
 
-    _prompt_factor: tuple[int, float, float, float] | None = None
-    """The last `prompt_factor`: the answers, the prompts to come and started it was for,
-    and it."""
+    _prompt_factor: tuple[int, float, float, float, float] | None = None
+    """The last `_prompt_fit`: the answers, the prompts to come and started it was for, and
+    the factor and the spread."""
 
     def start_from(self, answers: Sequence[tuple[float, int]], items: int, prompts: int) -> None:
         """Earlier runs' answers (a pilot's), newest first as (time on the wire, estimated
@@ -192,12 +208,13 @@ class Flow:
     def mean_errors(self, model: LatencyModel) -> tuple[float, float]:
         """The standard error of the flow's own model's mean, in two parts: what its earlier
         runs' answers bring (their `earlier_rse`) and what this run's do (the spread of one
-        over their number), each weighted by its share of the answers."""
+        that their prompts leave, `prompt_spread`, over their number), each weighted by its
+        share of the answers."""
         n = max(model.n, 1)
         earlier = min(self.earlier_n, n) if self.earlier_rse is not None else 0
         return (
             earlier * (self.earlier_rse or 0.0) * model.mean / n,
-            math.sqrt(n - earlier) * model.sd / n,
+            math.sqrt(n - earlier) * model.sd * self.prompt_spread() / n,
         )
 
     tokens: int = 0
@@ -665,9 +682,11 @@ class _LaneWork:
         # stays out of the modelled run's SD_SCALE.
         earlier_se, se = flow.mean_errors(model) if own else (0.0, model.sd / math.sqrt(model.n))
         self.earlier_var += (unstarted * earlier_se) ** 2 + flow.coming_var * model.mean**2
+        # Each item's own time varies about its mean at its prompt by what the prompt leaves.
+        spread = model.sd * (flow.prompt_spread() if own else 1.0)
         self.var += (
             (unstarted * se) ** 2
-            + unstarted * model.sd**2
+            + unstarted * spread**2
             + (unstarted * model.mean * model.extrapolated) ** 2
         )
 
