@@ -25,6 +25,7 @@ from regen.sim.chat import (
     render_prompt,
 )
 from regen.sim.grammar import Call, grammar, sim_tokenizer
+from regen.sim.tokens import encode_prompt
 from regen.sim.words import WORDS
 
 _LONG_HINTS = ("code", "function", "prove", "step", "explain", "write", "implement", "derive")
@@ -62,8 +63,7 @@ def prompt_token_ids(
     family: str, messages: list[Any], tools: list[Any], thinking: bool
 ) -> list[int]:
     """The prompt as the family's published template renders it, in the sim tokenizer's ids."""
-    text = render_prompt(family, messages, tools, thinking)
-    return list(sim_tokenizer().encode(text, add_special_tokens=False).ids)
+    return encode_prompt()(render_prompt(family, messages, tools, thinking))
 
 
 def count_prompt_tokens(family: str, messages: list[Any], tools: list[Any], thinking: bool) -> int:

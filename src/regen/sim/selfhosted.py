@@ -37,10 +37,10 @@ from regen.sim.chat import SWITCH, WRITES_CALL_IDS, render_prompt
 from regen.sim.config import SimConfig, SimModel
 from regen.sim.faults import draw_faults, forced_faults
 from regen.sim.generate import Completion, generate, request_digest, rng_for
-from regen.sim.grammar import sim_tokenizer
 from regen.sim.prefix_cache import NO_CACHE, PrefixCache
 from regen.sim.server import LoggedRequest, Simulator, computed_by, prefill_s
 from regen.sim.stream import pieces
+from regen.sim.tokens import encode_prompt
 
 # The kinds of fault a self-hosted server can show (no routing, billing or proxy quirks).
 _FAULTS = frozenset({"500", "502", "503", "reset", "stall", "midstream_error"})
@@ -289,7 +289,7 @@ class SelfHostedSim(Simulator):
             text = render_prompt(self.served.family, messages, tools, thinking)
         except Exception as exc:  # noqa: BLE001 - any history the template cannot render
             raise ApiError(400, f"chat template error: {exc}") from exc
-        prompt = list(sim_tokenizer().encode(text, add_special_tokens=False).ids)
+        prompt = encode_prompt()(text)
         entry.prompt_tokens = len(prompt)
         context = self.served.context_length
         if max_tokens is None:
