@@ -84,9 +84,14 @@ class PromptIds:
 
 
 def _shared(a: str, b: str) -> int:
-    """How many characters two texts share at their start (a binary search over slices, each
-    compared at C speed)."""
-    low, high = 0, min(len(a), len(b))
+    """How many characters two texts share at their start: slices compared at C speed, twice
+    as long each time until they differ, then a binary search (work in proportion to what
+    they share, not to their lengths)."""
+    most = min(len(a), len(b))
+    low, high = 0, 64
+    while high < most and a[:high] == b[:high]:
+        low, high = high, 2 * high
+    high = min(high, most)
     while low < high:
         mid = (low + high + 1) // 2
         if a[:mid] == b[:mid]:
