@@ -90,10 +90,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-PLAYED = ((1, 31), (2, 5))
+PLAYED = ((1, 31), (2, 6))
 """The huggingface_hub versions whose private upload requests this stand-in plays, from the
 first to before the second: read from 2.4.0's source, run at 1.31 (the lowest pyproject.toml
-allows) and 2.4.0. regen's own hub code is tested at the public API (tests/hub_api.py); the
+allows), 2.4.0 and 2.5.0 (released since; the tests below pass on it unchanged, 7 December
+2026). regen's own hub code is tested at the public API (tests/hub_api.py); the
 tests that drive the real client on this stand-in run only here."""
 
 
