@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import time
@@ -23,28 +22,18 @@ from typing import Any
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The trajectory is read as its test reads it (tests/sim/test_prompt_ids.py).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import realistic  # noqa: E402 - the bench's own simulator config
+from tests.sim.test_prompt_ids import trajectory  # noqa: E402
 
 from regen.sim.config import SimConfig  # noqa: E402
 from regen.sim.server import start_sim  # noqa: E402
 
-REAL = Path(__file__).resolve().parent.parent / "tests" / "sources" / "fixtures" / "real"
-
 
 def turns() -> list[list[dict[str, Any]]]:
     """Each user turn's history of the fixture trajectory."""
-    (row,) = [
-        json.loads(line)
-        for line in (REAL / "swe_agent_traj.jsonl").read_text().splitlines()
-        if line
-    ]
-    history = []
-    for m in row["history"]:
-        content = m["content"]
-        if isinstance(content, list):
-            content = " ".join(part.get("text", "") for part in content)
-        role = "assistant" if m["role"] == "assistant" else "user"
-        history.append({"role": role, "content": content})
+    history = trajectory()
     return [history[: k + 1] for k, m in enumerate(history) if m["role"] == "user"]
 
 
@@ -53,10 +42,11 @@ async def measure(rounds: int) -> list[float]:
     raw.pop("faults")
     running, runner = await start_sim(SimConfig.model_validate(raw))
     took: list[float] = []
+    histories = turns()
     try:
         async with aiohttp.ClientSession(headers={"Authorization": "Bearer bench"}) as session:
             for r in range(rounds):
-                for messages in turns():
+                for messages in histories:
                     for max_tokens in (300, 4000):  # a short lane's try, then the long lane's
                         body = {
                             "model": "bench/model",

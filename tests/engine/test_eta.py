@@ -390,7 +390,7 @@ def run_then_rest(rng: random.Random, prompts_known: bool) -> tuple[Flow, float]
 def test_answers_whose_prompts_explain_their_times_narrow_the_interval_to_what_they_leave() -> None:
     # The run's own answers, whose times follow their prompts' sizes: the items to come take
     # their mean at their own prompts (prompt_factor), whose error is what the prompts leave
-    # of the times' spread. Counted with the plain spread, the interval held the time 93% of
+    # of the times' spread. Counted with the plain spread, the interval held the time 90% of
     # times here (bench/plan.py and bench/realistic.py: 42 of 45 checks); without the prompts
     # the interval is as it was.
     held, widths = {True: 0, False: 0}, {True: 0.0, False: 0.0}

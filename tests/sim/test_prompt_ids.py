@@ -64,10 +64,9 @@ def test_a_prompt_that_extends_an_earlier_one_has_the_ids_of_the_whole_text(
     assert encode(first) == whole(first)  # an earlier one, kept or not
 
 
-def test_an_agent_trajectorys_turns_each_have_the_ids_of_their_whole_prompt() -> None:
-    # A real SWE-agent trajectory (tests/sources/fixtures/real), each turn's prompt being the
-    # history so far, rendered by every simulated family's template: the turns' prompts mostly
-    # extend the one before, where most of the ids are reused.
+def trajectory() -> list[dict[str, Any]]:
+    """The real SWE-agent trajectory of tests/sources/fixtures/real as chat messages (its
+    content parts joined; tool observations as user turns). bench/sim_cpu.py sends it too."""
     (row,) = [
         json.loads(line)
         for line in (REAL / "swe_agent_traj.jsonl").read_text().splitlines()
@@ -81,6 +80,14 @@ def test_an_agent_trajectorys_turns_each_have_the_ids_of_their_whole_prompt() ->
         history.append(
             {"role": "assistant" if m["role"] == "assistant" else "user", "content": content}
         )
+    return history
+
+
+def test_an_agent_trajectorys_turns_each_have_the_ids_of_their_whole_prompt() -> None:
+    # A real SWE-agent trajectory, each turn's prompt being the history so far, rendered by
+    # every simulated family's template: the turns' prompts mostly extend the one before,
+    # where most of the ids are reused.
+    history = trajectory()
     rendered = 0
     counted = Counted()
     for family in FAMILIES:

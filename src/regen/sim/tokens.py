@@ -65,12 +65,14 @@ class PromptIds:
                 default=(0, ""),
             )
             ids, marks = self._recent.get(earlier, (array("I"), []))
-        cut, head = 0, 0
-        for at, index in reversed(marks):
+        # The last mark with room for the longest added token in the shared part; the marks
+        # before it (they are in order) stay as they were.
+        cut, head, kept = 0, 0, 0
+        for k in range(len(marks) - 1, -1, -1):
+            at, index = marks[k]
             if at + self._longest <= shared:
-                cut, head = at, index
+                cut, head, kept = at, index, k
                 break
-        kept = sum(1 for at, _ in marks if at < cut)
         enc = self._tok.encode(text[cut:], add_special_tokens=False)
         out = ids[:head]
         out.extend(enc.ids)
