@@ -50,18 +50,37 @@ TEXTS = st.lists(PIECES, max_size=30).map("".join)
 
 
 @settings(max_examples=300, deadline=None)
-@given(TEXTS, st.lists(TEXTS, min_size=1, max_size=4))
+@given(TEXTS, st.lists(TEXTS, min_size=1, max_size=4), st.integers(0, 400))
 def test_a_prompt_that_extends_an_earlier_one_has_the_ids_of_the_whole_text(
-    first: str, more: list[str]
+    first: str, more: list[str], chars: int
 ) -> None:
-    encode = PromptIds(TOK, keep=3)
+    # `chars`: the characters it may keep, small enough here to drop prompts it has seen
+    # (or never keep one) and have them encoded again.
+    encode = PromptIds(TOK, keep=3, chars=chars)
     text = first
     assert encode(text) == whole(text)
     for extra in more:
         text += extra
         assert encode(text) == whole(text)
         assert encode(text) == whole(text)  # the same prompt again (an escalation, a retry)
+        assert encode.held[1] <= chars
     assert encode(first) == whole(first)  # an earlier one, kept or not
+
+
+def test_what_it_keeps_is_bounded_by_characters_as_well_as_by_count() -> None:
+    # The simulator takes request bodies of up to 64 MB: 64 prompts of that size kept would
+    # hold gigabytes. Prompts are dropped oldest first while they are over the bound, and one
+    # longer than the bound is encoded whole and not kept.
+    encode = PromptIds(TOK, keep=64, chars=1000)
+    texts = [f"<|im_start|>user {k} " + "word " * 50 for k in range(40)]
+    for text in texts:
+        assert encode(text) == whole(text)
+    count, chars = encode.held
+    assert chars <= 1000
+    assert count == 1000 // len(texts[-1])  # the most recent that fit, not 40
+    big = texts[0] + "more " * 300
+    assert encode(big) == whole(big)
+    assert encode.held == (count, chars)  # not kept, and nothing dropped for it
 
 
 def trajectory() -> list[dict[str, Any]]:

@@ -41,9 +41,14 @@ class PromptIds:
     such start in the part the two prompts share with room behind it, within that part, for
     the longest added token (so the new prompt cannot match a longer one there)."""
 
-    def __init__(self, tok: Tokenizer, keep: int = 64) -> None:
+    def __init__(self, tok: Tokenizer, keep: int = 64, chars: int = 32_000_000) -> None:
+        """Keeps the last `keep` prompts and at most `chars` characters of them (the
+        simulator takes bodies of up to 64 MB: 64 of those kept would be gigabytes); a prompt
+        longer than `chars` is encoded whole and not kept."""
         self._tok = tok
         self._keep = keep
+        self._chars = chars
+        self._held = 0
         added = tok.get_added_tokens_decoder()
         self._special = frozenset(added)
         self._longest = max((len(t.content) for t in added.values()), default=0)
@@ -81,11 +86,22 @@ class PromptIds:
             for i, (tid, (start, _)) in enumerate(zip(enc.ids, enc.offsets, strict=True))
             if tid in self._special
         ]
+        if len(text) > self._chars:
+            return list(out)
         with self._lock:
+            if text not in self._recent:  # another thread may have kept it meanwhile
+                self._held += len(text)
             self._recent[text] = (out, starts)
-            while len(self._recent) > self._keep:
-                self._recent.popitem(last=False)
+            while len(self._recent) > self._keep or self._held > self._chars:
+                gone, _ = self._recent.popitem(last=False)
+                self._held -= len(gone)
         return list(out)
+
+    @property
+    def held(self) -> tuple[int, int]:
+        """How many prompts it keeps and their characters."""
+        with self._lock:
+            return len(self._recent), self._held
 
 
 def _shared(a: str, b: str) -> int:
