@@ -60,16 +60,18 @@ async def respond_json(
     faults: set[str],
     shown: bool,
     generating_s: float,
+    since: float,
     done: Callable[[], None] = lambda: None,
 ) -> web.StreamResponse:
     """A non-streamed answer as OpenRouter sends one: HTTP 200 and its headers (with
     `X-Generation-Id`) as soon as the request is routed, whitespace padding lines then and
-    about every 10 simulated seconds while the answer is generated (`generating_s`), then the
-    JSON body. An error found later (`error_200`) can only come as a 200 with an `error`
-    body. When nothing is left to wait for (time_scale 0), the headers and body go out in one
-    write, as they would arrive; the padding fault still leads the body with padding.
-    `done()` is called when the whole answer is about to go out (not when it is cut), so
-    that it is billed before the client can see its end."""
+    about every 10 simulated seconds while the answer is generated (`generating_s` from
+    `since`, the loop time its simulated time counts from: `Paced`), then the JSON body. An
+    error found later (`error_200`) can only come as a 200 with an `error` body. When nothing
+    is left to wait for (time_scale 0), the headers and body go out in one write, as they
+    would arrive; the padding fault still leads the body with padding. `done()` is called
+    when the whole answer is about to go out (not when it is cut), so that it is billed
+    before the client can see its end."""
     finish = comp.finish_reason if comp.completion_tokens else None
     choice: dict[str, Any] = {
         "index": 0,
@@ -120,7 +122,7 @@ async def respond_json(
         await resp.prepare(request)
         if wait_s > 0:
             await resp.write(lead or PADDING_LINE)  # the status and headers go out with it
-            await _pad(resp, wait_s, PADDING_EVERY_S * config.time_scale)
+            await _pad(resp, since, wait_s, PADDING_EVERY_S * config.time_scale)
         elif lead:
             await resp.write(lead)
         lead = b""
@@ -144,11 +146,10 @@ async def respond_json(
     return resp
 
 
-async def _pad(resp: web.StreamResponse, wait_s: float, every_s: float) -> None:
-    """Wait `wait_s`, writing a padding line every `every_s` (on a fixed clock: the lines do
-    not drift later with the loop's delays)."""
+async def _pad(resp: web.StreamResponse, start: float, wait_s: float, every_s: float) -> None:
+    """Wait until `wait_s` after `start` (loop time), writing a padding line every `every_s`
+    (on a fixed clock: the lines do not drift later with the loop's delays)."""
     loop = asyncio.get_running_loop()
-    start = loop.time()
     end = start + wait_s
     ticks = 1
     while start + ticks * every_s < end:
@@ -156,6 +157,59 @@ async def _pad(resp: web.StreamResponse, wait_s: float, every_s: float) -> None:
         await resp.write(PADDING_LINE)
         ticks += 1
     await asyncio.sleep(max(0.0, end - loop.time()))
+
+
+class Paced:
+    """An answer's bytes written on its own clock: each piece of it is due a simulated time
+    after `since` (the loop time the request arrived, later by any wait the simulator means,
+    a hold or a queue for a slot), scaled by the time scale, and goes out when due.
+
+    The clock is the answer's, not the simulator's: what the simulator spends of its one
+    core (rendering and tokenizing a prompt, other answers' chunks) does not make an answer
+    later, as no provider's answer waits on a client's simulator. An answer held up past its
+    due time catches up (its chunks go out as they are made, the loop given its turn between
+    them) rather than carrying the delay to its end. Pieces within 10 ms of each other go out
+    in one write: the timing stays faithful at that grain and the CPU goes to requests, not
+    syscalls."""
+
+    def __init__(self, resp: web.StreamResponse, time_scale: float, since: float) -> None:
+        self._resp, self._scale = resp, time_scale
+        self._loop = asyncio.get_running_loop()
+        self._due = self._written = since
+        self.buf: list[bytes] = []
+
+    def send(self, obj: dict[str, Any]) -> None:
+        self.buf.append(b"data: " + json.dumps(obj).encode() + b"\n\n")
+
+    def raw(self, line: bytes) -> None:
+        self.buf.append(line)
+
+    async def flush(self) -> None:
+        if self.buf:
+            await self._resp.write(b"".join(self.buf))
+            self.buf.clear()
+
+    async def pace(self, seconds: float) -> None:
+        """What was sent so far took `seconds` (simulated) to make."""
+        self._due += seconds * self._scale
+        if self._due - self._written >= 0.01:
+            await self.flush()
+            self._written = self._due
+            await asyncio.sleep(max(0.0, self._due - self._loop.time()))
+
+    async def finish(self) -> None:
+        """Wait until all that was paced is due (the pieces short of a write's 10 ms too),
+        then send what is left."""
+        await asyncio.sleep(max(0.0, self._due - self._loop.time()))
+        self._written = self._due
+        await self.flush()
+
+    async def stall(self, seconds: float) -> None:
+        """A stall (a fault): nothing for `seconds` of real time, however late the answer
+        is, and what follows that much later."""
+        await self.flush()
+        await asyncio.sleep(seconds)
+        self._due = self._written = max(self._due + seconds, self._loop.time())
 
 
 async def respond_stream(
@@ -167,16 +221,13 @@ async def respond_stream(
     faults: set[str],
     endpoint: SimEndpoint,
     shown: bool,
+    since: float,
     done: Callable[[], None] = lambda: None,
     ttft_s: float | None = None,
 ) -> web.StreamResponse:
-    """Stream the completion at the endpoint's speed, its first token after `ttft_s` (the
-    endpoint's own by default); `done()` is called before the last bytes of a whole stream
-    go out.
-
-    Chunks that fall within 10 ms of each other go out in one write: the timing stays
-    faithful at that grain and the simulator spends its CPU on requests, not on syscalls.
-    """
+    """Stream the completion at the endpoint's speed, its first token `ttft_s` (the
+    endpoint's own by default) after `since` (`Paced`); `done()` is called before the last
+    bytes of a whole stream go out."""
     resp = web.StreamResponse(
         headers={
             "Content-Type": "text/event-stream",
@@ -186,24 +237,7 @@ async def respond_stream(
     )
     await resp.prepare(request)
     keepalive = "keepalive" in faults
-    buf: list[bytes] = []
-    owed_s = 0.0
-
-    async def flush() -> None:
-        if buf:
-            await resp.write(b"".join(buf))
-            buf.clear()
-
-    async def pace(seconds: float) -> None:
-        nonlocal owed_s
-        owed_s += seconds * config.time_scale
-        if owed_s >= 0.01:
-            await flush()
-            await asyncio.sleep(owed_s)
-            owed_s = 0.0
-
-    def send(obj: dict[str, Any]) -> None:
-        buf.append(b"data: " + json.dumps(obj).encode() + b"\n\n")
+    out = Paced(resp, config.time_scale, since)
 
     # Every content chunk shares its envelope: serialize it once.
     head = (
@@ -213,9 +247,9 @@ async def respond_stream(
     tail = b', "finish_reason": null, "native_finish_reason": null, "logprobs": null}]}\n\n'
 
     if keepalive:
-        buf.append(KEEPALIVE)
-    await flush()
-    await pace(endpoint.ttft_s if ttft_s is None else ttft_s)
+        out.raw(KEEPALIVE)
+    await out.flush()
+    await out.pace(endpoint.ttft_s if ttft_s is None else ttft_s)
     k = config.stream_chunk_tokens
     parts = deltas(comp, k, shown)
     cut = len(parts) // 2
@@ -223,14 +257,13 @@ async def respond_stream(
     for i, delta in enumerate(parts):
         if i == cut:
             if "stall" in faults:
-                await flush()
-                await asyncio.sleep(config.faults.stall_s)
+                await out.stall(config.faults.stall_s)
             if "reset" in faults:
-                await flush()
+                await out.flush()
                 abort(request)
                 return resp
             if "midstream_error" in faults:
-                send(
+                out.send(
                     {
                         **meta,
                         "object": "chat.completion.chunk",
@@ -244,15 +277,15 @@ async def respond_stream(
                         ],
                     }
                 )
-                await flush()
+                await out.flush()
                 await resp.write_eof()
                 return resp
         if keepalive and i and i % 16 == 0:
-            buf.append(KEEPALIVE)
-        buf.append(b"data: " + head + json.dumps(delta).encode() + tail)
-        await pace(per_chunk_s)
+            out.raw(KEEPALIVE)
+        out.raw(b"data: " + head + json.dumps(delta).encode() + tail)
+        await out.pace(per_chunk_s)
     finish = comp.finish_reason if comp.completion_tokens else None
-    send(chunk(meta, {"role": "assistant", "content": ""}, finish))
+    out.send(chunk(meta, {"role": "assistant", "content": ""}, finish))
     style = config.faults.usage_chunk
     if style == "random":
         style = "empty_choices" if int(meta["id"][-1], 36) % 2 else "empty_choice"
@@ -270,9 +303,9 @@ async def respond_stream(
             }
         ]
     )
-    send(usage_chunk)
-    buf.append(b"data: [DONE]\n\n")
+    out.send(usage_chunk)
+    out.raw(b"data: [DONE]\n\n")
     done()
-    await flush()
+    await out.finish()
     await resp.write_eof()
     return resp

@@ -38,6 +38,7 @@ from regen.sim.config import SimConfig, SimModel
 from regen.sim.faults import draw_faults, forced_faults
 from regen.sim.generate import Completion, generate, request_digest, rng_for
 from regen.sim.prefix_cache import NO_CACHE, PrefixCache
+from regen.sim.respond import Paced
 from regen.sim.server import LoggedRequest, Simulator, computed_by, prefill_s
 from regen.sim.stream import pieces
 from regen.sim.tokens import encode_prompt
@@ -213,10 +214,13 @@ class SelfHostedSim(Simulator):
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.config.max_num_seqs)
         self.queued += 1
+        loop = asyncio.get_running_loop()
+        queued = loop.time()
         try:
             await self._slots.acquire()
         finally:
             self.queued -= 1
+            entry.since += loop.time() - queued  # its time counts from when it has a slot
         tag = self.served.endpoints[0].tag
         self.in_flight[tag] += 1
         self.max_in_flight[tag] = max(self.max_in_flight[tag], self.in_flight[tag])
@@ -361,7 +365,7 @@ class SelfHostedSim(Simulator):
         speed = ask.model.endpoints[0]
         for code in ("500", "502", "503"):
             if code in ask.faults:
-                await self._sleep(speed.ttft_s)
+                await self._sleep(entry, speed.ttft_s)
                 return self._error(ApiError(int(code), "The engine failed to generate a response"))
         ask = self._prefill(ask, entry)
         try:
@@ -399,9 +403,9 @@ class SelfHostedSim(Simulator):
         entry.generation_id = gen_id
         calls = _calls(comp, self.dialect, ask.model.family)
         if ask.stream:
-            return await self._stream(request, ask, meta, comp, calls)
+            return await self._stream(request, ask, meta, comp, calls, entry.since)
         longest = max(c.completion_tokens for c in comps)
-        await self._sleep(ask.ttft_s + longest / speed.tokens_per_s)
+        await self._sleep(entry, ask.ttft_s + longest / speed.tokens_per_s)
         body = self._body(ask, meta, comp, calls)
         if ask.n > 1:
             body["choices"] = [
@@ -537,8 +541,10 @@ class SelfHostedSim(Simulator):
         meta: dict[str, Any],
         comp: Completion,
         calls: list[dict[str, Any]],
+        since: float,
     ) -> web.StreamResponse:
-        """The completion as SSE, at the server's speed, in each server's chunk shape.
+        """The completion as SSE, at the server's speed from `since` (`Paced`), in each
+        server's chunk shape.
 
         vLLM (fields it leaves unset are left out): a role chunk (with `prompt_token_ids`),
         content chunks each with its share of the completion's ids in `token_ids`, the finish
@@ -552,7 +558,7 @@ class SelfHostedSim(Simulator):
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await resp.prepare(request)
-        writer = _Writer(resp, self.config.time_scale)
+        writer = Paced(resp, self.config.time_scale, since)
         head = {**meta, "object": "chat.completion.chunk"}
         vllm = self.dialect == "vllm"
         deltas = self._deltas(ask, comp, calls)
@@ -608,7 +614,7 @@ class SelfHostedSim(Simulator):
         if ask.include_usage:
             writer.send({**head, "choices": [], "usage": self._usage(ask, comp, len(ids))})
         writer.raw(b"data: [DONE]\n\n")
-        await writer.flush()
+        await writer.finish()
         await resp.write_eof()
         return resp
 
@@ -658,12 +664,11 @@ class SelfHostedSim(Simulator):
         extra = self.config.insert_without_thinking if not ask.thinking and comp.content else ""
         return extra + comp.content
 
-    async def _fault(self, ask: _Ask, request: web.Request, writer: _Writer) -> bool:
+    async def _fault(self, ask: _Ask, request: web.Request, writer: Paced) -> bool:
         """A fault part-way through a stream: a stall (then go on), a cut connection or an
         error event (the stream ends: True)."""
         if "stall" in ask.faults:
-            await writer.flush()
-            await asyncio.sleep(self.config.faults.stall_s)
+            await writer.stall(self.config.faults.stall_s)
         if "reset" in ask.faults:
             await writer.flush()
             if request.transport is not None:
@@ -681,33 +686,6 @@ class SelfHostedSim(Simulator):
             await writer.flush()
             return True
         return False
-
-
-class _Writer:
-    """SSE lines written in batches: chunks within 10 ms of each other go out in one write."""
-
-    def __init__(self, resp: web.StreamResponse, time_scale: float) -> None:
-        self._resp, self._scale = resp, time_scale
-        self._buf: list[bytes] = []
-        self._owed_s = 0.0
-
-    def send(self, obj: dict[str, Any]) -> None:
-        self._buf.append(b"data: " + json.dumps(obj).encode() + b"\n\n")
-
-    def raw(self, line: bytes) -> None:
-        self._buf.append(line)
-
-    async def flush(self) -> None:
-        if self._buf:
-            await self._resp.write(b"".join(self._buf))
-            self._buf.clear()
-
-    async def pace(self, seconds: float) -> None:
-        self._owed_s += seconds * self._scale
-        if self._owed_s >= 0.01:
-            await self.flush()
-            await asyncio.sleep(self._owed_s)
-            self._owed_s = 0.0
 
 
 def _calls(comp: Completion, dialect: str, family: str) -> list[dict[str, Any]]:

@@ -89,6 +89,9 @@ class LoggedRequest:
     """Choices generated from the prompt (a self-hosted server's `n`)."""
     choice_ids: list[list[int]] | None = None
     """Each choice's token ids (with `log_bodies = true`)."""
+    since: float = 0.0
+    """The loop time the answer's simulated time counts from (`respond.Paced`): when the
+    request arrived, later by a wait the simulator means (a hold, a queue for a slot)."""
 
 
 @dataclass(frozen=True)
@@ -225,7 +228,7 @@ class Simulator:
     async def _started(self, app: web.Application) -> None:
         self._loop = asyncio.get_running_loop()
 
-    async def _pass_hold(self) -> None:
+    async def _pass_hold(self, entry: LoggedRequest) -> None:
         hold = self._hold
         if hold is None or hold.open.is_set():
             return
@@ -236,10 +239,13 @@ class Simulator:
         if hold.until_held is not None and hold.waiting >= hold.until_held:
             hold.open.set()
         self._notify()
+        loop = asyncio.get_running_loop()
+        held = loop.time()
         try:
             await hold.open.wait()
         finally:
             hold.waiting -= 1
+            entry.since += loop.time() - held  # its time counts from when it was let through
             self._notify()
 
     def _billed(self, cost: float, key: str) -> None:
@@ -264,14 +270,20 @@ class Simulator:
         self._bucket = (tokens - 1.0, now)
         return True
 
-    async def _sleep(self, seconds: float) -> None:
-        scaled = seconds * self.config.time_scale
-        if scaled > 0:
-            await asyncio.sleep(scaled)
+    async def _sleep(self, entry: LoggedRequest, seconds: float) -> None:
+        """Until `seconds` (simulated) after the request's `since`."""
+        loop = asyncio.get_running_loop()
+        wait = entry.since + seconds * self.config.time_scale - loop.time()
+        if wait > 0:
+            await asyncio.sleep(wait)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         entry = LoggedRequest(time.time(), request.path, 0, request.headers.get("Authorization"))
+        entry.since = asyncio.get_running_loop().time()
         self.log.append(entry)
+        # Requests that came together each note when they came before any is rendered and
+        # tokenized (the simulator's CPU, which no answer's time should include).
+        await asyncio.sleep(0)
         try:
             response = await self._chat(request, entry)
         except ConnectionResetError:  # the client went away mid-answer (aiohttp's is one too)
@@ -435,7 +447,7 @@ class Simulator:
             conversation,
         )
         try:
-            await self._pass_hold()
+            await self._pass_hold(entry)
             return await self._serve(request, chat, endpoint)
         finally:
             self.in_flight[endpoint.tag] -= 1
@@ -492,7 +504,7 @@ class Simulator:
         )
         for code in ("500", "502", "503", "524", "529", "408"):
             if code in faults:
-                await self._sleep(endpoint.ttft_s)
+                await self._sleep(entry, endpoint.ttft_s)
                 return error_response(
                     int(code),
                     {
@@ -566,11 +578,12 @@ class Simulator:
         # still there to read it (OpenRouter keeps generating after a disconnect).
         bill = _Bill(self, cost if billed else None, chat.key, entry)
         generating_s = ttft_s + comp.completion_tokens / endpoint.tokens_per_s
-        ends_in = generating_s * self.config.time_scale
+        loop = asyncio.get_running_loop()
+        ends_at = entry.since + generating_s * self.config.time_scale
         if billed:
             entry.billed, entry.cost_usd = True, cost
             self.unbilled += 1
-            asyncio.get_running_loop().call_later(ends_in, bill.fire)
+            loop.call_at(ends_at, bill.fire)
         entry.completion_tokens = comp.completion_tokens
         # Its /generation record shows `generation_delay_s` after the generation ends (the
         # id is known sooner: in the headers, in a stream's first chunk).
@@ -609,16 +622,35 @@ class Simulator:
                     }
                 ],
             },
-            ends_in,
+            max(0.0, ends_at - loop.time()),
         )
         if entry.stream:
             resp = await respond_stream(
-                self.config, request, meta, comp, usage, faults, endpoint, shown, bill.fire, ttft_s
+                self.config,
+                request,
+                meta,
+                comp,
+                usage,
+                faults,
+                endpoint,
+                shown,
+                entry.since,
+                bill.fire,
+                ttft_s,
             )
         else:
             # Status and headers go out now; padding while the answer is generated.
             resp = await respond_json(
-                self.config, request, meta, comp, usage, faults, shown, generating_s, bill.fire
+                self.config,
+                request,
+                meta,
+                comp,
+                usage,
+                faults,
+                shown,
+                generating_s,
+                entry.since,
+                bill.fire,
             )
         if "reset" not in faults:
             bill.fire()  # the whole answer went out: its generation is over (a no-op if done)

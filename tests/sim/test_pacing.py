@@ -1,0 +1,122 @@
+"""The simulator's answers on their own clock (sim/respond.py `Paced`): each piece goes out a
+simulated time after the request came, whatever the simulator spent of its own CPU meanwhile.
+Played on a fake clock: `asyncio.sleep` in the module advances it, so nothing here depends on
+the machine's speed."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from regen.sim import respond
+from regen.sim.respond import Paced
+
+
+class Clock:
+    """The loop's time, moved only by the waits `Paced` asks for (and by `spend`). Times are
+    binary fractions, so that sums are exact."""
+
+    def __init__(self) -> None:
+        self.now = 1024.0
+        self.waits: list[float] = []
+        self.writes: list[tuple[float, bytes]] = []
+
+    async def sleep(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        self.now += seconds
+
+    def spend(self, seconds: float) -> None:
+        """The simulator busy elsewhere (rendering a prompt, other answers' chunks)."""
+        self.now += seconds
+
+
+class Resp:
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+
+    async def write(self, data: bytes) -> None:
+        self.clock.writes.append((self.clock.now, data))
+
+
+def paced(monkeypatch: pytest.MonkeyPatch, since_ago: float, scale: float = 1.0) -> Any:
+    clock = Clock()
+    monkeypatch.setattr(respond.asyncio, "sleep", clock.sleep)
+    loop = asyncio.get_running_loop()
+    monkeypatch.setattr(loop, "time", lambda: clock.now)
+    return clock, Paced(Resp(clock), scale, clock.now - since_ago)  # type: ignore[arg-type]
+
+
+PIECE_S = 1 / 256
+"""A piece's simulated time (4 ms)."""
+
+
+async def answer(out: Paced, pieces: int, each_s: float = PIECE_S) -> None:
+    for k in range(pieces):
+        out.raw(b"%d;" % k)
+        await out.pace(each_s)
+    await out.finish()
+
+
+def sent(clock: Clock) -> bytes:
+    return b"".join(d for _, d in clock.writes)
+
+
+async def test_an_answer_on_time_takes_its_simulated_time_in_writes_10_ms_apart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock, out = paced(monkeypatch, since_ago=0.0, scale=0.5)
+    start = clock.now
+    await answer(out, 96)  # 0.375 s simulated, half of it at half scale
+    assert clock.now - start == 0.1875
+    times = [t - start for t, _ in clock.writes]
+    # Pieces 2 ms apart go out several at a time: each write 10-20 ms after the one before.
+    assert all(0.01 <= b - a < 0.02 for a, b in zip(times, times[1:], strict=False))
+    assert sent(clock) == b"".join(b"%d;" % k for k in range(96))
+
+
+async def test_time_the_simulator_spent_before_the_answer_is_not_added_to_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The request came 0.25 s ago (its prompt waited behind others' on the simulator's one
+    # core): a first token due 0.5 s after it comes 0.25 s from now, and the answer ends
+    # when it was due, not 0.25 s later.
+    clock, out = paced(monkeypatch, since_ago=0.25)
+    start = clock.now
+    await out.pace(0.5)
+    assert clock.now - start == 0.25
+    await answer(out, 64)
+    assert clock.now - start == 0.5
+
+
+async def test_an_answer_held_up_midway_catches_up_and_ends_when_it_was_due(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock, out = paced(monkeypatch, since_ago=0.0)
+    start = clock.now
+    for k in range(256):
+        out.raw(b"%d;" % k)
+        await out.pace(PIECE_S)
+        if k == 63:
+            clock.spend(0.5)  # the loop busy for half a second, a quarter in
+    await out.finish()
+    assert clock.now - start == 1.0  # when it was due, not 1.5 s
+    # What came due while it was held (0.5 s of pieces, written 3 at a time) went out as it
+    # was made, when the loop was back, with no wait in between.
+    back = next(t for t, _ in clock.writes if t - start > 0.5)
+    assert sum(t == back for t, _ in clock.writes) >= 40
+    assert sent(clock) == b"".join(b"%d;" % k for k in range(256))
+
+
+async def test_a_stall_waits_its_whole_length_even_when_late_and_delays_the_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock, out = paced(monkeypatch, since_ago=0.25)
+    start = clock.now
+    await answer(out, 32)  # 0.125 s, all due in the past: no wait
+    assert clock.now == start
+    await out.stall(2.0)
+    assert clock.now - start == 2.0  # the whole stall, not 2.0 less how late it was
+    await answer(out, 32)
+    assert clock.now - start == 2.125
