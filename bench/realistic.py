@@ -390,6 +390,8 @@ def one(seed: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         # The plan without a cap first (what the whole job would cost), then the cap as a share.
         job = write_job(work, base_url, seed, args.rows_scale, 1e6, pool)
         free = plan_json(job, env, args.pilot)
+        # How late the simulator's answers were for its own work, in the pilot and after.
+        late = [[simproc.late(url) for _, url in sims]]
         cap = interval(free["job"]["cost_usd"])[0] * args.cap_share
         job = write_job(work, base_url, seed, args.rows_scale, cap, pool)
         plan = plan_json(job, env, 0)
@@ -397,6 +399,7 @@ def one(seed: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         planned(work / "out" / "state.db", work / "planned.db")
         pilot_runs = len(run_lines(work / "out" / "run.log"))
         codes, kills = run_until_end(job, env, args.kill_at, watch)
+        late.append([simproc.late(url) if sim.poll() is None else {} for sim, url in sims])
     finally:
         for sim, _ in sims:
             if sim.poll() is None:
@@ -454,6 +457,8 @@ def one(seed: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "items": unsent,
         "cap_unsent": cap_unsent(work / "out" / "run.log"),
         "checks": checks,
+        # The first server's: a pool's last one is killed mid-run.
+        "sim_late": {"pilot": late[0][0], "run": simproc.late_since(late[0][0], late[1][0])},
     }
 
 
@@ -491,6 +496,18 @@ def report(results: list[dict[str, Any]]) -> None:
             f"| {r['seed']} | {c:.3f} ({c10:.3f}-{c90:.3f}) | {r['cap']:.3f} | {r['cost']:.3f} | "
             f"{r['plan_wall'][0]:.0f} | {r['wall']:.0f} | {r['exit_codes']} | {r['items']} |"
         )
+    print()
+    print("| seed | simulator's answers late by over 50 ms (mean, worst): pilot | run |")
+    print("|---|---|---|")
+    for r in results:
+        cells = [
+            f"{x['over_50ms']} of {x['answers']} ({x['mean_s'] * 1000:.0f} ms, "
+            f"{x['worst_s'] * 1000:.0f} ms)"
+            if x.get("answers")
+            else "-"
+            for x in (r.get("sim_late", {}).get(k, {}) for k in ("pilot", "run"))
+        ]
+        print(f"| {r['seed']} | {cells[0]} | {cells[1]} |")
     print()
     print(
         "| seed | how the plan said the job ends | how it ended | items the cap left: plan / "

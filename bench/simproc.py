@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 FILLER = "the of and to in is that for it as with was on be by this are".split()  # noqa: SIM905
 """Common words for synthetic prompts: the simulator's answer lengths follow prompt length."""
@@ -37,6 +40,29 @@ def start_sim(config_toml: str, tmp: Path) -> tuple[subprocess.Popen[str], str]:
     assert proc.stdout is not None
     # The first line is "regen sim listening on http://127.0.0.1:PORT/api/v1".
     return proc, proc.stdout.readline().rsplit(" ", 1)[1].strip()
+
+
+def late(base_url: str) -> dict[str, Any]:
+    """How well a running simulator kept its answers' time so far (its `/_sim/stats` "late":
+    whole answers timed, those late by over 50 ms, the mean and the worst lateness)."""
+    root = base_url.split("/api/v1")[0].split("/v1")[0]
+    with urllib.request.urlopen(f"{root}/_sim/stats", timeout=10) as r:
+        return dict(json.load(r).get("late") or {})
+
+
+def late_since(before: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
+    """`late` for the answers timed between two readings (the worst is of all of them)."""
+    if not now:
+        return {}
+    n = now.get("answers", 0) - before.get("answers", 0)
+    total = now.get("mean_s", 0.0) * now.get("answers", 0)
+    total -= before.get("mean_s", 0.0) * before.get("answers", 0)
+    return {
+        "answers": n,
+        "over_50ms": now.get("over_50ms", 0) - before.get("over_50ms", 0),
+        "mean_s": total / n if n else 0.0,
+        "worst_s": now.get("worst_s", 0.0),
+    }
 
 
 def machine_line() -> str:

@@ -12,6 +12,9 @@ import pytest
 
 from regen.sim import respond
 from regen.sim.respond import Paced
+from regen.sim.server import LoggedRequest
+from tests.sim.helpers import turns
+from tests.sim.test_selfhosted_cache import chat, config, served, stats
 
 
 class Clock:
@@ -45,7 +48,8 @@ def paced(monkeypatch: pytest.MonkeyPatch, since_ago: float, scale: float = 1.0)
     monkeypatch.setattr(respond.asyncio, "sleep", clock.sleep)
     loop = asyncio.get_running_loop()
     monkeypatch.setattr(loop, "time", lambda: clock.now)
-    return clock, Paced(Resp(clock), scale, clock.now - since_ago)  # type: ignore[arg-type]
+    entry = LoggedRequest(0.0, "/v1/chat/completions", 200, None, since=clock.now - since_ago)
+    return clock, Paced(Resp(clock), scale, entry)  # type: ignore[arg-type]
 
 
 PIECE_S = 1 / 256
@@ -88,6 +92,21 @@ async def test_time_the_simulator_spent_before_the_answer_is_not_added_to_it(
     assert clock.now - start == 0.25
     await answer(out, 64)
     assert clock.now - start == 0.5
+    assert out._entry.late_s == 0.0
+
+
+async def test_an_answer_the_simulators_work_outran_says_how_late_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Its work took longer than the whole answer's time: it ends late, and says by how much
+    # (`/_sim/stats` "late"), so that a bench knows its times are partly the simulator's.
+    clock, out = paced(monkeypatch, since_ago=0.0)
+    start = clock.now
+    await out.pace(0.25)
+    clock.spend(1.0)
+    await answer(out, 64)  # due 0.5 s after it came; the simulator was busy until 1.25 s
+    assert clock.now - start == 1.25
+    assert out._entry.late_s == 0.75
 
 
 async def test_an_answer_held_up_midway_catches_up_and_ends_when_it_was_due(
@@ -120,3 +139,15 @@ async def test_a_stall_waits_its_whole_length_even_when_late_and_delays_the_rest
     assert clock.now - start == 2.0  # the whole stall, not 2.0 less how late it was
     await answer(out, 32)
     assert clock.now - start == 2.125
+
+
+@pytest.mark.parametrize("dialect", ["vllm", "sglang"])
+async def test_every_whole_answer_is_timed_and_counted_in_the_stats(dialect: str) -> None:
+    # Streamed or not, each whole answer says how late it was; `/_sim/stats` counts them.
+    async with served(config(dialect, time_scale=0.01)) as sim:
+        await chat(sim, turns(1, 1))
+        await chat(sim, turns(1, 2), stream=True, stream_options={"include_usage": True})
+        late = (await stats(sim))["late"]
+        assert late["answers"] == 2
+        assert all(e.late_s is not None and e.late_s >= 0 for e in sim.simulator.chat_log())
+        assert late["worst_s"] == max(e.late_s or 0 for e in sim.simulator.chat_log())

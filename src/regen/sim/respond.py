@@ -6,13 +6,16 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from regen.sim.config import SimConfig, SimEndpoint
 from regen.sim.generate import Completion
 from regen.sim.stream import chunk, deltas
+
+if TYPE_CHECKING:
+    from regen.sim.server import LoggedRequest
 
 PADDING_LINE = b"\n         \n"
 PADDING = PADDING_LINE * 8
@@ -60,13 +63,13 @@ async def respond_json(
     faults: set[str],
     shown: bool,
     generating_s: float,
-    since: float,
+    entry: LoggedRequest,
     done: Callable[[], None] = lambda: None,
 ) -> web.StreamResponse:
     """A non-streamed answer as OpenRouter sends one: HTTP 200 and its headers (with
     `X-Generation-Id`) as soon as the request is routed, whitespace padding lines then and
-    about every 10 simulated seconds while the answer is generated (`generating_s` from
-    `since`, the loop time its simulated time counts from: `Paced`), then the JSON body. An
+    about every 10 simulated seconds while the answer is generated (`generating_s` from the
+    request's `since`, and how late it ended in its `late_s`: `Paced`), then the JSON body. An
     error found later (`error_200`) can only come as a 200 with an `error` body. When nothing
     is left to wait for (time_scale 0), the headers and body go out in one write, as they
     would arrive; the padding fault still leads the body with padding. `done()` is called
@@ -122,7 +125,8 @@ async def respond_json(
         await resp.prepare(request)
         if wait_s > 0:
             await resp.write(lead or PADDING_LINE)  # the status and headers go out with it
-            await _pad(resp, since, wait_s, PADDING_EVERY_S * config.time_scale)
+            every_s = PADDING_EVERY_S * config.time_scale
+            entry.late_s = await _pad(resp, entry.since, wait_s, every_s)
         elif lead:
             await resp.write(lead)
         lead = b""
@@ -146,9 +150,10 @@ async def respond_json(
     return resp
 
 
-async def _pad(resp: web.StreamResponse, start: float, wait_s: float, every_s: float) -> None:
+async def _pad(resp: web.StreamResponse, start: float, wait_s: float, every_s: float) -> float:
     """Wait until `wait_s` after `start` (loop time), writing a padding line every `every_s`
-    (on a fixed clock: the lines do not drift later with the loop's delays)."""
+    (on a fixed clock: the lines do not drift later with the loop's delays); how late it
+    ended."""
     loop = asyncio.get_running_loop()
     end = start + wait_s
     ticks = 1
@@ -157,12 +162,13 @@ async def _pad(resp: web.StreamResponse, start: float, wait_s: float, every_s: f
         await resp.write(PADDING_LINE)
         ticks += 1
     await asyncio.sleep(max(0.0, end - loop.time()))
+    return max(0.0, loop.time() - end)
 
 
 class Paced:
     """An answer's bytes written on its own clock: each piece of it is due a simulated time
-    after `since` (the loop time the request arrived, later by any wait the simulator means,
-    a hold or a queue for a slot), scaled by the time scale, and goes out when due.
+    after the request's `since` (the loop time it arrived, later by any wait the simulator
+    means, a hold or a queue for a slot), scaled by the time scale, and goes out when due.
 
     The clock is the answer's, not the simulator's: what the simulator spends of its one
     core (rendering and tokenizing a prompt, other answers' chunks) does not make an answer
@@ -172,10 +178,10 @@ class Paced:
     in one write: the timing stays faithful at that grain and the CPU goes to requests, not
     syscalls."""
 
-    def __init__(self, resp: web.StreamResponse, time_scale: float, since: float) -> None:
-        self._resp, self._scale = resp, time_scale
+    def __init__(self, resp: web.StreamResponse, time_scale: float, entry: LoggedRequest) -> None:
+        self._resp, self._scale, self._entry = resp, time_scale, entry
         self._loop = asyncio.get_running_loop()
-        self._due = self._written = since
+        self._due = self._written = entry.since
         self.buf: list[bytes] = []
 
     def send(self, obj: dict[str, Any]) -> None:
@@ -199,9 +205,11 @@ class Paced:
 
     async def finish(self) -> None:
         """Wait until all that was paced is due (the pieces short of a write's 10 ms too),
-        then send what is left."""
+        then send what is left; how late that is goes in the request's `late_s` (the
+        simulator's own time, when its work outran the answers')."""
         await asyncio.sleep(max(0.0, self._due - self._loop.time()))
         self._written = self._due
+        self._entry.late_s = max(0.0, self._loop.time() - self._due)
         await self.flush()
 
     async def stall(self, seconds: float) -> None:
@@ -221,13 +229,13 @@ async def respond_stream(
     faults: set[str],
     endpoint: SimEndpoint,
     shown: bool,
-    since: float,
+    entry: LoggedRequest,
     done: Callable[[], None] = lambda: None,
     ttft_s: float | None = None,
 ) -> web.StreamResponse:
     """Stream the completion at the endpoint's speed, its first token `ttft_s` (the
-    endpoint's own by default) after `since` (`Paced`); `done()` is called before the last
-    bytes of a whole stream go out."""
+    endpoint's own by default) after the request's `since` (`Paced`); `done()` is called
+    before the last bytes of a whole stream go out."""
     resp = web.StreamResponse(
         headers={
             "Content-Type": "text/event-stream",
@@ -237,7 +245,7 @@ async def respond_stream(
     )
     await resp.prepare(request)
     keepalive = "keepalive" in faults
-    out = Paced(resp, config.time_scale, since)
+    out = Paced(resp, config.time_scale, entry)
 
     # Every content chunk shares its envelope: serialize it once.
     head = (

@@ -403,9 +403,9 @@ class SelfHostedSim(Simulator):
         entry.generation_id = gen_id
         calls = _calls(comp, self.dialect, ask.model.family)
         if ask.stream:
-            return await self._stream(request, ask, meta, comp, calls, entry.since)
+            return await self._stream(request, ask, meta, comp, calls, entry)
         longest = max(c.completion_tokens for c in comps)
-        await self._sleep(entry, ask.ttft_s + longest / speed.tokens_per_s)
+        entry.late_s = await self._sleep(entry, ask.ttft_s + longest / speed.tokens_per_s)
         body = self._body(ask, meta, comp, calls)
         if ask.n > 1:
             body["choices"] = [
@@ -541,10 +541,10 @@ class SelfHostedSim(Simulator):
         meta: dict[str, Any],
         comp: Completion,
         calls: list[dict[str, Any]],
-        since: float,
+        entry: LoggedRequest,
     ) -> web.StreamResponse:
-        """The completion as SSE, at the server's speed from `since` (`Paced`), in each
-        server's chunk shape.
+        """The completion as SSE, at the server's speed from the request's `since` (`Paced`),
+        in each server's chunk shape.
 
         vLLM (fields it leaves unset are left out): a role chunk (with `prompt_token_ids`),
         content chunks each with its share of the completion's ids in `token_ids`, the finish
@@ -558,7 +558,7 @@ class SelfHostedSim(Simulator):
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await resp.prepare(request)
-        writer = Paced(resp, self.config.time_scale, since)
+        writer = Paced(resp, self.config.time_scale, entry)
         head = {**meta, "object": "chat.completion.chunk"}
         vllm = self.dialect == "vllm"
         deltas = self._deltas(ask, comp, calls)

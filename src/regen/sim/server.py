@@ -92,6 +92,9 @@ class LoggedRequest:
     since: float = 0.0
     """The loop time the answer's simulated time counts from (`respond.Paced`): when the
     request arrived, later by a wait the simulator means (a hold, a queue for a slot)."""
+    late_s: float | None = None
+    """How late its whole answer went out past when it was due: the simulator's own work
+    outrunning the answers' time (None: not a whole answer)."""
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,7 @@ class Simulator:
                 "cached_tokens": sum(self.cached_tokens.values()),
                 "prefill_tokens_by_endpoint": dict(self.prefill_tokens),
                 "cached_tokens_by_endpoint": dict(self.cached_tokens),
+                "late": late_answers(chats),
             }
         )
 
@@ -270,12 +274,13 @@ class Simulator:
         self._bucket = (tokens - 1.0, now)
         return True
 
-    async def _sleep(self, entry: LoggedRequest, seconds: float) -> None:
-        """Until `seconds` (simulated) after the request's `since`."""
+    async def _sleep(self, entry: LoggedRequest, seconds: float) -> float:
+        """Until `seconds` (simulated) after the request's `since`; how late it woke."""
         loop = asyncio.get_running_loop()
-        wait = entry.since + seconds * self.config.time_scale - loop.time()
-        if wait > 0:
-            await asyncio.sleep(wait)
+        due = entry.since + seconds * self.config.time_scale
+        if due > loop.time():
+            await asyncio.sleep(due - loop.time())
+        return max(0.0, loop.time() - due)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         entry = LoggedRequest(time.time(), request.path, 0, request.headers.get("Authorization"))
@@ -634,7 +639,7 @@ class Simulator:
                 faults,
                 endpoint,
                 shown,
-                entry.since,
+                entry,
                 bill.fire,
                 ttft_s,
             )
@@ -649,12 +654,26 @@ class Simulator:
                 faults,
                 shown,
                 generating_s,
-                entry.since,
+                entry,
                 bill.fire,
             )
         if "reset" not in faults:
             bill.fire()  # the whole answer went out: its generation is over (a no-op if done)
         return resp
+
+
+def late_answers(chats: list[LoggedRequest]) -> dict[str, float]:
+    """How well the simulator kept its answers' time: of the whole answers it timed, how
+    many went out late, by more than 50 ms, their mean and the worst. Late answers mean its
+    own work (one core) outran the answers' time: a bench's times are then partly the
+    simulator's, not the simulated provider's."""
+    late = sorted(e.late_s for e in chats if e.late_s is not None)
+    return {
+        "answers": len(late),
+        "over_50ms": sum(s > 0.05 for s in late),
+        "mean_s": sum(late) / len(late) if late else 0.0,
+        "worst_s": late[-1] if late else 0.0,
+    }
 
 
 def prefill_s(endpoint: SimEndpoint, computed_tokens: int) -> float:
