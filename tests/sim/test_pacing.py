@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from regen.sim import respond
+from regen.sim import SimConfig, respond
 from regen.sim.respond import Paced
-from regen.sim.server import LoggedRequest
+from regen.sim.server import LoggedRequest, Simulator
 from tests.sim.helpers import turns
 from tests.sim.test_selfhosted_cache import chat, config, served, stats
 
@@ -151,3 +151,20 @@ async def test_every_whole_answer_is_timed_and_counted_in_the_stats(dialect: str
         assert late["answers"] == 2
         assert all(e.late_s is not None and e.late_s >= 0 for e in sim.simulator.chat_log())
         assert late["worst_s"] == max(e.late_s or 0 for e in sim.simulator.chat_log())
+
+
+async def test_requests_are_worked_on_one_per_pass_of_the_loop() -> None:
+    # Between two requests' work (rendering, tokenizing, making the answer) the loop takes a
+    # pass, reading what has arrived: a request that comes during a burst notes its arrival
+    # then, not once the whole burst is worked on.
+    sim = Simulator(SimConfig())
+    loop = asyncio.get_running_loop()
+    order: list[str] = []
+
+    async def request(k: int) -> None:
+        await sim._turn()
+        order.append(f"work {k}")
+        loop.call_soon(order.append, f"pass after {k}")
+
+    await asyncio.gather(*(request(k) for k in range(3)))
+    assert order == ["work 0", "pass after 0", "work 1", "pass after 1", "work 2", "pass after 2"]

@@ -367,6 +367,7 @@ class SelfHostedSim(Simulator):
             if code in ask.faults:
                 await self._sleep(entry, speed.ttft_s)
                 return self._error(ApiError(int(code), "The engine failed to generate a response"))
+        await self._turn()  # the prompt was worked on before it waited for a slot
         ask = self._prefill(ask, entry)
         try:
             # Choice 0 is what a request without n gets; each further choice is its own draw

@@ -139,6 +139,9 @@ class Simulator:
         self._hold: _Hold | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._bucket = (float(config.global_rps or 0), time.monotonic())
+        self._cpu: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+        """One request's work (`_turn`) per pass of the event loop (a lock of the loop the
+        simulator serves in)."""
         self.clock = SimClock(config.time_scale)
         """Simulated time, for cache lifetimes and sticky routes (`clock.advance` in tests)."""
         self.caches = ProviderCaches(config.sticky_s)
@@ -274,6 +277,19 @@ class Simulator:
         self._bucket = (tokens - 1.0, now)
         return True
 
+    async def _turn(self) -> None:
+        """Wait for this request's turn to be worked on (read, rendered, tokenized, its answer
+        made: what runs until its answer's first wait): one request's work per pass of the
+        event loop, the lock given back at the next pass. Between two, the loop reads what
+        has arrived, so a request that comes while a burst is being worked on notes its
+        arrival (`since`) then, not after the whole burst, and answers go out when due."""
+        loop = asyncio.get_running_loop()
+        if self._cpu is None or self._cpu[0] is not loop:
+            self._cpu = (loop, asyncio.Lock())
+        lock = self._cpu[1]
+        await lock.acquire()
+        loop.call_soon(lock.release)
+
     async def _sleep(self, entry: LoggedRequest, seconds: float) -> float:
         """Until `seconds` (simulated) after the request's `since`; how late it woke."""
         loop = asyncio.get_running_loop()
@@ -289,6 +305,7 @@ class Simulator:
         # Requests that came together each note when they came before any is rendered and
         # tokenized (the simulator's CPU, which no answer's time should include).
         await asyncio.sleep(0)
+        await self._turn()
         try:
             response = await self._chat(request, entry)
         except ConnectionResetError:  # the client went away mid-answer (aiohttp's is one too)
