@@ -646,34 +646,12 @@ class Simulator:
             },
             max(0.0, ends_at - loop.time()),
         )
+        answer = (self.config, request, meta, comp, usage, faults)
         if entry.stream:
-            resp = await respond_stream(
-                self.config,
-                request,
-                meta,
-                comp,
-                usage,
-                faults,
-                endpoint,
-                shown,
-                entry,
-                bill.fire,
-                ttft_s,
-            )
+            resp = await respond_stream(*answer, endpoint, shown, entry, bill.fire, ttft_s)
         else:
             # Status and headers go out now; padding while the answer is generated.
-            resp = await respond_json(
-                self.config,
-                request,
-                meta,
-                comp,
-                usage,
-                faults,
-                shown,
-                generating_s,
-                entry,
-                bill.fire,
-            )
+            resp = await respond_json(*answer, shown, generating_s, entry, bill.fire)
         if "reset" not in faults:
             bill.fire()  # the whole answer went out: its generation is over (a no-op if done)
         return resp
