@@ -390,8 +390,9 @@ def one(seed: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         # The plan without a cap first (what the whole job would cost), then the cap as a share.
         job = write_job(work, base_url, seed, args.rows_scale, 1e6, pool)
         free = plan_json(job, env, args.pilot)
-        # How late the simulator's answers were for its own work, in the pilot and after.
-        late = [[simproc.late(url) for _, url in sims]]
+        # How late the (first) simulator's answers were for its own work, in the pilot and
+        # after: a pool's last server is killed mid-run.
+        late = [simproc.late(base_url)]
         cap = interval(free["job"]["cost_usd"])[0] * args.cap_share
         job = write_job(work, base_url, seed, args.rows_scale, cap, pool)
         plan = plan_json(job, env, 0)
@@ -399,7 +400,7 @@ def one(seed: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         planned(work / "out" / "state.db", work / "planned.db")
         pilot_runs = len(run_lines(work / "out" / "run.log"))
         codes, kills = run_until_end(job, env, args.kill_at, watch)
-        late.append([simproc.late(url) if sim.poll() is None else {} for sim, url in sims])
+        late.append(simproc.late(base_url) if sims[0][0].poll() is None else {})
     finally:
         for sim, _ in sims:
             if sim.poll() is None:
@@ -457,8 +458,7 @@ def one(seed: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "items": unsent,
         "cap_unsent": cap_unsent(work / "out" / "run.log"),
         "checks": checks,
-        # The first server's: a pool's last one is killed mid-run.
-        "sim_late": {"pilot": late[0][0], "run": simproc.late_since(late[0][0], late[1][0])},
+        "sim_late": {"pilot": late[0], "run": simproc.late_since(late[0], late[1])},
     }
 
 
