@@ -153,6 +153,30 @@ def test_a_rerun_starts_from_the_earlier_runs_pace_measured_not_a_prior_band() -
     assert earlier.mean(3.0, limit=64) == (64.0, 0.0)
 
 
+def test_a_lane_its_provider_refused_for_capacity_is_not_taken_at_its_limit_until_measured() -> (
+    None
+):
+    # Refused requests come back at once, so a lane of 64 against a provider that takes 20
+    # has 64 out in its first second: that is not its pace. An earlier run that kept 15 on
+    # the wire against the same refusals says what it will be, as the plan says.
+    lane = Concurrency(ceiling=15.0, ceiling_rsd=EARLIER_RSD)
+    lane.change(0.0, +64)
+    lane.full(0.0)
+    assert lane.mean(0.5, limit=64) == (15.0, EARLIER_RSD)
+    assert lane.mean(1.5, limit=64) == (15.0, EARLIER_RSD)  # full past its first second
+    # Only a pilot's share of the most it had answered at once: a guess, shown as `prior`.
+    guess = Concurrency(ceiling=15.0)
+    assert guess.mean(0.0, limit=64) == (15.0, UNMEASURED_RSD)
+    # A ceiling above what the lane can send is no bound; a run's own pace is the pace.
+    roomy = Concurrency(ceiling=100.0, ceiling_rsd=EARLIER_RSD)
+    assert roomy.mean(0.0, limit=64) == (64.0, UNMEASURED_RSD)
+    lane.change(1.5, -44)
+    for t in (2.0, 3.0, 4.0):
+        lane.mean(t)
+    level, _ = lane.mean(5.0, limit=64)
+    assert 20.0 <= level < 64.0
+
+
 def test_a_prior_eta_shows_as_a_labelled_range_and_a_measured_one_as_a_point() -> None:
     assert eta_text(Eta(300.0, 120.0, 540.0, prior=True)) == "~2m-9m (prior)"
     assert eta_text(Eta(300.0, 240.0, 360.0)) == "5m (4m-6m)"

@@ -521,6 +521,14 @@ class Concurrency:
     earlier: float | None = None
     """The mean requests on the wire of the latest earlier run (a killed one's too): until
     this run measures its own, the lane's pace, known to EARLIER_RSD (not a guess)."""
+    ceiling: float | None = None
+    """What the lane's provider is expected to let it keep on the wire, where it refused
+    requests for capacity before (state.runs.LaneCapacity.on_wire, the plan's figure): until
+    this run measures its own pace, a lane that fills to its limit at once (its requests are
+    refused as fast as they go out) is not taken to keep that limit on the wire."""
+    ceiling_rsd: float = UNMEASURED_RSD
+    """How well `ceiling` is known: EARLIER_RSD where an earlier run kept it on the wire; a
+    share of the most a pilot had answered at once is a guess (its ETA is then `prior`)."""
 
     def full(self, now: float) -> None:
         if self.full_since is None:
@@ -543,7 +551,8 @@ class Concurrency:
         Until the lane has been full for a few seconds (or, never full, has run for
         FILL_S) its pace is not measured: then, once full past its first second, the most it
         has had on the wire (or its `limit`, if more) with EARLIER_RSD; else the pace of the
-        latest earlier run with EARLIER_RSD; else that most with UNMEASURED_RSD."""
+        latest earlier run with EARLIER_RSD; else that most with UNMEASURED_RSD. That most is
+        never more than the `ceiling` earlier refusals set, known to its `ceiling_rsd`."""
         self.change(now, 0)
         if now - self.samples[-1][0] >= 1.0:
             self.samples.append((now, self.busy_s))
@@ -563,13 +572,17 @@ class Concurrency:
         filled = self.full_since is not None
         if now - t0 < 1.0 or (len(steps) < 2 if filled else now - t0 < FILL_S):
             most = float(max(self.peak, self.in_flight, limit))
+            full_rsd, unfilled_rsd = EARLIER_RSD, UNMEASURED_RSD
+            if self.ceiling is not None and self.ceiling < most:
+                most = self.ceiling
+                full_rsd = unfilled_rsd = self.ceiling_rsd
             if filled and self.began is not None and now - self.began >= 1.0:
                 # Full past its first second: it keeps its limit while fed; how long it is
                 # fed (escalations) is what may move, as an earlier run's pace may.
-                return most, EARLIER_RSD
+                return most, full_rsd
             if self.earlier:
                 return self.earlier, EARLIER_RSD
-            return most, UNMEASURED_RSD
+            return most, unfilled_rsd
         level = (self.busy_s - b0) / (now - t0)
         if level <= 0 or len(steps) < 2:
             return level, 0.5

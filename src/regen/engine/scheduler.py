@@ -41,6 +41,7 @@ from regen.engine.attempt import (
 from regen.engine.budget import BudgetBook
 from regen.engine.client.body import sent_settings
 from regen.engine.commits import CommitBuffer
+from regen.engine.eta import EARLIER_RSD, UNMEASURED_RSD
 from regen.engine.failures import ClientErrorJudge, ErrorRate
 from regen.engine.feeder import Feeder, LaneQueue, until_set
 from regen.engine.holds import HoldKeeper
@@ -112,6 +113,11 @@ def seed_stats(
     for lane_name, pace in store.runs.earlier_on_wire().items():
         if lane_name in stats.lanes:
             stats.lanes[lane_name].wire.earlier = pace
+    for lane_name, capacity in store.runs.lane_capacity().items():
+        if lane_name in stats.lanes:
+            wire = stats.lanes[lane_name].wire
+            wire.ceiling = capacity.on_wire()
+            wire.ceiling_rsd = EARLIER_RSD if capacity.run_measured else UNMEASURED_RSD
     for (lane_name, ds), priced in store.spend.earlier_costs().items():
         if lane_name in stats.lanes:
             flow = stats.lanes[lane_name].flow(ds)

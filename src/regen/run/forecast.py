@@ -52,7 +52,7 @@ from regen.engine.eta import (
 )
 from regen.run.caching import FlowCache, per_passage
 from regen.run.ending import Budget, Ending, Flow, Lane, play
-from regen.state.runs import LaneCapacity
+from regen.state.runs import ADAPTIVE_SHARE, LaneCapacity
 from regen.state.spend import FlowEntry
 from regen.state.work import DatasetProgress
 
@@ -96,17 +96,11 @@ number: a pilot's requests find the provider and the machine otherwise than the 
 workloads a dataset's mean time in the run was 0.74 to 1.27 times its pilot's, the pilot's
 sampling included; where a pilot sends a dataset first, into its cold start, about 0.86 times
 (0.75-0.84 with a CPU load beside both)."""
-ADAPTIVE_SHARE = 0.72
-"""Against a provider that refuses what it cannot take, the adaptive limit saws below its
-capacity and pauses for each Retry-After: measured, the lane keeps about this share of the
-provider's capacity on the wire (bench/plan.py, workload `capacity`: 14.9 of 21)."""
 BOUND_PER_EST = 4
 """A prompt's tokenizer-free bound (its UTF-8 bytes, the gate's) is about this many times its
 estimate (characters / 4)."""
 BOUND_OVERHEAD = 256
 """What the bound adds per request for the chat template's markers."""
-MIN_RUN_SAMPLES = 20
-"""Timeline points (seconds) a run needs before its mean on the wire stands for the next."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -1311,11 +1305,11 @@ def _budgets_left(job: Job, spent: dict[str, DatasetProgress]) -> dict[str, Budg
 def on_wire_for(lane: LaneConfig, cap: LaneCapacity | None) -> tuple[float | None, str]:
     """Requests a lane's provider is expected to let it keep on the wire (None: its
     concurrency, nothing refused), and where the figure comes from."""
-    if cap is None or cap.refused == 0:
+    seen = cap.on_wire() if cap is not None else None
+    if cap is None or seen is None:
         return None, f"its concurrency ({lane.concurrency}): no request refused for capacity yet"
-    if cap.run_in_flight is not None and cap.run_samples >= MIN_RUN_SAMPLES:
-        return cap.run_in_flight, f"{cap.run_in_flight:.0f}, kept on the wire in the last run"
-    seen = ADAPTIVE_SHARE * cap.most_answered
+    if cap.run_measured:
+        return seen, f"{seen:.0f}, kept on the wire in the last run"
     return seen, (
         f"{seen:.0f}: {ADAPTIVE_SHARE:g} of the {cap.most_answered} the provider answered at "
         f"once ({cap.refused} refused for capacity)"

@@ -82,6 +82,14 @@ class OutageRecord:
         return self.ended_at is None or self.ended_at - self.started_at >= BLIP_S
 
 
+ADAPTIVE_SHARE = 0.72
+"""Against a provider that refuses what it cannot take, the adaptive limit saws below its
+capacity and pauses for each Retry-After: measured, the lane keeps about this share of the
+provider's capacity on the wire (bench/plan.py, workload `capacity`: 14.9 of 21)."""
+MIN_RUN_SAMPLES = 20
+"""Timeline points (seconds) a run needs before its mean on the wire stands for the next."""
+
+
 @dataclass(frozen=True, slots=True)
 class LaneCapacity:
     """What a lane's provider let it keep on the wire: requests refused for capacity (429s)
@@ -92,6 +100,24 @@ class LaneCapacity:
     most_answered: int
     run_in_flight: float | None
     run_samples: int
+
+    @property
+    def run_measured(self) -> bool:
+        """Whether the latest finished run ran long enough for its mean on the wire to stand
+        for the next run's."""
+        return self.run_in_flight is not None and self.run_samples >= MIN_RUN_SAMPLES
+
+    def on_wire(self) -> float | None:
+        """The requests the provider is expected to let the lane keep on the wire: None where
+        it refused none for capacity (the lane's own concurrency then); else what the latest
+        finished run kept, or, with only a pilot's answers, ADAPTIVE_SHARE of the most it
+        answered at once. One rule for the plan (forecast.on_wire_for) and for a run's ETA
+        until the run has measured its own pace (eta.Concurrency.ceiling)."""
+        if self.refused == 0:
+            return None
+        if self.run_measured and self.run_in_flight is not None:
+            return self.run_in_flight
+        return ADAPTIVE_SHARE * self.most_answered
 
 
 class Runs(Owner):
