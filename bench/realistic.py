@@ -25,7 +25,7 @@ With `--pool N` the job runs on N self-hosted servers (vLLM's dialect, `--seqs` 
 once each; nothing billed, so no dollar cap) and the last of them dies (SIGKILL, never back)
 once `--die-at` of the items are done: the ETA is also checked at the first line after that.
 
-Run: .venv/bin/python bench/realistic.py [--rows-scale 1] [--time-scale 0.5] [--pilot 20]
+Run: .venv/bin/python bench/realistic.py [--rows-scale 1] [--time-scale 0.5] [--pilot 30]
      [--seeds 1] [--first-seed 1] [--kill-at 0.3] [--cap-share 0.85] [--pool 3 [--seqs 30]
      [--die-at 0.5]] [--keep DIR] [--json FILE]
      [--lock /tmp/bench.lock]
@@ -566,7 +566,12 @@ def main() -> None:
     ap.add_argument("--first-seed", type=int, default=1)
     ap.add_argument("--kill-at", type=float, default=0.3, help="share of items done at the kill")
     ap.add_argument("--cap-share", type=float, default=0.85, help="the cap over the plan's cost")
-    ap.add_argument("--pilot", type=int, default=20, help="items per dataset in the pilot")
+    ap.add_argument(
+        "--pilot",
+        type=int,
+        default=30,
+        help="items per dataset in the pilot (30, README's; 20 before 7 December 2026, 21:00 UTC)",
+    )
     ap.add_argument("--pool", type=int, default=0, help="self-hosted servers (0: OpenRouter)")
     ap.add_argument("--seqs", type=int, default=30, help="each pool server's max_num_seqs")
     ap.add_argument("--die-at", type=float, default=0.5, help="share done when a server dies")
