@@ -103,6 +103,15 @@ def chat_rows(n: int, prefix: str = "Question") -> list[dict[str, Any]]:
     ]
 
 
+def refusing_sim(capacity: int, seed: int) -> SimConfig:
+    """The simulator (time scale 0.02) with its one endpoint answering `capacity` requests
+    at once and refusing the rest (429, Retry-After 0.05 s)."""
+    cfg = SimConfig(seed=seed, time_scale=0.02, retry_after_s=0.05)
+    model = cfg.models[0]
+    endpoint = model.endpoints[0].model_copy(update={"capacity": capacity})
+    return cfg.model_copy(update={"models": [model.model_copy(update={"endpoints": [endpoint]})]})
+
+
 def two_lanes(long_max_tokens: int) -> str:
     """Job lanes `short` (8 at once, max_tokens 256, truncated answers escalated) and `long`
     (4 at once, `long_max_tokens`)."""
