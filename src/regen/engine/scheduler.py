@@ -110,14 +110,7 @@ def seed_stats(
     for (lane_name, ds), ages in store.outstanding.cut_short().items():
         if lane_name in stats.lanes:
             stats.lanes[lane_name].flow(ds).cut_short.extend(ages)
-    for lane_name, pace in store.runs.earlier_on_wire().items():
-        if lane_name in stats.lanes:
-            stats.lanes[lane_name].wire.earlier = pace
-    for lane_name, capacity in store.runs.lane_capacity().items():
-        if lane_name in stats.lanes:
-            wire = stats.lanes[lane_name].wire
-            wire.ceiling = capacity.on_wire()
-            wire.ceiling_rsd = EARLIER_RSD if capacity.run_measured else UNMEASURED_RSD
+    seed_paces(stats, store)
     for (lane_name, ds), priced in store.spend.earlier_costs().items():
         if lane_name in stats.lanes:
             flow = stats.lanes[lane_name].flow(ds)
@@ -130,6 +123,20 @@ def seed_stats(
             flow.escalated += earlier.escalated
             flow.earlier_cost_usd += earlier.cost_usd
             flow.earlier_tokens += counted(Usage(earlier.prompt_tokens, earlier.completion_tokens))
+
+
+def seed_paces(stats: RunStats, store: Store) -> None:
+    """What earlier runs say of each lane's pace, for the ETA until this run measures its own:
+    the latest run's mean on the wire, and where its provider refused requests for capacity,
+    what the plan expects it to keep on the wire (`LaneCapacity.on_wire`)."""
+    for lane_name, pace in store.runs.earlier_on_wire().items():
+        if lane_name in stats.lanes:
+            stats.lanes[lane_name].wire.earlier = pace
+    for lane_name, capacity in store.runs.lane_capacity().items():
+        if lane_name in stats.lanes:
+            wire = stats.lanes[lane_name].wire
+            wire.ceiling = capacity.on_wire()
+            wire.ceiling_rsd = EARLIER_RSD if capacity.run_measured else UNMEASURED_RSD
 
 
 class Scheduler:
