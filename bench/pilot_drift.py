@@ -32,35 +32,49 @@ MIN_PILOT = 10
 MIN_RUN = 20
 
 
-def flows(job: Path) -> list[tuple[str, float, float]]:
-    """(lane/dataset, log of the pilot's adjusted mean over the run's, its own variance) of the
-    job's flows that had enough of both."""
+Answer = tuple[float, float, float]
+"""A successful attempt: when it started, its time on the wire, its item's estimated prompt
+tokens."""
+
+
+def answers(job: Path) -> dict[tuple[str, str], tuple[list[Answer], list[Answer]]]:
+    """Per (lane, dataset) of a kept job, its pilot's answers and its run's (started after
+    the first run began), each in the order they started; empty without a run."""
     db = sqlite3.connect(f"file:{job / 'out' / 'state.db'}?mode=ro", uri=True)
     try:
         (started,) = db.execute("SELECT min(started_at) FROM runs WHERE kind = 'run'").fetchone()
         rows = db.execute(
-            "SELECT i.dataset, a.lane, a.started_at, a.latency_s, i.prompt_tokens_est "
-            "FROM attempts a JOIN items i ON i.id = a.item_id WHERE a.failure_class IS NULL"
+            "SELECT a.lane, i.dataset, a.started_at, a.latency_s, i.prompt_tokens_est "
+            "FROM attempts a JOIN items i ON i.id = a.item_id WHERE a.failure_class IS NULL "
+            "ORDER BY a.started_at"
         ).fetchall()
     finally:
         db.close()
+    out: dict[tuple[str, str], tuple[list[Answer], list[Answer]]] = {}
     if started is None:
-        return []
-    times: dict[str, tuple[list[tuple[float, float]], list[tuple[float, float]]]] = {}
-    for ds, lane, t0, latency, prompt in rows:
-        pilot, run = times.setdefault(f"{lane}/{ds}", ([], []))
-        (pilot if t0 < started else run).append((latency, float(prompt)))
+        return out
+    for lane, ds, t0, latency, prompt in rows:
+        pilot, run = out.setdefault((lane, ds), ([], []))
+        (pilot if t0 < started else run).append((float(t0), float(latency), float(prompt)))
+    return out
+
+
+def flows(job: Path) -> list[tuple[str, float, float]]:
+    """(lane/dataset, log of the pilot's adjusted mean over the run's, its own variance) of the
+    job's flows that had enough of both."""
     out = []
-    for key, (pilot, run) in sorted(times.items()):
+    for (lane, ds), (pilot, run) in sorted(answers(job).items()):
         if len(pilot) < MIN_PILOT or len(run) < MIN_RUN:
             continue
-        mean = statistics.mean(t for t, _ in run)
-        to = statistics.mean(p for _, p in run)
-        est = Stat.regressed([t for t, _ in pilot], [p for _, p in pilot], to)
+        mean = statistics.mean(t for _, t, _ in run)
+        to = statistics.mean(p for _, _, p in run)
+        est = Stat.regressed([t for _, t, _ in pilot], [p for _, _, p in pilot], to)
         if est.mean <= 0 or mean <= 0:
             continue
-        run_rse = statistics.stdev(t for t, _ in run) / math.sqrt(len(run)) / mean
-        out.append((key, math.log(est.mean / mean), (est.se / est.mean) ** 2 + run_rse**2))
+        run_rse = statistics.stdev(t for _, t, _ in run) / math.sqrt(len(run)) / mean
+        out.append(
+            (f"{lane}/{ds}", math.log(est.mean / mean), (est.se / est.mean) ** 2 + run_rse**2)
+        )
     return out
 
 

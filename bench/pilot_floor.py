@@ -18,37 +18,21 @@ from __future__ import annotations
 
 import argparse
 import random
-import sqlite3
 import statistics
 from pathlib import Path
 
+from pilot_drift import answers
+
 
 def flows(job: Path, lane: str) -> list[tuple[str, list[float], list[float]]]:
-    """(dataset, the pilot's times, the run's times) of the lane's datasets, in the job's
-    order of their first answer in the run."""
-    db = sqlite3.connect(f"file:{job / 'out' / 'state.db'}?mode=ro", uri=True)
-    try:
-        (started,) = db.execute("SELECT min(started_at) FROM runs WHERE kind = 'run'").fetchone()
-        rows = db.execute(
-            "SELECT i.dataset, a.started_at, a.latency_s FROM attempts a "
-            "JOIN items i ON i.id = a.item_id WHERE a.failure_class IS NULL AND a.lane = ? "
-            "ORDER BY a.started_at",
-            (lane,),
-        ).fetchall()
-    finally:
-        db.close()
-    if started is None:
-        return []
-    out: dict[str, tuple[list[float], list[float]]] = {}
-    first: dict[str, float] = {}
-    for ds, t0, latency in rows:
-        pilot, run = out.setdefault(ds, ([], []))
-        if t0 < started:
-            pilot.append(float(latency))
-        else:
-            run.append(float(latency))
-            first.setdefault(ds, t0)
-    return sorted(((ds, p, r) for ds, (p, r) in out.items() if r), key=lambda f: first[f[0]])
+    """(dataset, the pilot's times, the run's times) of the lane's datasets, in the order of
+    their first answer in the run."""
+    found = [
+        (ds, [t for _, t, _ in pilot], [t for _, t, _ in run], run[0][0])
+        for (name, ds), (pilot, run) in answers(job).items()
+        if name == lane and run
+    ]
+    return [(ds, pilot, run) for ds, pilot, run, _ in sorted(found, key=lambda f: f[3])]
 
 
 def main() -> None:
