@@ -12,10 +12,17 @@ import pytest
 from rich.cells import cell_len
 from rich.console import Console
 
-from regen.engine.eta import Eta, eta_text
+from regen.engine.eta import Eta, eta_text, spend_reaches
 from regen.engine.limiter import AdaptiveLimit, EndpointHealth
 from regen.engine.runtime import Outage
-from regen.engine.stats import DatasetStats, EndpointStats, JobTotals, LaneStats, RunStats
+from regen.engine.stats import (
+    DatasetStats,
+    EndpointStats,
+    JobTotals,
+    LaneStats,
+    RunStats,
+    last_stretch,
+)
 from regen.state.work import DatasetProgress
 from regen.view.progress import (
     DEGRADE_ORDER,
@@ -610,3 +617,17 @@ def test_the_caps_last_stretch_goes_at_half_the_pace() -> None:
     pace = 2000 * each / free
     stretched = _one_lane_under_a_cap(5.0, 24_750, worst_each=0.04)
     assert stretched.seconds == pytest.approx((5.0 - 0.64) / pace + 2 * 0.64 / pace, rel=1e-3)
+
+
+def test_the_caps_last_stretch_is_paced_by_the_work_its_dollars_pay_for() -> None:
+    # The lane's cheap dataset (a cent a second for 100 s) then a dear one (a dime a second):
+    # the room runs out 0.5 s into the dear one, and the last $0.10 of it spans both. At the
+    # cheap pace alone that stretch took 20 s, not 5.5 s, and the ETA put the end past the dear
+    # dataset's own end (bench/realistic.py seed 8 at 50%: 154 s shown, 119 s left).
+    pieces = [(0.0, 100.0, 1.0), (100.0, 110.0, 1.0)]
+    full, end = spend_reaches(pieces, 0.95), spend_reaches(pieces, 1.05)
+    assert full == pytest.approx(95.0) and end == pytest.approx(100.5)
+    assert last_stretch(pieces, 1.05, 0.10) == pytest.approx(95.0 + 2 * 5.5)
+    # Within one dataset it is the half pace the stretch has always been.
+    assert last_stretch(pieces, 0.5, 0.10) == pytest.approx(40.0 + 2 * 10.0)
+    assert last_stretch(pieces, 0.5, 0.0) is None

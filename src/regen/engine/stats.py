@@ -403,13 +403,16 @@ def last_stretch(
     below the running lanes' limit times their worst cases (`slack`), the requests on the wire
     fall off about evenly to none (bench/realistic.py's capped runs: 16 to 0 over 30-40 s,
     where the full pace would have spent the same in 13-25 s). The last `slack` dollars take
-    twice as long as at full pace, their drain in it. None: no worst case known, or no pace."""
+    twice as long as they would at the full pace of the work they pay for, their drain in it
+    (that pace is of the datasets the last dollars fall in: a cheap dataset's pace, where
+    the room runs out in a dear one after it, put the end half a minute late on
+    bench/realistic.py's seed 8). None: no worst case known, or no pace."""
     slack = min(room, slack)
     if slack <= 0:
         return None
     full = spend_reaches(pieces, room - slack) or 0.0
-    pace = sum(usd / (end - start) for start, end, usd in pieces if start <= full < end)
-    return full + 2 * slack / pace if pace > 0 else None
+    end = spend_reaches(pieces, room)
+    return None if end is None or end <= full else full + 2 * (end - full)
 
 
 def usd_each(rows: list[tuple[Flow, int, str]]) -> list[float]:
