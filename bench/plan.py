@@ -25,6 +25,10 @@ is honest. Counted for the pilot's plan and for the prior. The prior plans every
 no time scale: its figures are scaled to the items the run sent, and its times are compared with
 the run's divided by the time scale (the simulator's latencies at time scale 1).
 
+The simulator's own lateness (answers late for want of its CPU, `/_sim/stats`) is read after
+the pilots and after the run, and printed per run: a bench whose simulator fell behind
+measured the machine, not regen.
+
 Targets (issues 21, 37): cost within 15% and wall time within 25% on every workload; the ETA at
 10% of the items within 15% of the time then left, with and without a CPU load beside it;
 p10-p90 coverage between 70% and 90%.
@@ -431,9 +435,13 @@ def one(
                 if precision:
                     pilots.append(plan)
             shutil.copy(work / "out" / "state.db", work / "pilot.db")
+            # How late the simulator's answers were for its own work (its CPU shared with the
+            # load's), in the pilots and in the run.
+            late = [simproc.late(base_url)]
             code = subprocess.run(
                 [*regen, "run", str(job)], env=env, stdout=subprocess.DEVNULL
             ).returncode
+            late.append(simproc.late(base_url))
             if code not in (0, 4):
                 raise SystemExit(f"{w.name} seed {seed}: regen run exited {code}")
     finally:
@@ -511,6 +519,7 @@ def one(
         },
         "kill_margin_usd": plan["job"].get("kill_margin_usd"),
         "wall": wall,
+        "sim_late": {"pilot": late[0], "run": simproc.late_since(late[0], late[1])},
         # "At 10% of the run", two ways: when 10% of its items are finished (a fast short
         # lane gets there early), and when 10% of its time has passed.
         "eta": eta_at(lines, ended, lambda t, f: done(f) - done0 >= 0.1 * (total - done0)),
@@ -660,6 +669,19 @@ def endings(results: list[dict[str, Any]]) -> None:
             f"| {r['workload']} | {r['seed']} | {b.get('time_s', '-')} | {r['pilot_s']:.1f} | "
             f"{'-' if usd is None else f'{usd:.4f}'} | {r['pilot_usd']:.4f} | "
             f"{'yes' if within else 'no'} |"
+        )
+    print()
+    print(
+        "| workload | seed | load | simulator's answers late by over 50 ms (mean, worst): "
+        "pilot | run |"
+    )
+    print("|---|---|---|---|---|")
+    for r in results:
+        late = r.get("sim_late", {})  # results from before it was read: "-"
+        print(
+            f"| {r['workload']} | {r['seed']} | {r['load']} | "
+            f"{simproc.late_cell(late.get('pilot', {}))} | "
+            f"{simproc.late_cell(late.get('run', {}))} |"
         )
 
 

@@ -500,14 +500,11 @@ def report(results: list[dict[str, Any]]) -> None:
     print("| seed | simulator's answers late by over 50 ms (mean, worst): pilot | run |")
     print("|---|---|---|")
     for r in results:
-        cells = [
-            f"{x['over_50ms']} of {x['answers']} ({x['mean_s'] * 1000:.0f} ms, "
-            f"{x['worst_s'] * 1000:.0f} ms)"
-            if x.get("answers")
-            else "-"
-            for x in (r.get("sim_late", {}).get(k, {}) for k in ("pilot", "run"))
-        ]
-        print(f"| {r['seed']} | {cells[0]} | {cells[1]} |")
+        late = r.get("sim_late", {})
+        print(
+            f"| {r['seed']} | {simproc.late_cell(late.get('pilot', {}))} | "
+            f"{simproc.late_cell(late.get('run', {}))} |"
+        )
     print()
     print(
         "| seed | how the plan said the job ends | how it ended | items the cap left: plan / "

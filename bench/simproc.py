@@ -65,6 +65,17 @@ def late_since(before: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def late_cell(late: dict[str, Any]) -> str:
+    """A `late` reading for a report's table: answers late by over 50 ms of those timed, with
+    the mean and the worst lateness."""
+    if not late.get("answers"):
+        return "-"
+    return (
+        f"{late['over_50ms']} of {late['answers']} ({late['mean_s'] * 1000:.0f} ms, "
+        f"{late['worst_s'] * 1000:.0f} ms)"
+    )
+
+
 def machine_line() -> str:
     """The machine a benchmark ran on, for its report."""
     return (
