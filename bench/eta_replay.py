@@ -28,6 +28,7 @@ import json
 import sqlite3
 import statistics
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,7 @@ def prices(db: sqlite3.Connection) -> tuple[float, float]:
     return (sup * scc - suc * spc) / det, (suc * spp - sup * spc) / det
 
 
-def replay(work: Path, shares: list[float], times: list[float] = ()) -> dict[str, Any]:
+def replay(work: Path, shares: list[float], times: Sequence[float] = ()) -> dict[str, Any]:
     """The ETA (and its p10-p90) at the first second when each of `shares` of the run's items
     are finished, and at each of `times` (epoch seconds), with the seconds then left; every
     second's ETA (`curve`). The run is the job's last run that ended."""
@@ -175,8 +176,9 @@ def budgets(
     }
     # An earlier run's requests cut short by its kill hold their worst cases against the caps
     # until their bills are found (`engine.holds`): those found in this run, until then.
+    unit = {"prompt": prompt_price, **worst}
     holds = [
-        (found, ds, (256 + 4 * est) * prompt_price + worst.get(lane, 0.0))
+        (found, ds, worst_case(unit, lane, est))
         for found, ds, lane, est in db.execute(
             "SELECT l.created_at, l.dataset, l.lane, i.prompt_tokens_est FROM ledger l "
             "JOIN items i ON i.id = l.item_id WHERE l.kind = 'lost' AND l.created_at >= ?",
@@ -193,9 +195,9 @@ def budgets(
             for name, flow in ls.flows.items():
                 if ds is None or name == ds:
                     tokens += len(flow.on_wire) * (flow.tokens_per_item() or 0.0)
-        for name, held in wire.items():
+        for name, on_wire in wire.items():
             if ds is None or name == ds:
-                usd += sum(held.values())
+                usd += sum(on_wire.values())
         return tokens, usd
 
     def job_usd_left() -> float | None:
@@ -217,7 +219,14 @@ def budgets(
 
     stats.job_usd_left = job_usd_left
     stats.budget_left = budget_left
-    return ({"prompt": prompt_price, **worst} if cap is not None else {}), wire
+    return (unit if cap is not None else {}), wire
+
+
+def worst_case(unit: dict[str, float], lane: str, prompt_est: int) -> float:
+    """What the caps hold for a request of the lane (`unit`: a prompt token's price, and each
+    lane's completion at its max_tokens): its prompt bounded as `prompt_tokens_bound` does, at
+    about four bytes a token and the template's 256."""
+    return (256 + 4 * prompt_est) * unit["prompt"] + unit.get(lane, 0.0)
 
 
 def seed(
@@ -263,6 +272,8 @@ def seed(
         if item in escalated_before:
             lane = stats.lanes[escalated_before[item]].escalate_to
         lane = first_in_run.get(item, lane)
+        if lane not in stats.lanes:  # a lane the job no longer has: not in the run's view
+            continue
         n, e = pending.get((lane, ds), (0, 0))
         pending[lane, ds] = (n + 1, e + est)
     for (lane, ds), (n, est) in pending.items():
@@ -328,7 +339,7 @@ def timeline(
 def step(
     stats: RunStats,
     lane_of: dict[str, dict[str, Any]],
-    worst: tuple[dict[str, float], dict[str, dict[int, float]]],
+    caps: tuple[dict[str, float], dict[str, dict[int, float]]],
     t: float,
     kind: str,
     payload: Any,
@@ -345,9 +356,9 @@ def step(
         flow = ls.flow(ds)
         flow.on_wire[k] = t
         flow.wire_prompts[k] = est
-        prices, wire = worst
-        if prices:
-            usd = wire.setdefault(ds, {})[k] = (256 + 4 * est) * prices["prompt"] + prices[lane]
+        unit, wire = caps
+        if unit:
+            usd = wire.setdefault(ds, {})[k] = worst_case(unit, lane, est)
             ls.worst_usd.append(usd)
         return 0
     if kind == "off":
@@ -358,7 +369,7 @@ def step(
         flow = ls.flow(ds)
         del flow.on_wire[k]
         flow.wire_prompts.pop(k, None)
-        worst[1].get(ds, {}).pop(k, None)
+        caps[1].get(ds, {}).pop(k, None)
         if fail is None:
             flow.add_latency(lat, est)
         else:
