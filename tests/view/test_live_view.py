@@ -621,9 +621,10 @@ def test_the_caps_last_stretch_goes_at_half_the_pace() -> None:
 
 def test_the_caps_last_stretch_is_paced_by_the_work_its_dollars_pay_for() -> None:
     # The lane's cheap dataset (a cent a second for 100 s) then a dear one (a dime a second):
-    # the room runs out 0.5 s into the dear one, and the last $0.10 of it spans both. At the
-    # cheap pace alone that stretch took 20 s, not 5.5 s, and the ETA put the end past the dear
-    # dataset's own end (bench/realistic.py seed 8 at 50%: 154 s shown, 119 s left).
+    # the room runs out 0.5 s into the dear one, and the last $0.10 of it spans both. Taken
+    # at the cheap pace alone the stretch came to 20 s, the end at 115 s, past the dear
+    # dataset's own; at the pace of the work it pays for it is 5.5 s at full pace, 11 s at
+    # half (bench/realistic.py seed 8 at 50%: 154 s shown, 119 s left).
     pieces = [(0.0, 100.0, 1.0), (100.0, 110.0, 1.0)]
     full, end = spend_reaches(pieces, 0.95), spend_reaches(pieces, 1.05)
     assert full == pytest.approx(95.0) and end == pytest.approx(100.5)
