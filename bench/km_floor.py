@@ -46,8 +46,10 @@ def checks(dirs: list[Path], live: Path | None) -> list[tuple[str, str, float, b
     for d in dirs:
         at = eta_replay.live_checks(d, live)
         r = eta_replay.replay(d, [] if live else [0.1, 0.5], [t for t, _ in at.values()])
+        labels = {f"{t - r['started']:.0f} s": label for label, (t, _) in at.items()}
         for point, (e, left, _) in r["at"].items():
-            out.append((d.name, point, e.seconds / left - 1, e.p10 <= left <= e.p90))
+            error = e.seconds / left - 1
+            out.append((d.name, labels.get(point, point), error, e.p10 <= left <= e.p90))
     return out
 
 
