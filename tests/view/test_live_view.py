@@ -628,7 +628,9 @@ def test_the_caps_last_stretch_is_paced_by_the_work_its_dollars_pay_for() -> Non
     pieces = [(0.0, 100.0, 1.0), (100.0, 110.0, 1.0)]
     full, end = spend_reaches(pieces, 0.95), spend_reaches(pieces, 1.05)
     assert full == pytest.approx(95.0) and end == pytest.approx(100.5)
-    assert last_stretch(pieces, 1.05, 0.10) == pytest.approx(95.0 + 2 * 5.5)
+    assert last_stretch(pieces, 1.05, 0.10, end) == pytest.approx(95.0 + 2 * 5.5)
     # Within one dataset it is the half pace the stretch has always been.
-    assert last_stretch(pieces, 0.5, 0.10) == pytest.approx(40.0 + 2 * 10.0)
-    assert last_stretch(pieces, 0.5, 0.0) is None
+    half = spend_reaches(pieces, 0.5)
+    assert half == pytest.approx(50.0)
+    assert last_stretch(pieces, 0.5, 0.10, half) == pytest.approx(40.0 + 2 * 10.0)
+    assert last_stretch(pieces, 0.5, 0.0, half) is None

@@ -327,7 +327,7 @@ class RunStats:
             for name, lane in self.lanes.items()
             if ends.get(name, 0.0) >= stop
         )
-        stretched = last_stretch(pieces, room, slack)
+        stretched = last_stretch(pieces, room, slack, stop)
         return (stop, sd, False) if stretched is None else (stretched, sd, True)
 
     def _fed(
@@ -396,7 +396,7 @@ class RunStats:
 
 
 def last_stretch(
-    pieces: list[tuple[float, float, float]], room: float, slack: float
+    pieces: list[tuple[float, float, float]], room: float, slack: float, end: float
 ) -> float | None:
     """When the cap stops the work, its last stretch counted: admission lets a request go
     only while its worst case fits what the requests on the wire leave, so once the room is
@@ -406,13 +406,13 @@ def last_stretch(
     twice as long as they would at the full pace of the work they pay for, their drain in it
     (that pace is of the datasets the last dollars fall in: a cheap dataset's pace, where
     the room runs out in a dear one after it, put the end half a minute late on
-    bench/realistic.py's seed 8). None: no worst case known, or no pace."""
+    bench/realistic.py's seed 8). `end`: when the spending reaches `room` at full pace
+    (`spend_reaches`). None: no worst case known, or no pace."""
     slack = min(room, slack)
     if slack <= 0:
         return None
     full = spend_reaches(pieces, room - slack) or 0.0
-    end = spend_reaches(pieces, room)
-    return None if end is None or end <= full else full + 2 * (end - full)
+    return full + 2 * (end - full) if end > full else None
 
 
 def usd_each(rows: list[tuple[Flow, int, str]]) -> list[float]:
