@@ -35,6 +35,7 @@ from typing import Any
 from regen.engine.eta import Eta
 from regen.engine.limiter import AdaptiveLimit
 from regen.engine.stats import DatasetStats, LaneStats, RunStats
+from regen.state.runs import Runs
 
 
 class Bills:
@@ -90,7 +91,8 @@ def replay(work: Path, shares: list[float], times: Sequence[float] = ()) -> dict
         "ORDER BY id DESC LIMIT 1"
     ).fetchone()
     stats = RunStats({ds: DatasetStats() for ds in datasets}, started_at=started)
-    paces = earlier_paces(db, run_id)
+    # The pace a rerun starts from: the runs' before it (a killed one's), as regen reads it.
+    paces = Runs(db, None).earlier_on_wire(before=run_id)  # reads only: no transaction
     for lane in lanes:
         c = lane["concurrency"]
         stats.lanes[lane["name"]] = LaneStats(
@@ -133,26 +135,6 @@ def replay(work: Path, shares: list[float], times: Sequence[float] = ()) -> dict
             break
         finished += step(stats, lane_of, (worst, wire), t, kind, payload, bills)
     out["wall"], out["started"] = ended - started, started
-    return out
-
-
-def earlier_paces(db: sqlite3.Connection, run_id: int) -> dict[str, float]:
-    """Per lane, the mean requests on the wire over the middle 80% of the latest run before
-    `run_id` (a killed one's), as `state.runs.Runs.earlier_on_wire` gives a rerun."""
-    points: dict[str, list[tuple[float, int]]] = {}
-    for lane, t, n in db.execute(
-        "SELECT lane, t, in_flight FROM timeline WHERE run_id = (SELECT MAX(id) FROM runs "
-        "WHERE kind = 'run' AND id < ?) ORDER BY t",
-        (run_id,),
-    ):
-        points.setdefault(lane, []).append((t, n))
-    out = {}
-    for lane, pts in points.items():
-        lo = pts[0][0] + 0.1 * (pts[-1][0] - pts[0][0])
-        hi = pts[0][0] + 0.9 * (pts[-1][0] - pts[0][0])
-        middle = [n for t, n in pts if lo <= t <= hi] or [n for _, n in pts]
-        if len(pts) >= 5 and sum(middle) > 0:
-            out[lane] = sum(middle) / len(middle)
     return out
 
 

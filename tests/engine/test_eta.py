@@ -274,12 +274,19 @@ def test_the_pace_a_rerun_starts_from_is_the_latest_runs_not_a_pilots(tmp_path: 
         steady = [TimelinePoint(killed, 101.0 + t, "short", 60, 64, 64) for t in range(18)]
         trickle = [TimelinePoint(killed, 100.0 + t, "long", t % 3, 16, 16) for t in range(20)]
         store.runs.add_timeline([*filling, *steady, *trickle])
-        store.runs.begin("run", None, {})
+        this = store.runs.begin("run", None, {})
         paces = store.runs.earlier_on_wire()
+        # Once this run has its own timeline it is the latest; a replay of it reads the runs
+        # before it (bench/eta_replay.py).
+        store.runs.add_timeline(
+            TimelinePoint(this, 200.0 + t, "short", 30, 64, 64) for t in range(10)
+        )
+        latest, before = store.runs.earlier_on_wire(), store.runs.earlier_on_wire(before=this)
     finally:
         store.close()
     assert paces["short"] == 60.0  # the middle of the killed run: not its fill, not the pilot
     assert 0.5 < paces["long"] < 1.5
+    assert latest["short"] == 30.0 and before == paces
 
 
 def test_a_rerun_counts_the_requests_a_kill_cut_short_as_long_answers() -> None:

@@ -198,14 +198,17 @@ class Runs(Owner):
         ).fetchall()
         return [TimelinePoint(*r) for r in rows]
 
-    def earlier_on_wire(self, min_points: int = 5) -> dict[str, float]:
+    def earlier_on_wire(self, min_points: int = 5, before: int | None = None) -> dict[str, float]:
         """Per lane, the mean requests on the wire over the middle 80% of the latest run (not a
         pilot: its rounds wait for their slowest answer) that has `min_points` timeline points
-        for it, killed runs included: the pace a new run's ETA starts from."""
+        for it, killed runs included: the pace a new run's ETA starts from. `before`: of the
+        runs before this run id only (bench/eta_replay.py, replaying that run)."""
         out: dict[str, float] = {}
         rows = self._db.execute(
             "SELECT run_id, lane, t, in_flight FROM timeline WHERE run_id IN "
-            "(SELECT id FROM runs WHERE kind = 'run') ORDER BY run_id DESC, t"
+            "(SELECT id FROM runs WHERE kind = 'run' AND (? IS NULL OR id < ?)) "
+            "ORDER BY run_id DESC, t",
+            (before, before),
         )
         points: dict[tuple[int, str], list[tuple[float, int]]] = {}
         for run_id, lane, t, in_flight in rows:
