@@ -78,6 +78,15 @@ def prices(db: sqlite3.Connection) -> tuple[float, float]:
     return (sup * scc - suc * spc) / det, (suc * spp - sup * spc) / det
 
 
+def last_run(db: sqlite3.Connection) -> tuple[int, float, float]:
+    """The job's last run that ended: its id, start and end (epoch seconds)."""
+    run_id, started, ended = db.execute(
+        "SELECT id, started_at, ended_at FROM runs WHERE kind = 'run' AND ended_at IS NOT NULL "
+        "ORDER BY id DESC LIMIT 1"
+    ).fetchone()
+    return run_id, started, ended
+
+
 def replay(work: Path, shares: list[float], times: Sequence[float] = ()) -> dict[str, Any]:
     """The ETA (and its p10-p90) at the first second when each of `shares` of the run's items
     are finished, and at each of `times` (epoch seconds), with the seconds then left; every
@@ -86,10 +95,7 @@ def replay(work: Path, shares: list[float], times: Sequence[float] = ()) -> dict
     lanes = job.get("lanes") or [{"name": "default", "concurrency": job["run"]["concurrency"]}]
     datasets = [d["name"] for d in job["datasets"]]
     db = sqlite3.connect(work / "out" / "state.db")
-    run_id, started, ended = db.execute(
-        "SELECT id, started_at, ended_at FROM runs WHERE kind = 'run' AND ended_at IS NOT NULL "
-        "ORDER BY id DESC LIMIT 1"
-    ).fetchone()
+    run_id, started, ended = last_run(db)
     stats = RunStats({ds: DatasetStats() for ds in datasets}, started_at=started)
     # The pace a rerun starts from: the runs' before it (a killed one's), as regen reads it.
     paces = Runs(db, None).earlier_on_wire(before=run_id)  # reads only: no transaction
@@ -101,13 +107,13 @@ def replay(work: Path, shares: list[float], times: Sequence[float] = ()) -> dict
         if lane["name"] in paces:
             stats.lanes[lane["name"]].wire.earlier = paces[lane["name"]]
     clock = [started]
-    worst, wire = budgets(job, db, stats, clock)
+    count_total = job.get("budget", {}).get("budget_tokens") == "total"
+    worst, wire = budgets(job, db, stats, clock, count_total)
     attempts = db.execute(
         "SELECT a.item_id, i.dataset, a.lane, a.started_at, a.latency_s, a.failure_class, "
         "i.prompt_tokens_est FROM attempts a JOIN items i ON i.id = a.item_id "
         "ORDER BY a.started_at"
     ).fetchall()
-    count_total = job.get("budget", {}).get("budget_tokens") == "total"
     bills = seed(db, stats, started, attempts, count_total)
     lane_of = {lane["name"]: lane for lane in lanes}
     events = timeline(db, started, attempts)
@@ -139,13 +145,16 @@ def replay(work: Path, shares: list[float], times: Sequence[float] = ()) -> dict
 
 
 def budgets(
-    job: dict[str, Any], db: sqlite3.Connection, stats: RunStats, clock: list[float]
+    job: dict[str, Any],
+    db: sqlite3.Connection,
+    stats: RunStats,
+    clock: list[float],
+    count_total: bool,
 ) -> tuple[dict[str, float], dict[str, dict[int, float]]]:
     """What the job's dollar cap and each dataset's budgets allow at the replay's time
     (`clock`), set on `stats` as the run's budget book does. Returns the prices of a
     request's worst case (a prompt token's, and each lane's completion at its max_tokens),
     and the worst cases of the requests on the wire per dataset, which `step` keeps."""
-    count_total = job.get("budget", {}).get("budget_tokens") == "total"
     bills = Bills(db, count_total)
     cap = job.get("budget", {}).get("max_cost_usd")
     per_ds = {d["name"]: (d.get("token_budget"), d.get("max_cost_usd")) for d in job["datasets"]}
@@ -396,10 +405,7 @@ def live_checks(work: Path, path: Path | None) -> dict[str, tuple[float, Eta]]:
         return {}
     seed = int(work.name.rsplit("-", 1)[-1])
     db = sqlite3.connect(work / "out" / "state.db")
-    started, ended = db.execute(
-        "SELECT started_at, ended_at FROM runs WHERE kind = 'run' AND ended_at IS NOT NULL "
-        "ORDER BY id DESC LIMIT 1"
-    ).fetchone()
+    _, started, ended = last_run(db)
     out = {}
     for r in json.loads(path.read_text()):
         if r["seed"] != seed:
